@@ -1,0 +1,3 @@
+from clustercheck.cli import main
+
+main()

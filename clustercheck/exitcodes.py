@@ -1,0 +1,12 @@
+"""The documented exit codes of clustercheck; scripts rely on them, so they never change meaning."""
+
+from enum import IntEnum
+
+
+class ExitCode(IntEnum):
+    OK = 0  # every check passed (warnings allowed)
+    CHECK_FAILED = 1  # at least one check failed or errored
+    INTERRUPTED = 2  # Ctrl-C or a signal
+    INTERNAL_ERROR = 3  # a bug in clustercheck
+    USAGE_ERROR = 4  # bad arguments, inventory or host-key error
+    NO_HOSTS = 5  # no host matched

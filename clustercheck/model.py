@@ -1,0 +1,48 @@
+"""The check model: every check has one outcome, a one-line message, a remediation and data."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+
+class Status(str, Enum):
+    PASS = "PASS"
+    WARN = "WARN"
+    FAIL = "FAIL"
+    SKIP = "SKIP"
+    ERROR = "ERROR"  # the check itself could not run
+
+    @property
+    def is_problem(self) -> bool:
+        return self in (Status.FAIL, Status.ERROR)
+
+
+@dataclass
+class CheckResult:
+    name: str
+    status: Status
+    message: str
+    host: str | None = None  # None for a cluster-wide check
+    remediation: str = ""
+    data: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "host": self.host,
+            "status": self.status.value,
+            "message": self.message,
+            "remediation": self.remediation,
+            "data": self.data,
+        }
+
+
+def overall_status(results: list[CheckResult]) -> Status:
+    """FAIL when any check failed or errored, WARN when any warned, else PASS."""
+    if any(r.status.is_problem for r in results):
+        return Status.FAIL
+    if any(r.status is Status.WARN for r in results):
+        return Status.WARN
+    return Status.PASS

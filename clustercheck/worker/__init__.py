@@ -1,0 +1,1 @@
+"""Programs that run on the nodes under torchrun: standard library and torch only, uploaded as single files."""

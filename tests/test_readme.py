@@ -1,0 +1,24 @@
+"""The README's commands are the ones that run: CI runs the test command word for word."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def readme_commands() -> list[str]:
+    blocks = re.findall(r"```sh\n(.*?)```", (REPO / "README.md").read_text(), re.S)
+    return [b.strip() for b in blocks]
+
+
+def test_ci_runs_the_readme_test_command():
+    test_command = next(c for c in readme_commands() if c.endswith("pytest"))
+    assert test_command in (REPO / ".ci/run").read_text().splitlines()
+
+
+def test_readme_main_job_checks_localhost():
+    first = readme_commands()[0]
+    assert first.endswith("clustercheck run --hosts localhost")
+    assert "-c constraints.txt" in first  # never the multi-GB CUDA build by accident
