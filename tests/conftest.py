@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
 import subprocess
@@ -52,24 +53,14 @@ def wheelhouse() -> Path:
     """
     target = testcluster.CACHE_DIR / "wheelhouse"
     stamp = target / ".complete"
-    if not stamp.exists():
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with open(target.parent / ".wheelhouse.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # one builder at a time across test sessions
+        if stamp.exists() and stamp.read_text().strip() == TORCH_PIN:
+            return target
         shutil.rmtree(target, ignore_errors=True)
         target.mkdir(parents=True)
-        subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "pip",
-                "download",
-                "-q",
-                "--only-binary=:all:",
-                "-d",
-                str(target),
-                "-c",
-                str(REPO / "constraints.txt"),
-                TORCH_PIN,
-            ],
-            check=True,
-        )
+        pip = [sys.executable, "-m", "pip", "download", "-q", "--only-binary=:all:", "-d", str(target)]
+        subprocess.run([*pip, "-c", str(REPO / "constraints.txt"), TORCH_PIN], check=True)
         stamp.write_text(TORCH_PIN + "\n")
     return target
