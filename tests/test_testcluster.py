@@ -9,6 +9,7 @@ from pathlib import Path
 
 import paramiko
 import pytest
+import testcluster
 
 pytestmark = pytest.mark.cluster
 
@@ -71,3 +72,19 @@ def test_password_login_is_off(cluster):
         assert "password" not in excinfo.value.allowed_types
     finally:
         transport.close()
+
+
+def test_up_replaces_leftovers_of_an_earlier_run(cluster):
+    """A crashed run leaves containers and a network behind; the next `up` must not trip over them."""
+    name = f"{cluster.name}-leftover"
+    label = f"{testcluster.LABEL}={name}"
+    testcluster.docker("network", "create", "--label", label, "--subnet", "172.30.250.0/24", f"{name}-net")
+    testcluster.docker("create", "--name", f"{name}-node1", "--label", label, cluster.image)
+    try:
+        fresh = testcluster.up(1, name=name)
+        with ssh(fresh.nodes[0].address, fresh.known_hosts, fresh.key_file) as client:
+            _, stdout, _ = client.exec_command("hostname")
+            assert stdout.read().decode().strip() == "node1"
+    finally:
+        testcluster.down(name)
+    assert testcluster._resources(name) == ([], [])
