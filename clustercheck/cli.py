@@ -136,7 +136,7 @@ def run(
     run_path = Path(run_dir or Path("clustercheck-runs") / dt.datetime.now().strftime("%Y%m%d-%H%M%S"))
     run_path.mkdir(parents=True, exist_ok=True)
     machine = fmt != "text"
-    console = Console(stderr=machine and output is None)
+    console = Console(stderr=machine or output is not None)
     options = Options(
         run_dir=run_path,
         python=python,

@@ -14,6 +14,7 @@ from typing import Any
 # Throttle reasons that say the hardware protects itself; the others (Idle, application clocks,
 # power cap under load, sync boost) are normal operation.
 BAD_THROTTLE = ("HW Slowdown", "HW Thermal Slowdown", "HW Power Brake Slowdown", "SW Thermal Slowdown")
+GPU_HEADER = re.compile(r"^GPU [0-9A-Fa-f]+:[0-9A-Fa-f]+:[0-9A-Fa-f]+\.[0-9A-Fa-f]+$")
 XID_RE = re.compile(r"NVRM: Xid \((?P<pci>[^)]*)\): (?P<xid>\d+)")
 
 
@@ -48,7 +49,7 @@ def parse_nvidia_smi_q(text: str) -> NvidiaSmi:
         indent = len(raw) - len(raw.lstrip())
         line = raw.strip()
         key, sep, value = (part.strip() for part in line.partition(":"))
-        if indent == 0 and line.startswith("GPU ") and not sep:
+        if indent == 0 and GPU_HEADER.match(line):
             gpu = {}
             gpus.append((line[4:].strip(), gpu))
             stack = []
@@ -216,6 +217,8 @@ def firewall_state(ufw: dict[str, Any], nft: dict[str, Any], iptables: dict[str,
         )
         if rules or drop_policy:
             return {"collected": True, "active": True, "tool": "iptables", "rules": len(rules)}
+    if all("not found" in str(tool.get("error", "")) for tool in (ufw, nft, iptables)):
+        state["collected"] = True  # no firewall tool installed: nothing filters
     return state
 
 
