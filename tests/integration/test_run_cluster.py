@@ -22,7 +22,7 @@ CLUSTERCHECK = str(Path(sys.executable).parent / "clustercheck")
 # What any process clustercheck started would show: its marker in the environment, or its work directory.
 LEFTOVERS = (
     "for d in /proc/[0-9]*; do grep -qsz '^CLUSTERCHECK_RUN=' $d/environ && cat $d/cmdline | tr '\\0' ' ' && echo; "
-    "done; ls -d /tmp/clustercheck-* 2>/dev/null; pgrep -af 'collectives.py|facts.py|torch.distributed.run'; true"
+    "done; ls -d /tmp/clustercheck-* 2>/dev/null; pgrep -af '[c]ollectives.py|[f]acts.py|[t]orch.distributed.run'; true"
 )
 
 
