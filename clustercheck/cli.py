@@ -199,7 +199,10 @@ def _terminate(signum: int, frame: object) -> None:
 
 
 def main() -> None:
-    signal.signal(signal.SIGTERM, _terminate)  # a scheduler's kill cleans up like Ctrl-C
+    # Ctrl-C and kill -INT/-TERM always stop the run and clean the nodes up, even when clustercheck was
+    # started in the background of a script (where the shell makes it ignore SIGINT).
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, _terminate)
     try:
         cli.main(standalone_mode=False)
     except click.ClickException as exc:

@@ -95,20 +95,25 @@ def test_every_check_runs_over_ssh_on_every_node(torch_cluster, tmp_path):
 def test_a_node_with_another_torch_version_is_inconsistent(torch_cluster, tmp_path):
     """node3's torch is relabelled 2.12.0 (torch/version.py edited, the build itself unchanged); restored after."""
     node3 = torch_cluster.node("node3")
-    locate = f"{PYTHON} -c 'import torch, os; print(os.path.dirname(torch.__file__))'"
+    locate = f"{PYTHON} -c 'import torch, os; print(\"DIR=\" + os.path.dirname(torch.__file__))'"
     with ssh_client(torch_cluster, node3) as client:
         status, out = ssh_run(client, locate)
         assert status == 0, out
-        version_py = out.strip().splitlines()[-1] + "/version.py"
+        torch_dir = next(ln[4:] for ln in out.splitlines() if ln.startswith("DIR="))
+        version_py = f"{torch_dir}/version.py"
+        # The label changes, not its length: drop the bytecode so Python cannot reuse a stale copy.
+        no_pyc = f"rm -f {torch_dir}/__pycache__/version.*.pyc"
         status, out = ssh_run(
-            client, f"cp {version_py} {version_py}.orig && sed -i 's/2\\.13\\.0+cpu/2.12.0+cpu/' {version_py}"
+            client,
+            f"cp -p {version_py} {version_py}.orig && sed -i 's/2\\.13\\.0+cpu/2.12.0+cpu/' {version_py} && {no_pyc}",
         )
         assert status == 0, out
         try:
             proc = clustercheck(torch_cluster, tmp_path, "--format", "json", "--skip", "local.*")
         finally:
-            ssh_run(client, f"mv {version_py}.orig {version_py}")
-        _, restored = ssh_run(client, f"{PYTHON} -c 'import torch; print(torch.__version__)'")
+            ssh_run(client, f"mv {version_py}.orig {version_py} && {no_pyc}")
+        _, restored = ssh_run(client, f"{PYTHON} -c 'import torch; print(\"VERSION=\" + torch.__version__)'")
+    restored = next(ln[8:] for ln in restored.splitlines() if ln.startswith("VERSION="))
     assert restored.strip() == "2.13.0+cpu"
     assert proc.returncode == 1, proc.stderr[-2000:]
     result = checks_of(proc)[("consistency.torch", None)]
@@ -205,23 +210,27 @@ def test_ctrl_c_leaves_no_process_on_any_node(torch_cluster, tmp_path):
         str(tmp_path / "run"),
         "--master-port",
         "29631",
+        "--nproc-per-node",
+        "6",  # six ranks on two cores: a torch job that is still starting when Ctrl-C comes
     ]
+    clients = [ssh_client(torch_cluster, node) for node in torch_cluster.nodes]
     proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        # Wait until the torch job runs on every node: the moment with the most to clean up.
-        deadline = time.monotonic() + 120
+        # Wait until the torch job's workers run on every node: the moment with the most to clean up.
+        deadline = time.monotonic() + 180
         while time.monotonic() < deadline and proc.poll() is None:
-            running = leftovers(torch_cluster)
-            if len(running) == 3 and all("torch.distributed.run" in out for out in running.values()):
+            running = [ssh_run(client, LEFTOVERS, timeout=60)[1] for client in clients]
+            if all("collectives.py" in out for out in running):
                 break
-            time.sleep(0.5)
-        else:
-            pytest.fail(f"the torch job never ran on all nodes: {leftovers(torch_cluster)}")
+            time.sleep(0.2)
+        assert proc.poll() is None, "clustercheck finished before the torch job ran on every node"
         proc.send_signal(signal.SIGINT)
-        _, stderr = proc.communicate(timeout=60)
+        _, stderr = proc.communicate(timeout=90)
     finally:
         if proc.poll() is None:
             proc.kill()
+        for client in clients:
+            client.close()
     assert proc.returncode == 2, stderr[-2000:]
     assert "interrupted" in stderr and "Traceback" not in stderr
     assert leftovers(torch_cluster) == {}
@@ -235,3 +244,35 @@ def test_a_timed_out_torch_job_is_killed_on_every_node(torch_cluster, tmp_path):
         allreduce = checks[("local.allreduce", node.name)]
         assert allreduce["status"] == "FAIL" and "timed out" in allreduce["message"], allreduce
     assert leftovers(torch_cluster) == {}
+
+
+def test_ssh_config_with_proxyjump_reaches_a_node_through_another(cluster, tmp_path):
+    """~/.ssh/config's HostName, User, IdentityFile, UserKnownHostsFile and ProxyJump (node2 through node1)."""
+    node1, node2 = cluster.node("node1"), cluster.node("node2")
+    config = tmp_path / "ssh_config"
+    config.write_text(
+        f"Host behind-node1\n    HostName {node2.address}\n    ProxyJump {node1.address}\n\n"
+        f"Host *\n    User root\n    IdentityFile {cluster.key_file}\n    UserKnownHostsFile {cluster.known_hosts}\n"
+    )
+    proc = subprocess.run(
+        [
+            CLUSTERCHECK,
+            "run",
+            "--hosts",
+            "behind-node1",
+            "--ssh-config",
+            str(config),
+            "--skip",
+            "local.*",
+            "--format",
+            "json",
+            "--run-dir",
+            str(tmp_path / "run"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    checks = checks_of(proc)
+    assert checks[("connect", "behind-node1")]["status"] == "PASS", proc.stderr[-2000:]
+    assert checks[("hostname.resolve", "behind-node1")]["data"]["hostname"] == "node2"
