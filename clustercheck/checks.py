@@ -423,7 +423,7 @@ def check_disk(ctx: NodeFacts, warn_below: int = 10 * GIB, fail_below: int = 1 *
 def check_time_sync(ctx: NodeFacts) -> CheckResult:
     timedatectl = ctx.command("timedatectl")
     chronyc = ctx.command("chronyc")
-    data: dict[str, Any] = {}
+    data: dict[str, Any] = {"offset_from_control_s": ctx.clock_offset, "measurement_error_s": ctx.clock_uncertainty}
     synced = None
     if timedatectl.get("rc") == 0:
         data.update(parse.parse_timedatectl(timedatectl.get("out", "")))

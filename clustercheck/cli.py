@@ -163,13 +163,14 @@ def run(
                 done = sum(1 for s in stages.values() if s == "done")
                 status.update(f"{done}/{len(stages)} host(s) done  " + "  ".join(busy[:6]))
 
-        outcome = Pipeline(nodes, options, progress).run()
+        pipeline = Pipeline(nodes, options, progress)
+        outcome = pipeline.run()
     results = outcome.results
     names = [n.name for n in nodes]
-    (run_path / "report.json").write_text(report.to_json(results, names) + "\n")
+    (run_path / "report.json").write_text(report.to_json(results, names, pipeline.run_id) + "\n")
     (run_path / "report.xml").write_text(report.to_junit(results, names) + "\n")
     if machine:
-        text = report.to_json(results, names) if fmt == "json" else report.to_junit(results, names)
+        text = report.to_json(results, names, pipeline.run_id) if fmt == "json" else report.to_junit(results, names)
         if output:
             Path(output).write_text(text + "\n")
         else:

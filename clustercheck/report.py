@@ -21,16 +21,16 @@ STYLES = {
 CLUSTER_SUITE = "(cluster)"
 
 
-def to_json(results: list[CheckResult], hosts: list[str]) -> str:
-    return json.dumps(
-        {
-            "schema_version": SCHEMA_VERSION,
-            "status": overall_status(results).value,
-            "hosts": hosts,
-            "checks": [r.to_dict() for r in results],
-        },
-        indent=2,
-    )
+def to_json(results: list[CheckResult], hosts: list[str], run_id: str | None = None) -> str:
+    document = {
+        "schema_version": SCHEMA_VERSION,
+        "status": overall_status(results).value,
+        "hosts": hosts,
+        "checks": [r.to_dict() for r in results],
+    }
+    if run_id:
+        document["run_id"] = run_id  # CLUSTERCHECK_RUN=<run_id> marks this run's processes on the nodes
+    return json.dumps(document, indent=2)
 
 
 def to_junit(results: list[CheckResult], hosts: list[str]) -> str:

@@ -41,7 +41,8 @@ def test_localhost_passes_with_two_gloo_ranks(tmp_path):
     assert sorted(p.name for p in (host_dir / "ranks").iterdir()) == ["rank-0.json", "rank-1.json"]
     assert json.loads((host_dir / "facts.json").read_text())["python"]["executable"]
     assert (tmp_path / "run" / "report.xml").exists()
-    assert not list(Path("/tmp").glob("clustercheck-*"))  # the local work directory is cleaned up too
+    assert len(report["run_id"]) == 12
+    assert not Path(f"/tmp/clustercheck-{report['run_id']}").exists()  # the work directory is cleaned up too
 
 
 def test_a_python_without_torch_fails_with_its_cause(tmp_path):
