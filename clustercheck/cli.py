@@ -3,18 +3,21 @@
 from __future__ import annotations
 
 import datetime as dt
-import socket
+import signal
 import sys
+import threading
 from pathlib import Path
 
 import click
 from rich.console import Console
 
-from clustercheck import __version__, localrun, report
+from clustercheck import __version__, inventory, report
+from clustercheck.consistency import DEFAULT_MAX_CLOCK_OFFSET
 from clustercheck.exitcodes import ExitCode
 from clustercheck.model import Status, overall_status
-
-LOCAL_NAMES = {"localhost", "127.0.0.1", "::1"}
+from clustercheck.pipeline import Options, Pipeline
+from clustercheck.ssh import Timeouts, load_config
+from clustercheck.transport import TransportError
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -24,76 +27,165 @@ def cli() -> None:
 
 
 @cli.command()
-@click.option("--hosts", required=True, help="'localhost' (the local machine as a one-node cluster).")
+@click.option(
+    "--hosts",
+    required=True,
+    help="An Ansible inventory (file or directory), a comma-separated list (node1,user@node2:2222), or localhost.",
+)
+@click.option("--limit", default=None, help="Only these groups or hosts (Ansible --limit patterns).")
 @click.option(
     "--python",
     "python",
     default=None,
-    help="Python of the environment with torch (default: recorded "
-    "in /etc/clustercheck/python, else the one running clustercheck).",
+    help="Environment python on every node (default: clustercheck_python from the inventory, else "
+    "/etc/clustercheck/python on the node, else python3; on localhost, the python running clustercheck).",
 )
 @click.option(
     "--nproc-per-node",
     type=click.IntRange(min=1),
     default=None,
-    help="Ranks per node (default: the GPU count, or 2 without GPUs).",
+    help="Ranks per node for the node-local collectives (default: the GPU count, or 2 without GPUs).",
 )
-@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
+@click.option("--format", "fmt", type=click.Choice(["text", "json", "junit"]), default="text", show_default=True)
 @click.option(
     "-o",
     "--output",
     type=click.Path(dir_okay=False, writable=True),
     default=None,
-    help="Write the machine output to FILE instead of stdout.",
+    help="Write the report to FILE instead of stdout.",
 )
 @click.option(
     "--run-dir",
     type=click.Path(file_okay=False),
     default=None,
-    help="Where raw outputs are kept (default ./clustercheck-runs/<timestamp>).",
+    help="Where every node's raw output is kept (default ./clustercheck-runs/<timestamp>).",
+)
+@click.option("--forks", type=click.IntRange(min=1), default=32, show_default=True, help="Hosts checked at once.")
+@click.option("--connect-timeout", type=click.FloatRange(min=1), default=10, show_default=True, help="Seconds.")
+@click.option(
+    "--command-timeout",
+    type=click.FloatRange(min=5),
+    default=120,
+    show_default=True,
+    help="Deadline in seconds for the facts collector on each node.",
 )
 @click.option(
     "--timeout",
     type=click.FloatRange(min=1),
     default=300,
     show_default=True,
-    help="Deadline in seconds for the torch job.",
+    help="Deadline in seconds for the torch job (collectives) on each node.",
 )
 @click.option("--master-port", type=click.IntRange(1024, 65535), default=29500, show_default=True)
+@click.option(
+    "--accept-new-host-keys",
+    is_flag=True,
+    help="Record host keys of nodes not yet in known_hosts (like StrictHostKeyChecking=accept-new); "
+    "a changed key is always refused.",
+)
+@click.option(
+    "--known-hosts",
+    "known_hosts",
+    multiple=True,
+    type=click.Path(dir_okay=False),
+    help="known_hosts file to use instead of ~/.ssh/known_hosts (repeatable).",
+)
+@click.option(
+    "--ssh-config", type=click.Path(dir_okay=False), default=None, help="SSH config file (default ~/.ssh/config)."
+)
+@click.option("--skip", multiple=True, help="Skip checks whose name matches this glob, e.g. 'local.*' (repeatable).")
+@click.option(
+    "--max-clock-offset",
+    type=click.FloatRange(min=0),
+    default=DEFAULT_MAX_CLOCK_OFFSET,
+    show_default=True,
+    help="Seconds the nodes' clocks may differ.",
+)
 def run(
     hosts: str,
+    limit: str | None,
     python: str | None,
     nproc_per_node: int | None,
     fmt: str,
     output: str | None,
     run_dir: str | None,
+    forks: int,
+    connect_timeout: float,
+    command_timeout: float,
     timeout: float,
     master_port: int,
+    accept_new_host_keys: bool,
+    known_hosts: tuple[str, ...],
+    ssh_config: str | None,
+    skip: tuple[str, ...],
+    max_clock_offset: float,
 ) -> None:
-    """Check the hosts and print a verdict."""
-    names = [h.strip() for h in hosts.split(",") if h.strip()]
-    if not names:
-        raise UsageError("--hosts matched no host", ExitCode.NO_HOSTS)
-    if any(n not in LOCAL_NAMES for n in names) or len(names) > 1:
-        raise UsageError(f"--hosts {hosts}: only 'localhost' is supported in this version")
+    """Check every node, the consistency between them, and print a verdict."""
+    try:
+        nodes = inventory.load(hosts, limit)
+    except inventory.InventoryError as exc:
+        raise UsageError(str(exc)) from exc
+    if not nodes:
+        raise UsageError(f"no host matched --hosts {hosts}" + (f" --limit {limit}" if limit else ""), ExitCode.NO_HOSTS)
+    try:
+        config = load_config(ssh_config) if any(not n.is_local for n in nodes) else None
+    except TransportError as exc:
+        raise UsageError(str(exc)) from exc
+    if ssh_config and not Path(ssh_config).exists():
+        raise UsageError(f"--ssh-config {ssh_config}: no such file")
     run_path = Path(run_dir or Path("clustercheck-runs") / dt.datetime.now().strftime("%Y%m%d-%H%M%S"))
     run_path.mkdir(parents=True, exist_ok=True)
     machine = fmt != "text"
     console = Console(stderr=machine or output is not None)
-    with console.status("checking localhost: torch, then collectives on the local ranks"):
-        results = localrun.run_local(
-            python or localrun.default_python(), run_path, nproc_per_node, timeout, master_port
-        )
-    host_list = [socket.gethostname()]
+    options = Options(
+        run_dir=run_path,
+        python=python,
+        forks=forks,
+        command_timeout=command_timeout,
+        collectives_timeout=timeout,
+        nproc_per_node=nproc_per_node,
+        master_port=master_port,
+        timeouts=Timeouts(connect=connect_timeout, banner=connect_timeout + 5, auth=connect_timeout + 5),
+        accept_new_host_keys=accept_new_host_keys,
+        known_hosts=list(known_hosts) or None,
+        ssh_config=config,
+        skip=list(skip),
+        clock_bound=max_clock_offset,
+    )
+    stages: dict[str, str] = {n.name: "waiting" for n in nodes}
+    lock = threading.Lock()
+    with console.status(f"checking {len(nodes)} host(s)") as status:
+
+        def progress(host: str, stage: str) -> None:
+            with lock:
+                stages[host] = stage
+                busy = [f"{h}: {s}" for h, s in stages.items() if s != "done"]
+                done = sum(1 for s in stages.values() if s == "done")
+                status.update(f"{done}/{len(stages)} host(s) done  " + "  ".join(busy[:6]))
+
+        pipeline = Pipeline(nodes, options, progress)
+        outcome = pipeline.run()
+    results = outcome.results
+    names = [n.name for n in nodes]
+    (run_path / "report.json").write_text(report.to_json(results, names, pipeline.run_id) + "\n")
+    (run_path / "report.xml").write_text(report.to_junit(results, names) + "\n")
     if machine:
-        text = report.to_json(results, host_list)
-        (run_path / "report.json").write_text(text)
+        text = report.to_json(results, names, pipeline.run_id) if fmt == "json" else report.to_junit(results, names)
         if output:
             Path(output).write_text(text + "\n")
         else:
             click.echo(text)
+    elif output:
+        with open(output, "w") as fh:
+            report.print_table(results, Console(file=fh, width=200))
     report.print_table(results, console)
     console.print(f"[bold]{report.verdict(results)}[/]  (raw output: {run_path})")
+    if outcome.host_key_error:
+        click.echo(
+            "clustercheck: error: host key verification failed (see the connect check); nothing was run there",
+            err=True,
+        )
+        sys.exit(ExitCode.USAGE_ERROR)
     sys.exit(ExitCode.CHECK_FAILED if overall_status(results) is Status.FAIL else ExitCode.OK)
 
 
@@ -103,18 +195,23 @@ class UsageError(click.ClickException):
         self.exit_code = int(code)
 
 
+def _terminate(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
 def main() -> None:
+    # Ctrl-C and kill -INT/-TERM always stop the run and clean the nodes up, even when clustercheck was
+    # started in the background of a script (where the shell makes it ignore SIGINT).
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, _terminate)
     try:
         cli.main(standalone_mode=False)
     except click.ClickException as exc:
         click.echo(f"clustercheck: error: {exc.format_message()}", err=True)
         code = exc.exit_code
         sys.exit(ExitCode.USAGE_ERROR if code == 2 else code)  # click's own usage errors exit 2
-    except click.exceptions.Abort:
-        click.echo("clustercheck: interrupted", err=True)
-        sys.exit(ExitCode.INTERRUPTED)
-    except KeyboardInterrupt:
-        click.echo("clustercheck: interrupted", err=True)
+    except (click.exceptions.Abort, KeyboardInterrupt):
+        click.echo("clustercheck: interrupted; processes started on the nodes were stopped", err=True)
         sys.exit(ExitCode.INTERRUPTED)
     except Exception as exc:  # a bug: one line, and where to report it
         click.echo(f"clustercheck: internal error: {type(exc).__name__}: {exc}", err=True)

@@ -1,18 +1,36 @@
-"""One interface for running commands on a node, over SSH or locally.
+"""One interface for running commands on a node, over SSH (clustercheck.ssh) or locally.
 
 Every command gets a deadline; stdout and stderr are read at the same time so
-large output never deadlocks; a command past its deadline is killed with its
-whole process group, so nothing it started is left running.
+large output never deadlocks. Every process clustercheck starts on a node
+carries CLUSTERCHECK_RUN=<run id> in its environment and runs in its own
+session; `cleanup()` kills every process that carries the marker (whatever
+it forked, whatever session it moved to) and removes the run's work
+directory. The pipeline calls it when a host is done, after a timeout, and on
+Ctrl-C, so nothing clustercheck started is left running on any node.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import secrets
+import shlex
+import shutil
 import signal
 import subprocess
 from dataclasses import dataclass
 from typing import Protocol
+
+RUN_MARKER = "CLUSTERCHECK_RUN"
+CLEANUP_TIMEOUT = 15.0
+
+
+def new_run_id() -> str:
+    return secrets.token_hex(6)
+
+
+def workdir_for(run_id: str) -> str:
+    return f"/tmp/clustercheck-{run_id}"
 
 
 @dataclass
@@ -26,9 +44,26 @@ class CommandResult:
     def ok(self) -> bool:
         return self.exit_status == 0 and not self.timed_out
 
+    def cause(self) -> str:
+        """One line saying why the command did not succeed."""
+        if self.timed_out:
+            return "timed out"
+        last = (self.stderr.strip().splitlines() or self.stdout.strip().splitlines() or [""])[-1]
+        if self.exit_status is None:
+            return f"no exit status came back {last}".strip()
+        return f"exit {self.exit_status}{': ' + last if last else ''}"
+
+
+class TransportError(Exception):
+    """The node cannot be reached or used; the message names the host and the cause."""
+
 
 class Transport(Protocol):
+    """A connection to one node. `workdir` is this run's private directory there."""
+
     host: str
+    run_id: str
+    workdir: str
 
     def run(
         self, command: list[str], *, timeout: float, env: dict[str, str] | None = None, stdin: str | None = None
@@ -36,50 +71,88 @@ class Transport(Protocol):
 
     def put(self, local_path: str, remote_path: str) -> None: ...
 
+    def get(self, remote_path: str, local_path: str) -> None: ...
+
+    def cleanup(self) -> None: ...
+
     def close(self) -> None: ...
+
+
+def sweep_script(run_id: str, workdir: str) -> str:
+    """Shell that kills every process carrying this run's marker, then removes the work directory."""
+    marker = f"^{RUN_MARKER}={run_id}$"
+    return (
+        "for d in /proc/[0-9]*; do "
+        f'if grep -qsz {shlex.quote(marker)} "$d/environ"; then kill -KILL "${{d#/proc/}}" 2>/dev/null; fi; '
+        f"done; rm -rf {shlex.quote(workdir)}; true"
+    )
+
+
+def remote_command(command: list[str], env: dict[str, str], run_id: str) -> str:
+    """The shell line that runs COMMAND with the run marker, in a session of its own."""
+    assignments = [f"{RUN_MARKER}={run_id}", *(f"{k}={v}" for k, v in env.items())]
+    return " ".join(shlex.quote(w) for w in ["env", *assignments, "setsid", "-w", *command])
 
 
 class LocalTransport:
     """The local machine, through subprocess (ansible_connection=local, --hosts localhost)."""
 
-    def __init__(self, host: str = "localhost") -> None:
+    def __init__(self, host: str = "localhost", run_id: str | None = None) -> None:
         self.host = host
+        self.run_id = run_id or new_run_id()
+        self.workdir = workdir_for(self.run_id)
 
     def run(
         self, command: list[str], *, timeout: float, env: dict[str, str] | None = None, stdin: str | None = None
     ) -> CommandResult:
-        full_env = {**os.environ, **(env or {})}
-        proc = subprocess.Popen(
-            command,
-            stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            env=full_env,
-            start_new_session=True,
-        )
+        full_env = {**os.environ, **(env or {}), RUN_MARKER: self.run_id}
+        try:
+            proc = subprocess.Popen(
+                command,
+                stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+                errors="replace",
+                env=full_env,
+                start_new_session=True,
+            )
+        except OSError as exc:
+            return CommandResult(127, "", f"{command[0]}: {exc.strerror}")
         try:
             out, err = proc.communicate(stdin, timeout=timeout)
             return CommandResult(proc.returncode, out, err)
         except subprocess.TimeoutExpired:
             _kill_group(proc)
+            self._sweep()
             out, err = proc.communicate()
             return CommandResult(None, out, err, timed_out=True)
         except BaseException:  # Ctrl-C: leave nothing running
             _kill_group(proc)
+            self._sweep()
             raise
 
     def put(self, local_path: str, remote_path: str) -> None:
-        import shutil
-
-        os.makedirs(os.path.dirname(remote_path) or ".", exist_ok=True)
+        os.makedirs(os.path.dirname(remote_path) or ".", mode=0o700, exist_ok=True)
         shutil.copyfile(local_path, remote_path)
+
+    def get(self, remote_path: str, local_path: str) -> None:
+        shutil.copyfile(remote_path, local_path)
+
+    def _sweep(self) -> None:
+        script = sweep_script(self.run_id, "/nonexistent-clustercheck")  # keep the workdir until cleanup()
+        with contextlib.suppress(OSError, subprocess.TimeoutExpired):
+            subprocess.run(["sh", "-c", script], timeout=CLEANUP_TIMEOUT, capture_output=True)
+
+    def cleanup(self) -> None:
+        self._sweep()
+        shutil.rmtree(self.workdir, ignore_errors=True)
 
     def close(self) -> None:
         pass
 
 
 def _kill_group(proc: subprocess.Popen) -> None:
-    with contextlib.suppress(ProcessLookupError):
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()

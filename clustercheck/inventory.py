@@ -1,0 +1,279 @@
+"""Which nodes to check, and how to reach them.
+
+`--hosts` is an Ansible inventory (read through `ansible-inventory --list`, the
+documented JSON shape), a comma-separated list (`node1,user@node2:2222`), or
+`localhost`. One inventory drives both setup and verification: the variables
+the roles use (the environment's python, GPUs per node, the cluster interface)
+are read here.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+LOCAL_NAMES = {"localhost", "127.0.0.1", "::1"}
+
+# Group and host variables clustercheck reads, besides Ansible's connection variables.
+PYTHON_VAR = "clustercheck_python"  # the environment's python (else /etc/clustercheck/python, else python3)
+GPUS_VAR = "gpus_per_node"  # GPUs expected on each node (0: none; unset: whatever is there)
+INTERFACE_VAR = "cluster_interface"  # the interface nodes talk to each other on
+CIDR_VAR = "cluster_cidr"  # the cluster network, used to find the interface when none is named
+READ_VARS = (
+    "ansible_host",
+    "ansible_port",
+    "ansible_user",
+    "ansible_ssh_private_key_file",
+    "ansible_connection",
+    "ansible_ssh_common_args",
+    "ansible_ssh_extra_args",
+    PYTHON_VAR,
+    GPUS_VAR,
+    INTERFACE_VAR,
+    CIDR_VAR,
+)
+
+
+class InventoryError(Exception):
+    """The inventory cannot be used; the message says why, in one line."""
+
+
+@dataclass
+class Node:
+    """One host to check, and everything needed to reach it."""
+
+    name: str
+    address: str
+    port: int | None = None  # None: from ~/.ssh/config, else 22
+    user: str | None = None  # None: from ~/.ssh/config, else the local user
+    key_file: str | None = None
+    connection: str = "ssh"  # "ssh" or "local"
+    python: str | None = None  # None: /etc/clustercheck/python on the node, else python3
+    gpus_expected: int | None = None  # None: not stated; GPU checks skip on a node without GPUs
+    cluster_interface: str | None = None
+    cluster_cidr: str | None = None
+    ssh_options: dict[str, str] = field(default_factory=dict)  # -o Key=Value from ansible_ssh_*_args
+
+    @property
+    def is_local(self) -> bool:
+        return self.connection == "local"
+
+
+def load(spec: str, limit: str | None = None) -> list[Node]:
+    """Nodes named by --hosts SPEC, narrowed by --limit; an empty result is the caller's to report."""
+    spec = spec.strip()
+    if not spec:
+        raise InventoryError("--hosts is empty")
+    if os.path.exists(spec):
+        nodes = from_ansible_list(_ansible_inventory_list(spec), limit)
+    elif "/" in spec or spec.endswith((".ini", ".yml", ".yaml")):
+        raise InventoryError(f"--hosts {spec}: no such inventory file or directory")
+    else:
+        nodes = select(parse_host_list(spec), limit)
+    return nodes
+
+
+def parse_host_list(spec: str) -> list[Node]:
+    """`node1,user@node2:2222,[fe80::1]:22,localhost` -> nodes, in the order given."""
+    nodes = []
+    for item in (part.strip() for part in spec.split(",")):
+        if not item:
+            continue
+        user = None
+        if "@" in item:
+            user, item = item.rsplit("@", 1)
+            if not user:
+                raise InventoryError(f"--hosts: empty user name in {item!r}")
+        host, port = item, None
+        if item.startswith("["):
+            host, _, rest = item[1:].partition("]")
+            if rest:
+                port = _port(rest.removeprefix(":"), item)
+        elif item.count(":") == 1:
+            host, port_text = item.split(":")
+            port = _port(port_text, item)
+        if not host:
+            raise InventoryError(f"--hosts: no host name in {item!r}")
+        local = host in LOCAL_NAMES and port is None and user is None
+        nodes.append(Node(name=host, address=host, port=port, user=user, connection="local" if local else "ssh"))
+    names = [n.name for n in nodes]
+    duplicates = sorted({n for n in names if names.count(n) > 1})
+    if duplicates:
+        raise InventoryError(f"--hosts names {', '.join(duplicates)} more than once")
+    return nodes
+
+
+def _port(text: str, item: str) -> int:
+    if not text.isdigit() or not 0 < int(text) < 65536:
+        raise InventoryError(f"--hosts: bad port in {item!r}")
+    return int(text)
+
+
+def _ansible_inventory_list(path: str) -> dict[str, Any]:
+    tool = shutil.which("ansible-inventory") or str(Path(sys.executable).parent / "ansible-inventory")
+    if not os.path.exists(tool):
+        raise InventoryError("reading an Ansible inventory needs ansible-inventory (pip install ansible-core)")
+    try:
+        proc = subprocess.run(
+            [tool, "-i", path, "--list"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env={**os.environ, "ANSIBLE_INVENTORY_UNPARSED_WARNING": "False"},
+        )
+    except subprocess.TimeoutExpired as exc:
+        raise InventoryError(f"ansible-inventory -i {path} did not answer within 120 s") from exc
+    warnings = [
+        line.strip()
+        for line in proc.stderr.splitlines()
+        if "Unable to parse" in line or "ERROR" in line or "Failed to parse" in line
+    ]
+    if proc.returncode != 0 or warnings:
+        detail = (warnings or proc.stderr.strip().splitlines() or ["no output"])[0]
+        raise InventoryError(f"inventory {path}: {detail.removeprefix('[WARNING]: ').removeprefix('ERROR! ')}")
+    try:
+        return json.loads(proc.stdout)
+    except ValueError as exc:
+        raise InventoryError(f"inventory {path}: ansible-inventory printed no JSON") from exc
+
+
+def from_ansible_list(data: dict[str, Any], limit: str | None = None) -> list[Node]:
+    """Nodes from `ansible-inventory --list` JSON, in the order Ansible lists them."""
+    groups = _group_hosts(data)
+    hostvars = data.get("_meta", {}).get("hostvars", {})
+    ordered = list(dict.fromkeys(groups.get("all", [])))
+    for name in hostvars:
+        if name not in ordered:
+            ordered.append(name)
+    selected = _match(ordered, groups, limit)
+    return [node_from_vars(name, hostvars.get(name, {})) for name in selected]
+
+
+def _group_hosts(data: dict[str, Any]) -> dict[str, list[str]]:
+    """Group name -> every host in it, children included (the `all` group holds every host)."""
+    resolved: dict[str, list[str]] = {}
+
+    def hosts_of(group: str, seen: tuple[str, ...] = ()) -> list[str]:
+        if group in resolved:
+            return resolved[group]
+        entry = data.get(group, {}) if isinstance(data.get(group), dict) else {}
+        hosts = list(entry.get("hosts", []))
+        for child in entry.get("children", []):
+            if child not in seen:
+                hosts += hosts_of(child, (*seen, group))
+        resolved[group] = list(dict.fromkeys(hosts))
+        return resolved[group]
+
+    for group in data:
+        if group != "_meta":
+            hosts_of(group)
+    hosts_of("all")
+    return resolved
+
+
+def select(nodes: list[Node], limit: str | None) -> list[Node]:
+    by_name = {n.name: n for n in nodes}
+    return [by_name[name] for name in _match(list(by_name), {"all": list(by_name)}, limit)]
+
+
+def _match(hosts: list[str], groups: dict[str, list[str]], limit: str | None) -> list[str]:
+    """Ansible-style --limit: comma- or colon-separated groups, hosts or globs; `!x` excludes, `&x` intersects."""
+    if not limit:
+        return hosts
+    include: set[str] = set()
+    patterns = [p for p in limit.replace(":", ",").split(",") if p.strip()]
+    if all(p.strip().startswith(("!", "&")) for p in patterns):
+        include = set(hosts)
+    for raw in patterns:
+        pattern = raw.strip()
+        kind = pattern[0] if pattern[0] in "!&" else "+"
+        pattern = pattern.lstrip("!&")
+        matched = set(groups.get(pattern, [])) | {h for h in hosts if fnmatch.fnmatchcase(h, pattern)}
+        for group, members in groups.items():
+            if group != pattern and any(c in pattern for c in "*?[") and fnmatch.fnmatchcase(group, pattern):
+                matched |= set(members)
+        if kind == "+":
+            include |= matched
+        elif kind == "!":
+            include -= matched
+        else:
+            include &= matched
+    return [h for h in hosts if h in include]
+
+
+def node_from_vars(name: str, hostvars: dict[str, Any]) -> Node:
+    """One node from its Ansible host variables."""
+    for var in READ_VARS:
+        _refuse_unusable(name, var, hostvars.get(var))
+    address = str(hostvars.get("ansible_host") or name)
+    connection = str(hostvars.get("ansible_connection") or "ssh")
+    if connection in ("ssh", "paramiko", "smart"):
+        connection = "ssh"
+    elif connection != "local":
+        raise InventoryError(f"{name}: ansible_connection={connection} is not supported (use ssh or local)")
+    port = hostvars.get("ansible_port")
+    gpus = hostvars.get(GPUS_VAR)
+    try:
+        port = int(port) if port not in (None, "") else None
+        gpus = int(gpus) if gpus not in (None, "") else None
+    except (TypeError, ValueError) as exc:
+        raise InventoryError(f"{name}: ansible_port and {GPUS_VAR} must be whole numbers") from exc
+    ssh_options: dict[str, str] = {}
+    for var in ("ansible_ssh_common_args", "ansible_ssh_extra_args"):
+        ssh_options.update(parse_ssh_options(str(hostvars.get(var) or ""), name))
+    return Node(
+        name=name,
+        address=address,
+        port=port,
+        user=_text(hostvars.get("ansible_user")),
+        key_file=_text(hostvars.get("ansible_ssh_private_key_file")),
+        connection=connection,
+        python=_text(hostvars.get(PYTHON_VAR)),
+        gpus_expected=gpus,
+        cluster_interface=_text(hostvars.get(INTERFACE_VAR)),
+        cluster_cidr=_text(hostvars.get(CIDR_VAR)),
+        ssh_options=ssh_options,
+    )
+
+
+def _text(value: Any) -> str | None:
+    return str(value) if value not in (None, "") else None
+
+
+def _refuse_unusable(name: str, var: str, value: Any) -> None:
+    if isinstance(value, dict) and "__ansible_vault" in value:
+        raise InventoryError(f"{name}: {var} is vaulted; clustercheck does not decrypt vaults, set it in plain text")
+    if isinstance(value, str) and ("{{" in value or "{%" in value):
+        raise InventoryError(
+            f"{name}: {var} is a template ({value}); clustercheck does not render templates, set a plain value"
+        )
+
+
+def parse_ssh_options(args: str, name: str = "") -> dict[str, str]:
+    """`-o Key=Value` pairs of ansible_ssh_common_args/extra_args, keys lower-cased as in ssh_config."""
+    try:
+        words = shlex.split(args)
+    except ValueError as exc:
+        raise InventoryError(f"{name}: cannot parse ansible_ssh_common_args: {exc}") from exc
+    options = {}
+    for i, word in enumerate(words):
+        value = None
+        if word == "-o" and i + 1 < len(words):
+            value = words[i + 1]
+        elif word.startswith("-o") and len(word) > 2:
+            value = word[2:]
+        if value:
+            key, sep, val = value.partition("=") if "=" in value else value.partition(" ")
+            if sep:
+                options[key.strip().lower()] = val.strip()
+        if word == "-J" and i + 1 < len(words):
+            options["proxyjump"] = words[i + 1]
+    return options

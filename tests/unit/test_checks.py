@@ -1,0 +1,125 @@
+"""Per-node checks and cross-node consistency, judged on recorded facts."""
+
+from __future__ import annotations
+
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+from clustercheck import checks, consistency, report
+from clustercheck.checks import NodeFacts
+from clustercheck.inventory import Node
+from clustercheck.model import CheckResult, Status
+
+H800 = (Path(__file__).parent / "data" / "nvidia-smi-q-h800.txt").read_text()
+TORCH_CPU = {"version": "2.13.0+cpu", "cuda": None, "cuda_available": False, "device_count": 0, "gloo": True}
+
+
+def node_facts(name="node1", gpus_expected=None, smi=None, torch=None, cluster_size=3, **raw) -> NodeFacts:
+    commands = {"nvidia_smi_q": {"rc": 0, "out": smi} if smi else {"error": "nvidia-smi not found"}}
+    commands.update(raw.pop("commands", {}))
+    return NodeFacts(
+        node=Node(name=name, address=name, gpus_expected=gpus_expected),
+        python="/opt/clustercheck/venv/bin/python",
+        python_source="/etc/clustercheck/python",
+        raw={"python": {"version": "3.11.2"}, "torch": torch or dict(TORCH_CPU), "commands": commands, **raw},
+        cluster_size=cluster_size,
+    )
+
+
+def by_name(ctx: NodeFacts) -> dict[str, CheckResult]:
+    return {r.name: r for r in checks.run_checks(ctx)}
+
+
+def test_gpu_checks_skip_without_gpus_unless_expected():
+    results = by_name(node_facts())
+    assert all(results[n].status is Status.SKIP for n in ("gpu.count", "gpu.ecc", "torch.cuda"))
+    expected = by_name(node_facts(gpus_expected=8))
+    assert expected["gpu.count"].status is Status.FAIL
+    assert "8 GPU(s) expected" in expected["gpu.count"].message
+    assert expected["gpu.count"].remediation
+
+
+def test_a_healthy_h800_passes_but_count_must_match():
+    results = by_name(node_facts(gpus_expected=1, smi=H800))
+    assert results["gpu.count"].status is Status.PASS
+    assert results["gpu.driver"].message.endswith("driver 525.105.17, CUDA 12.0")
+    assert results["gpu.persistence"].status is Status.PASS
+    assert results["gpu.ecc"].status is Status.PASS
+    assert results["gpu.throttle"].status is Status.PASS
+    assert by_name(node_facts(gpus_expected=8, smi=H800))["gpu.count"].status is Status.FAIL
+
+
+def test_cpu_torch_on_a_gpu_node_fails_with_the_cause():
+    result = by_name(node_facts(gpus_expected=1, smi=H800))["torch.cuda"]
+    assert result.status is Status.FAIL
+    assert "CPU-only build" in result.message
+
+
+def test_persistence_off_ecc_errors_and_xids():
+    smi = H800.replace(
+        "Persistence Mode                      : Enabled", "Persistence Mode                      : Disabled"
+    )
+    smi = smi.replace("DRAM Uncorrectable            : N/A", "DRAM Uncorrectable            : 3", 1)
+    log = {"rc": 0, "out": "kernel: NVRM: Xid (PCI:0000:18:00): 79, pid=1, GPU has fallen off the bus.\n"}
+    results = by_name(node_facts(smi=smi, commands={"kernel_log": log}))
+    assert results["gpu.persistence"].status is Status.WARN
+    assert results["gpu.ecc"].status is Status.FAIL and "00000000:18:00.0: 3" in results["gpu.ecc"].message
+    assert results["gpu.xid"].status is Status.WARN and "Xid 79" in results["gpu.xid"].message
+
+
+def test_fabric_manager_is_checked_on_nvswitch_boards_only():
+    assert by_name(node_facts(smi=H800))["gpu.fabricmanager"].status is Status.SKIP
+    down = {"fabricmanager": {"rc": 3, "out": "inactive\n"}}
+    result = by_name(node_facts(smi=H800, nvswitches=4, commands=down))["gpu.fabricmanager"]
+    assert result.status is Status.FAIL and "inactive" in result.message
+    up = {"fabricmanager": {"rc": 0, "out": "active\n"}}
+    assert by_name(node_facts(smi=H800, nvswitches=4, commands=up))["gpu.fabricmanager"].status is Status.PASS
+
+
+def test_a_probe_that_could_not_collect_is_said_so():
+    results = by_name(node_facts(torch={"error": "ModuleNotFoundError: No module named 'torch'"}))
+    assert results["torch.import"].status is Status.FAIL
+    assert "No module named 'torch'" in results["torch.import"].message
+    assert results["shm.size"].status is Status.WARN and "could not collect" in results["shm.size"].message
+
+
+def test_hostname_on_loopback_fails_only_on_a_multi_node_cluster():
+    loopback = {"hostname": "gpu01", "addresses": ["127.0.1.1"]}
+    assert by_name(node_facts(hostname=loopback))["hostname.resolve"].status is Status.FAIL
+    assert by_name(node_facts(hostname=loopback, cluster_size=1))["hostname.resolve"].status is Status.WARN
+
+
+def test_consistency_names_the_nodes_that_differ_from_the_majority():
+    result = consistency.compare("torch", {"n1": "2.13.0", "n2": "2.13.0", "n3": "2.12.0"}, "torch version")
+    assert result.status is Status.FAIL
+    assert result.message == "torch version differs: n3 has 2.12.0, where the other 2 node(s) have 2.13.0"
+    assert result.data["differ"] == ["n3"]
+    tie = consistency.compare("mtu", {"n1": 1500, "n2": 9000}, "MTU")
+    assert tie.status is Status.FAIL and "no majority" in tie.message
+    assert consistency.compare("driver", {"n1": None, "n2": None}, "driver").status is Status.SKIP
+    assert consistency.compare("torch", {"n1": "2.13.0"}, "torch").status is Status.SKIP
+
+
+def test_clock_offsets_within_the_bound():
+    nodes = [node_facts(name=f"n{i}") for i in range(3)]
+    for n, offset in zip(nodes, (0.01, -0.02, 0.03), strict=True):
+        n.clock_offset = offset
+    assert consistency.check_clocks(nodes, 0.5).status is Status.PASS
+    nodes[2].clock_offset = 2.0
+    late = consistency.check_clocks(nodes, 0.5)
+    assert late.status is Status.FAIL and "n2 is +1.990 s" in late.message
+
+
+def test_junit_has_a_suite_per_host_and_a_case_per_check():
+    results = [
+        CheckResult("torch.import", Status.PASS, "n1: ok", host="n1"),
+        CheckResult("gpu.ecc", Status.FAIL, "n2: ecc", host="n2", remediation="reset"),
+        CheckResult("gpu.count", Status.SKIP, "n2: none", host="n2"),
+        CheckResult("consistency.torch", Status.ERROR, "boom"),
+    ]
+    root = ET.fromstring(report.to_junit(results, ["n1", "n2"]))
+    suites = {s.get("name"): s for s in root.iter("testsuite")}
+    assert list(suites) == ["n1", "n2", "(cluster)"]
+    assert suites["n2"].get("failures") == "1" and suites["n2"].get("skipped") == "1"
+    assert suites["n2"].find("testcase[@name='gpu.ecc']/failure").text == "n2: ecc\nfix: reset"
+    assert root.get("tests") == "4" and root.get("errors") == "1"

@@ -1,0 +1,107 @@
+"""Parsers of the facts collector's raw outputs, on recorded outputs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from clustercheck import facts
+
+DATA = Path(__file__).parent / "data"
+H800 = (DATA / "nvidia-smi-q-h800.txt").read_text()
+
+
+def test_nvidia_smi_q_of_a_real_h800():
+    smi = facts.parse_nvidia_smi_q(H800)
+    assert smi.driver == "525.105.17"
+    assert smi.cuda == "12.0"
+    assert len(smi.gpus) == 1  # -q -i 0: one of the eight GPUs
+    gpu = smi.gpus[0]
+    assert gpu.bus_id == "00000000:18:00.0"
+    assert gpu.name == "NVIDIA H800"
+    assert gpu.persistence == "Enabled"
+    assert gpu.ecc_uncorrected is None  # ECC off: every counter N/A
+    assert gpu.throttle_active == []  # "Idle: Active" is normal
+    assert (gpu.fabric_state, gpu.fabric_status) == ("Completed", "Success")
+    assert gpu.processes == []
+
+
+def derived(*replacements: tuple[str, str]) -> str:
+    """The recorded output with single lines edited (stated in each test)."""
+    text = H800
+    for old, new in replacements:
+        assert old in text
+        text = text.replace(old, new, 1)
+    return text
+
+
+def test_hardware_slowdown_ecc_and_processes_are_seen():
+    text = derived(
+        ("HW Thermal Slowdown           : Not Active", "HW Thermal Slowdown           : Active"),
+        ("DRAM Uncorrectable            : N/A", "DRAM Uncorrectable            : 2"),
+        (
+            "    Processes                             : None",
+            "    Processes\n        GPU instance ID                   : N/A\n"
+            "        Process ID                        : 4242\n            Type                          : C\n"
+            "            Name                          : python",
+        ),
+    )
+    gpu = facts.parse_nvidia_smi_q(text).gpus[0]
+    assert gpu.throttle_active == ["HW Thermal Slowdown"]
+    assert gpu.ecc_uncorrected == 2
+    assert gpu.processes == ["4242"]
+
+
+def test_two_gpus_are_two_entries():
+    first_gpu = H800[H800.index("GPU 00000000:18:00.0") :]
+    text = H800 + first_gpu.replace("00000000:18:00.0", "00000000:2A:00.0")
+    assert [g.bus_id for g in facts.parse_nvidia_smi_q(text).gpus] == ["00000000:18:00.0", "00000000:2A:00.0"]
+
+
+def test_xid_lines_of_the_kernel_log():
+    log = (
+        "2024-05-01T10:00:00+0000 gpu01 kernel: NVRM: Xid (PCI:0000:3b:00): 79, pid=1234, GPU has fallen off the bus.\n"
+        "2024-05-01T10:00:01+0000 gpu01 kernel: eth0: link up\n"
+        "2024-05-01T10:00:02+0000 gpu01 kernel: NVRM: Xid (PCI:0000:86:00): 48, pid=1234, "
+        "An uncorrectable double bit error\n"
+    )
+    assert [(x["pci"], x["xid"]) for x in facts.parse_xids(log)] == [("PCI:0000:3b:00", 79), ("PCI:0000:86:00", 48)]
+
+
+def test_chrony_tracking_offset_sign():
+    tracking = (
+        "Reference ID    : C0A80001 (192.168.0.1)\nStratum         : 3\n"
+        "System time     : 0.000123456 seconds slow of NTP time\nLeap status     : Normal\n"
+    )
+    info = facts.parse_chronyc_tracking(tracking)
+    assert info["leap_status"] == "Normal"
+    assert info["offset_s"] == -0.000123456
+
+
+def test_cluster_interface_is_picked_by_name_cidr_address_then_route():
+    addr = (
+        "1: lo    inet 127.0.0.1/8 scope host lo\\       valid_lft forever preferred_lft forever\n"
+        "2: eth0    inet 172.30.81.11/24 brd 172.30.81.255 scope global eth0\\       valid_lft forever\n"
+        "3: ib0    inet 10.10.0.11/16 brd 10.10.255.255 scope global ib0\\       valid_lft forever\n"
+    )
+    entries = facts.parse_ip_addr(addr)
+    route = "1.1.1.1 via 172.30.81.1 dev eth0 src 172.30.81.11 uid 0 \\    cache"
+    assert facts.pick_interface(entries, route, "ens5", None, None)[0] == "ens5"
+    assert facts.pick_interface(entries, route, None, "10.10.0.0/16", "172.30.81.11")[0] == "ib0"
+    assert facts.pick_interface(entries, route, None, None, "172.30.81.11")[0] == "eth0"
+    assert facts.pick_interface(entries, route, None, None, "gpu01.example")[0] == "eth0"
+
+
+def test_firewall_state():
+    ufw = {"rc": 0, "out": "Status: active\n\nTo Action From\n22/tcp ALLOW 10.0.0.0/24\n"}
+    assert facts.firewall_state(ufw, {}, {})["tool"] == "ufw"
+    missing = {"error": "ufw not found"}
+    empty_nft = {"rc": 0, "out": ""}
+    assert facts.firewall_state(missing, empty_nft, missing) == {
+        "collected": True,
+        "active": False,
+        "tool": None,
+        "rules": 0,
+    }
+    assert facts.firewall_state(missing, missing, missing)["collected"]  # no tool at all: no firewall
+    denied = {"rc": 1, "out": "", "err": "netlink: Error: Operation not permitted"}
+    assert not facts.firewall_state(missing, denied, denied)["collected"]
