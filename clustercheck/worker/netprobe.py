@@ -21,6 +21,7 @@ import os
 import selectors
 import socket
 import struct
+import subprocess
 import sys
 import time
 
@@ -93,7 +94,16 @@ def interface_of(address: str) -> str | None:
                 return name
     finally:
         probe.close()
-    return "lo" if address.startswith("127.") else None  # extra loopback addresses are not the primary one
+    # SIOCGIFADDR sees an interface's primary address only; `ip` also lists secondary ones.
+    try:
+        listing = subprocess.run(["ip", "-o", "-4", "addr", "show"], capture_output=True, text=True, timeout=5).stdout
+    except (OSError, subprocess.SubprocessError):
+        listing = ""
+    for line in listing.splitlines():
+        fields = line.split()
+        if len(fields) > 3 and fields[3].split("/")[0] == address:
+            return fields[1]
+    return "lo" if address.startswith("127.") else None
 
 
 def mtu_of(interface: str) -> int | None:
