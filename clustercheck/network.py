@@ -34,8 +34,13 @@ CAUSES = {
 
 @dataclass(frozen=True)
 class Peer:
-    name: str  # the node's hostname (resolution is checked for this name)
+    name: str  # the node's name in reports (the inventory name)
     address: str  # the node's address on the cluster network
+    hostname: str | None = None  # the name torch and NCCL see (`hostname` on the node); default: NAME
+
+    @property
+    def resolved_name(self) -> str:
+        return self.hostname or self.name
 
 
 def pick_ephemeral_port(rng: random.Random | None = None) -> int:
@@ -50,6 +55,8 @@ def mesh_command(
     command = [python, probe_path, "mesh", "--self", me, "--duration", f"{duration:g}"]
     for peer in peers:
         command += ["--peer", f"{peer.name}={peer.address}"]
+        if peer.hostname and peer.hostname != peer.name:
+            command += ["--hostname-of", f"{peer.name}={peer.hostname}"]
     for port in ports:
         command += ["--port", str(port)]
     return command
@@ -234,17 +241,19 @@ def resolve_checks(records: dict[str, dict], peers: list[Peer]) -> list[CheckRes
         problems, warnings = [], []
         for name, answer in sorted(record["resolve"].items()):
             addrs = answer.get("addresses") or []
+            host = answer.get("hostname", name)
+            label = host if host == name else f"{host} ({name})"
             if not addrs:
-                problems.append(f"{name} does not resolve ({answer.get('error', 'no address')})")
+                problems.append(f"{label} does not resolve ({answer.get('error', 'no address')})")
                 continue
             if any(_is_loopback(a) for a in addrs):
-                problems.append(f"{name} resolves to loopback {', '.join(addrs)}")
+                problems.append(f"{label} resolves to loopback {', '.join(addrs)}")
                 continue
             majority = seen[name].most_common(1)[0][0]
             if len(seen[name]) > 1 and tuple(addrs) != majority:
-                problems.append(f"{name} resolves to {', '.join(addrs)}, other nodes get {', '.join(majority)}")
+                problems.append(f"{label} resolves to {', '.join(addrs)}, other nodes get {', '.join(majority)}")
             elif name in address and address[name] not in addrs:
-                warnings.append(f"{name} resolves to {', '.join(addrs)}, not its cluster address {address[name]}")
+                warnings.append(f"{label} resolves to {', '.join(addrs)}, not its cluster address {address[name]}")
         data = {"resolved": record["resolve"]}
         if problems:
             results.append(

@@ -1,6 +1,7 @@
 """Network probe, run on every node at the same time before any torch job (standard library only).
 
     python3 netprobe.py mesh --self NAME --peer NAME=ADDR ... --port 29500 --port 49731 [--duration 10]
+                             [--hostname-of NAME=HOSTNAME ...]
 
 Each node listens on the given TCP ports on its own cluster address, connects to every peer on every
 port, resolves every node's name, reads the MTU of the interface carrying its address, and, when a port
@@ -118,12 +119,12 @@ def resolve(name: str) -> dict:
     try:
         infos = socket.getaddrinfo(name, None, socket.AF_INET, socket.SOCK_STREAM)
     except socket.gaierror as exc:
-        return {"addresses": [], "error": str(exc)}
+        return {"hostname": name, "addresses": [], "error": str(exc)}
     addresses = []
     for info in infos:
         if info[4][0] not in addresses:
             addresses.append(info[4][0])
-    return {"addresses": addresses}
+    return {"hostname": name, "addresses": addresses}
 
 
 # --------------------------------------------------------------------------- the mesh
@@ -232,7 +233,9 @@ class Attempt:
             self.result.update(result="wrong-service", detail=f"answered {self.data[:40]!r}, not clustercheck's probe")
 
 
-def mesh(me: str, peers: dict[str, str], ports: list[int], duration: float, hostname: str) -> dict:
+def mesh(
+    me: str, peers: dict[str, str], ports: list[int], duration: float, hostname: str, hostnames: dict[str, str]
+) -> dict:
     address = peers[me]
     started = time.monotonic()
     deadline = started + duration
@@ -292,7 +295,7 @@ def mesh(me: str, peers: dict[str, str], ports: list[int], duration: float, host
         "listen": listen_states,
         "outgoing": [a.result for a in sorted(attempts, key=lambda a: (a.name, a.port))],
         "incoming": incoming,
-        "resolve": {name: resolve(name) for name in peers},
+        "resolve": {name: resolve(hostnames.get(name, name)) for name in peers},
         "seconds": round(time.monotonic() - started, 3),
     }
 
@@ -314,10 +317,10 @@ def accept(selector: selectors.BaseSelector, listener, hostname: str) -> None:
 
 
 def parse_peer(text: str) -> tuple[str, str]:
-    name, sep, address = text.partition("=")
-    if not sep or not name or not address:
-        raise argparse.ArgumentTypeError(f"--peer wants NAME=ADDRESS, not {text!r}")
-    return name, address
+    name, sep, value = text.partition("=")
+    if not sep or not name or not value:
+        raise argparse.ArgumentTypeError(f"expected NAME=ADDRESS or NAME=HOSTNAME, not {text!r}")
+    return name, value
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -326,6 +329,9 @@ def main(argv: list[str] | None = None) -> int:
     p_mesh = sub.add_parser("mesh", help="listen, connect to every peer, resolve names, report MTU")
     p_mesh.add_argument("--self", dest="me", required=True, help="this node's name among the peers")
     p_mesh.add_argument("--peer", action="append", type=parse_peer, required=True, help="NAME=ADDRESS, every node")
+    p_mesh.add_argument(
+        "--hostname-of", action="append", type=parse_peer, default=[], help="NAME=HOSTNAME to resolve (default NAME)"
+    )
     p_mesh.add_argument("--port", action="append", type=int, required=True, help="a TCP port to probe (repeat)")
     p_mesh.add_argument("--duration", type=float, default=10.0, help="seconds before the probe gives up")
     p_mesh.add_argument("--hostname", default=None, help="the name this node answers with (default: its hostname)")
@@ -338,7 +344,8 @@ def main(argv: list[str] | None = None) -> int:
     peers = dict(args.peer)
     if args.me not in peers:
         parser.error(f"--self {args.me} is not among the --peer names")
-    record = mesh(args.me, peers, args.port, args.duration, args.hostname or socket.gethostname())
+    hostname = args.hostname or socket.gethostname()
+    record = mesh(args.me, peers, args.port, args.duration, hostname, dict(args.hostname_of))
     print(json.dumps(record))
     return 0
 

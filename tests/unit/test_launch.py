@@ -2,6 +2,12 @@
 
 from __future__ import annotations
 
+import ast
+import json
+import subprocess
+import sys
+from importlib import resources
+
 import pytest
 
 from clustercheck import launch
@@ -118,3 +124,21 @@ def test_more_nccl_ranks_than_gpus_is_an_error():
 def test_no_nodes_is_an_error():
     with pytest.raises(launch.LaunchError, match="no nodes"):
         launch.plan([], worker="ddp", stage="ddp", master_port=1, interface=None)
+
+
+def test_collected_records_come_back_and_truncated_ones_are_left_out(tmp_path):
+    out = tmp_path / "ddp"
+    out.mkdir()
+    (out / "rank-0.json").write_text(json.dumps({"rank": 0, "ok": True}))
+    (out / "rank-1.json").write_text('{"rank": 1, "ok"')  # killed while writing
+    command = launch.collect_command(sys.executable, str(tmp_path), "ddp")
+    stdout = subprocess.run(command, capture_output=True, text=True, check=True).stdout
+    assert launch.parse_records(stdout) == [{"rank": 0, "ok": True}]
+
+
+def test_workers_stay_runnable_on_python_38():
+    # Nodes run the workers with their own python: Ubuntu 20.04 ships 3.8.
+    for worker in ("collectives", "ddp", "netprobe"):
+        source = resources.files("clustercheck.worker").joinpath(f"{worker}.py").read_text()
+        ast.parse(source, feature_version=(3, 8))
+        assert "from __future__ import annotations" in source

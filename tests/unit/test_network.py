@@ -149,6 +149,17 @@ def test_mesh_command_and_ephemeral_port():
     assert command[7:] == ["--peer", "a=10.0.0.1", "--peer", "b=10.0.0.2", "--port", "29500", "--port", str(port)]
 
 
+def test_a_hostname_other_than_the_inventory_name_is_resolved_and_named():
+    peers = [network.Peer("node1", "10.0.0.1"), network.Peer("node2", "10.0.0.2", hostname="gpu-02")]
+    command = network.mesh_command("python3", "/p.py", "node1", peers, [29500], 5)
+    assert command[command.index("--hostname-of") + 1] == "node2=gpu-02"
+    assert "--hostname-of" not in command[command.index("--hostname-of") + 1 :]
+    records = load("netprobe-healthy.json")
+    records["node1"]["resolve"]["node2"] = {"hostname": "gpu-02", "addresses": [], "error": "Name or service not known"}
+    failing = [r for r in named(evaluate(records), "network.resolve") if r.status is Status.FAIL]
+    assert "gpu-02 (node2) does not resolve" in failing[0].message
+
+
 def test_records_are_not_modified():
     records = load("netprobe-node3-firewall.json")
     before = copy.deepcopy(records)
