@@ -203,4 +203,9 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # Skip interpreter teardown: with gloo, torch can abort there ("terminate called without an active
+    # exception") after the work is done and the record written, turning a good run into a failed rank.
+    os._exit(code)
