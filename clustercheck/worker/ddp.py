@@ -237,8 +237,11 @@ def main() -> int:
     }
     started = time.monotonic()
     try:
+        import torch
         import torch.distributed as dist
 
+        if args.backend == "nccl":
+            torch.cuda.set_device(local_rank)  # before the first collective, so NCCL binds this rank's GPU
         dist.init_process_group(backend=args.backend)
         record.update(run(args, rank, local_rank, world))
         dist.destroy_process_group()

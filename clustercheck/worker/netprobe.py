@@ -249,6 +249,7 @@ def mesh(
     # A connection in is counted when the connector closes, after reading the token.
     expected_in = (len(peers) - 1) * sum(1 for s in listen_states if s["ok"])
     incoming: list[dict] = []
+    peer_addresses = {addr for name, addr in peers.items() if name != me}
     attempts = [Attempt(name, peers[name], port, address) for name in peers if name != me for port in ports]
 
     while True:
@@ -262,7 +263,8 @@ def mesh(
                 attempt.start(selector, now)
             elif attempt.sock is not None and now - attempt.started > CONNECT_TIMEOUT:
                 attempt.timed_out(selector, now)
-        if all(a.done for a in attempts) and len(incoming) >= expected_in:
+        # Only connections from peers count: a stray scanner must not end the probe early.
+        if all(a.done for a in attempts) and sum(1 for c in incoming if c["peer"]) >= expected_in:
             break
         for key, _ in selector.select(timeout=0.05):
             if isinstance(key.data, Attempt):
@@ -277,6 +279,7 @@ def mesh(
                 if not data:
                     selector.unregister(key.fileobj)
                     key.fileobj.close()
+                    key.data["peer"] = key.data["from"] in peer_addresses
                     incoming.append(key.data)
     for attempt in attempts:
         attempt.close(selector)
