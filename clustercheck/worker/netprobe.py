@@ -1,0 +1,357 @@
+"""Network probe, run on every node at the same time before any torch job (standard library only).
+
+    python3 netprobe.py mesh --self NAME --peer NAME=ADDR ... --port 29500 --port 49731 [--duration 10]
+                             [--hostname-of NAME=HOSTNAME ...]
+
+Each node listens on the given TCP ports on its own cluster address, connects to every peer on every
+port, resolves every node's name, reads the MTU of the interface carrying its address, and, when a port
+cannot be bound, names the process that holds it (pid and command). The listener answers each
+connection with a token naming the node, so a connection that reaches some other service is not taken
+for success. The probe exits by itself: when every connection in and out is done, or at --duration.
+It prints one JSON record on stdout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import errno
+import fcntl
+import json
+import os
+import selectors
+import socket
+import struct
+import subprocess
+import sys
+import time
+
+TOKEN = b"clustercheck-netprobe "
+SIOCGIFADDR = 0x8915
+CONNECT_TIMEOUT = 2.0
+
+
+# --------------------------------------------------------------------------- who holds a port (pure parsing)
+
+
+def listening_inodes(proc_net_tcp: str, port: int) -> set[str]:
+    """Socket inodes listening on PORT, from the text of /proc/net/tcp or /proc/net/tcp6."""
+    inodes = set()
+    for line in proc_net_tcp.splitlines()[1:]:
+        fields = line.split()
+        if len(fields) < 10:
+            continue
+        local, state, inode = fields[1], fields[3], fields[9]
+        if state == "0A" and int(local.rsplit(":", 1)[1], 16) == port:  # 0A: TCP_LISTEN
+            inodes.add(inode)
+    return inodes
+
+
+def port_holders(port: int, proc: str = "/proc") -> list[dict]:
+    """The processes with a socket listening on PORT: [{pid, command}]; empty when none can be seen."""
+    inodes: set[str] = set()
+    for table in ("tcp", "tcp6"):
+        try:
+            with open(f"{proc}/net/{table}") as fh:
+                inodes |= listening_inodes(fh.read(), port)
+        except OSError:
+            continue
+    if not inodes:
+        return []
+    targets = {f"socket:[{inode}]" for inode in inodes}
+    holders = []
+    for pid in sorted((p for p in os.listdir(proc) if p.isdigit()), key=int):
+        try:
+            fds = os.listdir(f"{proc}/{pid}/fd")
+        except OSError:
+            continue  # gone, or another user's process without root
+        for fd in fds:
+            try:
+                if os.readlink(f"{proc}/{pid}/fd/{fd}") in targets:
+                    with open(f"{proc}/{pid}/cmdline", "rb") as fh:
+                        command = fh.read().replace(b"\0", b" ").decode(errors="replace").strip()
+                    holders.append({"pid": int(pid), "command": command})
+                    break
+            except OSError:
+                continue
+    if not holders:
+        holders.append({"pid": None, "command": "a process this user cannot see (run as root to name it)"})
+    return holders
+
+
+# --------------------------------------------------------------------------- interface and names
+
+
+def interface_of(address: str) -> str | None:
+    """The interface that carries ADDRESS (IPv4), or None."""
+    probe = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        for _, name in socket.if_nameindex():
+            try:
+                packed = fcntl.ioctl(probe.fileno(), SIOCGIFADDR, struct.pack("256s", name.encode()[:15]))
+            except OSError:
+                continue
+            if socket.inet_ntoa(packed[20:24]) == address:
+                return name
+    finally:
+        probe.close()
+    # SIOCGIFADDR sees an interface's primary address only; `ip` also lists secondary ones.
+    try:
+        listing = subprocess.run(["ip", "-o", "-4", "addr", "show"], capture_output=True, text=True, timeout=5).stdout
+    except (OSError, subprocess.SubprocessError):
+        listing = ""
+    for line in listing.splitlines():
+        fields = line.split()
+        if len(fields) > 3 and fields[3].split("/")[0] == address:
+            return fields[1]
+    return "lo" if address.startswith("127.") else None
+
+
+def mtu_of(interface: str) -> int | None:
+    try:
+        with open(f"/sys/class/net/{interface}/mtu") as fh:
+            return int(fh.read().strip())
+    except (OSError, ValueError):
+        return None
+
+
+def resolve(name: str) -> dict:
+    try:
+        infos = socket.getaddrinfo(name, None, socket.AF_INET, socket.SOCK_STREAM)
+    except socket.gaierror as exc:
+        return {"hostname": name, "addresses": [], "error": str(exc)}
+    addresses = []
+    for info in infos:
+        if info[4][0] not in addresses:
+            addresses.append(info[4][0])
+    return {"hostname": name, "addresses": addresses}
+
+
+# --------------------------------------------------------------------------- the mesh
+
+
+def open_listener(address: str, port: int) -> tuple[socket.socket | None, dict]:
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((address, port))
+        sock.listen(64)
+    except OSError as exc:
+        sock.close()
+        state = {"port": port, "ok": False, "error": exc.strerror or str(exc), "errno": exc.errno}
+        if exc.errno == errno.EADDRINUSE:
+            state["holders"] = port_holders(port)
+        return None, state
+    sock.setblocking(False)
+    return sock, {"port": port, "ok": True}
+
+
+RETRY_AFTER = 0.3
+CONNECT_ERRORS = {
+    errno.ECONNREFUSED: "refused",
+    errno.EHOSTUNREACH: "host-unreachable",
+    errno.ENETUNREACH: "network-unreachable",
+    errno.EINVAL: "network-unreachable",  # a blackhole route
+    errno.ETIMEDOUT: "timeout",
+    errno.ECONNRESET: "reset",
+}
+
+
+class Attempt:
+    """One outgoing connection to a peer's port, driven by the selector (never blocks the listener)."""
+
+    def __init__(self, name: str, address: str, port: int, source: str) -> None:
+        self.name, self.address, self.port, self.source = name, address, port, source
+        self.result = {"to": name, "port": port, "result": "not-tried", "detail": "deadline", "attempts": 0}
+        self.sock: socket.socket | None = None
+        self.started = 0.0
+        self.next_try = 0.0
+        self.data = b""
+        self.done = False
+
+    def start(self, selector: selectors.BaseSelector, now: float) -> None:
+        self.result["attempts"] += 1
+        self.started, self.data = now, b""
+        self.result.pop("connected", None)
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.sock.setblocking(False)
+        try:
+            self.sock.bind((self.source, 0))  # leave through the cluster address, as torch's ranks do
+        except OSError as exc:
+            self.fail(selector, exc.errno or errno.EINVAL, now)
+            return
+        code = self.sock.connect_ex((self.address, self.port))
+        if code not in (0, errno.EINPROGRESS):
+            self.fail(selector, code, now)
+            return
+        selector.register(self.sock, selectors.EVENT_WRITE, self)
+
+    def close(self, selector: selectors.BaseSelector) -> None:
+        if self.sock is not None:
+            with contextlib.suppress(KeyError, ValueError):
+                selector.unregister(self.sock)
+            self.sock.close()
+            self.sock = None
+
+    def fail(self, selector: selectors.BaseSelector, code: int, now: float) -> None:
+        self.close(selector)
+        self.result.update(result=CONNECT_ERRORS.get(code, "error"), detail=os.strerror(code))
+        # The peer may not be listening yet, or the network may heal: try again until the deadline.
+        self.next_try = now + RETRY_AFTER
+
+    def timed_out(self, selector: selectors.BaseSelector, now: float) -> None:
+        self.close(selector)
+        connected = bool(self.result.get("connected"))
+        detail = f"no answer within {CONNECT_TIMEOUT:.0f} s"
+        self.result.update(result="timeout", detail=detail + (" after connecting" if connected else ""))
+        self.next_try = now
+
+    def on_event(self, selector: selectors.BaseSelector, now: float) -> None:
+        assert self.sock is not None
+        if not self.result.get("connected"):
+            code = self.sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
+            if code:
+                self.fail(selector, code, now)
+                return
+            self.result["connected"] = True
+            selector.modify(self.sock, selectors.EVENT_READ, self)
+            return
+        try:
+            chunk = self.sock.recv(256)
+        except OSError as exc:
+            self.fail(selector, exc.errno or 0, now)
+            return
+        self.data += chunk
+        if chunk and not self.data.endswith(b"\n") and len(self.data) < 256:
+            return
+        # We close first, so TIME_WAIT stays on this side and the port is free for torchrun at once.
+        self.close(selector)
+        self.done = True
+        if self.data.startswith(TOKEN):
+            self.result.update(result="ok", detail=self.data[len(TOKEN) :].decode(errors="replace").strip())
+        else:
+            self.result.update(result="wrong-service", detail=f"answered {self.data[:40]!r}, not clustercheck's probe")
+
+
+def mesh(
+    me: str, peers: dict[str, str], ports: list[int], duration: float, hostname: str, hostnames: dict[str, str]
+) -> dict:
+    address = peers[me]
+    started = time.monotonic()
+    deadline = started + duration
+    selector = selectors.DefaultSelector()
+    listen_states = []
+    for port in ports:
+        sock, state = open_listener(address, port)
+        listen_states.append(state)
+        if sock:
+            selector.register(sock, selectors.EVENT_READ, "listener")
+    # A connection in is counted when the connector closes, after reading the token.
+    expected_in = (len(peers) - 1) * sum(1 for s in listen_states if s["ok"])
+    incoming: list[dict] = []
+    peer_addresses = {addr for name, addr in peers.items() if name != me}
+    attempts = [Attempt(name, peers[name], port, address) for name in peers if name != me for port in ports]
+
+    while True:
+        now = time.monotonic()
+        if now >= deadline:
+            break
+        for attempt in attempts:
+            if attempt.done:
+                continue
+            if attempt.sock is None and now >= attempt.next_try:
+                attempt.start(selector, now)
+            elif attempt.sock is not None and now - attempt.started > CONNECT_TIMEOUT:
+                attempt.timed_out(selector, now)
+        # Only connections from peers count: a stray scanner must not end the probe early.
+        if all(a.done for a in attempts) and sum(1 for c in incoming if c["peer"]) >= expected_in:
+            break
+        for key, _ in selector.select(timeout=0.05):
+            if isinstance(key.data, Attempt):
+                key.data.on_event(selector, time.monotonic())
+            elif key.data == "listener":
+                accept(selector, key.fileobj, hostname)
+            else:
+                try:
+                    data = key.fileobj.recv(64)
+                except OSError:
+                    data = b""
+                if not data:
+                    selector.unregister(key.fileobj)
+                    key.fileobj.close()
+                    key.data["peer"] = key.data["from"] in peer_addresses
+                    incoming.append(key.data)
+    for attempt in attempts:
+        attempt.close(selector)
+        attempt.result.pop("connected", None)
+    for key in list(selector.get_map().values()):
+        key.fileobj.close()
+    selector.close()
+
+    interface = interface_of(address)
+    return {
+        "node": me,
+        "hostname": hostname,
+        "address": address,
+        "interface": interface,
+        "mtu": mtu_of(interface) if interface else None,
+        "listen": listen_states,
+        "outgoing": [a.result for a in sorted(attempts, key=lambda a: (a.name, a.port))],
+        "incoming": incoming,
+        "resolve": {name: resolve(hostnames.get(name, name)) for name in peers},
+        "seconds": round(time.monotonic() - started, 3),
+    }
+
+
+def accept(selector: selectors.BaseSelector, listener, hostname: str) -> None:
+    try:
+        conn, (peer_addr, _) = listener.accept()
+    except OSError:
+        return
+    try:
+        conn.setblocking(True)
+        conn.settimeout(1.0)
+        conn.sendall(TOKEN + hostname.encode() + b"\n")
+    except OSError:
+        conn.close()
+        return
+    conn.setblocking(False)
+    selector.register(conn, selectors.EVENT_READ, {"from": peer_addr, "port": listener.getsockname()[1]})
+
+
+def parse_peer(text: str) -> tuple[str, str]:
+    name, sep, value = text.partition("=")
+    if not sep or not name or not value:
+        raise argparse.ArgumentTypeError(f"expected NAME=ADDRESS or NAME=HOSTNAME, not {text!r}")
+    return name, value
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="clustercheck network probe")
+    sub = parser.add_subparsers(dest="command", required=True)
+    p_mesh = sub.add_parser("mesh", help="listen, connect to every peer, resolve names, report MTU")
+    p_mesh.add_argument("--self", dest="me", required=True, help="this node's name among the peers")
+    p_mesh.add_argument("--peer", action="append", type=parse_peer, required=True, help="NAME=ADDRESS, every node")
+    p_mesh.add_argument(
+        "--hostname-of", action="append", type=parse_peer, default=[], help="NAME=HOSTNAME to resolve (default NAME)"
+    )
+    p_mesh.add_argument("--port", action="append", type=int, required=True, help="a TCP port to probe (repeat)")
+    p_mesh.add_argument("--duration", type=float, default=10.0, help="seconds before the probe gives up")
+    p_mesh.add_argument("--hostname", default=None, help="the name this node answers with (default: its hostname)")
+    p_holder = sub.add_parser("port-holder", help="name the processes listening on a port")
+    p_holder.add_argument("port", type=int)
+    args = parser.parse_args(argv)
+    if args.command == "port-holder":
+        print(json.dumps({"port": args.port, "holders": port_holders(args.port)}))
+        return 0
+    peers = dict(args.peer)
+    if args.me not in peers:
+        parser.error(f"--self {args.me} is not among the --peer names")
+    hostname = args.hostname or socket.gethostname()
+    record = mesh(args.me, peers, args.port, args.duration, hostname, dict(args.hostname_of))
+    print(json.dumps(record))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,144 @@
+"""Per-node torchrun command lines and environments for a static-rendezvous multi-node job."""
+
+from __future__ import annotations
+
+import ast
+import json
+import subprocess
+import sys
+from importlib import resources
+
+import pytest
+
+from clustercheck import launch
+
+
+def node(name, address, gpus=0, python="/opt/venv/bin/python"):
+    return launch.NodeSpec(name, address, gpus, python, f"/tmp/cc-run/{name}")
+
+
+def test_cpu_nodes_get_gloo_two_ranks_each_and_the_first_node_as_master():
+    nodes = [node("node1", "10.0.0.11"), node("node2", "10.0.0.12"), node("node3", "10.0.0.13")]
+    plans = launch.plan(
+        nodes, worker="ddp", stage="ddp", master_port=29500, interface="eth0", worker_args=["--steps", "5"]
+    )
+    assert [p.node_rank for p in plans] == [0, 1, 2]
+    assert launch.world_size(plans) == 6
+    second = plans[1]
+    assert second.command == [
+        "/opt/venv/bin/python",
+        "-m",
+        "torch.distributed.run",
+        "--nnodes=3",
+        "--node-rank=1",
+        "--nproc-per-node=2",
+        "--master-addr=10.0.0.11",
+        "--master-port=29500",
+        "--max-restarts=0",
+        "--log-dir=/tmp/cc-run/node2/ddp/torchrun-logs",
+        "--redirects=3",
+        "--tee=3",
+        "/tmp/cc-run/node2/worker/ddp.py",
+        "--out",
+        "/tmp/cc-run/node2/ddp",
+        "--backend",
+        "gloo",
+        "--steps",
+        "5",
+    ]
+    assert second.env["GLOO_SOCKET_IFNAME"] == "eth0" and second.env["NCCL_SOCKET_IFNAME"] == "eth0"
+    assert second.env["NCCL_DEBUG"] == "INFO"
+    assert second.env["NCCL_DEBUG_FILE"].startswith("/tmp/cc-run/node2/")
+
+
+def test_gpu_nodes_get_nccl_one_rank_per_gpu():
+    plans = launch.plan(
+        [node("a", "10.0.0.1", gpus=8), node("b", "10.0.0.2", gpus=4)],
+        worker="collectives",
+        stage="collectives",
+        master_port=29400,
+        interface="ens5",
+    )
+    assert [p.nproc for p in plans] == [8, 4]
+    assert "--backend" in plans[0].command and plans[0].command[plans[0].command.index("--backend") + 1] == "nccl"
+    assert plans[0].env["CUBLAS_WORKSPACE_CONFIG"] == ":4096:8"
+    assert plans[0].env["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "1"
+
+
+def test_one_node_without_gpus_makes_everyone_use_gloo():
+    assert launch.choose_backend([8, 0, 8]) == "gloo"
+    assert launch.choose_backend([8, 8]) == "nccl"
+    assert launch.choose_backend([]) == "gloo"
+
+
+def test_ranks_per_node_override_and_interface_left_to_torch():
+    plans = launch.plan(
+        [node("a", "10.0.0.1")], worker="ddp", stage="ddp", master_port=29500, interface=None, nproc_override=3
+    )
+    assert plans[0].nproc == 3
+    assert "GLOO_SOCKET_IFNAME" not in plans[0].env
+
+
+def test_extra_env_reaches_only_its_node():
+    plans = launch.plan(
+        [node("a", "10.0.0.1"), node("b", "10.0.0.2")],
+        worker="ddp",
+        stage="ddp",
+        master_port=29500,
+        interface="eth0",
+        extra_env={"b": {"CLUSTERCHECK_TEST_DDP_PERTURB": "lr"}},
+    )
+    assert "CLUSTERCHECK_TEST_DDP_PERTURB" not in plans[0].env
+    assert plans[1].env["CLUSTERCHECK_TEST_DDP_PERTURB"] == "lr"
+
+
+def test_shell_line_quotes_everything():
+    plan = launch.plan(
+        [node("a", "10.0.0.1", python="/opt/my env/python")], worker="ddp", stage="ddp", master_port=1, interface="eth0"
+    )[0]
+    line = plan.shell()
+    assert line.startswith("env GLOO_SOCKET_IFNAME=eth0 ")
+    assert "'/opt/my env/python' -m torch.distributed.run" in line
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"master_port": 70000}, "not a TCP port"),
+        ({"nproc_override": 0}, "at least 1"),
+    ],
+)
+def test_impossible_launches_are_clear_errors(kwargs, message):
+    args = {"worker": "ddp", "stage": "ddp", "master_port": 29500, "interface": "eth0", **kwargs}
+    with pytest.raises(launch.LaunchError, match=message):
+        launch.plan([node("a", "10.0.0.1")], **args)
+
+
+def test_more_nccl_ranks_than_gpus_is_an_error():
+    with pytest.raises(launch.LaunchError, match="only 2 GPU"):
+        launch.plan(
+            [node("a", "10.0.0.1", gpus=2)], worker="ddp", stage="ddp", master_port=1, interface=None, nproc_override=4
+        )
+
+
+def test_no_nodes_is_an_error():
+    with pytest.raises(launch.LaunchError, match="no nodes"):
+        launch.plan([], worker="ddp", stage="ddp", master_port=1, interface=None)
+
+
+def test_collected_records_come_back_and_truncated_ones_are_left_out(tmp_path):
+    out = tmp_path / "ddp"
+    out.mkdir()
+    (out / "rank-0.json").write_text(json.dumps({"rank": 0, "ok": True}))
+    (out / "rank-1.json").write_text('{"rank": 1, "ok"')  # killed while writing
+    command = launch.collect_command(sys.executable, str(tmp_path), "ddp")
+    stdout = subprocess.run(command, capture_output=True, text=True, check=True).stdout
+    assert launch.parse_records(stdout) == [{"rank": 0, "ok": True}]
+
+
+def test_workers_stay_runnable_on_python_38():
+    # Nodes run the workers with their own python: Ubuntu 20.04 ships 3.8.
+    for worker in ("collectives", "ddp", "netprobe"):
+        source = resources.files("clustercheck.worker").joinpath(f"{worker}.py").read_text()
+        ast.parse(source, feature_version=(3, 8))
+        assert "from __future__ import annotations" in source

@@ -1,0 +1,167 @@
+"""Turning network probe records into network.* checks, on records from the Docker test cluster."""
+
+from __future__ import annotations
+
+import copy
+import json
+import random
+from pathlib import Path
+
+from clustercheck import network
+from clustercheck.model import Status
+
+RECORDS = Path(__file__).parent / "records"
+
+
+def load(name: str) -> dict[str, dict]:
+    return json.loads((RECORDS / name).read_text())
+
+
+def peers(records: dict[str, dict]) -> list[network.Peer]:
+    return [network.Peer(name, r["address"]) for name, r in sorted(records.items())]
+
+
+def evaluate(records, **kw):
+    return network.evaluate(records, peers(records), master="node1", master_port=29500, **kw)
+
+
+def named(results, name):
+    return [r for r in results if r.name == name]
+
+
+def test_a_healthy_cluster_passes():
+    results = evaluate(load("netprobe-healthy.json"))
+    assert {r.status for r in results} == {Status.PASS}
+    assert named(results, "network.tcp")[0].data["pairs"] == 6
+
+
+def test_a_firewall_on_one_node_names_both_pairs_and_the_node():
+    results = evaluate(load("netprobe-node3-firewall.json"), cidr="172.30.82.0/24")
+    failures = [r for r in named(results, "network.tcp") if r.status is Status.FAIL]
+    assert [(r.host, r.data["to"]) for r in failures] == [("node1", "node3"), ("node2", "node3")]
+    assert failures[0].message.startswith("node1 -> node3 (172.30.82.13): the connection timed out")
+    assert "no node reaches node3" in failures[0].message
+    assert failures[0].data["cause"] == "firewall"
+    assert "ufw allow from 172.30.82.0/24" in failures[0].remediation
+
+
+def test_refused_while_listening_is_a_firewall_reject_and_unreachable_is_routing():
+    records = load("netprobe-healthy.json")
+    out = records["node2"]["outgoing"]
+    out[0].update(result="refused", detail="Connection refused")
+    out[2].update(result="host-unreachable", detail="No route to host")
+    failures = {(r.host, r.data["to"]): r for r in named(evaluate(records), "network.tcp")}
+    assert failures[("node2", out[0]["to"])].data["cause"] == "firewall"
+    assert failures[("node2", out[2]["to"])].data["cause"] == "routing"
+    assert "ip route get" in failures[("node2", out[2]["to"])].remediation
+
+
+def test_a_node_that_reaches_no_one_is_named_as_the_likely_place():
+    records = load("netprobe-healthy.json")
+    for out in records["node1"]["outgoing"]:
+        out.update(result="network-unreachable", detail="Network is unreachable")
+    failures = named(evaluate(records), "network.tcp")
+    assert [r.data["to"] for r in failures] == ["node2", "node3"]
+    assert all("node1 reaches no node" in r.message for r in failures)
+
+
+def test_another_service_on_the_port_is_a_port_conflict():
+    records = load("netprobe-healthy.json")
+    records["node3"]["outgoing"][1].update(result="wrong-service", detail="answered b'SSH-2.0'")
+    (failure,) = named(evaluate(records), "network.tcp")
+    assert failure.data["cause"] == "port conflict"
+
+
+def test_a_held_master_port_names_the_pid_and_command():
+    records = load("netprobe-healthy.json")
+    records["node1"]["listen"][0] = {
+        "port": 29500,
+        "ok": False,
+        "error": "Address already in use",
+        "errno": 98,
+        "holders": [{"pid": 4242, "command": "python train.py"}],
+    }
+    results = evaluate(records)
+    (port,) = named(results, "network.master_port")
+    assert port.status is Status.FAIL
+    assert "held by pid 4242 (python train.py)" in port.message
+    assert "kill 4242" in port.remediation
+    # Connections to a port nobody could listen on are not blamed on the network.
+    assert all(r.status is Status.PASS for r in named(results, "network.tcp"))
+
+
+def test_a_busy_port_on_another_node_warns():
+    records = load("netprobe-healthy.json")
+    records["node2"]["listen"][0] = {"port": 29500, "ok": False, "error": "Address already in use", "holders": []}
+    (warning,) = named(evaluate(records), "network.listen")
+    assert warning.status is Status.WARN and warning.host == "node2"
+
+
+def test_resolution_failures_name_the_resolver_and_the_name():
+    records = load("netprobe-healthy.json")
+    records["node1"]["resolve"]["node2"] = {"addresses": [], "error": "[Errno -2] Name or service not known"}
+    records["node2"]["resolve"]["node2"] = {"addresses": ["127.0.1.1"]}
+    records["node3"]["resolve"]["node1"] = {"addresses": ["10.9.9.9"]}
+    failures = {r.host: r for r in named(evaluate(records), "network.resolve") if r.status is Status.FAIL}
+    assert "node2 does not resolve" in failures["node1"].message
+    assert "node2 resolves to loopback 127.0.1.1" in failures["node2"].message
+    assert "node1 resolves to 10.9.9.9, other nodes get 172.30.82.11" in failures["node3"].message
+
+
+def test_a_name_resolving_to_another_address_everywhere_warns():
+    records = load("netprobe-healthy.json")
+    for record in records.values():
+        record["resolve"]["node3"] = {"addresses": ["10.0.0.3"]}
+    results = named(evaluate(records), "network.resolve")
+    assert {r.status for r in results} == {Status.WARN}
+    assert "not its cluster address 172.30.82.13" in results[0].message
+
+
+def test_an_mtu_mismatch_names_the_odd_node():
+    records = load("netprobe-healthy.json")
+    records["node2"]["mtu"] = 9000
+    (mtu,) = named(evaluate(records), "network.mtu")
+    assert mtu.status is Status.FAIL
+    assert "most nodes have 1500, node2 (eth0) has 9000" in mtu.message
+
+
+def test_a_node_without_a_record_is_an_error_and_others_are_still_judged():
+    records = load("netprobe-healthy.json")
+    del records["node3"]
+    results = evaluate(records, errors={"node3": "SSH connection timed out"})
+    (error,) = named(results, "network.probe")
+    assert error.status is Status.ERROR and error.host == "node3"
+    assert all(r.status is Status.PASS for r in named(results, "network.tcp"))
+
+
+def test_mesh_command_and_ephemeral_port():
+    port = network.pick_ephemeral_port(random.Random(1))
+    assert network.EPHEMERAL_RANGE[0] <= port <= network.EPHEMERAL_RANGE[1]
+    command = network.mesh_command(
+        "python3",
+        "/run/x/netprobe.py",
+        "a",
+        [network.Peer("a", "10.0.0.1"), network.Peer("b", "10.0.0.2")],
+        [29500, port],
+        8,
+    )
+    assert command[:7] == ["python3", "/run/x/netprobe.py", "mesh", "--self", "a", "--duration", "8"]
+    assert command[7:] == ["--peer", "a=10.0.0.1", "--peer", "b=10.0.0.2", "--port", "29500", "--port", str(port)]
+
+
+def test_a_hostname_other_than_the_inventory_name_is_resolved_and_named():
+    peers = [network.Peer("node1", "10.0.0.1"), network.Peer("node2", "10.0.0.2", hostname="gpu-02")]
+    command = network.mesh_command("python3", "/p.py", "node1", peers, [29500], 5)
+    assert command[command.index("--hostname-of") + 1] == "node2=gpu-02"
+    assert "--hostname-of" not in command[command.index("--hostname-of") + 1 :]
+    records = load("netprobe-healthy.json")
+    records["node1"]["resolve"]["node2"] = {"hostname": "gpu-02", "addresses": [], "error": "Name or service not known"}
+    failing = [r for r in named(evaluate(records), "network.resolve") if r.status is Status.FAIL]
+    assert "gpu-02 (node2) does not resolve" in failing[0].message
+
+
+def test_records_are_not_modified():
+    records = load("netprobe-node3-firewall.json")
+    before = copy.deepcopy(records)
+    evaluate(records)
+    assert records == before
