@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import http.server
+import ipaddress
 import os
 import subprocess
 import sys
@@ -45,12 +46,7 @@ def nv_node():
 def standin_repo(nv_node, tmp_path_factory):
     """The stand-in repository, served on the node network's gateway (reachable from the node only)."""
     repo = build_repo.build(tmp_path_factory.mktemp("standin-repo"))
-    gateway = subprocess.run(
-        ["docker", "network", "inspect", "-f", "{{(index .IPAM.Config 0).Gateway}}", nv_node.network],
-        check=True,
-        capture_output=True,
-        text=True,
-    ).stdout.strip()
+    gateway = str(next(ipaddress.ip_network(nv_node.subnet).hosts()))  # Docker's bridge address on the host
     handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(repo.path))
     handler.log_message = lambda *a: None
     server = http.server.ThreadingHTTPServer((gateway, 0), handler)

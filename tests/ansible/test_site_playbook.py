@@ -6,10 +6,12 @@ clustercheck tests that need nodes with an environment python and torch.
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 from conftest import REPO, ansible_playbook
@@ -73,7 +75,10 @@ def acceptance(cluster, *args: str) -> subprocess.CompletedProcess:
     cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "--timeout=600"]
     cmd += [*(args or [str(REPO / "tests" / "acceptance")]), "--hosts=ansible://gpu_nodes"]
     cmd += [f"--ansible-inventory={cluster.inventory}"]
-    return subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=900)
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+    return subprocess.run(
+        cmd, cwd=REPO, capture_output=True, text=True, timeout=900, env=env
+    )  # testinfra runs ansible-*
 
 
 def test_acceptance_suite_passes(converged_cluster):
@@ -99,3 +104,27 @@ def test_acceptance_suite_fails_on_a_broken_node_and_the_role_repairs_it(converg
     assert repair.returncode == 0, repair.stdout[-3000:]
     assert recap(repair.stdout)["node2"]["changed"] >= 1
     assert acceptance(converged_cluster, hosts_test).returncode == 0
+
+
+def test_conda_path_renders_in_check_mode(converged_cluster, wheelhouse, tmp_path):
+    """conda's installer cannot be downloaded here: the conda path runs in check mode only (its
+    templates render, the checksum table has the installer, nothing touches the network)."""
+    installer = tmp_path / "Miniforge3-24.11.3-0-Linux-x86_64.sh"
+    installer.write_text("#!/bin/sh\n# stand-in: never run (check mode)\n")
+    proc = ansible_playbook(
+        converged_cluster,
+        wheelhouse,
+        "--check",
+        "--diff",
+        "--tags",
+        "python_env",
+        "--limit",
+        "node1",
+        "-e",
+        "python_env_manager=conda",
+        "-e",
+        f"python_env_conda_installer_local={installer}",
+    )
+    assert proc.returncode == 0, proc.stdout[-4000:]
+    assert "Python env | PATCH | Run the installer into the shared prefix" in proc.stdout
+    assert "- torch==2.13.0" in proc.stdout  # the environment.yml's pip section, in the diff
