@@ -42,13 +42,17 @@ def nv_node():
     testcluster.down(name)
 
 
+class _QuietHandler(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, *args):  # apt's requests are not test output
+        pass
+
+
 @pytest.fixture(scope="module")
 def standin_repo(nv_node, tmp_path_factory):
     """The stand-in repository, served on the node network's gateway (reachable from the node only)."""
     repo = build_repo.build(tmp_path_factory.mktemp("standin-repo"))
     gateway = str(next(ipaddress.ip_network(nv_node.subnet).hosts()))  # Docker's bridge address on the host
-    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(repo.path))
-    handler.log_message = lambda *a: None
+    handler = functools.partial(_QuietHandler, directory=str(repo.path))
     server = http.server.ThreadingHTTPServer((gateway, 0), handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     repo.url = f"http://{gateway}:{server.server_address[1]}"
