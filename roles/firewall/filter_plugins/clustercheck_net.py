@@ -1,0 +1,1 @@
+../../cluster_hosts/filter_plugins/clustercheck_net.py

@@ -1,0 +1,38 @@
+"""Acceptance tests for a cluster set up with site.yml: run them against your own nodes.
+
+    pytest tests/acceptance --hosts=ansible://gpu_nodes --ansible-inventory=inventory/hosts.ini [--junitxml=out.xml]
+
+They check what the roles promise, through the same inventory Ansible used, and depend on
+nothing from the project's own test fixtures. The plain `pytest` run does not collect them
+(tests/conftest.py ignores this directory unless --hosts is given).
+"""
+
+from __future__ import annotations
+
+import pytest
+import testinfra
+from testinfra.utils.ansible_runner import AnsibleRunner
+
+
+@pytest.fixture(scope="session")
+def runner(request) -> AnsibleRunner:
+    inventory = request.config.getoption("ansible_inventory")
+    if not inventory:
+        pytest.exit(
+            "the acceptance tests need --ansible-inventory=PATH (the inventory site.yml ran with)", returncode=4
+        )
+    return AnsibleRunner(inventory)
+
+
+@pytest.fixture(scope="session")
+def node_names(runner) -> list[str]:
+    """Every node of the gpu_nodes group."""
+    return sorted(runner.get_hosts("gpu_nodes"))
+
+
+@pytest.fixture(scope="session")
+def peers(runner, node_names):
+    """A testinfra host for every node, to compare nodes with each other."""
+    return {
+        name: testinfra.get_host(f"ansible://{name}", ansible_inventory=runner.inventory_file) for name in node_names
+    }

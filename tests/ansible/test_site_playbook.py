@@ -1,0 +1,130 @@
+"""site.yml on the 3-node test cluster: converge, idempotence, check mode, then the acceptance suite.
+
+The converge itself is the session fixture `converged_cluster` (tests/conftest.py), shared with the
+clustercheck tests that need nodes with an environment python and torch.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import REPO, ansible_playbook
+
+pytestmark = pytest.mark.cluster
+
+RECAP = re.compile(r"^(\S+)\s+: ok=(\d+)\s+changed=(\d+)\s+unreachable=(\d+)\s+failed=(\d+)", re.M)
+
+
+def recap(output: str) -> dict[str, dict[str, int]]:
+    """PLAY RECAP lines: host -> counts."""
+    return {
+        m[1]: {"ok": int(m[2]), "changed": int(m[3]), "unreachable": int(m[4]), "failed": int(m[5])}
+        for m in RECAP.finditer(output.split("PLAY RECAP", 1)[-1])
+    }
+
+
+def changed_tasks(output: str) -> list[str]:
+    """The names of tasks that reported a change (to say what broke idempotence)."""
+    found, task = [], ""
+    for line in output.splitlines():
+        if line.startswith("TASK ["):
+            task = line
+        elif line.startswith("changed:"):
+            found.append(f"{task} {line}")
+    return found
+
+
+def test_recap_parser():
+    out = "PLAY RECAP ****\nnode1  : ok=3    changed=1    unreachable=0    failed=0    skipped=2\n"
+    assert recap(out) == {"node1": {"ok": 3, "changed": 1, "unreachable": 0, "failed": 0}}
+
+
+def test_converge_succeeds_on_every_node(converged_cluster):
+    counts = recap(converged_cluster.converge_output)
+    assert set(counts) == {n.name for n in converged_cluster.nodes}
+    assert all(c["failed"] == 0 and c["unreachable"] == 0 for c in counts.values()), counts
+    print(f"converge: {converged_cluster.converge_seconds:.0f}s")
+
+
+def test_second_run_changes_nothing(converged_cluster, wheelhouse):
+    started = time.monotonic()
+    proc = ansible_playbook(converged_cluster, wheelhouse)
+    print(f"idempotence run: {time.monotonic() - started:.0f}s")
+    assert proc.returncode == 0, proc.stdout[-4000:]
+    counts = recap(proc.stdout)
+    assert counts and all(c["changed"] == 0 for c in counts.values()), "\n".join(changed_tasks(proc.stdout))
+
+
+def test_check_mode_runs_clean(converged_cluster, wheelhouse):
+    started = time.monotonic()
+    proc = ansible_playbook(converged_cluster, wheelhouse, "--check")
+    print(f"check-mode run: {time.monotonic() - started:.0f}s")
+    assert proc.returncode == 0, proc.stdout[-4000:]
+    counts = recap(proc.stdout)
+    assert counts and all(c["failed"] == 0 and c["changed"] == 0 for c in counts.values()), counts
+
+
+def acceptance(cluster, *args: str) -> subprocess.CompletedProcess:
+    """The acceptance suite, as a user runs it against their inventory."""
+    cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "--timeout=600"]
+    cmd += [*(args or [str(REPO / "tests" / "acceptance")]), "--hosts=ansible://gpu_nodes"]
+    cmd += [f"--ansible-inventory={cluster.inventory}"]
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+    return subprocess.run(
+        cmd, cwd=REPO, capture_output=True, text=True, timeout=900, env=env
+    )  # testinfra runs ansible-*
+
+
+def test_acceptance_suite_passes(converged_cluster):
+    proc = acceptance(converged_cluster)
+    assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-2000:]
+    passed = int(re.search(r"(\d+) passed", proc.stdout)[1])
+    assert passed >= 10 * len(converged_cluster.nodes), proc.stdout[-2000:]
+
+
+def test_acceptance_suite_fails_on_a_broken_node_and_the_role_repairs_it(converged_cluster, wheelhouse):
+    """Map node2's own name to 127.0.1.1 (the Debian default that makes gloo bind to loopback): the
+    suite must fail on node2 only; a cluster_hosts run repairs it."""
+    node = converged_cluster.node("node2")
+    hosts_test = str(REPO / "tests" / "acceptance" / "test_hosts.py")
+    subprocess.run(["docker", "exec", node.container, "sh", "-c", "echo '127.0.1.1 node2' >> /etc/hosts"], check=True)
+    try:
+        broken = acceptance(converged_cluster, hosts_test)
+        assert broken.returncode == 1, broken.stdout[-3000:]
+        failed = re.findall(r"^FAILED (\S+)", broken.stdout, re.M)
+        assert failed and all("node2" in f for f in failed), broken.stdout[-3000:]
+    finally:
+        repair = ansible_playbook(converged_cluster, wheelhouse, "--tags", "cluster_hosts", "--limit", "node2")
+    assert repair.returncode == 0, repair.stdout[-3000:]
+    assert recap(repair.stdout)["node2"]["changed"] >= 1
+    assert acceptance(converged_cluster, hosts_test).returncode == 0
+
+
+def test_conda_path_renders_in_check_mode(converged_cluster, wheelhouse, tmp_path):
+    """conda's installer cannot be downloaded here: the conda path runs in check mode only (its
+    templates render, the checksum table has the installer, nothing touches the network)."""
+    installer = tmp_path / "Miniforge3-24.11.3-0-Linux-x86_64.sh"
+    installer.write_text("#!/bin/sh\n# stand-in: never run (check mode)\n")
+    proc = ansible_playbook(
+        converged_cluster,
+        wheelhouse,
+        "--check",
+        "--diff",
+        "--tags",
+        "python_env",
+        "--limit",
+        "node1",
+        "-e",
+        "python_env_manager=conda",
+        "-e",
+        f"python_env_conda_installer_local={installer}",
+    )
+    assert proc.returncode == 0, proc.stdout[-4000:]
+    assert "Python env | PATCH | Run the installer into the shared prefix" in proc.stdout
+    assert "- torch==2.13.0" in proc.stdout  # the environment.yml's pip section, in the diff
