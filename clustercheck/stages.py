@@ -169,7 +169,7 @@ def _host_dir(options: StageOptions, name: str) -> Path:
 
 def _tail(result: CommandResult, lines: int = ERROR_LINES) -> list[str]:
     text = (result.stdout + "\n" + result.stderr).splitlines()
-    return [line.rstrip() for line in text if line.strip()][-lines:]
+    return [line.rstrip() for line in text if line.strip(" =-")][-lines:]
 
 
 # ---------------------------------------------------------------------------------------------- network
@@ -307,7 +307,7 @@ def torch_job(
         _, name, result = min(candidates, key=lambda f: (not _signal_death(f[2]), f[0]))
         lines = _tail(result)
         outcome.failure = (
-            f"torchrun failed on {name} first ({result.cause()}); every node's job was stopped. "
+            f"torchrun failed on {name} first ({_exit(result)}); every node's job was stopped. "
             f"Last lines from {name}: " + " | ".join(lines)
         )
         outcome.data.update({"first_failed_node": name, "error_lines": lines})
@@ -318,6 +318,10 @@ def torch_job(
         )
         outcome.data.update({"timed_out": True, "first_failed_node": None})
     return outcome
+
+
+def _exit(result: CommandResult) -> str:
+    return "no exit status: killed or disconnected" if result.exit_status is None else f"exit {result.exit_status}"
 
 
 def _fetch_logs(m: Member, worker: str, options: StageOptions) -> None:
