@@ -108,8 +108,11 @@ class Pipeline:
         except BaseException:
             self.abort()
             raise
-        self.progress("cluster", "cleaning up")
+        for node in self.nodes:
+            self.progress(node.name, "cleaning up")
         self.abort()  # the transports stay open for the multi-node stages; now every node is cleaned up
+        for node in self.nodes:
+            self.progress(node.name, "done")
         return Outcome(results, self._host_key_error)
 
     def _multinode(self) -> list[CheckResult]:

@@ -182,12 +182,14 @@ def network_stage(members: list[Member], options: StageOptions) -> list[CheckRes
     errors: dict[str, str] = {}
 
     def probe(m: Member) -> None:
-        path = launch.worker_path(m.transport.workdir, "netprobe")
         try:
-            _upload(m.transport, "netprobe", path)
-        except (TransportError, OSError) as exc:
-            errors[m.name] = str(exc)
-            return
+            _probe(m)
+        except Exception as exc:  # one node's trouble is that node's network.probe ERROR, not a crash
+            errors[m.name] = f"{type(exc).__name__}: {exc}"
+
+    def _probe(m: Member) -> None:
+        path = launch.worker_path(m.transport.workdir, "netprobe")
+        _upload(m.transport, "netprobe", path)
         command = network.mesh_command(
             m.facts.python, path, m.name, peers, [options.master_port, port], options.network_duration
         )
@@ -270,7 +272,10 @@ def torch_job(
 
     def start(plan: launch.NodeLaunch) -> None:
         m = by_name[plan.node.name]
-        result = m.transport.run(plan.command, timeout=max(1.0, deadline - time.monotonic()), env=plan.env)
+        try:
+            result = m.transport.run(plan.command, timeout=max(1.0, deadline - time.monotonic()), env=plan.env)
+        except Exception as exc:  # the connection broke: that node failed
+            result = CommandResult(None, "", f"{type(exc).__name__}: {exc}")
         with lock:
             ends[m.name] = (time.monotonic(), result, not stopping.is_set())
         if not result.ok:
@@ -297,27 +302,39 @@ def torch_job(
         result = ends[m.name][1] if m.name in ends else CommandResult(None, "", "no result")
         (_host_dir(options, m.name) / f"{worker}.torchrun.log").write_text(result.stdout + result.stderr)
         _fetch_logs(m, worker, options)
-        got = m.transport.run(launch.collect_command(m.facts.python, m.transport.workdir, worker), timeout=60)
-        outcome.records += launch.parse_records(got.stdout)
+        with contextlib.suppress(TransportError, OSError):
+            got = m.transport.run(launch.collect_command(m.facts.python, m.transport.workdir, worker), timeout=60)
+            outcome.records += launch.parse_records(got.stdout)
 
-    own_failures = [(when, name, result) for name, (when, result, own) in ends.items() if own and not result.ok]
+    first = first_failure(ends)
     timed_out = [name for name, (_, result, _) in ends.items() if result.timed_out]
-    if own_failures and not all(r.timed_out for _, _, r in own_failures):
-        candidates = [f for f in own_failures if not f[2].timed_out]
-        _, name, result = min(candidates, key=lambda f: (not _signal_death(f[2]), f[0]))
+    if first is not None:
+        name, result = first
         lines = _tail(result)
         outcome.failure = (
             f"torchrun failed on {name} first ({_exit(result)}); every node's job was stopped. "
             f"Last lines from {name}: " + " | ".join(lines)
         )
         outcome.data.update({"first_failed_node": name, "error_lines": lines})
-    elif timed_out or own_failures:
+    elif timed_out or any(not r.ok for _, r, _ in ends.values()):
         outcome.failure = (
             f"the {worker} job did not finish within {options.timeout:.0f} s (--timeout); every node's job was "
             f"stopped (waiting: {', '.join(sorted(timed_out)) or 'all nodes'})"
         )
         outcome.data.update({"timed_out": True, "first_failed_node": None})
     return outcome
+
+
+def first_failure(ends: dict[str, tuple[float, CommandResult, bool]]) -> tuple[str, CommandResult] | None:
+    """The node whose torchrun failed first, of those that ended on their own (not stopped by us, not at the
+    deadline): a node reporting a rank killed by a signal is the root cause its peers' errors follow from;
+    otherwise the earliest. ENDS: node -> (when it ended, its result, whether it ended before the stop)."""
+    own = [(when, name, result) for name, (when, result, before_stop) in ends.items() if before_stop]
+    failed = [f for f in own if not f[2].ok and not f[2].timed_out]
+    if not failed:
+        return None
+    _, name, result = min(failed, key=lambda f: (not _signal_death(f[2]), f[0]))
+    return name, result
 
 
 def _exit(result: CommandResult) -> str:
@@ -329,11 +346,11 @@ def _fetch_logs(m: Member, worker: str, options: StageOptions) -> None:
     workdir = m.transport.workdir.rstrip("/")
     archive = f"{workdir}/{worker}-logs.tgz"
     script = f"cd {workdir} && tar czf {archive} {worker} $(ls nccl-*.log 2>/dev/null)"
-    if not m.transport.run(["sh", "-c", script], timeout=60).ok:
-        return
     target = _host_dir(options, m.name)
     local = target / f"{worker}-logs.tgz"
     with contextlib.suppress(TransportError, OSError, tarfile.TarError):
+        if not m.transport.run(["sh", "-c", script], timeout=60).ok:
+            return
         m.transport.get(archive, str(local))
         with tarfile.open(local) as tar:
             tar.extractall(target, filter="data")
@@ -357,7 +374,7 @@ def collectives_stage(members: list[Member], options: StageOptions) -> list[Chec
     try:
         thresholds = bandwidth.parse_min_busbw(options.min_busbw)
         outcome = torch_job(members, "collectives", options)
-    except (launch.LaunchError, bandwidth.ThresholdError) as exc:
+    except (launch.LaunchError, bandwidth.ThresholdError, TransportError, OSError) as exc:
         return [CheckResult(name, Status.ERROR, f"{name}: {exc}") for name in NAMES["collectives"]]
     results = collectives.evaluate(outcome.records, outcome.world_size)
     results += bandwidth.evaluate(outcome.records, outcome.world_size, thresholds)
@@ -368,7 +385,7 @@ def ddp_stage(members: list[Member], options: StageOptions) -> list[CheckResult]
     args = ["--steps", str(options.ddp_steps)] if options.ddp_steps else None
     try:
         outcome = torch_job(members, "ddp", options, args)
-    except launch.LaunchError as exc:
+    except (launch.LaunchError, TransportError, OSError) as exc:
         return [CheckResult(ddp.NAME, Status.ERROR, f"{ddp.NAME}: {exc}")]
     result = ddp.evaluate(outcome.records, outcome.world_size)
     return _with_failure([result], outcome)
