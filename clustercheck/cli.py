@@ -149,6 +149,8 @@ def run(
             bandwidth.parse_min_busbw(min_busbw)
         except bandwidth.ThresholdError as exc:
             raise UsageError(str(exc)) from exc
+    if "core" in skip:
+        raise UsageError("--skip core: the core stage collects the facts every other stage needs; use --only")
     selected = tuple(s for s in stages.DISTRIBUTED if (not only or s in only) and s not in skip)
     why_not = f"not selected (--only {' '.join(only)})" if only else "not selected (--skip)"
     try:

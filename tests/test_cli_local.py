@@ -91,11 +91,14 @@ def test_only_and_skip_select_stages_and_min_busbw_judges_bandwidth(tmp_path):
     assert checks["ddp_equivalence"]["status"] == "SKIP" and "--skip" in checks["ddp_equivalence"]["message"]
 
 
-def test_a_bad_min_busbw_is_a_usage_error():
+def test_a_bad_min_busbw_or_stage_is_a_usage_error():
     proc = run_cli("run", "--hosts", "localhost", "--min-busbw", "fast")
     assert proc.returncode == 4
     assert proc.stderr.startswith("clustercheck: error: --min-busbw 'fast'")
     assert "Traceback" not in proc.stderr
+    for args in (["--only", "gpu"], ["--skip", "core"]):
+        proc = run_cli("run", "--hosts", "localhost", *args)
+        assert proc.returncode == 4 and proc.stderr.startswith("clustercheck: error:"), proc.stderr
 
 
 def test_a_python_without_torch_fails_with_its_cause(tmp_path):
