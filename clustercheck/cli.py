@@ -11,7 +11,7 @@ from pathlib import Path
 import click
 from rich.console import Console
 
-from clustercheck import __version__, inventory, report
+from clustercheck import __version__, bandwidth, inventory, report, stages
 from clustercheck.consistency import DEFAULT_MAX_CLOCK_OFFSET
 from clustercheck.exitcodes import ExitCode
 from clustercheck.model import Status, overall_status
@@ -44,7 +44,7 @@ def cli() -> None:
     "--nproc-per-node",
     type=click.IntRange(min=1),
     default=None,
-    help="Ranks per node for the node-local collectives (default: the GPU count, or 2 without GPUs).",
+    help="Ranks per node for the torch jobs (default: the GPU count, or 2 without GPUs).",
 )
 @click.option("--format", "fmt", type=click.Choice(["text", "json", "junit"]), default="text", show_default=True)
 @click.option(
@@ -74,8 +74,23 @@ def cli() -> None:
     type=click.FloatRange(min=1),
     default=300,
     show_default=True,
-    help="Deadline in seconds for the torch job (collectives) on each node.",
+    help="Deadline in seconds for each torch job (node-local collectives, collectives, DDP); when it passes, "
+    "or a node's job fails, the job is stopped on every node.",
 )
+@click.option(
+    "--min-busbw",
+    default=None,
+    metavar="FAIL[:WARN]",
+    help="all_reduce bus bandwidth threshold in GB/s: FAIL under the first number, WARN under the second "
+    "(default: the inventory's clustercheck_min_busbw, else report only).",
+)
+@click.option(
+    "--only",
+    multiple=True,
+    type=click.Choice(stages.STAGES),
+    help="Run only these stages (repeatable); core always collects the facts the others need.",
+)
+@click.option("--ddp-steps", type=click.IntRange(min=1), default=None, hidden=True)  # tests: a long DDP job
 @click.option("--master-port", type=click.IntRange(1024, 65535), default=29500, show_default=True)
 @click.option(
     "--accept-new-host-keys",
@@ -93,7 +108,12 @@ def cli() -> None:
 @click.option(
     "--ssh-config", type=click.Path(dir_okay=False), default=None, help="SSH config file (default ~/.ssh/config)."
 )
-@click.option("--skip", multiple=True, help="Skip checks whose name matches this glob, e.g. 'local.*' (repeatable).")
+@click.option(
+    "--skip",
+    multiple=True,
+    help="Skip a stage (network, collectives, ddp) or the checks whose name matches this glob, e.g. 'local.*' "
+    "(repeatable).",
+)
 @click.option(
     "--max-clock-offset",
     type=click.FloatRange(min=0),
@@ -119,8 +139,20 @@ def run(
     ssh_config: str | None,
     skip: tuple[str, ...],
     max_clock_offset: float,
+    min_busbw: str | None,
+    only: tuple[str, ...],
+    ddp_steps: int | None,
 ) -> None:
     """Check every node, the consistency between them, and print a verdict."""
+    if min_busbw is not None:
+        try:
+            bandwidth.parse_min_busbw(min_busbw)
+        except bandwidth.ThresholdError as exc:
+            raise UsageError(str(exc)) from exc
+    if "core" in skip:
+        raise UsageError("--skip core: the core stage collects the facts every other stage needs; use --only")
+    selected = tuple(s for s in stages.DISTRIBUTED if (not only or s in only) and s not in skip)
+    why_not = f"not selected (--only {' '.join(only)})" if only else "not selected (--skip)"
     try:
         nodes = inventory.load(hosts, limit)
     except inventory.InventoryError as exc:
@@ -149,19 +181,23 @@ def run(
         accept_new_host_keys=accept_new_host_keys,
         known_hosts=list(known_hosts) or None,
         ssh_config=config,
-        skip=list(skip),
+        skip=[s for s in skip if s not in stages.STAGES],
         clock_bound=max_clock_offset,
+        stages=selected,
+        why_not_selected=why_not,
+        min_busbw=min_busbw,
+        ddp_steps=ddp_steps,
     )
-    stages: dict[str, str] = {n.name: "waiting" for n in nodes}
+    host_stages: dict[str, str] = {n.name: "waiting" for n in nodes}
     lock = threading.Lock()
     with console.status(f"checking {len(nodes)} host(s)") as status:
 
         def progress(host: str, stage: str) -> None:
             with lock:
-                stages[host] = stage
-                busy = [f"{h}: {s}" for h, s in stages.items() if s != "done"]
-                done = sum(1 for s in stages.values() if s == "done")
-                status.update(f"{done}/{len(stages)} host(s) done  " + "  ".join(busy[:6]))
+                host_stages[host] = stage
+                busy = [f"{h}: {s}" for h, s in host_stages.items() if s != "done"]
+                done = sum(1 for s in host_stages.values() if s == "done")
+                status.update(f"{done}/{len(host_stages)} host(s) done  " + "  ".join(busy[:6]))
 
         pipeline = Pipeline(nodes, options, progress)
         outcome = pipeline.run()

@@ -26,6 +26,7 @@ LOCAL_NAMES = {"localhost", "127.0.0.1", "::1"}
 PYTHON_VAR = "clustercheck_python"  # the environment's python (else /etc/clustercheck/python, else python3)
 GPUS_VAR = "gpus_per_node"  # GPUs expected on each node (0: none; unset: whatever is there)
 INTERFACE_VAR = "cluster_interface"  # the interface nodes talk to each other on
+MIN_BUSBW_VAR = "clustercheck_min_busbw"  # all_reduce busbw threshold, FAIL[:WARN] in GB/s (like --min-busbw)
 CIDR_VAR = "cluster_cidr"  # the cluster network, used to find the interface when none is named
 READ_VARS = (
     "ansible_host",
@@ -60,6 +61,7 @@ class Node:
     gpus_expected: int | None = None  # None: not stated; GPU checks skip on a node without GPUs
     cluster_interface: str | None = None
     cluster_cidr: str | None = None
+    min_busbw: str | None = None  # clustercheck_min_busbw
     ssh_options: dict[str, str] = field(default_factory=dict)  # -o Key=Value from ansible_ssh_*_args
 
     @property
@@ -240,6 +242,7 @@ def node_from_vars(name: str, hostvars: dict[str, Any]) -> Node:
         gpus_expected=gpus,
         cluster_interface=_text(hostvars.get(INTERFACE_VAR)),
         cluster_cidr=_text(hostvars.get(CIDR_VAR)),
+        min_busbw=_text(hostvars.get(MIN_BUSBW_VAR)),
         ssh_options=ssh_options,
     )
 

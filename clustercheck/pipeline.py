@@ -24,7 +24,7 @@ from pathlib import Path
 
 import paramiko
 
-from clustercheck import checks, consistency, nodecollectives
+from clustercheck import checks, consistency, nodecollectives, stages
 from clustercheck.checks import NodeFacts
 from clustercheck.inventory import Node
 from clustercheck.model import CheckResult, Status
@@ -49,6 +49,11 @@ class Options:
     ssh_config: paramiko.SSHConfig | None = None
     skip: list[str] = field(default_factory=list)
     clock_bound: float = consistency.DEFAULT_MAX_CLOCK_OFFSET
+    stages: tuple[str, ...] = stages.DISTRIBUTED  # the multi-node stages to run, after the per-node phase
+    why_not_selected: str = "not selected"
+    min_busbw: str | None = None  # --min-busbw, else the inventory's clustercheck_min_busbw
+    network_duration: float = 10.0
+    ddp_steps: int | None = None  # test-only: make the DDP job long
 
 
 @dataclass
@@ -93,12 +98,47 @@ class Pipeline:
         except BaseException:  # Ctrl-C or SIGTERM: kill what we started everywhere, then let it propagate
             self.abort()
             raise
-        results = []
+        try:
+            results = []
+            for node in self.nodes:
+                results += self._results.get(node.name, [])
+            reached = [self._facts[n.name] for n in self.nodes if n.name in self._facts]
+            results += self._skip_filter(consistency.run_consistency(reached, self.options.clock_bound))
+            results += self._skip_filter(self._multinode())
+        except BaseException:
+            self.abort()
+            raise
         for node in self.nodes:
-            results += self._results.get(node.name, [])
-        reached = [self._facts[n.name] for n in self.nodes if n.name in self._facts]
-        results += self._skip_filter(consistency.run_consistency(reached, self.options.clock_bound))
+            self.progress(node.name, "cleaning up")
+        self.abort()  # the transports stay open for the multi-node stages; now every node is cleaned up
+        for node in self.nodes:
+            self.progress(node.name, "done")
         return Outcome(results, self._host_key_error)
+
+    def _multinode(self) -> list[CheckResult]:
+        members, missing = [], {}
+        for node in self.nodes:
+            facts = self._facts.get(node.name)
+            transport = self._transports.get(node.name)
+            if facts is None or transport is None:
+                missing[node.name] = "not reached, or its facts were not collected"
+                continue
+            interface, _ = consistency.cluster_interface(facts)
+            members.append(stages.member(node, transport, facts, interface, one_node=len(self.nodes) == 1))
+        options = stages.StageOptions(
+            local_dir=self.options.run_dir,
+            stages=self.options.stages,
+            master_port=self.options.master_port,
+            nproc_per_node=self.options.nproc_per_node,
+            timeout=self.options.collectives_timeout,
+            min_busbw=self.options.min_busbw or _inventory_min_busbw(self.nodes),
+            network_duration=self.options.network_duration,
+            ddp_steps=self.options.ddp_steps,
+            why_not_selected=self.options.why_not_selected,
+        )
+        if self._abort.is_set():
+            raise Aborted
+        return stages.run_stages(members, missing, options, self.progress)
 
     def abort(self) -> None:
         """Stop every host: kill this run's processes on every node (in parallel, bounded), then disconnect."""
@@ -146,12 +186,10 @@ class Pipeline:
                     )
                 )
             finally:
+                # The transport stays open for the multi-node stages; run() cleans every node up at the end.
                 if transport is not None and not self._abort.is_set():
-                    self.progress(node.name, "cleaning up")
                     with contextlib.suppress(Exception):
-                        transport.cleanup()
-                    with contextlib.suppress(Exception):
-                        transport.close()
+                        transport.stop()
             self.progress(node.name, "done")
             with self._lock:
                 self._results[node.name] = results
@@ -283,6 +321,8 @@ class Pipeline:
     def _node_collectives(
         self, node: Node, transport: Transport, facts: NodeFacts, host_dir: Path
     ) -> list[CheckResult]:
+        if len(self.nodes) == 1 and "collectives" in self.options.stages:
+            return []  # on one node the collectives stage is this very job
         if all(self._skipped(name) for name in nodecollectives.NAMES):
             return self._skip_filter(nodecollectives.skipped(node.name, "--skip"))
         torch = facts.torch
@@ -325,6 +365,14 @@ class Pipeline:
         if probe.ok:
             return python, source, None
         return "python3", source, python
+
+
+def _inventory_min_busbw(nodes: list[Node]) -> str | None:
+    """clustercheck_min_busbw from the inventory (the first node that sets it; a group var sets it for all)."""
+    for node in nodes:
+        if node.min_busbw:
+            return node.min_busbw
+    return None
 
 
 def measure_clock_offset(transport: Transport, samples: int = 3) -> tuple[float | None, float | None]:

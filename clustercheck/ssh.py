@@ -308,6 +308,10 @@ class SSHTransport:
     def _sweep(self, workdir: str = "/nonexistent-clustercheck") -> CommandResult:
         return self._exec(f"sh -c {_quote(sweep_script(self.run_id, workdir))}", CLEANUP_TIMEOUT, None, False)
 
+    def stop(self) -> None:
+        """Kill every process of this run on the node, keeping the work directory (a job's logs)."""
+        self._sweep()
+
     # ------------------------------------------------------------------ files
 
     def _sftp_client(self) -> paramiko.SFTPClient:

@@ -73,6 +73,8 @@ class Transport(Protocol):
 
     def get(self, remote_path: str, local_path: str) -> None: ...
 
+    def stop(self) -> None: ...
+
     def cleanup(self) -> None: ...
 
     def close(self) -> None: ...
@@ -143,6 +145,10 @@ class LocalTransport:
         script = sweep_script(self.run_id, "/nonexistent-clustercheck")  # keep the workdir until cleanup()
         with contextlib.suppress(OSError, subprocess.TimeoutExpired):
             subprocess.run(["sh", "-c", script], timeout=CLEANUP_TIMEOUT, capture_output=True)
+
+    def stop(self) -> None:
+        """Kill every process of this run, keeping the work directory (a job's logs)."""
+        self._sweep()
 
     def cleanup(self) -> None:
         self._sweep()

@@ -14,6 +14,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent / "cluster"))
 import testcluster
+import torchenv
 
 REPO = Path(__file__).resolve().parent.parent
 IN_CI = os.environ.get("CI", "").lower() == "true"
@@ -114,4 +115,14 @@ def converged_cluster(cluster, wheelhouse):
         pytest.fail(
             f"site.yml failed on the test cluster (exit {proc.returncode}):\n{proc.stdout[-6000:]}\n{proc.stderr}"
         )
+    return cluster
+
+
+@pytest.fixture(scope="session")
+def torch_cluster(cluster, wheelhouse):
+    """The session cluster with torch 2.13.0 (CPU) in /opt/clustercheck/venv on every node, recorded in
+    /etc/clustercheck/python; installed once per session, shared by tests/integration and tests/distributed."""
+    errors = torchenv.install(cluster, wheelhouse)
+    if errors:
+        pytest.fail("installing the torch environment on the nodes failed: " + "; ".join(errors))
     return cluster

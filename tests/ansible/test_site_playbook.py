@@ -6,6 +6,7 @@ clustercheck tests that need nodes with an environment python and torch.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -128,3 +129,42 @@ def test_conda_path_renders_in_check_mode(converged_cluster, wheelhouse, tmp_pat
     assert proc.returncode == 0, proc.stdout[-4000:]
     assert "Python env | PATCH | Run the installer into the shared prefix" in proc.stdout
     assert "- torch==2.13.0" in proc.stdout  # the environment.yml's pip section, in the diff
+
+
+def test_clustercheck_proves_the_nodes_site_yml_set_up(converged_cluster, tmp_path):
+    """The product end to end: one inventory drives the setup and the verification. On the nodes
+    site.yml converged, clustercheck finds the environment the python_env role recorded and every
+    stage passes: core checks, network, collectives and DDP equivalence across the three nodes."""
+    empty_ssh_config = tmp_path / "ssh_config"
+    empty_ssh_config.touch()
+    proc = subprocess.run(
+        [
+            str(Path(sys.executable).parent / "clustercheck"),
+            "run",
+            "--hosts",
+            converged_cluster.inventory,
+            "--ssh-config",
+            str(empty_ssh_config),
+            "--run-dir",
+            str(tmp_path / "run"),
+            "--format",
+            "json",
+            "--master-port",
+            "29661",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    checks = {(c["name"], c["host"]): c for c in json.loads(proc.stdout)["checks"]}
+    for node in converged_cluster.nodes:
+        python_env = checks[("python.env", node.name)]
+        assert python_env["status"] == "PASS"
+        assert python_env["data"]["source"] == "/etc/clustercheck/python"
+        assert checks[("firewall", node.name)]["status"] == "PASS"
+        assert checks[("time.sync", node.name)]["status"] == "PASS"
+        assert checks[("hostname.resolve", node.name)]["status"] == "PASS"
+    ddp = checks[("ddp_equivalence", None)]
+    assert ddp["status"] == "PASS"
+    assert ddp["data"]["world_size"] == 2 * len(converged_cluster.nodes)

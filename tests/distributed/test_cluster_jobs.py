@@ -9,19 +9,19 @@ from __future__ import annotations
 
 import shlex
 import threading
-import zipfile
 from importlib import resources
 
 import paramiko
 import pytest
+import torchenv
 
 from clustercheck import bandwidth, collectives, ddp, launch
 from clustercheck.model import Status
 
 pytestmark = pytest.mark.cluster
 
-TORCH_DIR = "/opt/clustercheck-test-torch"  # torch unpacked from the wheelhouse; the nodes have no pip
-PYTHON = f"{TORCH_DIR}/python"
+PYTHON = torchenv.PYTHON  # the session's torch environment on every node (the torch_cluster fixture)
+RUN_DIR = "/tmp/clustercheck-test-run"
 
 
 def run(client: paramiko.SSHClient, command: str, timeout: float = 300) -> tuple[int, str, str]:
@@ -49,50 +49,18 @@ def parallel(function, items) -> None:
 
 
 @pytest.fixture(scope="module")
-def torch_nodes(cluster, wheelhouse):
+def torch_nodes(torch_cluster):
     """node name -> (address, SSH client), each node with torch importable through PYTHON."""
-    clients = {}
-    for node in cluster.nodes:
-        client = paramiko.SSHClient()
-        client.load_host_keys(cluster.known_hosts)
-        client.set_missing_host_key_policy(paramiko.RejectPolicy())
-        client.connect(
-            node.address,
-            username="root",
-            key_filename=cluster.key_file,
-            timeout=10,
-            allow_agent=False,
-            look_for_keys=False,
-        )
-        clients[node.name] = (node.address, client)
-    wheels = sorted(wheelhouse.glob("*.whl"))
-    assert any(zipfile.is_zipfile(w) and w.name.startswith("torch-") for w in wheels)
-
-    def install(name: str) -> None:
-        _, client = clients[name]
-        run(client, f"mkdir -p {TORCH_DIR}/wheels")
-        with client.open_sftp() as sftp:
-            for wheel in wheels:
-                sftp.put(str(wheel), f"{TORCH_DIR}/wheels/{wheel.name}")
-        # A wheel is a zip of files for site-packages: unpacking it is installing it, without pip.
-        status, out, err = run(
-            client,
-            f"cd {TORCH_DIR} && for w in wheels/*.whl; do python3 -m zipfile -e $w . || exit 1; done && "
-            f"rm -rf wheels && printf '#!/bin/sh\\nPYTHONPATH={TORCH_DIR} exec python3 \"$@\"\\n' > {PYTHON} && "
-            f"chmod +x {PYTHON} && {PYTHON} -c 'import torch; print(torch.__version__)'",
-        )
-        assert status == 0 and out.startswith("2.13.0"), err
-
-    parallel(install, list(clients))
+    clients = {node.name: (node.address, torchenv.ssh_client(torch_cluster, node)) for node in torch_cluster.nodes}
     yield clients
     for _, client in clients.values():
-        run(client, f"rm -rf {TORCH_DIR} /tmp/clustercheck-test-run")
+        run(client, f"rm -rf {RUN_DIR}")
         client.close()
 
 
 def job(nodes, worker: str, master_port: int, extra_env=None, worker_args=None):
     """Start WORKER on every node at once, wait for all, return (rank records, world size)."""
-    specs = [launch.NodeSpec(name, addr, 0, PYTHON, "/tmp/clustercheck-test-run") for name, (addr, _) in nodes.items()]
+    specs = [launch.NodeSpec(name, addr, 0, PYTHON, RUN_DIR) for name, (addr, _) in nodes.items()]
     plans = launch.plan(
         specs,
         worker=worker,

@@ -87,6 +87,24 @@ def test_every_check_runs_over_ssh_on_every_node(torch_cluster, tmp_path):
         ]
     for field in ("torch", "python", "gpu_count", "mtu", "clock"):
         assert checks[(f"consistency.{field}", None)]["status"] == "PASS", checks[(f"consistency.{field}", None)]
+    # Then the multi-node stages, over every node at once: network, collectives, DDP equivalence.
+    tcp = checks[("network.tcp", None)]
+    assert tcp["status"] == "PASS" and tcp["data"]["pairs"] == 6, tcp
+    assert checks[("network.master_port", "node1")]["status"] == "PASS"
+    assert checks[("network.mtu", None)]["status"] == "PASS"
+    for collective in ("allreduce", "allgather", "broadcast"):
+        result = checks[(collective, None)]
+        assert result["status"] == "PASS" and result["data"]["world_size"] == 6 and result["data"]["wrong"] == 0
+    assert checks[("allreduce.bandwidth", None)]["data"]["ranks"] == 6
+    ddp = checks[("ddp_equivalence", None)]
+    assert ddp["status"] == "PASS", ddp["message"]
+    assert ddp["data"]["world_size"] == 6 and ddp["data"]["backend"] == "gloo"
+    assert ddp["data"]["max_abs_param_diff"] < 1e-12
+    command = (tmp_path / "run" / "hosts" / "node2" / "ddp.command").read_text()
+    assert "GLOO_SOCKET_IFNAME=eth0" in command and "--node-rank=1" in command
+    assert f"--master-addr={torch_cluster.node('node1').address}" in command
+    for name in ("node1", "node2", "node3"):  # every node's rank records and logs came back
+        assert len(list((tmp_path / "run" / "hosts" / name / "ddp").glob("rank-*.json"))) == 2
     junit = ET.parse(tmp_path / "run" / "report.xml").getroot()
     assert [s.get("name") for s in junit.iter("testsuite")] == ["node1", "node2", "node3", "(cluster)"]
     assert not leftovers(torch_cluster)
@@ -109,7 +127,7 @@ def test_a_node_with_another_torch_version_is_inconsistent(torch_cluster, tmp_pa
         )
         assert status == 0, out
         try:
-            proc = clustercheck(torch_cluster, tmp_path, "--format", "json", "--skip", "local.*")
+            proc = clustercheck(torch_cluster, tmp_path, "--format", "json", "--skip", "local.*", "--only", "core")
         finally:
             ssh_run(client, f"mv {version_py}.orig {version_py} && {no_pyc}")
         _, restored = ssh_run(client, f"{PYTHON} -c 'import torch; print(\"VERSION=\" + torch.__version__)'")
@@ -141,7 +159,7 @@ def test_an_unknown_host_key_is_refused(cluster, tmp_path):
 def test_accept_new_records_unknown_keys_and_a_changed_key_is_always_refused(cluster, tmp_path):
     new = tmp_path / "known_hosts"
     new.write_text("")
-    args = ["--limit", "node1", "--skip", "local.*", "--known-hosts", str(new), "--format", "json"]
+    args = ["--limit", "node1", "--only", "core", "--skip", "local.*", "--known-hosts", str(new), "--format", "json"]
     first = clustercheck(cluster, tmp_path, *args, "--accept-new-host-keys")
     assert first.returncode != 4, first.stderr
     assert checks_of(first)[("connect", "node1")]["status"] == "PASS"
@@ -167,7 +185,9 @@ def test_hashed_known_hosts_entries_are_understood(cluster, tmp_path):
     hashed.write_text(Path(cluster.known_hosts).read_text())
     subprocess.run(["ssh-keygen", "-H", "-f", str(hashed)], check=True, capture_output=True)
     assert "|1|" in hashed.read_text() and "node1" not in hashed.read_text()
-    proc = clustercheck(cluster, tmp_path, "--skip", "local.*", "--known-hosts", str(hashed), "--format", "json")
+    proc = clustercheck(
+        cluster, tmp_path, "--only", "core", "--skip", "local.*", "--known-hosts", str(hashed), "--format", "json"
+    )
     assert proc.returncode != 4, proc.stderr
     assert all(checks_of(proc)[("connect", n.name)]["status"] == "PASS" for n in cluster.nodes)
 
@@ -192,6 +212,9 @@ def test_a_stopped_node_is_unreachable_within_the_timeout_and_the_others_still_r
         assert checks[("facts", name)]["status"] == "PASS"
         assert checks[("torch.import", name)]["status"] == "PASS"
     assert checks[("consistency.torch", None)]["status"] == "PASS"  # compared over the nodes that answered
+    for name in ("network.tcp", "allreduce", "ddp_equivalence"):  # no multi-node job without every node
+        skipped = checks[(name, None)]
+        assert skipped["status"] == "SKIP" and "node2: not reached" in skipped["message"], skipped
     with ssh_client(torch_cluster, node2) as client:  # restored for the tests after this one
         assert ssh_run(client, "hostname")[1].strip() == "node2"
 
@@ -264,6 +287,8 @@ def test_ssh_config_with_proxyjump_reaches_a_node_through_another(cluster, tmp_p
             str(config),
             "--skip",
             "local.*",
+            "--only",
+            "core",
             "--format",
             "json",
             "--run-dir",

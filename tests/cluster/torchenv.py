@@ -1,0 +1,78 @@
+"""A PyTorch environment on the test cluster's nodes, installed over SSH the way a site would without Ansible.
+
+python3-venv from Debian's packages, the wheelhouse copied over SFTP, `pip install --no-index --find-links`,
+and the environment's python recorded in /etc/clustercheck/python (where the setup roles record it).
+Idempotent: a node whose recorded python already imports torch is left alone. The session fixture
+`torch_cluster` (tests/conftest.py) uses it, for tests/integration and tests/distributed alike.
+"""
+
+from __future__ import annotations
+
+import shlex
+import threading
+from pathlib import Path
+
+import paramiko
+
+VENV = "/opt/clustercheck/venv"
+PYTHON = f"{VENV}/bin/python"
+REMOTE_WHEELS = "/var/cache/clustercheck-wheels"
+
+
+def ssh_client(cluster, node) -> paramiko.SSHClient:
+    client = paramiko.SSHClient()
+    client.load_host_keys(cluster.known_hosts)
+    client.set_missing_host_key_policy(paramiko.RejectPolicy())
+    client.connect(
+        node.address, username="root", key_filename=cluster.key_file, timeout=10, allow_agent=False, look_for_keys=False
+    )
+    return client
+
+
+def ssh_run(client: paramiko.SSHClient, command: str, timeout: float = 900) -> tuple[int, str]:
+    _, stdout, stderr = client.exec_command(command, timeout=timeout)
+    out = stdout.read().decode() + stderr.read().decode()
+    return stdout.channel.recv_exit_status(), out
+
+
+def _install(cluster, node, wheelhouse: Path, errors: list[str]) -> None:
+    try:
+        with ssh_client(cluster, node) as client:
+            ready, _ = ssh_run(
+                client, f"test -x {PYTHON} && {PYTHON} -c 'import torch' && grep -qx {PYTHON} /etc/clustercheck/python"
+            )
+            if ready == 0:
+                return
+            status, out = ssh_run(
+                client,
+                "command -v python3 >/dev/null && python3 -c 'import venv, ensurepip' 2>/dev/null || "
+                "(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-venv)",
+            )
+            assert status == 0, f"apt-get install python3-venv: {out[-500:]}"
+            ssh_run(client, f"mkdir -p {REMOTE_WHEELS}")
+            with client.open_sftp() as sftp:
+                present = set(sftp.listdir(REMOTE_WHEELS))
+                for wheel in sorted(wheelhouse.glob("*.whl")):
+                    if wheel.name not in present:
+                        sftp.put(str(wheel), f"{REMOTE_WHEELS}/{wheel.name}.part")
+                        sftp.rename(f"{REMOTE_WHEELS}/{wheel.name}.part", f"{REMOTE_WHEELS}/{wheel.name}")
+            status, out = ssh_run(
+                client,
+                f"python3 -m venv {VENV} && {VENV}/bin/pip install -q --no-index "
+                f"--find-links {REMOTE_WHEELS} torch==2.13.0 && mkdir -p /etc/clustercheck && "
+                f"echo {shlex.quote(PYTHON)} > /etc/clustercheck/python",
+            )
+            assert status == 0, f"pip install torch: {out[-500:]}"
+    except Exception as exc:
+        errors.append(f"{node.name}: {exc}")
+
+
+def install(cluster, wheelhouse: Path) -> list[str]:
+    """Install on every node at once; the errors, one per node that failed."""
+    errors: list[str] = []
+    threads = [threading.Thread(target=_install, args=(cluster, n, wheelhouse, errors)) for n in cluster.nodes]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return errors

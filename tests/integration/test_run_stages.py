@@ -1,0 +1,165 @@
+"""The multi-node stages of `clustercheck run` on the 3-node test cluster, gloo on CPUs, failures made for real:
+a firewall on one node, a node's ranks killed mid-job, a node whose training diverges.
+
+Every test restores the shared session cluster (firewall rules, /etc/environment) at the end. The torch jobs
+run one rank per node (--nproc-per-node 1): the test machine has two cores for all three nodes.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+
+import pytest
+
+from .conftest import ssh_client, ssh_run
+from .test_run_cluster import CLUSTERCHECK, checks_of, clustercheck, leftovers
+
+pytestmark = pytest.mark.cluster
+CHAIN = "CLUSTERCHECK-STAGES-TEST"
+
+
+def test_a_firewall_on_one_node_fails_the_network_stage_and_no_torch_job_starts(torch_cluster, tmp_path):
+    """node3 drops new TCP connections from the other nodes to any port but SSH, like a default-deny firewall."""
+    node3 = torch_cluster.node("node3")
+    sources = ",".join(n.address for n in torch_cluster.nodes if n.name != "node3")
+    with ssh_client(torch_cluster, node3) as client:
+        status, out = ssh_run(
+            client,
+            "command -v iptables >/dev/null || (apt-get update -qq && "
+            "DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends iptables >/dev/null)",
+        )
+        assert status == 0, out
+        status, out = ssh_run(
+            client,
+            f"iptables -N {CHAIN} && iptables -I INPUT -j {CHAIN} && "
+            f"iptables -A {CHAIN} -p tcp -s {sources} -m conntrack --ctstate NEW ! --dport 22 -j DROP",
+        )
+        assert status == 0, out
+        try:
+            proc = clustercheck(
+                torch_cluster, tmp_path, "--format", "json", "--skip", "local.*", "--master-port", "29651", timeout=300
+            )
+        finally:
+            ssh_run(client, f"iptables -D INPUT -j {CHAIN}; iptables -F {CHAIN}; iptables -X {CHAIN}")
+        assert ssh_run(client, f"iptables -S | grep -c {CHAIN}")[1].strip() == "0"  # restored
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    report = json.loads(proc.stdout)
+    failures = [c for c in report["checks"] if c["name"] == "network.tcp" and c["status"] == "FAIL"]
+    assert sorted((c["data"]["from"], c["data"]["to"]) for c in failures) == [("node1", "node3"), ("node2", "node3")]
+    for c in failures:
+        assert c["message"].startswith(f"{c['data']['from']} -> node3") and c["data"]["cause"] == "firewall"
+    checks = checks_of(proc)
+    for name in ("allreduce", "allgather", "broadcast", "allreduce.bandwidth", "ddp_equivalence"):
+        skipped = checks[(name, None)]
+        assert skipped["status"] == "SKIP", skipped
+        assert "network stage failed, so no torch job was started" in skipped["message"]
+    for node in torch_cluster.nodes:  # no torchrun was started anywhere: no command, no log came back
+        host_dir = tmp_path / "run" / "hosts" / node.name
+        assert (host_dir / "network.json").exists()
+        assert not list(host_dir.glob("*.command")) and not (host_dir / "collectives").exists()
+    assert leftovers(torch_cluster) == {}
+
+
+def test_a_node_whose_ranks_are_killed_mid_job_is_named_and_every_node_is_stopped(torch_cluster, tmp_path):
+    empty_config = tmp_path / "ssh_config"
+    empty_config.touch()
+    timeout = 150
+    command = [
+        CLUSTERCHECK,
+        "run",
+        "--hosts",
+        torch_cluster.inventory,
+        "--ssh-config",
+        str(empty_config),
+        "--run-dir",
+        str(tmp_path / "run"),
+        "--format",
+        "json",
+        "--skip",
+        "local.*",
+        "--only",
+        "ddp",
+        "--nproc-per-node",
+        "1",
+        "--ddp-steps",
+        "1000000",  # a DDP job that runs for minutes unless something stops it
+        "--timeout",
+        str(timeout),
+        "--master-port",
+        "29661",
+    ]
+    # node2's ranks, not its torchrun agent (whose command line names the worker too).
+    ranks = (
+        "for p in $(pgrep -f 'worker/ddp[.]py'); do grep -qs torch.distributed.run /proc/$p/cmdline || echo $p; done"
+    )
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    clients = {node.name: ssh_client(torch_cluster, node) for node in torch_cluster.nodes}
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and proc.poll() is None:
+            if all(ssh_run(client, ranks, timeout=30)[1].strip() for client in clients.values()):
+                break
+            time.sleep(0.3)
+        assert proc.poll() is None, "clustercheck ended before the DDP ranks ran on every node"
+        time.sleep(2)  # well inside the training loop
+        killed_at = time.monotonic()
+        _, out = ssh_run(clients["node2"], f"for p in $({ranks}); do kill -9 $p && echo killed $p; done")
+        assert "killed" in out, out
+        stdout, stderr = proc.communicate(timeout=timeout + 60)
+        reported_after = time.monotonic() - killed_at
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        for client in clients.values():
+            client.close()
+    assert proc.returncode == 1, stderr[-2000:]
+    assert reported_after < 45, f"the killed node was reported {reported_after:.0f} s later"
+    ddp = {c["name"]: c for c in json.loads(stdout)["checks"]}["ddp_equivalence"]
+    assert ddp["status"] == "FAIL"
+    assert ddp["data"]["first_failed_node"] == "node2", ddp
+    assert "torchrun failed on node2 first" in ddp["message"] and "every node's job was stopped" in ddp["message"]
+    assert ddp["data"]["error_lines"]
+    assert leftovers(torch_cluster) == {}  # no torchrun, rank, marker or work directory on any node
+
+
+def test_a_node_whose_training_diverges_fails_ddp_equivalence_naming_it(torch_cluster, tmp_path):
+    """node3's sessions get CLUSTERCHECK_TEST_DDP_PERTURB=lr through /etc/environment (read by sshd's PAM
+    session, pam_env): an environment clustercheck never sets, seen only by the processes started on node3."""
+    node3 = torch_cluster.node("node3")
+    with ssh_client(torch_cluster, node3) as client:
+        status, out = ssh_run(
+            client,
+            "cp -p /etc/environment /etc/environment.orig && echo CLUSTERCHECK_TEST_DDP_PERTURB=lr >> /etc/environment",
+        )
+        assert status == 0, out
+        try:
+            with ssh_client(torch_cluster, node3) as fresh:  # a new session reads /etc/environment
+                assert ssh_run(fresh, "echo $CLUSTERCHECK_TEST_DDP_PERTURB")[1].strip() == "lr"
+            proc = clustercheck(
+                torch_cluster,
+                tmp_path,
+                "--format",
+                "json",
+                "--skip",
+                "local.*",
+                "--only",
+                "ddp",
+                "--nproc-per-node",
+                "1",
+                "--master-port",
+                "29671",
+                timeout=300,
+            )
+        finally:
+            ssh_run(client, "mv /etc/environment.orig /etc/environment")
+    with ssh_client(torch_cluster, node3) as fresh:
+        assert ssh_run(fresh, "echo x$CLUSTERCHECK_TEST_DDP_PERTURB")[1].strip() == "x"  # restored
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    ddp = checks_of(proc)[("ddp_equivalence", None)]
+    assert ddp["status"] == "FAIL", ddp["message"]
+    assert "rank 2 (node3)" in ddp["message"]
+    assert ddp["data"]["world_size"] == 3 and ddp["data"]["backend"] == "gloo"
+    assert ddp["data"]["max_abs_param_diff"] > 1e-6
+    assert checks_of(proc)[("network.tcp", None)]["status"] == "SKIP"  # --only ddp
