@@ -26,10 +26,11 @@ LEFTOVERS = (
 )
 
 
-def clustercheck(cluster, tmp_path, *args, timeout=600):
+def clustercheck_command(cluster, tmp_path, *args) -> list[str]:
+    """`clustercheck run` against CLUSTER's inventory, as a user runs it, with no ~/.ssh/config of ours."""
     empty_config = tmp_path / "ssh_config"
     empty_config.touch()
-    command = [
+    return [
         CLUSTERCHECK,
         "run",
         "--hosts",
@@ -40,7 +41,12 @@ def clustercheck(cluster, tmp_path, *args, timeout=600):
         str(tmp_path / "run"),
         *args,
     ]
-    return subprocess.run(command, capture_output=True, text=True, timeout=timeout)
+
+
+def clustercheck(cluster, tmp_path, *args, timeout=600):
+    return subprocess.run(
+        clustercheck_command(cluster, tmp_path, *args), capture_output=True, text=True, timeout=timeout
+    )
 
 
 def checks_of(proc) -> dict[tuple[str, str | None], dict]:
@@ -220,22 +226,14 @@ def test_a_stopped_node_is_unreachable_within_the_timeout_and_the_others_still_r
 
 
 def test_ctrl_c_leaves_no_process_on_any_node(torch_cluster, tmp_path):
-    empty_config = tmp_path / "ssh_config"
-    empty_config.touch()
-    command = [
-        CLUSTERCHECK,
-        "run",
-        "--hosts",
-        torch_cluster.inventory,
-        "--ssh-config",
-        str(empty_config),
-        "--run-dir",
-        str(tmp_path / "run"),
+    command = clustercheck_command(
+        torch_cluster,
+        tmp_path,
         "--master-port",
         "29631",
         "--nproc-per-node",
         "6",  # six ranks on two cores: a torch job that is still starting when Ctrl-C comes
-    ]
+    )
     clients = [ssh_client(torch_cluster, node) for node in torch_cluster.nodes]
     proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:

@@ -14,7 +14,7 @@ import time
 import pytest
 
 from .conftest import ssh_client, ssh_run
-from .test_run_cluster import CLUSTERCHECK, checks_of, clustercheck, leftovers
+from .test_run_cluster import checks_of, clustercheck, clustercheck_command, leftovers
 
 pytestmark = pytest.mark.cluster
 CHAIN = "CLUSTERCHECK-STAGES-TEST"
@@ -63,18 +63,10 @@ def test_a_firewall_on_one_node_fails_the_network_stage_and_no_torch_job_starts(
 
 
 def test_a_node_whose_ranks_are_killed_mid_job_is_named_and_every_node_is_stopped(torch_cluster, tmp_path):
-    empty_config = tmp_path / "ssh_config"
-    empty_config.touch()
     timeout = 150
-    command = [
-        CLUSTERCHECK,
-        "run",
-        "--hosts",
-        torch_cluster.inventory,
-        "--ssh-config",
-        str(empty_config),
-        "--run-dir",
-        str(tmp_path / "run"),
+    command = clustercheck_command(
+        torch_cluster,
+        tmp_path,
         "--format",
         "json",
         "--skip",
@@ -89,7 +81,7 @@ def test_a_node_whose_ranks_are_killed_mid_job_is_named_and_every_node_is_stoppe
         str(timeout),
         "--master-port",
         "29661",
-    ]
+    )
     # node2's ranks, not its torchrun agent (whose command line names the worker too).
     ranks = (
         "for p in $(pgrep -f 'worker/ddp[.]py'); do grep -qs torch.distributed.run /proc/$p/cmdline || echo $p; done"
