@@ -166,11 +166,17 @@ def tcp_checks(records: dict[str, dict], peers: list[Peer], cidr: str | None = N
     ports = sorted({s["port"] for r in records.values() for s in r["listen"]})
     if not failures:
         pairs = len(records) * (len(records) - 1)
+        port_text = ", ".join(map(str, ports))
+        message = (
+            f"all {pairs} node pairs connect over TCP on port(s) {port_text}"
+            if pairs
+            else f"one node, so no node pair to connect; it listens on port(s) {port_text}"
+        )
         return [
             CheckResult(
                 "network.tcp",
                 Status.PASS,
-                f"all {pairs} node pairs connect over TCP on port(s) {', '.join(map(str, ports))}",
+                message,
                 data={"pairs": pairs, "ports": ports, "connections": tested},
             )
         ]

@@ -1,5 +1,5 @@
 """The multi-node stages of `clustercheck run` on the 3-node test cluster, gloo on CPUs, failures made for real:
-a firewall on one node, a node's ranks killed mid-job, a node whose training diverges.
+a firewall on one node, a node's ranks killed mid-job, Ctrl-C mid-job, a node whose training diverges.
 
 Every test restores the shared session cluster (firewall rules, /etc/environment) at the end. The torch jobs
 run one rank per node (--nproc-per-node 1): the test machine has two cores for all three nodes.
@@ -7,7 +7,9 @@ run one rank per node (--nproc-per-node 1): the test machine has two cores for a
 
 from __future__ import annotations
 
+import contextlib
 import json
+import signal
 import subprocess
 import time
 
@@ -62,10 +64,16 @@ def test_a_firewall_on_one_node_fails_the_network_stage_and_no_torch_job_starts(
     assert leftovers(torch_cluster) == {}
 
 
-def test_a_node_whose_ranks_are_killed_mid_job_is_named_and_every_node_is_stopped(torch_cluster, tmp_path):
-    timeout = 150
+# A node's DDP ranks, not its torchrun agent (whose command line names the worker too).
+RANKS = "for p in $(pgrep -f 'worker/ddp[.]py'); do grep -qs torch.distributed.run /proc/$p/cmdline || echo $p; done"
+
+
+@contextlib.contextmanager
+def long_ddp_job(cluster, tmp_path, master_port: int, timeout: int):
+    """`clustercheck run --only ddp` with a DDP job that would run for minutes, yielded once its ranks train
+    on every node, with an SSH client per node; clustercheck is killed at the end if it still runs."""
     command = clustercheck_command(
-        torch_cluster,
+        cluster,
         tmp_path,
         "--format",
         "json",
@@ -80,32 +88,34 @@ def test_a_node_whose_ranks_are_killed_mid_job_is_named_and_every_node_is_stoppe
         "--timeout",
         str(timeout),
         "--master-port",
-        "29661",
-    )
-    # node2's ranks, not its torchrun agent (whose command line names the worker too).
-    ranks = (
-        "for p in $(pgrep -f 'worker/ddp[.]py'); do grep -qs torch.distributed.run /proc/$p/cmdline || echo $p; done"
+        str(master_port),
     )
     proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    clients = {node.name: ssh_client(torch_cluster, node) for node in torch_cluster.nodes}
+    clients = {node.name: ssh_client(cluster, node) for node in cluster.nodes}
     try:
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline and proc.poll() is None:
-            if all(ssh_run(client, ranks, timeout=30)[1].strip() for client in clients.values()):
+            if all(ssh_run(client, RANKS, timeout=30)[1].strip() for client in clients.values()):
                 break
             time.sleep(0.3)
         assert proc.poll() is None, "clustercheck ended before the DDP ranks ran on every node"
         time.sleep(2)  # well inside the training loop
-        killed_at = time.monotonic()
-        _, out = ssh_run(clients["node2"], f"for p in $({ranks}); do kill -9 $p && echo killed $p; done")
-        assert "killed" in out, out
-        stdout, stderr = proc.communicate(timeout=timeout + 60)
-        reported_after = time.monotonic() - killed_at
+        yield proc, clients
     finally:
         if proc.poll() is None:
             proc.kill()
         for client in clients.values():
             client.close()
+
+
+def test_a_node_whose_ranks_are_killed_mid_job_is_named_and_every_node_is_stopped(torch_cluster, tmp_path):
+    timeout = 150
+    with long_ddp_job(torch_cluster, tmp_path, 29661, timeout) as (proc, clients):
+        killed_at = time.monotonic()
+        _, out = ssh_run(clients["node2"], f"for p in $({RANKS}); do kill -9 $p && echo killed $p; done")
+        assert "killed" in out, out
+        stdout, stderr = proc.communicate(timeout=timeout + 60)
+        reported_after = time.monotonic() - killed_at
     assert proc.returncode == 1, stderr[-2000:]
     assert reported_after < 45, f"the killed node was reported {reported_after:.0f} s later"
     ddp = {c["name"]: c for c in json.loads(stdout)["checks"]}["ddp_equivalence"]
@@ -114,6 +124,15 @@ def test_a_node_whose_ranks_are_killed_mid_job_is_named_and_every_node_is_stoppe
     assert "torchrun failed on node2 first" in ddp["message"] and "every node's job was stopped" in ddp["message"]
     assert ddp["data"]["error_lines"]
     assert leftovers(torch_cluster) == {}  # no torchrun, rank, marker or work directory on any node
+
+
+def test_ctrl_c_during_the_multi_node_job_stops_it_on_every_node(torch_cluster, tmp_path):
+    with long_ddp_job(torch_cluster, tmp_path, 29681, 150) as (proc, _):
+        proc.send_signal(signal.SIGINT)
+        _, stderr = proc.communicate(timeout=90)
+    assert proc.returncode == 2, stderr[-2000:]
+    assert "interrupted" in stderr and "Traceback" not in stderr
+    assert leftovers(torch_cluster) == {}  # the torchrun agents and ranks of all three nodes are gone
 
 
 def test_a_node_whose_training_diverges_fails_ddp_equivalence_naming_it(torch_cluster, tmp_path):

@@ -35,6 +35,15 @@ def test_a_healthy_cluster_passes():
     assert named(results, "network.tcp")[0].data["pairs"] == 6
 
 
+def test_a_one_node_cluster_says_there_is_no_pair_to_connect():
+    one = {"node1": load("netprobe-healthy.json")["node1"]}
+    for record in one.values():
+        record["outgoing"] = [o for o in record["outgoing"] if o["to"] == "node1"]
+    (tcp,) = named(evaluate(one), "network.tcp")
+    assert tcp.status is Status.PASS and tcp.data["pairs"] == 0
+    assert "one node, so no node pair to connect" in tcp.message
+
+
 def test_a_firewall_on_one_node_names_both_pairs_and_the_node():
     results = evaluate(load("netprobe-node3-firewall.json"), cidr="172.30.82.0/24")
     failures = [r for r in named(results, "network.tcp") if r.status is Status.FAIL]
