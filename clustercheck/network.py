@@ -38,10 +38,6 @@ class Peer:
     address: str  # the node's address on the cluster network
     hostname: str | None = None  # the name torch and NCCL see (`hostname` on the node); default: NAME
 
-    @property
-    def resolved_name(self) -> str:
-        return self.hostname or self.name
-
 
 def pick_ephemeral_port(rng: random.Random | None = None) -> int:
     """A port from the dynamic range for the second probe; the same on every node of one run."""
@@ -260,41 +256,30 @@ def resolve_checks(records: dict[str, dict], peers: list[Peer]) -> list[CheckRes
                 problems.append(f"{label} resolves to {', '.join(addrs)}, other nodes get {', '.join(majority)}")
             elif name in address and address[name] not in addrs:
                 warnings.append(f"{label} resolves to {', '.join(addrs)}, not its cluster address {address[name]}")
-        data = {"resolved": record["resolve"]}
         if problems:
-            results.append(
-                CheckResult(
-                    "network.resolve",
-                    Status.FAIL,
-                    f"{resolver}: name resolution: " + "; ".join(problems),
-                    host=resolver,
-                    remediation="Give every node the same /etc/hosts entries mapping each hostname to its cluster "
-                    "address (the setup playbook writes them), and remove '127.0.1.1 <hostname>' lines.",
-                    data=data,
-                )
+            status, text = Status.FAIL, "name resolution: " + "; ".join(problems)
+            remedy = (
+                "Give every node the same /etc/hosts entries mapping each hostname to its cluster "
+                "address (the setup playbook writes them), and remove '127.0.1.1 <hostname>' lines."
             )
         elif warnings:
-            results.append(
-                CheckResult(
-                    "network.resolve",
-                    Status.WARN,
-                    f"{resolver}: " + "; ".join(warnings),
-                    host=resolver,
-                    remediation="Map each hostname to its cluster address in /etc/hosts, so torch and NCCL use the "
-                    "cluster network.",
-                    data=data,
-                )
+            status, text = Status.WARN, "; ".join(warnings)
+            remedy = (
+                "Map each hostname to its cluster address in /etc/hosts, so torch and NCCL use the cluster network."
             )
         else:
-            results.append(
-                CheckResult(
-                    "network.resolve",
-                    Status.PASS,
-                    f"{resolver}: all {len(record['resolve'])} node names resolve to their cluster addresses",
-                    host=resolver,
-                    data=data,
-                )
+            status, remedy = Status.PASS, ""
+            text = f"all {len(record['resolve'])} node names resolve to their cluster addresses"
+        results.append(
+            CheckResult(
+                "network.resolve",
+                status,
+                f"{resolver}: {text}",
+                host=resolver,
+                remediation=remedy,
+                data={"resolved": record["resolve"]},
             )
+        )
     return results
 
 
