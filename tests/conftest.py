@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 import shutil
@@ -31,20 +32,29 @@ def _need_docker() -> None:
         pytest.skip(f"no Docker engine: {exc}")
 
 
-@pytest.fixture(scope="session")
-def cluster():
-    """Three fresh Debian 12 nodes on a private network, reached over SSH; removed afterwards.
+@contextlib.contextmanager
+def own_cluster(size: int, what: str, suffix: str = ""):
+    """SIZE fresh nodes under the name TESTCLUSTER_NAME (default cc) + SUFFIX, removed afterwards.
 
     TESTCLUSTER_NAME names the cluster, so separate checkouts can test side by side.
     """
     _need_docker()
-    name = os.environ.get("TESTCLUSTER_NAME", testcluster.DEFAULT_NAME)
+    name = os.environ.get("TESTCLUSTER_NAME", testcluster.DEFAULT_NAME) + suffix
     try:
-        up = testcluster.up(3, name=name)
+        up = testcluster.up(size, name=name)
     except testcluster.ClusterError as exc:
-        pytest.fail(f"test cluster did not come up: {exc}")
-    yield up
-    testcluster.down(name)
+        pytest.fail(f"{what} did not come up: {exc}")
+    try:
+        yield up
+    finally:
+        testcluster.down(name)
+
+
+@pytest.fixture(scope="session")
+def cluster():
+    """Three fresh Debian 12 nodes on a private network, reached over SSH; removed afterwards."""
+    with own_cluster(3, "test cluster") as up:
+        yield up
 
 
 @pytest.fixture(scope="session")

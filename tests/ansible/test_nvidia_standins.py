@@ -18,7 +18,7 @@ import threading
 from pathlib import Path
 
 import pytest
-from conftest import REPO, _need_docker, testcluster
+from conftest import REPO, own_cluster
 from test_site_playbook import recap
 
 sys.path.insert(0, str(Path(__file__).parent / "standins"))
@@ -32,14 +32,8 @@ SB_VAR = "/root/SecureBoot-standin"
 @pytest.fixture(scope="module")
 def nv_node():
     """A one-node cluster of its own, removed afterwards."""
-    _need_docker()
-    name = os.environ.get("TESTCLUSTER_NAME", testcluster.DEFAULT_NAME) + "-nv"
-    try:
-        cluster = testcluster.up(1, name=name)
-    except testcluster.ClusterError as exc:
-        pytest.fail(f"stand-in test node did not come up: {exc}")
-    yield cluster
-    testcluster.down(name)
+    with own_cluster(1, "stand-in test node", suffix="-nv") as cluster:
+        yield cluster
 
 
 class _QuietHandler(http.server.SimpleHTTPRequestHandler):

@@ -64,6 +64,8 @@ def test_a_firewall_on_one_node_fails_the_network_stage_and_no_torch_job_starts(
     assert leftovers(torch_cluster) == {}
 
 
+# Only the multi-node DDP stage, one rank per node, JSON on stdout.
+DDP_ONLY = ("--format", "json", "--skip", "local.*", "--only", "ddp", "--nproc-per-node", "1")
 # A node's DDP ranks, not its torchrun agent (whose command line names the worker too).
 RANKS = "for p in $(pgrep -f 'worker/ddp[.]py'); do grep -qs torch.distributed.run /proc/$p/cmdline || echo $p; done"
 
@@ -75,14 +77,7 @@ def long_ddp_job(cluster, tmp_path, master_port: int, timeout: int):
     command = clustercheck_command(
         cluster,
         tmp_path,
-        "--format",
-        "json",
-        "--skip",
-        "local.*",
-        "--only",
-        "ddp",
-        "--nproc-per-node",
-        "1",
+        *DDP_ONLY,
         "--ddp-steps",
         "1000000",  # a DDP job that runs for minutes unless something stops it
         "--timeout",
@@ -151,14 +146,7 @@ def test_a_node_whose_training_diverges_fails_ddp_equivalence_naming_it(torch_cl
             proc = clustercheck(
                 torch_cluster,
                 tmp_path,
-                "--format",
-                "json",
-                "--skip",
-                "local.*",
-                "--only",
-                "ddp",
-                "--nproc-per-node",
-                "1",
+                *DDP_ONLY,
                 "--master-port",
                 "29671",
                 timeout=300,
