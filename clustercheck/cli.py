@@ -6,6 +6,7 @@ import datetime as dt
 import signal
 import sys
 import threading
+import time
 from pathlib import Path
 
 import click
@@ -16,6 +17,7 @@ from clustercheck.consistency import DEFAULT_MAX_CLOCK_OFFSET
 from clustercheck.exitcodes import ExitCode
 from clustercheck.model import Status, overall_status
 from clustercheck.pipeline import Options, Pipeline
+from clustercheck.report import Report, text
 from clustercheck.ssh import Timeouts, load_config
 from clustercheck.transport import TransportError
 
@@ -46,7 +48,7 @@ def cli() -> None:
     default=None,
     help="Ranks per node for the torch jobs (default: the GPU count, or 2 without GPUs).",
 )
-@click.option("--format", "fmt", type=click.Choice(["text", "json", "junit"]), default="text", show_default=True)
+@click.option("--format", "fmt", type=click.Choice(report.FORMAT_NAMES), default="text", show_default=True)
 @click.option(
     "-o",
     "--output",
@@ -188,6 +190,7 @@ def run(
         min_busbw=min_busbw,
         ddp_steps=ddp_steps,
     )
+    started_at = time.time()
     host_stages: dict[str, str] = {n.name: "waiting" for n in nodes}
     lock = threading.Lock()
     with console.status(f"checking {len(nodes)} host(s)") as status:
@@ -202,19 +205,14 @@ def run(
         pipeline = Pipeline(nodes, options, progress)
         outcome = pipeline.run()
     results = outcome.results
-    names = [n.name for n in nodes]
-    (run_path / "report.json").write_text(report.to_json(results, names, pipeline.run_id) + "\n")
-    (run_path / "report.xml").write_text(report.to_junit(results, names) + "\n")
-    if machine:
-        text = report.to_json(results, names, pipeline.run_id) if fmt == "json" else report.to_junit(results, names)
-        if output:
-            Path(output).write_text(text + "\n")
-        else:
-            click.echo(text)
-    elif output:
-        with open(output, "w") as fh:
-            report.print_table(results, Console(file=fh, width=200))
-    report.print_table(results, console)
+    document = Report(results, [n.name for n in nodes], pipeline.run_id, started_at, time.time() - started_at)
+    (run_path / "report.json").write_text(report.render(document, "json") + "\n")
+    (run_path / "report.xml").write_text(report.render(document, "junit") + "\n")
+    if output:
+        report.write_atomic(Path(output), report.render(document, fmt) + "\n")
+    elif machine:
+        click.echo(report.render(document, fmt))
+    text.print_table(results, console)
     console.print(f"[bold]{report.verdict(results)}[/]  (raw output: {run_path})")
     if outcome.host_key_error:
         click.echo(

@@ -117,7 +117,7 @@ def test_junit_has_a_suite_per_host_and_a_case_per_check():
         CheckResult("gpu.count", Status.SKIP, "n2: none", host="n2"),
         CheckResult("consistency.torch", Status.ERROR, "boom"),
     ]
-    root = ET.fromstring(report.to_junit(results, ["n1", "n2"]))
+    root = ET.fromstring(report.render(report.Report(results, ["n1", "n2"]), "junit"))
     suites = {s.get("name"): s for s in root.iter("testsuite")}
     assert list(suites) == ["n1", "n2", "(cluster)"]
     assert suites["n2"].get("failures") == "1" and suites["n2"].get("skipped") == "1"
