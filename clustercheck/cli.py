@@ -12,14 +12,16 @@ from pathlib import Path
 import click
 from rich.console import Console
 
-from clustercheck import __version__, bandwidth, inventory, report, stages
-from clustercheck.consistency import DEFAULT_MAX_CLOCK_OFFSET
+from clustercheck import __version__, catalog, inventory, report
+from clustercheck.checks.collectives import ThresholdError, parse_min_busbw
+from clustercheck.config import DEFAULT_MAX_CLOCK_OFFSET, RunConfig, SshSettings
 from clustercheck.exitcodes import ExitCode
 from clustercheck.model import Status, overall_status
-from clustercheck.pipeline import Options, Pipeline
 from clustercheck.report import Report, text
-from clustercheck.ssh import Timeouts, load_config
-from clustercheck.transport import TransportError
+from clustercheck.run.pipeline import Pipeline
+from clustercheck.run.selection import STAGES, Selection, SelectionError
+from clustercheck.transport import TransportError, factory
+from clustercheck.transport.params import Timeouts, load_config
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -89,10 +91,9 @@ def cli() -> None:
 @click.option(
     "--only",
     multiple=True,
-    type=click.Choice(stages.STAGES),
+    type=click.Choice(STAGES),
     help="Run only these stages (repeatable); core always collects the facts the others need.",
 )
-@click.option("--ddp-steps", type=click.IntRange(min=1), default=None, hidden=True)  # tests: a long DDP job
 @click.option("--master-port", type=click.IntRange(1024, 65535), default=29500, show_default=True)
 @click.option(
     "--accept-new-host-keys",
@@ -143,52 +144,50 @@ def run(
     max_clock_offset: float,
     min_busbw: str | None,
     only: tuple[str, ...],
-    ddp_steps: int | None,
 ) -> None:
     """Check every node, the consistency between them, and print a verdict."""
     if min_busbw is not None:
         try:
-            bandwidth.parse_min_busbw(min_busbw)
-        except bandwidth.ThresholdError as exc:
+            parse_min_busbw(min_busbw)
+        except ThresholdError as exc:
             raise UsageError(str(exc)) from exc
-    if "core" in skip:
-        raise UsageError("--skip core: the core stage collects the facts every other stage needs; use --only")
-    selected = tuple(s for s in stages.DISTRIBUTED if (not only or s in only) and s not in skip)
-    why_not = f"not selected (--only {' '.join(only)})" if only else "not selected (--skip)"
+    try:
+        selection = Selection(only=only, skip=skip)
+    except SelectionError as exc:
+        raise UsageError(str(exc)) from exc
     try:
         nodes = inventory.load(hosts, limit)
     except inventory.InventoryError as exc:
         raise UsageError(str(exc)) from exc
     if not nodes:
         raise UsageError(f"no host matched --hosts {hosts}" + (f" --limit {limit}" if limit else ""), ExitCode.NO_HOSTS)
+    if ssh_config and not Path(ssh_config).exists():
+        raise UsageError(f"--ssh-config {ssh_config}: no such file")
     try:
         config = load_config(ssh_config) if any(not n.is_local for n in nodes) else None
     except TransportError as exc:
         raise UsageError(str(exc)) from exc
-    if ssh_config and not Path(ssh_config).exists():
-        raise UsageError(f"--ssh-config {ssh_config}: no such file")
     run_path = Path(run_dir or Path("clustercheck-runs") / dt.datetime.now().strftime("%Y%m%d-%H%M%S"))
     run_path.mkdir(parents=True, exist_ok=True)
     machine = fmt != "text"
     console = Console(stderr=machine or output is not None)
-    options = Options(
+    settings = RunConfig(
         run_dir=run_path,
+        selection=selection,
         python=python,
         forks=forks,
         command_timeout=command_timeout,
-        collectives_timeout=timeout,
+        job_timeout=timeout,
         nproc_per_node=nproc_per_node,
         master_port=master_port,
-        timeouts=Timeouts(connect=connect_timeout, banner=connect_timeout + 5, auth=connect_timeout + 5),
-        accept_new_host_keys=accept_new_host_keys,
-        known_hosts=list(known_hosts) or None,
-        ssh_config=config,
-        skip=[s for s in skip if s not in stages.STAGES],
+        ssh=SshSettings(
+            timeouts=Timeouts(connect=connect_timeout, banner=connect_timeout + 5, auth=connect_timeout + 5),
+            accept_new_host_keys=accept_new_host_keys,
+            known_hosts=known_hosts,
+            config=config,
+        ),
         clock_bound=max_clock_offset,
-        stages=selected,
-        why_not_selected=why_not,
-        min_busbw=min_busbw,
-        ddp_steps=ddp_steps,
+        min_busbw=min_busbw or next((n.min_busbw for n in nodes if n.min_busbw), None),
     )
     started_at = time.time()
     host_stages: dict[str, str] = {n.name: "waiting" for n in nodes}
@@ -202,7 +201,7 @@ def run(
                 done = sum(1 for s in host_stages.values() if s == "done")
                 status.update(f"{done}/{len(host_stages)} host(s) done  " + "  ".join(busy[:6]))
 
-        pipeline = Pipeline(nodes, options, progress)
+        pipeline = Pipeline(nodes, settings, factory.default(settings.ssh), progress)
         outcome = pipeline.run()
     results = outcome.results
     document = Report(results, [n.name for n in nodes], pipeline.run_id, started_at, time.time() - started_at)
@@ -221,6 +220,13 @@ def run(
         )
         sys.exit(ExitCode.USAGE_ERROR)
     sys.exit(ExitCode.CHECK_FAILED if overall_status(results) is Status.FAIL else ExitCode.OK)
+
+
+@cli.command("checks")
+@click.option("--format", "fmt", type=click.Choice(["text", "json", "markdown"]), default="text", show_default=True)
+def list_checks(fmt: str) -> None:
+    """List every check clustercheck can report: its name, stage, scope, what it proves and the fix."""
+    click.echo(catalog.render(fmt))
 
 
 class UsageError(click.ClickException):

@@ -19,8 +19,11 @@ class Status(str, Enum):
         return self in (Status.FAIL, Status.ERROR)
 
 
-@dataclass
+@dataclass(frozen=True)
 class CheckResult:
+    """One check's outcome on one host (or the cluster). Frozen: a result is made once, never edited; a stage
+    that must say more makes a new one."""
+
     name: str
     status: Status
     message: str

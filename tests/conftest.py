@@ -12,8 +12,6 @@ import time
 from pathlib import Path
 
 import pytest
-
-sys.path.insert(0, str(Path(__file__).parent / "cluster"))
 import testcluster
 import torchenv
 

@@ -22,3 +22,12 @@ def test_readme_main_job_checks_localhost():
     first = readme_commands()[0]
     assert first.endswith("clustercheck run --hosts localhost")
     assert "-c constraints.txt" in first  # never the multi-GB CUDA build by accident
+
+
+def test_readme_checks_tables_are_the_catalog():
+    from clustercheck import catalog
+
+    text = (REPO / "README.md").read_text()
+    listed = re.search(r"<!-- BEGIN checks[^\n]*-->\n(.*?)<!-- END checks -->", text, re.S)
+    assert listed, "the README lost its generated checks tables"
+    assert listed.group(1) == catalog.markdown_tables(), "regenerate: clustercheck checks --format markdown"

@@ -3,7 +3,7 @@
 python3-venv from Debian's packages, the wheelhouse copied over SFTP, `pip install --no-index --find-links`,
 and the environment's python recorded in /etc/clustercheck/python (where the setup roles record it).
 Idempotent: a node whose recorded python already imports torch is left alone. The session fixture
-`torch_cluster` (tests/conftest.py) uses it, for tests/integration and tests/distributed alike.
+`torch_cluster` (tests/conftest.py) uses it for the cluster tests.
 """
 
 from __future__ import annotations

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from clustercheck import bandwidth
+from clustercheck.checks import collectives as bandwidth
 from clustercheck.model import Status
-from clustercheck.worker import collectives as worker
+from clustercheck.remote import collectives as worker
 
 RECORDS = Path(__file__).parent / "records"
 
@@ -39,7 +39,7 @@ def test_recorded_sweep_follows_the_definitions():
 
 
 def test_cluster_and_intra_node_results_without_threshold_pass():
-    results = bandwidth.evaluate(load(), world_size=4)
+    results = bandwidth.evaluate_bandwidth(load(), world_size=4)
     assert [r.name for r in results] == [
         "allreduce.bandwidth",
         "allreduce.bandwidth.intra_node",
@@ -55,13 +55,13 @@ def test_cluster_and_intra_node_results_without_threshold_pass():
 
 def test_thresholds_warn_and_fail():
     records = load()
-    peak = bandwidth.evaluate(records, 4)[0].data["peak_busbw_gbps"]
-    assert bandwidth.evaluate(records, 4, bandwidth.Thresholds(warn_below=peak * 2))[0].status is Status.WARN
-    failed = bandwidth.evaluate(records, 4, bandwidth.Thresholds(fail_below=peak * 2))[0]
+    peak = bandwidth.evaluate_bandwidth(records, 4)[0].data["peak_busbw_gbps"]
+    assert bandwidth.evaluate_bandwidth(records, 4, bandwidth.Thresholds(warn_below=peak * 2))[0].status is Status.WARN
+    failed = bandwidth.evaluate_bandwidth(records, 4, bandwidth.Thresholds(fail_below=peak * 2))[0]
     assert failed.status is Status.FAIL
     assert "under the threshold (FAIL below" in failed.message
     assert "NCCL_SOCKET_IFNAME" in failed.remediation
-    assert bandwidth.evaluate(records, 4, bandwidth.Thresholds(fail_below=peak / 2))[0].status is Status.PASS
+    assert bandwidth.evaluate_bandwidth(records, 4, bandwidth.Thresholds(fail_below=peak / 2))[0].status is Status.PASS
 
 
 @pytest.mark.parametrize(
@@ -85,5 +85,5 @@ def test_bad_min_busbw_is_a_clear_error(text):
 
 
 def test_a_failed_job_skips_bandwidth():
-    (result,) = bandwidth.evaluate([{"rank": 0, "ok": False, "error": "x"}], 2)
+    (result,) = bandwidth.evaluate_bandwidth([{"rank": 0, "ok": False, "error": "x"}], 2)
     assert result.status is Status.SKIP

@@ -5,8 +5,10 @@ from __future__ import annotations
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
-from clustercheck import checks, consistency, report
-from clustercheck.checks import NodeFacts
+from clustercheck import report
+from clustercheck.checks import consistency, registry
+from clustercheck.facts import collect
+from clustercheck.facts.model import NodeFacts
 from clustercheck.inventory import Node
 from clustercheck.model import CheckResult, Status
 
@@ -17,17 +19,17 @@ TORCH_CPU = {"version": "2.13.0+cpu", "cuda": None, "cuda_available": False, "de
 def node_facts(name="node1", gpus_expected=None, smi=None, torch=None, cluster_size=3, **raw) -> NodeFacts:
     commands = {"nvidia_smi_q": {"rc": 0, "out": smi} if smi else {"error": "nvidia-smi not found"}}
     commands.update(raw.pop("commands", {}))
-    return NodeFacts(
-        node=Node(name=name, address=name, gpus_expected=gpus_expected),
+    return collect.build(
+        Node(name=name, address=name, gpus_expected=gpus_expected),
+        {"python": {"version": "3.11.2"}, "torch": torch or dict(TORCH_CPU), "commands": commands, **raw},
         python="/opt/clustercheck/venv/bin/python",
         python_source="/etc/clustercheck/python",
-        raw={"python": {"version": "3.11.2"}, "torch": torch or dict(TORCH_CPU), "commands": commands, **raw},
         cluster_size=cluster_size,
     )
 
 
-def by_name(ctx: NodeFacts) -> dict[str, CheckResult]:
-    return {r.name: r for r in checks.run_checks(ctx)}
+def by_name(facts: NodeFacts) -> dict[str, CheckResult]:
+    return {r.name: r for r in registry.run_node_checks(facts, lambda name: True, "")}
 
 
 def test_gpu_checks_skip_without_gpus_unless_expected():
@@ -90,23 +92,34 @@ def test_hostname_on_loopback_fails_only_on_a_multi_node_cluster():
 
 
 def test_consistency_names_the_nodes_that_differ_from_the_majority():
-    result = consistency.compare("torch", {"n1": "2.13.0", "n2": "2.13.0", "n3": "2.12.0"}, "torch version")
+    result = consistency.compare({"n1": "2.13.0", "n2": "2.13.0", "n3": "2.12.0"}, "torch version")
     assert result.status is Status.FAIL
     assert result.message == "torch version differs: n3 has 2.12.0, where the other 2 node(s) have 2.13.0"
     assert result.data["differ"] == ["n3"]
-    tie = consistency.compare("mtu", {"n1": 1500, "n2": 9000}, "MTU")
+    tie = consistency.compare({"n1": 1500, "n2": 9000}, "MTU")
     assert tie.status is Status.FAIL and "no majority" in tie.message
-    assert consistency.compare("driver", {"n1": None, "n2": None}, "driver").status is Status.SKIP
-    assert consistency.compare("torch", {"n1": "2.13.0"}, "torch").status is Status.SKIP
+    assert consistency.compare({"n1": None, "n2": None}, "driver").status is Status.SKIP
+    assert consistency.compare({"n1": "2.13.0"}, "torch").status is Status.SKIP
+
+
+def test_consistency_checks_read_the_typed_facts_of_every_node():
+    nodes = [node_facts(name=f"n{i}") for i in range(3)]
+    nodes[2] = node_facts(name="n2", torch={**TORCH_CPU, "version": "2.12.0+cpu"})
+    results = {r.name: r for r in registry.run_cluster_checks(nodes, None, lambda name: True, "")}
+    assert results["consistency.torch"].status is Status.FAIL
+    assert "n2 has 2.12.0+cpu" in results["consistency.torch"].message
+    assert results["consistency.torch"].remediation
+    assert results["consistency.python"].status is Status.PASS
 
 
 def test_clock_offsets_within_the_bound():
     nodes = [node_facts(name=f"n{i}") for i in range(3)]
     for n, offset in zip(nodes, (0.01, -0.02, 0.03), strict=True):
         n.clock_offset = offset
-    assert consistency.check_clocks(nodes, 0.5).status is Status.PASS
+    config = type("Config", (), {"clock_bound": 0.5})()
+    assert consistency.clocks(nodes, config).status is Status.PASS
     nodes[2].clock_offset = 2.0
-    late = consistency.check_clocks(nodes, 0.5)
+    late = consistency.clocks(nodes, config)
     assert late.status is Status.FAIL and "n2 is +1.990 s" in late.message
 
 

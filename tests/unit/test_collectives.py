@@ -1,6 +1,6 @@
 """Evaluating the collective worker's per-rank records into checks."""
 
-from clustercheck.collectives import evaluate
+from clustercheck.checks.collectives import evaluate
 from clustercheck.model import Status
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from clustercheck import ddp
+from clustercheck.checks import ddp
 from clustercheck.model import Status
 
 RECORDS = Path(__file__).parent / "records"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from clustercheck import facts
+from clustercheck.facts import parse as facts
 
 DATA = Path(__file__).parent / "data"
 H800 = (DATA / "nvidia-smi-q-h800.txt").read_text()

@@ -7,8 +7,9 @@ import json
 import random
 from pathlib import Path
 
-from clustercheck import network
+from clustercheck.checks import network
 from clustercheck.model import Status
+from clustercheck.stages import network as stage
 
 RECORDS = Path(__file__).parent / "records"
 
@@ -102,8 +103,9 @@ def test_a_held_master_port_names_the_pid_and_command():
 def test_a_busy_port_on_another_node_warns():
     records = load("netprobe-healthy.json")
     records["node2"]["listen"][0] = {"port": 29500, "ok": False, "error": "Address already in use", "holders": []}
-    (warning,) = named(evaluate(records), "network.listen")
-    assert warning.status is Status.WARN and warning.host == "node2"
+    listen = {r.host: r for r in named(evaluate(records), "network.listen")}
+    assert listen["node2"].status is Status.WARN and "port 29500 (Address already in use)" in listen["node2"].message
+    assert listen["node1"].status is listen["node3"].status is Status.PASS  # one result per node, whatever happens
 
 
 def test_resolution_failures_name_the_resolver_and_the_name():
@@ -138,29 +140,23 @@ def test_a_node_without_a_record_is_an_error_and_others_are_still_judged():
     records = load("netprobe-healthy.json")
     del records["node3"]
     results = evaluate(records, errors={"node3": "SSH connection timed out"})
-    (error,) = named(results, "network.probe")
-    assert error.status is Status.ERROR and error.host == "node3"
+    probes = {r.host: r for r in named(results, "network.probe")}
+    assert probes["node3"].status is Status.ERROR and "SSH connection timed out" in probes["node3"].message
+    assert probes["node1"].status is probes["node2"].status is Status.PASS
     assert all(r.status is Status.PASS for r in named(results, "network.tcp"))
 
 
 def test_mesh_command_and_ephemeral_port():
-    port = network.pick_ephemeral_port(random.Random(1))
-    assert network.EPHEMERAL_RANGE[0] <= port <= network.EPHEMERAL_RANGE[1]
-    command = network.mesh_command(
-        "python3",
-        "/run/x/netprobe.py",
-        "a",
-        [network.Peer("a", "10.0.0.1"), network.Peer("b", "10.0.0.2")],
-        [29500, port],
-        8,
-    )
-    assert command[:7] == ["python3", "/run/x/netprobe.py", "mesh", "--self", "a", "--duration", "8"]
-    assert command[7:] == ["--peer", "a=10.0.0.1", "--peer", "b=10.0.0.2", "--port", "29500", "--port", str(port)]
+    port = stage.pick_ephemeral_port(random.Random(1))
+    assert stage.EPHEMERAL_RANGE[0] <= port <= stage.EPHEMERAL_RANGE[1]
+    command = stage.mesh_args("a", [network.Peer("a", "10.0.0.1"), network.Peer("b", "10.0.0.2")], [29500, port], 8)
+    assert command[:5] == ["mesh", "--self", "a", "--duration", "8"]
+    assert command[5:] == ["--peer", "a=10.0.0.1", "--peer", "b=10.0.0.2", "--port", "29500", "--port", str(port)]
 
 
 def test_a_hostname_other_than_the_inventory_name_is_resolved_and_named():
     peers = [network.Peer("node1", "10.0.0.1"), network.Peer("node2", "10.0.0.2", hostname="gpu-02")]
-    command = network.mesh_command("python3", "/p.py", "node1", peers, [29500], 5)
+    command = stage.mesh_args("node1", peers, [29500], 5)
     assert command[command.index("--hostname-of") + 1] == "node2=gpu-02"
     assert "--hostname-of" not in command[command.index("--hostname-of") + 1 :]
     records = load("netprobe-healthy.json")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import paramiko
 
 from clustercheck.inventory import Node
-from clustercheck.ssh import GLOBAL_KNOWN_HOSTS, resolve
+from clustercheck.transport.params import GLOBAL_KNOWN_HOSTS, resolve
 
 CONFIG = """
 Host gpu*

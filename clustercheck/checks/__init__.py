@@ -1,0 +1,22 @@
+"""Every check clustercheck reports, registered once (registry.py). Importing this package registers them all; the
+import order below is the report order: what the core stage reports per node, the cross-node consistency checks,
+then the checks each multi-node stage emits.
+
+The areas: connection, environment (python, torch), gpu, system (OS, memory, disk, time, names, firewall),
+collectives (node-local and across nodes, bandwidth), consistency, network, ddp.
+"""
+
+# isort: off
+from clustercheck.checks import connection  # noqa: F401
+from clustercheck.checks import environment  # noqa: F401
+from clustercheck.checks import gpu  # noqa: F401
+from clustercheck.checks import system  # noqa: F401
+from clustercheck.checks import collectives  # noqa: F401
+from clustercheck.checks import consistency  # noqa: F401
+from clustercheck.checks import network  # noqa: F401
+from clustercheck.checks import ddp  # noqa: F401
+
+# isort: on
+from clustercheck.checks.registry import REGISTRY, Check, get
+
+__all__ = ["REGISTRY", "Check", "get"]

@@ -1,0 +1,263 @@
+"""Judge the collectives worker's per-rank records (pure logic, no I/O): correctness of all_reduce, all_gather and
+broadcast with nccl-tests' #wrong count, and the all_reduce bandwidth sweep.
+
+Bandwidth numbers speak nccl-tests: algbw = bytes / time, busbw = algbw * 2(n-1)/n, in GB/s (10^9 bytes per
+second), where time is the slowest rank's mean time per all_reduce call. The check compares the peak busbw of the
+sweep (in practice the largest messages) with the user's thresholds.
+
+The same worker runs across every node (the collectives stage: allreduce, ...) and across one node's own ranks
+(in the core stage: local.allreduce, ...); `evaluate` names its results for either.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from clustercheck.checks.registry import declare
+from clustercheck.model import CheckResult, Status
+
+COLLECTIVES = ("allreduce", "allgather", "broadcast")
+LOCAL_PREFIX = "local."
+_PROVES = {
+    "allreduce": "all_reduce (sum) returns the exact expected values on every rank (#wrong 0)",
+    "allgather": "all_gather returns every rank's tensor in its slot on every rank (#wrong 0)",
+    "broadcast": "broadcast from the last rank reaches every rank unchanged (#wrong 0)",
+}
+_FIX = (
+    "Look at the worker's output in the run directory; check that torch imports and that the ranks can reach "
+    "each other. Wrong values point at faulty hardware or a broken NCCL/driver install."
+)
+for _name in COLLECTIVES:
+    declare(_name, stage="collectives", scope="cluster", proves=_PROVES[_name] + ", across every node", fix=_FIX)
+    declare(
+        LOCAL_PREFIX + _name,
+        stage="core",
+        scope="node",
+        proves=_PROVES[_name] + ", across one node's own GPUs (or two CPU ranks)",
+        fix=_FIX,
+    )
+declare(
+    "allreduce.bandwidth",
+    stage="collectives",
+    scope="cluster",
+    proves="all_reduce bus bandwidth across every node (nccl-tests' busbw), judged against --min-busbw",
+    fix="Check that NCCL uses the fast interconnect (NET/IB or NVLink rather than NET/Socket in the NCCL INFO "
+    "log), the link speed, the MTU, and NCCL_SOCKET_IFNAME.",
+)
+declare(
+    "allreduce.bandwidth.intra_node",
+    stage="collectives",
+    scope="node",
+    proves="all_reduce bus bandwidth among one node's GPUs, in a multi-node job with several GPUs per node",
+    fix="Check the GPUs' NVLink/PCIe paths (nvidia-smi topo -m) and that peer-to-peer is not blocked (ACS).",
+)
+
+
+def evaluate(records: list[dict], world_size: int, prefix: str = "", host: str | None = None) -> list[CheckResult]:
+    """One check per collective: PASS when every rank reported zero wrong elements. PREFIX and HOST name the
+    node-local variant (local.allreduce on HOST)."""
+    failed = [r for r in records if not r.get("ok")]
+    missing = sorted(set(range(world_size)) - {r["rank"] for r in records})
+    where = f"{host}: " if host else ""
+    results = []
+    for name in COLLECTIVES:
+        if failed or missing:
+            first = failed[0] if failed else None
+            cause = (
+                f"rank {first['rank']} on {first['host']}: {first.get('error', 'unknown error')}"
+                if first
+                else f"no result from rank(s) {', '.join(map(str, missing))}"
+            )
+            results.append(
+                CheckResult(
+                    name=prefix + name,
+                    status=Status.FAIL,
+                    message=f"{where}{prefix}{name} did not complete: {cause}",
+                    host=host,
+                    remediation="Look at the worker's output in the run directory; check that torch imports and "
+                    "that the ranks can reach each other.",
+                    data={
+                        "world_size": world_size,
+                        "failed_ranks": [r["rank"] for r in failed],
+                        "missing_ranks": missing,
+                    },
+                )
+            )
+            continue
+        wrong = {r["rank"]: r["checks"][name]["wrong"] for r in records}
+        total_wrong = sum(wrong.values())
+        elements = records[0]["checks"][name]["elements"]
+        data = {
+            "world_size": world_size,
+            "backend": records[0].get("backend"),
+            "elements": elements,
+            "wrong": total_wrong,
+            "wrong_by_rank": wrong,
+        }
+        if total_wrong:
+            bad = ", ".join(f"rank {r}: {w}" for r, w in sorted(wrong.items()) if w)
+            results.append(
+                CheckResult(
+                    name=prefix + name,
+                    status=Status.FAIL,
+                    message=f"{where}{name} returned wrong values (#wrong {bad})",
+                    host=host,
+                    remediation="Wrong results from a collective point at faulty hardware or a broken "
+                    "NCCL/driver install; rerun and compare nodes.",
+                    data=data,
+                )
+            )
+        else:
+            results.append(
+                CheckResult(
+                    name=prefix + name,
+                    status=Status.PASS,
+                    message=f"{where}{name} correct on {world_size} ranks ({elements} elements, #wrong 0)",
+                    host=host,
+                    data=data,
+                )
+            )
+    return results
+
+
+class ThresholdError(ValueError):
+    """A --min-busbw value that cannot be read; printed as one line."""
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    fail_below: float | None = None  # GB/s busbw
+    warn_below: float | None = None
+
+    def judge(self, busbw: float) -> Status:
+        if self.fail_below is not None and busbw < self.fail_below:
+            return Status.FAIL
+        if self.warn_below is not None and busbw < self.warn_below:
+            return Status.WARN
+        return Status.PASS
+
+    def describe(self) -> str:
+        parts = []
+        if self.fail_below is not None:
+            parts.append(f"FAIL below {self.fail_below:g}")
+        if self.warn_below is not None:
+            parts.append(f"WARN below {self.warn_below:g}")
+        return ", ".join(parts) + " GB/s" if parts else "no threshold"
+
+
+def parse_min_busbw(text: str | float | None) -> Thresholds:
+    """`--min-busbw FAIL[:WARN]` in GB/s, e.g. `40` (FAIL under 40) or `40:80` (also WARN under 80).
+
+    The same text is accepted from the inventory variable clustercheck_min_busbw.
+    """
+    if text is None or text == "":
+        return Thresholds()
+    if isinstance(text, int | float):
+        return Thresholds(fail_below=float(text))
+    fail_text, _, warn_text = str(text).partition(":")
+    try:
+        fail = float(fail_text) if fail_text.strip() else None
+        warn = float(warn_text) if warn_text.strip() else None
+    except ValueError:
+        raise ThresholdError(f"--min-busbw {text!r}: expected GB/s as FAIL or FAIL:WARN, e.g. 40 or 40:80") from None
+    if any(v is not None and v < 0 for v in (fail, warn)):
+        raise ThresholdError(f"--min-busbw {text!r}: bandwidth cannot be negative")
+    if fail is not None and warn is not None and warn < fail:
+        raise ThresholdError(f"--min-busbw {text!r}: the WARN level must not be below the FAIL level")
+    return Thresholds(fail_below=fail, warn_below=warn)
+
+
+def _size(n: int) -> str:
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= scale and n % scale == 0:
+            return f"{n // scale} {unit}"
+    return f"{n} B"
+
+
+def peak(rows: list[dict]) -> dict:
+    return max(rows, key=lambda row: row["busbw_gbps"])
+
+
+def _check(name: str, host: str | None, scope: str, rows: list[dict], ranks: int, backend, thresholds) -> CheckResult:
+    best = peak(rows)
+    status = thresholds.judge(best["busbw_gbps"])
+    table = ", ".join(f"{_size(r['bytes'])}: {r['busbw_gbps']:.3g}" for r in rows)
+    message = (
+        f"{scope} all_reduce busbw peak {best['busbw_gbps']:.3g} GB/s at {_size(best['bytes'])} over {ranks} ranks"
+        f" ({backend}); busbw by size in GB/s: {table}"
+    )
+    if status is not Status.PASS:
+        message = (
+            f"{scope} all_reduce busbw {best['busbw_gbps']:.3g} GB/s is under the threshold ({thresholds.describe()})"
+        )
+    remediation = ""
+    if status is not Status.PASS:
+        remediation = (
+            "Check that NCCL uses the fast interconnect (NCCL_DEBUG=INFO output in the run directory: look for "
+            "NET/IB or NVLink rather than NET/Socket), the link speed (`ethtool`, `ibstat`), the MTU, and that "
+            "NCCL_SOCKET_IFNAME names the cluster interface."
+        )
+    return CheckResult(
+        name,
+        status,
+        message,
+        host=host,
+        remediation=remediation,
+        data={
+            "ranks": ranks,
+            "backend": backend,
+            "peak_busbw_gbps": best["busbw_gbps"],
+            "peak_bytes": best["bytes"],
+            "sizes": rows,
+            "thresholds": {"fail_below": thresholds.fail_below, "warn_below": thresholds.warn_below},
+        },
+    )
+
+
+def evaluate_bandwidth(
+    records: list[dict], world_size: int, thresholds: Thresholds | None = None, hosts: list[str] | None = None
+) -> list[CheckResult]:
+    """`allreduce.bandwidth` for the whole job, and `allreduce.bandwidth.intra_node` for every node of HOSTS:
+    measured on multi-GPU nodes of a multi-node job, SKIP elsewhere."""
+    thresholds = thresholds or Thresholds()
+    hosts = hosts or []
+    first = next((r for r in records if r.get("rank") == 0), None)
+    if first is None or not first.get("ok") or "bandwidth" not in first:
+        why = "the collectives job did not complete" if first is None or not first.get("ok") else "sweep not run"
+        return [CheckResult("allreduce.bandwidth", Status.SKIP, f"no bandwidth results: {why}")] + [
+            CheckResult("allreduce.bandwidth.intra_node", Status.SKIP, f"{h}: no bandwidth results: {why}", host=h)
+            for h in hosts
+        ]
+    backend = first.get("backend")
+    results = [
+        _check("allreduce.bandwidth", None, "cluster", first["bandwidth"]["world"], world_size, backend, thresholds)
+    ]
+    measured = set()
+    for record in sorted(records, key=lambda r: r["rank"]):
+        intra = (record.get("bandwidth") or {}).get("intra_node")
+        if not intra or record["rank"] != intra["ranks"][0]:
+            continue  # one report per node, from its first rank
+        node = record.get("node") or record["host"]
+        measured.add(node)
+        results.append(
+            _check(
+                "allreduce.bandwidth.intra_node",
+                node,
+                f"{node}: intra-node",
+                intra["results"],
+                len(intra["ranks"]),
+                backend,
+                thresholds,
+            )
+        )
+    for host in hosts:
+        if host not in measured:
+            results.append(
+                CheckResult(
+                    "allreduce.bandwidth.intra_node",
+                    Status.SKIP,
+                    f"{host}: measured only on nodes with several GPUs in a multi-node job",
+                    host=host,
+                )
+            )
+    return results

@@ -1,0 +1,26 @@
+"""What the core stage reports before any check can read facts: the connection, the facts collection itself,
+and a failure of clustercheck's own code on one node."""
+
+from clustercheck.checks.registry import declare
+
+declare(
+    "connect",
+    stage="core",
+    scope="node",
+    proves="clustercheck reached the node over SSH (host key verified) or locally",
+    fix="Check that the node is up, that sshd answers on that port, and the SSH user and key.",
+)
+declare(
+    "facts",
+    stage="core",
+    scope="node",
+    proves="the facts collector ran on the node with its environment's python",
+    fix="Look at facts.stderr in the run directory; check that python3 runs on the node.",
+)
+declare(
+    "internal",
+    stage="core",
+    scope="node",
+    proves="clustercheck's own code did not fail on the node (reported only when it did)",
+    fix="Report the error with the run directory's report.json.",
+)

@@ -1,0 +1,132 @@
+"""Cross-node consistency: the same versions, GPU count and MTU on every node, clocks in step. Pure logic.
+
+A mismatch names the nodes that differ from the majority, and how.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable
+from statistics import median
+from typing import Any
+
+from clustercheck.checks.registry import Finding, cluster_check, fail, passed, skip
+from clustercheck.config import DEFAULT_MAX_CLOCK_OFFSET
+from clustercheck.facts.model import NodeFacts
+
+
+def compare(values: dict[str, Any], what: str) -> Finding:
+    """One consistency verdict over host -> value; None means the value could not be collected there."""
+    known = {host: v for host, v in values.items() if v is not None}
+    missing = sorted(h for h, v in values.items() if v is None)
+    data: dict[str, Any] = {"values": values}
+    if len(values) < 2:
+        return skip(f"{what}: one node, nothing to compare", **data)
+    if len(known) < 2:
+        return skip(f"{what}: known on {len(known)} node(s) only", **data)
+    counts = Counter(known.values())
+    if len(counts) == 1:
+        value = next(iter(counts))
+        note = f" (not known on {', '.join(missing)})" if missing else ""
+        return passed(f"{what} {value} on {len(known)} node(s){note}", **data)
+    (majority, top), *rest = counts.most_common()
+    tie = rest and rest[0][1] == top
+    differ = sorted(h for h, v in known.items() if v != majority)
+    if tie:
+        groups = "; ".join(
+            f"{', '.join(sorted(h for h, v in known.items() if v == value))}: {value}" for value, _ in counts.items()
+        )
+        message = f"{what} differs between nodes, no majority ({groups})"
+    else:
+        how = ", ".join(f"{h} has {known[h]}" for h in differ)
+        message = f"{what} differs: {how}, where the other {top} node(s) have {majority}"
+    data.update(majority=None if tie else majority, differ=differ)
+    return fail(message, **data)
+
+
+def _text(value: Any) -> str | None:
+    return None if value in (None, "") else str(value)
+
+
+def _same(name: str, what: str, proves: str, fix: str, get: Callable[[NodeFacts], Any]) -> None:
+    @cluster_check(f"consistency.{name}", proves=proves, fix=fix)
+    def check(nodes: list[NodeFacts], config: Any) -> Finding:
+        return compare({n.host: get(n) for n in nodes}, what)
+
+
+_same(
+    "torch",
+    "torch version",
+    "every node has the same torch version",
+    "Install the same torch on every node (one pinned version; the setup playbook's python role).",
+    lambda f: _text(f.torch.version) if f.torch else None,
+)
+_same(
+    "cuda",
+    "torch's CUDA version",
+    "every node's torch is built for the same CUDA version",
+    "Install the same torch build (the same CUDA variant) on every node.",
+    lambda f: _text(f.torch.cuda) if f.torch else None,
+)
+_same(
+    "nccl",
+    "NCCL version",
+    "every node's torch carries the same NCCL",
+    "Use the same torch build everywhere; an NCCL mismatch hangs or corrupts collectives.",
+    lambda f: _text(f.torch.nccl) if f.torch else None,
+)
+_same(
+    "driver",
+    "NVIDIA driver",
+    "every node runs the same NVIDIA driver version",
+    "Install the same pinned NVIDIA driver on every node and reboot the ones that differ.",
+    lambda f: f.smi.driver if f.smi else None,
+)
+_same(
+    "python",
+    "Python version",
+    "every node's environment has the same Python version",
+    "Create the environment with the same Python version on every node.",
+    lambda f: None if f.python_missing else f.python_version,
+)
+_same(
+    "gpu_count",
+    "GPU count",
+    "every node has the same number of GPUs",
+    "Find the node with missing GPUs (gpu.count) or fix gpus_per_node.",
+    lambda f: len(f.smi.gpus) if f.smi else (0 if not f.gpu_expected else None),
+)
+_same(
+    "mtu",
+    "MTU of the cluster interface",
+    "the cluster interface has the same MTU on every node",
+    "Set the same MTU on the cluster interface of every node (and on the switch ports).",
+    lambda f: (f.mtus or {}).get(f.interface) if f.interface else None,
+)
+
+
+@cluster_check(
+    "consistency.clock",
+    proves="the nodes' clocks, measured from the control machine, lie within --max-clock-offset of each other",
+    fix="Synchronize every node to the same NTP servers (chrony) and check `chronyc tracking`.",
+)
+def clocks(nodes: list[NodeFacts], config: Any) -> Finding:
+    bound = getattr(config, "clock_bound", DEFAULT_MAX_CLOCK_OFFSET)
+    offsets = {n.host: n.clock_offset for n in nodes}
+    known = {h: o for h, o in offsets.items() if o is not None}
+    data: dict[str, Any] = {
+        "offsets_s": {h: None if o is None else round(o, 4) for h, o in offsets.items()},
+        "bound_s": bound,
+    }
+    if len(offsets) < 2:
+        return skip("clock offset: one node, nothing to compare", **data)
+    if len(known) < 2:
+        return skip("clock offset: measured on fewer than 2 nodes", **data)
+    centre = median(known.values())
+    spread = max(known.values()) - min(known.values())
+    data["spread_s"] = round(spread, 4)
+    if spread <= bound:
+        return passed(f"clocks within {spread:.3f} s of each other (bound {bound} s)", **data)
+    off = sorted((h for h, o in known.items() if abs(o - centre) > bound / 2), key=lambda h: -abs(known[h] - centre))
+    how = ", ".join(f"{h} is {known[h] - centre:+.3f} s" for h in off) or "the spread"
+    return fail(f"clocks differ by {spread:.3f} s (bound {bound} s): {how} from the median", **data)

@@ -1,0 +1,172 @@
+"""Judge the DDP equivalence worker's per-rank records (pure logic, no I/O).
+
+PASS when, within the tolerances below, DDP over every rank trains the same model as one process on the
+full global batch: the same loss at every step, the same final parameters, the same held-out accuracy,
+and every rank ends with bit-identical parameters.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import asdict, dataclass
+
+from clustercheck.checks.registry import declare
+from clustercheck.model import CheckResult, Status
+
+NAME = "ddp_equivalence"
+declare(
+    NAME,
+    stage="ddp",
+    scope="cluster",
+    proves="DDP across every node trains the same model as one process on the full global batch: the same loss "
+    "at every step, the same final parameters (within float rounding), every rank bit-identical",
+    fix="Ranks that disagree run different code, data or settings, or compute differently: compare torch/CUDA/NCCL "
+    "versions and the environment on their nodes (the consistency checks), and look for faulty GPUs.",
+)
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    loss: float  # |ddp - reference| per step, relative to max(1, |reference|)
+    param_abs: float  # max |ddp - reference| over all parameter elements
+    param_rel: float  # max over tensors of max|ddp - reference| / max|reference|
+    accuracy: float  # |ddp - reference| held-out accuracy (a fraction)
+
+
+# Summation order differs between one process and an all_reduce over W ranks, so results are equal only up
+# to rounding: float64 rounding (~1e-16) grows to ~1e-13 over the default 20 steps; float32 (~1e-7) to ~1e-5.
+# The tolerances leave three to four orders of magnitude of headroom, and are still far below what a wrong
+# gradient, learning rate or data slice produces (1e-3 and more after one step).
+TOLERANCES = {
+    "float64": Tolerance(loss=1e-9, param_abs=1e-9, param_rel=1e-9, accuracy=0.01),
+    "float32": Tolerance(loss=1e-4, param_abs=1e-4, param_rel=1e-3, accuracy=0.01),
+}
+
+
+def first_parting_step(a: list[float], b: list[float], tolerance: float) -> int | None:
+    """The first step (1-based) where the curves differ by more than TOLERANCE (relative to max(1, |b|))."""
+    for step, (x, y) in enumerate(zip(a, b, strict=False), start=1):
+        if abs(x - y) > tolerance * max(1.0, abs(y)):
+            return step
+    if len(a) != len(b):
+        return min(len(a), len(b)) + 1
+    return None
+
+
+def disagreeing_ranks(records: list[dict]) -> tuple[list[int], int | None]:
+    """Ranks whose final parameters differ from the majority (rank 0's on a tie), and the first step they part."""
+    finals = Counter(r["final_hash"] for r in records)
+    rank0 = next(r for r in records if r["rank"] == 0)["final_hash"]
+    top = max(finals.values())
+    majority = rank0 if finals[rank0] == top else finals.most_common(1)[0][0]
+    odd = sorted(r["rank"] for r in records if r["final_hash"] != majority)
+    if not odd:
+        return [], None
+    steps = max(len(r["param_hashes"]) for r in records)
+    for step in range(steps):
+        if len({r["param_hashes"][step] if step < len(r["param_hashes"]) else None for r in records}) > 1:
+            return odd, step + 1
+    return odd, None
+
+
+def _hosts(records: list[dict], ranks: list[int]) -> str:
+    by_rank = {r["rank"]: r.get("host", "?") for r in records}
+    return ", ".join(f"rank {r} ({by_rank.get(r, '?')})" for r in ranks)
+
+
+def evaluate(records: list[dict], world_size: int) -> CheckResult:
+    failed = [r for r in records if not r.get("ok")]
+    missing = sorted(set(range(world_size)) - {r["rank"] for r in records})
+    if failed or missing:
+        first = min(failed, key=lambda r: r["rank"]) if failed else None
+        cause = (
+            f"rank {first['rank']} on {first.get('host', '?')}: {first.get('error', 'unknown error')}"
+            if first
+            else f"no result from rank(s) {', '.join(map(str, missing))}"
+        )
+        return CheckResult(
+            NAME,
+            Status.FAIL,
+            f"DDP run did not complete: {cause}",
+            remediation="Read the rank's output in the run directory (torchrun-logs); the collectives stage shows "
+            "whether the ranks can talk at all.",
+            data={"world_size": world_size, "failed_ranks": [r["rank"] for r in failed], "missing_ranks": missing},
+        )
+    rank0 = next(r for r in records if r["rank"] == 0)
+    reference = rank0["reference"]
+    tol = TOLERANCES.get(rank0.get("dtype", "float64"), TOLERANCES["float32"])
+    ref_sps = reference.get("samples_per_s")
+    ddp_sps = rank0["ddp"].get("samples_per_s")
+    efficiency = ddp_sps / (world_size * ref_sps) if ref_sps and ddp_sps else None
+    data = {
+        "max_abs_param_diff": rank0["max_abs_param_diff"],
+        "max_rel_param_diff": rank0["max_rel_param_diff"],
+        "reference_accuracy": reference["accuracy"],
+        "ddp_accuracy": rank0["ddp"]["accuracy"],
+        "world_size": world_size,
+        "backend": rank0.get("backend"),
+        "dtype": rank0.get("dtype"),
+        "steps": rank0.get("steps"),
+        "global_batch": rank0.get("global_batch"),
+        "reference_samples_per_s": ref_sps,
+        "ddp_samples_per_s": ddp_sps,
+        "scaling_efficiency": efficiency,
+        "tolerance": asdict(tol),
+        "reference_losses": reference["losses"],
+        "ddp_losses": rank0["losses"],
+    }
+
+    problems = []
+    odd, rank_step = disagreeing_ranks(records)
+    data["disagreeing_ranks"] = odd
+    data["ranks_part_at_step"] = rank_step
+    if odd:
+        where = f" from step {rank_step}" if rank_step else ""
+        problems.append(f"{_hosts(records, odd)} end(s) with parameters different from the other ranks{where}")
+    data_hashes = Counter(r.get("data_hash") for r in records)
+    if len(data_hashes) > 1:
+        usual = rank0["data_hash"] if data_hashes[rank0["data_hash"]] >= max(data_hashes.values()) else None
+        usual = usual or data_hashes.most_common(1)[0][0]
+        odd_data = sorted(r["rank"] for r in records if r.get("data_hash") != usual)
+        data["ranks_with_different_data"] = odd_data
+        problems.append(f"{_hosts(records, odd_data)} generated different training data from the same seed")
+    loss_step = first_parting_step(rank0["losses"], reference["losses"], tol.loss)
+    data["curves_part_at_step"] = loss_step
+    if loss_step:
+        i = loss_step - 1
+        ddp_loss = rank0["losses"][i] if i < len(rank0["losses"]) else None
+        ref_loss = reference["losses"][i] if i < len(reference["losses"]) else None
+        problems.append(
+            f"the DDP loss curve parts from the single-process reference at step {loss_step} "
+            f"(DDP {ddp_loss}, reference {ref_loss})"
+        )
+    if rank0["max_abs_param_diff"] > tol.param_abs or rank0["max_rel_param_diff"] > tol.param_rel:
+        problems.append(
+            f"final parameters differ from the reference by {rank0['max_abs_param_diff']:.3g} abs / "
+            f"{rank0['max_rel_param_diff']:.3g} rel (tolerance {tol.param_abs:g} / {tol.param_rel:g})"
+        )
+    accuracy_gap = abs(rank0["ddp"]["accuracy"] - reference["accuracy"])
+    if accuracy_gap > tol.accuracy:
+        problems.append(
+            f"held-out accuracy {rank0['ddp']['accuracy']:.3f} (DDP) vs {reference['accuracy']:.3f} (reference)"
+        )
+
+    setting = f"{world_size} ranks ({rank0.get('backend')}, {rank0.get('dtype')}), {rank0.get('steps')} steps"
+    if problems:
+        return CheckResult(
+            NAME,
+            Status.FAIL,
+            f"DDP on {setting} is not equivalent to single-process training: " + "; ".join(problems),
+            remediation="Ranks that disagree run different code, data or settings, or compute differently: compare "
+            "torch/CUDA/NCCL versions and the environment on their nodes (the consistency checks), and look for "
+            "faulty GPUs. A curve that parts at step 1 means the data or model differs from the first step.",
+            data=data,
+        )
+    eff = f", scaling efficiency {efficiency:.0%}" if efficiency is not None else ""
+    return CheckResult(
+        NAME,
+        Status.PASS,
+        f"DDP on {setting} matches single-process training: max param diff {rank0['max_abs_param_diff']:.2g}, "
+        f"accuracy {rank0['ddp']['accuracy']:.3f} vs {reference['accuracy']:.3f}, all ranks bit-identical{eff}",
+        data=data,
+    )

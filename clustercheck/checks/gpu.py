@@ -1,0 +1,156 @@
+"""The node's NVIDIA GPUs, from `nvidia-smi -q` and the kernel log. GPU checks SKIP on a node without a GPU
+unless the inventory says GPUs are expected there (gpus_per_node)."""
+
+from __future__ import annotations
+
+from clustercheck.checks.registry import Finding, fail, node_check, passed, skip, warn
+from clustercheck.facts import parse
+from clustercheck.facts.model import COULD_NOT_COLLECT, NodeFacts
+
+
+@node_check(
+    "gpu.count",
+    proves="the node has the GPUs the inventory expects (gpus_per_node) and nvidia-smi answers",
+    fix="A missing GPU has fallen off the bus or is not seated: check `nvidia-smi -L`, the kernel log "
+    "(Xid 79) and reboot; otherwise fix gpus_per_node in the inventory.",
+)
+def gpu_count(facts: NodeFacts) -> Finding:
+    expected = facts.node.gpus_expected
+    smi = facts.smi
+    if smi is None:
+        if not expected:
+            return skip("no NVIDIA GPU on this node (none expected)", expected=expected)
+        return fail(
+            f"{expected} GPU(s) expected, but nvidia-smi does not answer: {facts.smi_error or COULD_NOT_COLLECT}",
+            "Install the NVIDIA driver (the setup playbook's driver role) and reboot; check `nvidia-smi`.",
+            expected=expected,
+            found=0,
+        )
+    found = len(smi.gpus)
+    names = sorted({g.name or "?" for g in smi.gpus})
+    data = {"expected": expected, "found": found, "names": names}
+    if expected is not None and found != expected:
+        return fail(f"{found} GPU(s) found, {expected} expected ({', '.join(names)})", **data)
+    return passed(f"{found} GPU(s): {', '.join(names)}", **data)
+
+
+@node_check(
+    "gpu.driver",
+    proves="the NVIDIA driver answers and reports its version",
+    fix="Reinstall the driver (the setup playbook's nvidia_driver role) and reboot.",
+    needs_gpu=True,
+)
+def gpu_driver(facts: NodeFacts) -> Finding:
+    smi = facts.smi
+    assert smi is not None
+    if not smi.driver:
+        return fail("nvidia-smi reports no driver version", "Reinstall the driver.")
+    return passed(f"driver {smi.driver}, CUDA {smi.cuda}", driver=smi.driver, cuda=smi.cuda)
+
+
+@node_check(
+    "gpu.persistence",
+    proves="persistence mode is on for every GPU (no driver reload between jobs)",
+    fix="Enable the persistence daemon: systemctl enable --now nvidia-persistenced.",
+    needs_gpu=True,
+)
+def gpu_persistence(facts: NodeFacts) -> Finding:
+    assert facts.smi is not None
+    off = [g.bus_id for g in facts.smi.gpus if g.persistence != "Enabled"]
+    if off:
+        return warn(f"persistence mode is off on {len(off)} GPU(s) ({', '.join(off)})", off=off)
+    return passed("persistence mode on for every GPU")
+
+
+@node_check(
+    "gpu.ecc",
+    proves="no GPU has uncorrectable ECC errors since the driver loaded",
+    fix="Drain the node, reset the GPU (nvidia-smi -r) or reboot; replace the GPU if the errors return.",
+    needs_gpu=True,
+)
+def gpu_ecc(facts: NodeFacts) -> Finding:
+    assert facts.smi is not None
+    counts = {g.bus_id: g.ecc_uncorrected for g in facts.smi.gpus}
+    bad = {bus: n for bus, n in counts.items() if n}
+    if bad:
+        return fail(
+            "uncorrectable ECC errors: " + ", ".join(f"{bus}: {n}" for bus, n in bad.items()),
+            uncorrected=counts,
+        )
+    if all(n is None for n in counts.values()):
+        return passed("ECC not reported (off or not supported)", uncorrected=counts)
+    return passed("no uncorrectable ECC errors", uncorrected=counts)
+
+
+@node_check(
+    "gpu.xid",
+    proves="the kernel log of the last 24 hours has no NVIDIA Xid errors",
+    fix="Look the Xid codes up in NVIDIA's Xid catalog; 48/63/64/79/94/95 need a GPU reset or reboot.",
+    needs_gpu=True,
+)
+def gpu_xid(facts: NodeFacts) -> Finding:
+    if facts.kernel_log is None:
+        return warn(
+            f"kernel log: {COULD_NOT_COLLECT} ({facts.why_missing('kernel_log')})",
+            "Run clustercheck as a user that can read the kernel log (root, or the adm/systemd-journal group).",
+        )
+    xids = parse.parse_xids(facts.kernel_log)
+    if xids:
+        codes = sorted({x["xid"] for x in xids})
+        return warn(
+            f"{len(xids)} Xid error(s) in the kernel log (Xid {', '.join(map(str, codes))}); last: {xids[-1]['line']}",
+            xids=xids[-20:],
+        )
+    return passed("no Xid errors in the kernel log")
+
+
+@node_check(
+    "gpu.throttle",
+    proves="no GPU is slowed by thermal or power-brake protection",
+    fix="Check cooling and power delivery (nvidia-smi -q -d PERFORMANCE,TEMPERATURE,POWER).",
+    needs_gpu=True,
+)
+def gpu_throttle(facts: NodeFacts) -> Finding:
+    assert facts.smi is not None
+    throttled = {g.bus_id: g.throttle_active for g in facts.smi.gpus if g.throttle_active}
+    if throttled:
+        detail = "; ".join(f"{bus}: {', '.join(r)}" for bus, r in throttled.items())
+        return warn(f"clocks throttled by hardware protection ({detail})", throttled=throttled)
+    return passed("no thermal or power-brake throttling")
+
+
+@node_check(
+    "gpu.fabricmanager",
+    proves="on NVSwitch boards, nvidia-fabricmanager runs and every GPU's fabric is trained",
+    fix="Install nvidia-fabricmanager matching the driver version exactly and systemctl enable --now it.",
+)
+def gpu_fabricmanager(facts: NodeFacts) -> Finding:
+    switches = facts.nvswitches
+    if not switches:
+        return skip("no NVSwitch on this node")
+    service = facts.fabricmanager or COULD_NOT_COLLECT
+    states = {g.bus_id: (g.fabric_state, g.fabric_status) for g in (facts.smi.gpus if facts.smi else [])}
+    bad = {bus: s for bus, s in states.items() if s[0] not in (None, "Completed") or s[1] not in (None, "Success")}
+    if service != "active" or bad:
+        cause = f"nvidia-fabricmanager is {service}" if service != "active" else "fabric not trained"
+        return fail(
+            f"{switches} NVSwitch(es), {cause}" + (f" ({len(bad)} GPU(s) not Completed/Success)" if bad else ""),
+            service=service,
+            fabric=states,
+        )
+    return passed(f"{switches} NVSwitch(es), fabric manager active")
+
+
+@node_check(
+    "gpu.processes",
+    proves="no other process uses the GPUs (it would skew numbers or run out of memory)",
+    fix="Stop them before training or benchmarking (nvidia-smi shows which), or expect lower numbers.",
+    needs_gpu=True,
+)
+def gpu_processes(facts: NodeFacts) -> Finding:
+    assert facts.smi is not None
+    busy = {g.bus_id: g.processes for g in facts.smi.gpus if g.processes}
+    if busy:
+        pids = sorted({p for procs in busy.values() for p in procs})
+        return warn(f"{len(pids)} process(es) already use the GPUs (pid {', '.join(pids)})", processes=busy)
+    return passed("no process on the GPUs")

@@ -1,0 +1,379 @@
+"""Turn the network probe's per-node records into checks (pure logic, no I/O).
+
+Every node ran `clustercheck_remote.netprobe mesh` at the same time. A failure names the pair (A -> B), the likely
+cause (firewall, routing, name resolution, port conflict) and the fix.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from collections import Counter
+from dataclasses import dataclass
+
+from clustercheck.checks.registry import declare
+from clustercheck.model import CheckResult, Status
+
+STAGE = "network"
+declare(
+    "network.probe",
+    stage=STAGE,
+    scope="node",
+    proves="the network probe (python3 only, no torch) ran on the node and reported",
+    fix="Check that the node is reachable over SSH and has python3.",
+)
+declare(
+    "network.master_port",
+    stage=STAGE,
+    scope="master",
+    proves="the rendezvous port (--master-port) is free on the first node",
+    fix="Stop the stale process that holds it, or choose another port with --master-port.",
+)
+declare(
+    "network.listen",
+    stage=STAGE,
+    scope="node",
+    proves="the node can listen on the probe's ports, so connections to it are tested",
+    fix="Free the port on this node, or rerun with another --master-port.",
+)
+declare(
+    "network.tcp",
+    stage=STAGE,
+    scope="cluster",
+    proves="every node reaches every other node over TCP on the master port and an ephemeral port (A -> B for "
+    "every pair), from and to its cluster address",
+    fix="Allow all TCP from the cluster network on every node (the setup playbook's firewall role); check routes.",
+)
+declare(
+    "network.resolve",
+    stage=STAGE,
+    scope="node",
+    proves="on every node, every node's hostname resolves to the same non-loopback cluster address",
+    fix="Give every node the same /etc/hosts entries mapping each hostname to its cluster address.",
+)
+declare(
+    "network.mtu",
+    stage=STAGE,
+    scope="cluster",
+    proves="the cluster interface has the same MTU on every node",
+    fix="Set the same MTU on every cluster interface (and on the switch ports).",
+)
+
+CAUSES = {
+    # probe result -> (likely cause, explanation)
+    "timeout": (
+        "firewall",
+        "the connection timed out: packets are dropped on the way, most often by a firewall",
+    ),
+    "refused": (
+        "firewall",
+        "the connection was refused although the probe was listening: a firewall rejects it",
+    ),
+    "host-unreachable": (
+        "routing",
+        "no route to host: the address is not reachable (no ARP answer or a wrong route), or a firewall rejects "
+        "with icmp-host-prohibited",
+    ),
+    "network-unreachable": ("routing", "network unreachable: no route to the peer's address"),
+    "reset": ("firewall", "the connection was reset: a firewall or proxy interferes"),
+    "wrong-service": (
+        "port conflict",
+        "another service answered on the port instead of clustercheck's probe",
+    ),
+    "error": ("unknown", "the connection failed"),
+    "not-tried": ("unknown", "the probe ran out of time before trying"),
+}
+
+
+@dataclass(frozen=True)
+class Peer:
+    name: str  # the node's name in reports (the inventory name)
+    address: str  # the node's address on the cluster network
+    hostname: str | None = None  # the name torch and NCCL see (`hostname` on the node); default: NAME
+
+
+def evaluate(
+    records: dict[str, dict],
+    peers: list[Peer],
+    master: str,
+    master_port: int,
+    errors: dict[str, str] | None = None,
+    cidr: str | None = None,
+) -> list[CheckResult]:
+    """All network.* checks from the probe records (node name -> record). ERRORS: node -> why no record."""
+    results = probe_checks(records, peers, errors or {})
+    results.append(master_port_check(records.get(master), master, master_port))
+    results += busy_ports(records, master, master_port)
+    results += tcp_checks(records, peers, cidr)
+    results += resolve_checks(records, peers)
+    results.append(mtu_check(records))
+    return results
+
+
+def _holders_text(state: dict) -> str:
+    holders = state.get("holders") or []
+    return ", ".join(f"pid {h['pid']} ({h['command']})" if h.get("pid") else h["command"] for h in holders)
+
+
+def master_port_check(record: dict | None, master: str, port: int) -> CheckResult:
+    if record is None:
+        return CheckResult(
+            "network.master_port",
+            Status.SKIP,
+            f"{master}: no probe result",
+            host=master,
+            data={"port": port},
+        )
+    state = next((s for s in record["listen"] if s["port"] == port), None)
+    if state and state["ok"]:
+        return CheckResult(
+            "network.master_port",
+            Status.PASS,
+            f"{master}: port {port} is free for the rendezvous",
+            host=master,
+            data={"port": port},
+        )
+    state = state or {"error": "not probed"}
+    holders = state.get("holders") or []
+    held = _holders_text(state)
+    pids = " ".join(str(h["pid"]) for h in holders if h.get("pid"))
+    return CheckResult(
+        "network.master_port",
+        Status.FAIL,
+        f"{master}: master port {port} cannot be used: {state.get('error')}" + (f"; held by {held}" if held else ""),
+        host=master,
+        remediation=(f"Stop the stale process (kill {pids}) or " if pids else "Free the port or ")
+        + "choose another port with --master-port.",
+        data={"port": port, "error": state.get("error"), "holders": holders},
+    )
+
+
+def probe_checks(records: dict[str, dict], peers: list[Peer], errors: dict[str, str]) -> list[CheckResult]:
+    """network.probe for every node: ERROR where the probe gave no record, PASS where it did."""
+    results = []
+    names = [p.name for p in peers] + sorted(n for n in errors if n not in {p.name for p in peers})
+    for name in names:
+        if name in records:
+            seconds = records[name].get("seconds")
+            results.append(CheckResult("network.probe", Status.PASS, f"{name}: the probe ran ({seconds} s)", host=name))
+        else:
+            why = errors.get(name, "no record came back")
+            results.append(
+                CheckResult(
+                    "network.probe",
+                    Status.ERROR,
+                    f"{name}: the network probe did not run: {why}",
+                    host=name,
+                    remediation=f"Check that {name} is reachable over SSH and has python3.",
+                )
+            )
+    return results
+
+
+def busy_ports(records: dict[str, dict], master: str, master_port: int) -> list[CheckResult]:
+    """network.listen for every node that reported: WARN when a port could not be bound (other than the master
+    port on the master, which network.master_port reports): connections to it were not tested."""
+    results = []
+    for name, record in sorted(records.items()):
+        busy = [s for s in record["listen"] if not s["ok"] and not (name == master and s["port"] == master_port)]
+        if not busy:
+            ports = ", ".join(str(s["port"]) for s in record["listen"] if s["ok"])
+            results.append(
+                CheckResult(
+                    "network.listen",
+                    Status.PASS,
+                    f"{name}: listening on port(s) {ports}",
+                    host=name,
+                )
+            )
+            continue
+        texts = []
+        for state in busy:
+            held = _holders_text(state)
+            texts.append(f"port {state['port']} ({state.get('error')}" + (f", held by {held}" if held else "") + ")")
+        results.append(
+            CheckResult(
+                "network.listen",
+                Status.WARN,
+                f"{name}: could not listen on {'; '.join(texts)}; connections to it were not tested",
+                host=name,
+                remediation="Free the port on this node, or rerun with another --master-port.",
+                data={"ports": busy},
+            )
+        )
+    return results
+
+
+def _listening(records: dict[str, dict], name: str, port: int) -> bool:
+    record = records.get(name)
+    return bool(record) and any(s["port"] == port and s["ok"] for s in record["listen"])
+
+
+def tcp_checks(records: dict[str, dict], peers: list[Peer], cidr: str | None = None) -> list[CheckResult]:
+    address = {p.name: p.address for p in peers}
+    failures: dict[tuple[str, str], list[dict]] = {}
+    tested = 0
+    for name, record in sorted(records.items()):
+        for out in record["outgoing"]:
+            target = out["to"]
+            if target not in records or not _listening(records, target, out["port"]):
+                continue  # the far side did not run or could not listen: reported by other checks
+            tested += 1
+            if out["result"] != "ok":
+                failures.setdefault((name, target), []).append(out)
+    ports = sorted({s["port"] for r in records.values() for s in r["listen"]})
+    if not failures:
+        pairs = len(records) * (len(records) - 1)
+        port_text = ", ".join(map(str, ports))
+        message = (
+            f"all {pairs} node pairs connect over TCP on port(s) {port_text}"
+            if pairs
+            else f"one node, so no node pair to connect; it listens on port(s) {port_text}"
+        )
+        return [
+            CheckResult(
+                "network.tcp",
+                Status.PASS,
+                message,
+                data={"pairs": pairs, "ports": ports, "connections": tested},
+            )
+        ]
+    # A node that every other node fails to reach (or that reaches none) is the likely culprit.
+    others = {n: [m for m in records if m != n] for n in records}
+    unreachable = [n for n in records if others[n] and all((m, n) in failures for m in others[n])]
+    isolated = [n for n in records if others[n] and all((n, m) in failures for m in others[n])]
+    results = []
+    for (src, dst), outs in sorted(failures.items()):
+        kinds = Counter(o["result"] for o in outs)
+        kind = kinds.most_common(1)[0][0]
+        cause, explanation = CAUSES.get(kind, CAUSES["error"])
+        port_list = ", ".join(f"{o['port']} ({o['result']}: {o['detail']})" for o in outs)
+        where = ""
+        if dst in unreachable and len(records) > 2:
+            where = f"; no node reaches {dst}, so {dst}'s own firewall or link is the likely place"
+        elif src in isolated and len(records) > 2:
+            where = f"; {src} reaches no node, so {src}'s outbound firewall or routing is the likely place"
+        results.append(
+            CheckResult(
+                "network.tcp",
+                Status.FAIL,
+                f"{src} -> {dst} ({address.get(dst, '?')}): {explanation}; port(s) {port_list}{where}",
+                host=src,
+                remediation=_tcp_remedy(cause, src, dst, address, cidr, [o["port"] for o in outs]),
+                data={"from": src, "to": dst, "cause": cause, "results": outs},
+            )
+        )
+    return results
+
+
+def _tcp_remedy(cause: str, src: str, dst: str, address: dict[str, str], cidr: str | None, ports: list[int]) -> str:
+    source = cidr or address.get(src, src)
+    if cause == "firewall":
+        return (
+            f"On {dst}, allow TCP from the cluster network: `ufw allow from {source}` or "
+            f"`iptables -I INPUT -s {source} -j ACCEPT` (inspect with `iptables -S`, `nft list ruleset`); "
+            f"check {src}'s OUTPUT rules too. The setup playbook opens the cluster network."
+        )
+    if cause == "routing":
+        return (
+            f"On {src}, `ip route get {address.get(dst, dst)}` must leave through the cluster interface; "
+            f"check addresses, netmasks and routes on both nodes (`ip addr`, `ip route`)."
+        )
+    if cause == "port conflict":
+        return f"Stop the service on {dst} that uses port(s) {', '.join(map(str, ports))}, or pick another port."
+    return f"Run the probe again; check {dst}'s firewall and {src}'s routes."
+
+
+def _is_loopback(addr: str) -> bool:
+    try:
+        return ipaddress.ip_address(addr).is_loopback
+    except ValueError:
+        return False
+
+
+def resolve_checks(records: dict[str, dict], peers: list[Peer]) -> list[CheckResult]:
+    """Every node resolves every node's hostname to the same non-loopback address, the cluster address."""
+    address = {p.name: p.address for p in peers}
+    # What most nodes resolve each name to, to name the odd ones out.
+    seen: dict[str, Counter] = {}
+    for record in records.values():
+        for name, answer in record["resolve"].items():
+            if answer.get("addresses"):
+                seen.setdefault(name, Counter())[tuple(answer["addresses"])] += 1
+    results = []
+    for resolver, record in sorted(records.items()):
+        problems, warnings = [], []
+        for name, answer in sorted(record["resolve"].items()):
+            addrs = answer.get("addresses") or []
+            host = answer.get("hostname", name)
+            label = host if host == name else f"{host} ({name})"
+            if not addrs:
+                problems.append(f"{label} does not resolve ({answer.get('error', 'no address')})")
+                continue
+            if any(_is_loopback(a) for a in addrs):
+                problems.append(f"{label} resolves to loopback {', '.join(addrs)}")
+                continue
+            majority = seen[name].most_common(1)[0][0]
+            if len(seen[name]) > 1 and tuple(addrs) != majority:
+                problems.append(f"{label} resolves to {', '.join(addrs)}, other nodes get {', '.join(majority)}")
+            elif name in address and address[name] not in addrs:
+                warnings.append(f"{label} resolves to {', '.join(addrs)}, not its cluster address {address[name]}")
+        if problems:
+            status, text = Status.FAIL, "name resolution: " + "; ".join(problems)
+            remedy = (
+                "Give every node the same /etc/hosts entries mapping each hostname to its cluster "
+                "address (the setup playbook writes them), and remove '127.0.1.1 <hostname>' lines."
+            )
+        elif warnings:
+            status, text = Status.WARN, "; ".join(warnings)
+            remedy = (
+                "Map each hostname to its cluster address in /etc/hosts, so torch and NCCL use the cluster network."
+            )
+        else:
+            status, remedy = Status.PASS, ""
+            text = f"all {len(record['resolve'])} node names resolve to their cluster addresses"
+        results.append(
+            CheckResult(
+                "network.resolve",
+                status,
+                f"{resolver}: {text}",
+                host=resolver,
+                remediation=remedy,
+                data={"resolved": record["resolve"]},
+            )
+        )
+    return results
+
+
+def mtu_check(records: dict[str, dict]) -> CheckResult:
+    mtus = {name: r.get("mtu") for name, r in sorted(records.items())}
+    interfaces = {name: r.get("interface") for name, r in sorted(records.items())}
+    data = {"mtu": mtus, "interface": interfaces}
+    unknown = sorted(n for n, m in mtus.items() if m is None)
+    known = Counter(m for m in mtus.values() if m is not None)
+    if not known:
+        return CheckResult(
+            "network.mtu",
+            Status.SKIP,
+            "no node reported the MTU of its cluster interface",
+            data=data,
+        )
+    majority = known.most_common(1)[0][0]
+    odd = sorted(n for n, m in mtus.items() if m is not None and m != majority)
+    if odd:
+        differ = ", ".join(f"{n} ({interfaces[n]}) has {mtus[n]}" for n in odd)
+        return CheckResult(
+            "network.mtu",
+            Status.FAIL,
+            f"cluster interface MTU differs: most nodes have {majority}, {differ}",
+            remediation=f"Set the same MTU on every cluster interface (e.g. `ip link set dev IFACE mtu {majority}` "
+            "and in the netplan/network configuration); mismatched MTUs hang large transfers.",
+            data=data,
+        )
+    if unknown:
+        return CheckResult(
+            "network.mtu",
+            Status.WARN,
+            f"MTU {majority} on the cluster interfaces; unknown on {', '.join(unknown)} (interface not found)",
+            data=data,
+        )
+    return CheckResult("network.mtu", Status.PASS, f"cluster interface MTU {majority} on every node", data=data)

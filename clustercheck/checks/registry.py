@@ -1,0 +1,188 @@
+"""The check registry: every check clustercheck can report, defined once, with its name, stage, scope, what it
+proves and its default fix.
+
+A per-node check is one decorated function `facts -> Finding`:
+
+    @node_check("shm.size", proves="/dev/shm is large enough for NCCL and DataLoader workers",
+                fix="Enlarge /dev/shm ...", reads=("shm",))
+    def shm_size(facts: NodeFacts) -> Finding:
+        ...
+
+The runner (run_node_checks) turns what the function cannot judge into the right outcome under the right name:
+a deselected check (--skip) is SKIP without running, a GPU check on a node without GPUs is SKIP, a fact it reads
+that could not be collected is the check's `unknown` status with the reason, and an exception is ERROR.
+Cross-node checks (`cluster_check`) take every node's facts. Checks that a multi-node stage emits are declared
+with `declare` so the catalog (`clustercheck checks`) and the JUnit test set know them before the stage runs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from clustercheck.facts.model import COULD_NOT_COLLECT, NodeFacts
+from clustercheck.model import CheckResult, Status
+
+SCOPES = ("node", "cluster", "master")  # one result per node, one for the cluster, one on the first node
+
+
+@dataclass(frozen=True)
+class Finding:
+    """What a check function found; the runner adds the name, the host and the default fix."""
+
+    status: Status
+    message: str
+    fix: str | None = None  # None: the check's default fix (shown for WARN, FAIL and ERROR)
+    data: dict[str, Any] = field(default_factory=dict)
+
+
+def passed(message: str, **data: Any) -> Finding:
+    return Finding(Status.PASS, message, "", data)
+
+
+def warn(message: str, fix: str | None = None, **data: Any) -> Finding:
+    return Finding(Status.WARN, message, fix, data)
+
+
+def fail(message: str, fix: str | None = None, **data: Any) -> Finding:
+    return Finding(Status.FAIL, message, fix, data)
+
+
+def skip(message: str, **data: Any) -> Finding:
+    return Finding(Status.SKIP, message, "", data)
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    stage: str  # the stage that runs it (core, network, collectives, ddp)
+    scope: str  # node, cluster or master (see SCOPES)
+    proves: str  # what a PASS proves, in one sentence
+    fix: str = ""  # the default remediation
+    reads: tuple[str, ...] = ()  # NodeFacts fields it needs; None there means "could not collect"
+    needs_gpu: bool = False  # SKIP on a node without NVIDIA GPUs (unless the inventory expects some)
+    unknown: Status = Status.WARN  # the outcome when a fact it reads could not be collected
+    function: Callable[..., Finding] | None = None  # None: emitted by its stage
+
+    def result(self, host: str | None, finding: Finding) -> CheckResult:
+        if finding.status in (Status.PASS, Status.SKIP):
+            fix = finding.fix or ""
+        else:
+            fix = finding.fix if finding.fix is not None else self.fix
+        message = f"{host}: {finding.message}" if host else finding.message
+        return CheckResult(self.name, finding.status, message, host=host, remediation=fix, data=dict(finding.data))
+
+
+REGISTRY: dict[str, Check] = {}
+
+
+def _register(check: Check) -> Check:
+    if check.name in REGISTRY:
+        raise ValueError(f"check {check.name} is defined twice")
+    if check.scope not in SCOPES:
+        raise ValueError(f"check {check.name}: scope {check.scope} is not one of {SCOPES}")
+    REGISTRY[check.name] = check
+    return check
+
+
+def node_check(
+    name: str,
+    *,
+    proves: str,
+    fix: str = "",
+    reads: tuple[str, ...] = (),
+    needs_gpu: bool = False,
+    unknown: Status = Status.WARN,
+) -> Callable[[Callable[[NodeFacts], Finding]], Callable[[NodeFacts], Finding]]:
+    def register(function: Callable[[NodeFacts], Finding]) -> Callable[[NodeFacts], Finding]:
+        _register(Check(name, "core", "node", proves, fix, reads, needs_gpu, unknown, function))
+        return function
+
+    return register
+
+
+def cluster_check(
+    name: str, *, proves: str, fix: str = ""
+) -> Callable[[Callable[..., Finding]], Callable[..., Finding]]:
+    """A check over every node's facts: function(list[NodeFacts], config) -> Finding."""
+
+    def register(function: Callable[..., Finding]) -> Callable[..., Finding]:
+        _register(Check(name, "core", "cluster", proves, fix, function=function))
+        return function
+
+    return register
+
+
+def declare(name: str, *, stage: str, scope: str, proves: str, fix: str = "") -> Check:
+    """A check whose results its stage emits (the network probe, a torch job)."""
+    return _register(Check(name, stage, scope, proves, fix))
+
+
+def get(name: str) -> Check:
+    return REGISTRY[name]
+
+
+def of_stage(stage: str) -> list[Check]:
+    return [c for c in REGISTRY.values() if c.stage == stage]
+
+
+def node_checks() -> list[Check]:
+    return [c for c in REGISTRY.values() if c.function is not None and c.scope == "node"]
+
+
+def cluster_checks() -> list[Check]:
+    return [c for c in REGISTRY.values() if c.function is not None and c.scope == "cluster"]
+
+
+def run_node_checks(facts: NodeFacts, selected: Callable[[str], bool], why_not: str) -> list[CheckResult]:
+    """Every per-node check on FACTS, in registry order; never raises."""
+    results = []
+    for check in node_checks():
+        results.append(_run_one(check, facts, selected, why_not))
+    return results
+
+
+def _run_one(check: Check, facts: NodeFacts, selected: Callable[[str], bool], why_not: str) -> CheckResult:
+    host = facts.host
+    if not selected(check.name):
+        return check.result(host, skip(f"{check.name} skipped: {why_not}"))
+    if check.needs_gpu and facts.smi is None:
+        if facts.gpu_expected:
+            return check.result(host, skip("nvidia-smi did not answer (see gpu.count)"))
+        return check.result(host, skip("no NVIDIA GPU on this node (none expected)"))
+    unknown = [name for name in check.reads if getattr(facts, name) is None]
+    if unknown:
+        what = ", ".join(f"{name}: {facts.missing.get(name, COULD_NOT_COLLECT)}" for name in unknown)
+        return check.result(host, Finding(check.unknown, f"{check.name}: {COULD_NOT_COLLECT} ({what})"))
+    assert check.function is not None
+    try:
+        return check.result(host, check.function(facts))
+    except Exception as exc:  # a bug in one check is that check's ERROR, under its own name
+        return check.result(host, Finding(Status.ERROR, f"check {check.name} failed: {type(exc).__name__}: {exc}", ""))
+
+
+def run_cluster_checks(nodes: list[NodeFacts], config: Any, selected: Callable[[str], bool], why_not: str):
+    results = []
+    for check in cluster_checks():
+        if not selected(check.name):
+            results.append(check.result(None, skip(f"{check.name} skipped: {why_not}")))
+            continue
+        assert check.function is not None
+        try:
+            results.append(check.result(None, check.function(nodes, config)))
+        except Exception as exc:
+            results.append(
+                check.result(None, Finding(Status.ERROR, f"check {check.name} failed: {type(exc).__name__}: {exc}"))
+            )
+    return results
+
+
+def skipped(check: Check, hosts: list[str], why: str) -> list[CheckResult]:
+    """SKIP results for CHECK in the shape a run gives (one per node, one for the cluster, one on the first
+    node), so a skipped stage and a run stage list the same checks."""
+    if check.scope == "node":
+        return [check.result(h, skip(f"{check.name} skipped: {why}")) for h in hosts]
+    if check.scope == "master":
+        return [check.result(hosts[0] if hosts else None, skip(f"{check.name} skipped: {why}"))]
+    return [check.result(None, skip(f"{check.name} skipped: {why}"))]

@@ -1,0 +1,150 @@
+"""The node's operating system: memory and disk, limits, time, name resolution and firewall."""
+
+from __future__ import annotations
+
+from clustercheck.checks.registry import Finding, fail, node_check, passed, warn
+from clustercheck.facts.model import COULD_NOT_COLLECT, NodeFacts
+from clustercheck.model import Status
+
+GIB = 1 << 30
+SHM_MINIMUM = 1 * GIB
+DISK_WARN_BELOW = 10 * GIB
+DISK_FAIL_BELOW = 1 * GIB
+
+
+@node_check("os.info", proves="the node's OS, kernel, CPUs and memory were read", reads=("os",))
+def os_info(facts: NodeFacts) -> Finding:
+    info = facts.os
+    assert info is not None
+    return passed(
+        f"{info.pretty_name}, kernel {info.kernel}, {info.cpus} CPU(s), "
+        f"{(info.mem_total_bytes or 0) / GIB:.1f} GiB RAM",
+        **info.__dict__,
+    )
+
+
+@node_check(
+    "shm.size",
+    proves="/dev/shm is large enough for NCCL's shared-memory transport and DataLoader workers",
+    fix="NCCL and DataLoader workers use /dev/shm: enlarge it (a tmpfs size= option; in containers --shm-size).",
+    reads=("shm",),
+)
+def shm_size(facts: NodeFacts) -> Finding:
+    assert facts.shm is not None
+    total = facts.shm.total_bytes
+    if total < SHM_MINIMUM:
+        return warn(
+            f"/dev/shm is {total / GIB:.2f} GiB, less than {SHM_MINIMUM / GIB:.0f} GiB",
+            total_bytes=total,
+        )
+    return passed(f"/dev/shm is {total / GIB:.1f} GiB", total_bytes=total)
+
+
+@node_check(
+    "ulimit.memlock",
+    proves="locked memory is unlimited, as RDMA (InfiniBand/RoCE) needs",
+    fix="RDMA (InfiniBand/RoCE) needs pinned memory: set `* - memlock unlimited` in /etc/security/limits.d/ and "
+    "LimitMEMLOCK=infinity for services.",
+    reads=("memlock",),
+)
+def ulimit_memlock(facts: NodeFacts) -> Finding:
+    assert facts.memlock is not None
+    soft = facts.memlock.soft
+    if soft is not None:
+        return warn(f"ulimit -l is {soft // 1024} KiB, not unlimited", soft=soft, hard=facts.memlock.hard)
+    return passed("ulimit -l is unlimited")
+
+
+@node_check(
+    "disk.free",
+    proves="the root and temporary file systems have free space for checkpoints, caches and logs",
+    fix="Free space on that file system (checkpoints, caches and core dumps fill it).",
+    reads=("disks",),
+)
+def disk_free(facts: NodeFacts) -> Finding:
+    assert facts.disks is not None
+    lowest = min(facts.disks, key=lambda s: s.free_bytes)
+    free = {s.path: s.free_bytes for s in facts.disks}
+    text = ", ".join(f"{path} {n / GIB:.1f} GiB" for path, n in free.items())
+    if lowest.free_bytes < DISK_FAIL_BELOW:
+        return fail(f"low free disk: {text}", free_bytes=free)
+    if lowest.free_bytes < DISK_WARN_BELOW:
+        return warn(f"low free disk: {text}", free_bytes=free)
+    return passed(f"free: {text}", free_bytes=free)
+
+
+@node_check(
+    "time.sync",
+    proves="the clock is synchronized to NTP (timedatectl or chrony)",
+    fix="Enable time sync: apt-get install chrony && systemctl enable --now chrony.",
+)
+def time_sync(facts: NodeFacts) -> Finding:
+    data: dict = {
+        "offset_from_control_s": facts.clock_offset,
+        "measurement_error_s": facts.clock_uncertainty,
+    }
+    state = facts.time
+    if state is not None:
+        data.update(state.timedatectl)
+        if state.chrony is not None:
+            data["chrony"] = state.chrony
+    if state is None or state.synchronized is None:
+        return warn(
+            f"time sync state: {COULD_NOT_COLLECT} (no timedatectl or chronyc answer)",
+            "Install and enable chrony (the setup playbook does).",
+        )
+    if not state.synchronized:
+        return warn("the clock is not synchronized to NTP", **data)
+    return passed("clock synchronized to NTP", **data)
+
+
+@node_check(
+    "hostname.resolve",
+    proves="the node's hostname resolves to a non-loopback address (torch's rendezvous uses it)",
+    fix="Add the node's cluster address for its hostname to /etc/hosts (the setup playbook does).",
+    reads=("hostname",),
+)
+def hostname_resolve(facts: NodeFacts) -> Finding:
+    info = facts.hostname
+    assert info is not None
+    name = info.name
+    several = facts.cluster_size > 1
+    if info.error or not info.addresses:
+        status = Status.FAIL if several else Status.WARN
+        return Finding(status, f"hostname {name} {info.error or 'does not resolve'}", None, {"hostname": name})
+    addresses = info.addresses
+    loopback = [a for a in addresses if a.startswith("127.") or a == "::1"]
+    if len(loopback) == len(addresses):
+        if not several:
+            return warn(
+                f"hostname {name} resolves to loopback ({', '.join(addresses)}): fine on one node, "
+                "breaks rendezvous across nodes",
+                "Map the hostname to the node's cluster address in /etc/hosts before adding nodes.",
+                hostname=name,
+                addresses=addresses,
+            )
+        return fail(
+            f"hostname {name} resolves only to loopback ({', '.join(addresses)}); other ranks cannot reach it",
+            f"In /etc/hosts, map {name} to the node's cluster address, not 127.0.1.1 (the setup playbook does).",
+            hostname=name,
+            addresses=addresses,
+        )
+    return passed(f"hostname {name} resolves to {', '.join(addresses)}", hostname=name)
+
+
+@node_check(
+    "firewall",
+    proves="a firewall is active on the node (ufw, nftables or iptables)",
+    fix="Enable a firewall that allows the cluster network only (the setup playbook's firewall role).",
+)
+def firewall(facts: NodeFacts) -> Finding:
+    state = facts.firewall
+    if state is None or not state.collected:
+        return warn(
+            f"firewall state: {COULD_NOT_COLLECT} (ufw, nft and iptables need root)",
+            "Run clustercheck as root (ansible_user=root or a user with sudo) to see the firewall.",
+        )
+    data = dict(state.__dict__)
+    if not state.active:
+        return warn("no firewall is active: every port is open to every network", **data)
+    return passed(f"{state.tool} active ({state.rules} rule(s))", **data)

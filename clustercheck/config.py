@@ -1,0 +1,42 @@
+"""One frozen run configuration: what the command line asked for, built once by the CLI and passed down."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import paramiko
+
+from clustercheck.run.selection import Selection
+from clustercheck.transport.params import Timeouts
+
+DEFAULT_MAX_CLOCK_OFFSET = 0.5  # seconds between any two nodes
+
+
+@dataclass(frozen=True)
+class SshSettings:
+    timeouts: Timeouts = field(default_factory=Timeouts)
+    accept_new_host_keys: bool = False
+    known_hosts: tuple[str, ...] = ()  # replaces the user's known_hosts files when given
+    config: paramiko.SSHConfig | None = None
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    run_dir: Path
+    selection: Selection = field(default_factory=Selection)
+    python: str | None = None  # --python: the same environment python on every node
+    forks: int = 32  # hosts handled at once in the core stage
+    command_timeout: float = 120.0  # the facts collector
+    job_timeout: float = 300.0  # each torch job (node-local collectives, collectives, DDP)
+    nproc_per_node: int | None = None
+    master_port: int = 29500
+    ssh: SshSettings = field(default_factory=SshSettings)
+    clock_bound: float = DEFAULT_MAX_CLOCK_OFFSET
+    min_busbw: str | None = None  # --min-busbw, else the inventory's clustercheck_min_busbw
+    network_duration: float = 10.0  # how long the network probe may try
+
+    def host_dir(self, name: str) -> Path:
+        path = self.run_dir / "hosts" / name
+        path.mkdir(parents=True, exist_ok=True)
+        return path

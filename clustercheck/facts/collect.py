@@ -1,0 +1,182 @@
+"""Turn the collector's JSON (remote/facts.py) into NodeFacts: every raw output parsed once, every "could not
+collect" decided here and only here. Pure logic, no I/O."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from clustercheck.facts import parse
+from clustercheck.facts.model import (
+    COULD_NOT_COLLECT,
+    Address,
+    Firewall,
+    Hostname,
+    Memlock,
+    NodeFacts,
+    OsInfo,
+    Space,
+    TimeSync,
+    Torch,
+)
+from clustercheck.inventory import Node
+
+
+def build(
+    node: Node,
+    raw: dict[str, Any],
+    *,
+    python: str,
+    python_source: str,
+    python_missing: str | None = None,
+    cluster_size: int = 1,
+    clock_offset: float | None = None,
+    clock_uncertainty: float | None = None,
+) -> NodeFacts:
+    missing: dict[str, str] = {}
+    commands = raw.get("commands") if isinstance(raw.get("commands"), dict) else {}
+
+    def command(name: str) -> dict[str, Any]:
+        return commands.get(name) or {"error": "not collected"}
+
+    def section(name: str) -> dict[str, Any] | None:
+        value = raw.get(name)
+        if not isinstance(value, dict) or not value or "error" in value:
+            missing[name] = (value or {}).get("error") if isinstance(value, dict) else None
+            missing[name] = missing[name] or COULD_NOT_COLLECT
+            return None
+        return value
+
+    facts = NodeFacts(
+        node=node,
+        python=python,
+        python_source=python_source,
+        python_missing=python_missing,
+        cluster_size=cluster_size,
+        clock_offset=clock_offset,
+        clock_uncertainty=clock_uncertainty,
+        missing=missing,
+        raw=raw,
+    )
+    facts.python_version = (raw.get("python") or {}).get("version")
+
+    info = section("os")
+    if info:
+        facts.os = OsInfo(**{k: info.get(k) for k in OsInfo.__dataclass_fields__})
+
+    facts.torch = _torch(raw.get("torch"), missing)
+
+    smi = command("nvidia_smi_q")
+    if smi.get("rc") == 0 and smi.get("out"):
+        facts.smi = parse.parse_nvidia_smi_q(smi["out"])
+    else:
+        facts.smi_error = smi.get("error") or _last_line(smi) or COULD_NOT_COLLECT
+        missing["smi"] = facts.smi_error
+
+    log = command("kernel_log")
+    if log.get("rc") != 0 or not log.get("out"):
+        log = command("dmesg")
+    if log.get("rc") == 0:
+        facts.kernel_log = log.get("out", "")
+    else:
+        missing["kernel_log"] = log.get("error") or _last_line(log) or COULD_NOT_COLLECT
+
+    facts.fabricmanager = command("fabricmanager").get("out", "").strip() or None
+    switches = raw.get("nvswitches")
+    facts.nvswitches = switches if isinstance(switches, int) else None
+
+    facts.time = _time(command("timedatectl"), command("chronyc"))
+    state = parse.firewall_state(command("ufw"), command("nft"), command("iptables"))
+    facts.firewall = Firewall(**state)
+
+    addr = command("ip_addr")
+    if addr.get("rc") == 0:
+        facts.addresses = [Address(e["iface"], e["address"]) for e in parse.parse_ip_addr(addr.get("out", ""))]
+    else:
+        missing["addresses"] = addr.get("error") or _last_line(addr) or COULD_NOT_COLLECT
+    route = command("ip_route")
+    facts.default_route = route.get("out", "") if route.get("rc") == 0 else None
+    mtus = raw.get("mtu")
+    if isinstance(mtus, dict) and "error" not in mtus:
+        facts.mtus = {k: v for k, v in mtus.items() if isinstance(v, int)}
+    facts.interface, facts.interface_how = cluster_interface(facts)
+
+    shm = section("shm")
+    if shm:
+        facts.shm = Space(shm["path"], shm["free_bytes"], shm["total_bytes"])
+    disks = [raw.get("disk_root"), raw.get("disk_tmp")]
+    known = [
+        Space(d["path"], d["free_bytes"], d["total_bytes"]) for d in disks if isinstance(d, dict) and "free_bytes" in d
+    ]
+    if known:
+        facts.disks = known
+    else:
+        missing["disks"] = COULD_NOT_COLLECT
+    limit = section("memlock")
+    if limit:
+        facts.memlock = Memlock(limit.get("soft"), limit.get("hard"))
+    name = raw.get("hostname")
+    if isinstance(name, dict) and name:
+        facts.hostname = Hostname(name.get("hostname", "?"), list(name.get("addresses") or []), name.get("error"))
+    else:
+        missing["hostname"] = COULD_NOT_COLLECT
+    return facts
+
+
+def _last_line(out: dict[str, Any]) -> str | None:
+    lines = (out.get("err") or out.get("out") or "").strip().splitlines()
+    return lines[-1] if lines else None
+
+
+def _torch(value: Any, missing: dict[str, str]) -> Torch | None:
+    if not isinstance(value, dict) or "error" in value or "version" not in value:
+        missing["torch"] = value.get("error", COULD_NOT_COLLECT) if isinstance(value, dict) else COULD_NOT_COLLECT
+        return None
+    return Torch(
+        version=str(value["version"]),
+        cuda=value.get("cuda"),
+        cuda_available=bool(value.get("cuda_available")),
+        device_count=int(value.get("device_count") or 0),
+        nccl=value.get("nccl"),
+        cudnn=value.get("cudnn"),
+        nccl_backend=bool(value.get("nccl_backend")),
+        gloo=bool(value.get("gloo")),
+        nccl_error=value.get("nccl_error"),
+    )
+
+
+def _time(timedatectl: dict[str, Any], chronyc: dict[str, Any]) -> TimeSync:
+    synced = None
+    shown: dict[str, str] = {}
+    chrony = None
+    if timedatectl.get("rc") == 0:
+        shown = parse.parse_timedatectl(timedatectl.get("out", ""))
+        synced = shown.get("NTPSynchronized") == "yes"
+    if chronyc.get("rc") == 0:
+        chrony = parse.parse_chronyc_tracking(chronyc.get("out", ""))
+        synced = synced or chrony.get("leap_status") == "Normal"
+    return TimeSync(synced, shown, chrony)
+
+
+def cluster_interface(facts: NodeFacts) -> tuple[str | None, str]:
+    """The interface nodes talk to each other on, and how it was found: the inventory's cluster_interface, the
+    address inside cluster_cidr, the address Ansible uses, or the default route."""
+    entries = [{"iface": a.iface, "address": a.address} for a in facts.addresses or []]
+    node = facts.node
+    return parse.pick_interface(
+        entries, facts.default_route or "", node.cluster_interface, node.cluster_cidr, node.address
+    )
+
+
+def cluster_address(facts: NodeFacts) -> str:
+    """The node's IPv4 address on the cluster interface: the inventory address when it is one of them."""
+    import ipaddress
+
+    mine = [str(a.address.ip) for a in facts.addresses or [] if a.iface == facts.interface and a.address.version == 4]
+    if facts.node.address in mine:
+        return facts.node.address
+    if mine:
+        return mine[0]
+    try:
+        return str(ipaddress.ip_address(facts.node.address))
+    except ValueError:
+        return facts.node.address

@@ -1,0 +1,147 @@
+"""The typed facts of one node, as every check reads them.
+
+A field is None when it could not be collected; `missing[field]` then says why. Checks read fields, never the
+collector's raw JSON (kept in `raw` for the run directory only).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from ipaddress import IPv4Interface, IPv6Interface
+from typing import Any
+
+from clustercheck.facts.parse import NvidiaSmi
+from clustercheck.inventory import Node
+
+COULD_NOT_COLLECT = "could not collect"
+
+
+@dataclass(frozen=True)
+class Torch:
+    version: str
+    cuda: str | None  # the CUDA version torch was built for; None for a CPU build
+    cuda_available: bool
+    device_count: int
+    nccl: str | None
+    cudnn: int | None
+    nccl_backend: bool  # torch.distributed's NCCL backend is built in
+    gloo: bool
+    nccl_error: str | None = None
+
+
+@dataclass(frozen=True)
+class OsInfo:
+    pretty_name: str | None
+    id: str | None
+    version_id: str | None
+    kernel: str | None
+    arch: str | None
+    cpu_model: str | None
+    cpus: int | None
+    mem_total_bytes: int | None
+
+
+@dataclass(frozen=True)
+class Space:
+    path: str
+    free_bytes: int
+    total_bytes: int
+
+
+@dataclass(frozen=True)
+class Memlock:
+    soft: int | None  # None: unlimited
+    hard: int | None
+
+
+@dataclass(frozen=True)
+class Hostname:
+    name: str
+    addresses: list[str]  # what the name resolves to on the node; empty when it does not resolve
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class Address:
+    iface: str
+    address: IPv4Interface | IPv6Interface
+
+
+@dataclass(frozen=True)
+class TimeSync:
+    synchronized: bool | None  # None: neither timedatectl nor chronyc answered
+    timedatectl: dict[str, str]
+    chrony: dict[str, Any] | None
+
+
+@dataclass(frozen=True)
+class Firewall:
+    collected: bool
+    active: bool
+    tool: str | None
+    rules: int
+
+
+@dataclass
+class NodeFacts:
+    """What was learnt on one node, parsed once."""
+
+    node: Node
+    python: str  # the python the collector ran with
+    python_source: str  # how it was chosen: inventory, /etc/clustercheck/python, --python, python3, ...
+    python_missing: str | None = None  # the configured python that does not exist, when we fell back
+    cluster_size: int = 1
+    clock_offset: float | None = None  # node clock minus control clock, seconds
+    clock_uncertainty: float | None = None
+    python_version: str | None = None
+    os: OsInfo | None = None
+    torch: Torch | None = None
+    smi: NvidiaSmi | None = None  # nvidia-smi -q; None when nvidia-smi is not there or failed
+    smi_error: str | None = None  # why nvidia-smi gave nothing (not found, or its last line)
+    kernel_log: str | None = None
+    fabricmanager: str | None = None  # `systemctl is-active nvidia-fabricmanager`
+    nvswitches: int | None = None
+    time: TimeSync | None = None
+    firewall: Firewall | None = None
+    addresses: list[Address] | None = None
+    default_route: str | None = None  # `ip route get` output
+    mtus: dict[str, int] | None = None
+    shm: Space | None = None
+    disks: list[Space] | None = None
+    memlock: Memlock | None = None
+    hostname: Hostname | None = None
+    interface: str | None = None  # the cluster interface, chosen once (see collect.cluster_interface)
+    interface_how: str = "not found"
+    missing: dict[str, str] = field(default_factory=dict)  # field -> why it could not be collected
+    raw: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def host(self) -> str:
+        return self.node.name
+
+    @property
+    def gpus_present(self) -> int:
+        return len(self.smi.gpus) if self.smi else 0
+
+    @property
+    def gpu_expected(self) -> bool:
+        return bool(self.node.gpus_expected)
+
+    @property
+    def torch_problem(self) -> str | None:
+        """Why torch cannot be used on this node (None when it can): the one place this is decided."""
+        if self.python_missing:
+            return f"the environment's python {self.python_missing} does not exist"
+        if self.torch is None:
+            return self.missing.get("torch", COULD_NOT_COLLECT)
+        return None
+
+    @property
+    def gpus_for_torch(self) -> int:
+        """GPUs a torch job can use on this node (0: CPU ranks over gloo)."""
+        if self.torch is None or not self.torch.cuda_available:
+            return 0
+        return self.torch.device_count
+
+    def why_missing(self, name: str) -> str:
+        return self.missing.get(name, COULD_NOT_COLLECT)

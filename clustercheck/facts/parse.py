@@ -1,0 +1,226 @@
+"""Parse what the facts collector (remote/facts.py) gathered on a node. Pure logic, no I/O.
+
+Every parser takes raw text (recorded outputs in the tests) and returns plain
+values; what could not be collected stays None, with the reason kept.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+# Throttle reasons that say the hardware protects itself; the others (Idle, application clocks,
+# power cap under load, sync boost) are normal operation.
+BAD_THROTTLE = ("HW Slowdown", "HW Thermal Slowdown", "HW Power Brake Slowdown", "SW Thermal Slowdown")
+GPU_HEADER = re.compile(r"^GPU [0-9A-Fa-f]+:[0-9A-Fa-f]+:[0-9A-Fa-f]+\.[0-9A-Fa-f]+$")
+XID_RE = re.compile(r"NVRM: Xid \((?P<pci>[^)]*)\): (?P<xid>\d+)")
+
+
+@dataclass
+class Gpu:
+    bus_id: str
+    name: str | None = None
+    persistence: str | None = None  # "Enabled" / "Disabled"
+    ecc_uncorrected: int | None = None  # volatile uncorrectable errors since the driver loaded
+    throttle_active: list[str] = field(default_factory=list)  # hardware-protection reasons only
+    fabric_state: str | None = None  # "Completed" on a healthy NVSwitch board
+    fabric_status: str | None = None
+    processes: list[str] = field(default_factory=list)  # "pid name"
+
+
+@dataclass
+class NvidiaSmi:
+    driver: str | None = None
+    cuda: str | None = None
+    gpus: list[Gpu] = field(default_factory=list)
+
+
+def parse_nvidia_smi_q(text: str) -> NvidiaSmi:
+    """`nvidia-smi -q` -> driver, CUDA version and per-GPU fields (by indentation, as the tool prints them)."""
+    result = NvidiaSmi()
+    gpu: dict[str, str] | None = None
+    gpus: list[tuple[str, dict[str, str]]] = []
+    stack: list[tuple[int, str]] = []
+    for raw in text.splitlines():
+        if not raw.strip() or raw.startswith("="):
+            continue
+        indent = len(raw) - len(raw.lstrip())
+        line = raw.strip()
+        key, sep, value = (part.strip() for part in line.partition(":"))
+        if indent == 0 and GPU_HEADER.match(line):
+            gpu = {}
+            gpus.append((line[4:].strip(), gpu))
+            stack = []
+            continue
+        if indent == 0 and sep:
+            if key == "Driver Version":
+                result.driver = value or None
+            elif key == "CUDA Version":
+                result.cuda = value if value and value != "Not Found" else None
+            continue
+        if gpu is None:
+            continue
+        while stack and stack[-1][0] >= indent:
+            stack.pop()
+        if not sep:
+            stack.append((indent, line))
+            continue
+        if not value:  # "Key :" then a section
+            stack.append((indent, key))
+            continue
+        path = "/".join([name for _, name in stack] + [key])
+        if path == "Processes/Process ID" or path.endswith("Processes/Process ID"):
+            gpu.setdefault("_pids", "")
+            gpu["_pids"] += value + " "
+        gpu.setdefault(path, value)
+    for bus_id, fields in gpus:
+        result.gpus.append(_gpu_from_fields(bus_id, fields))
+    return result
+
+
+def _gpu_from_fields(bus_id: str, fields: dict[str, str]) -> Gpu:
+    throttle = []
+    for path, value in fields.items():
+        section, _, _leaf = path.partition("/")
+        if section in ("Clocks Throttle Reasons", "Clocks Event Reasons") and value == "Active":
+            reason = path.rsplit("/", 1)[-1]
+            if reason in BAD_THROTTLE:
+                throttle.append(reason)
+    uncorrected = None
+    counts = [
+        _int(v)
+        for p, v in fields.items()
+        if p.startswith("ECC Errors/Volatile/")
+        and ("Uncorrectable" in p or p.startswith("ECC Errors/Volatile/Double Bit"))
+        and not p.endswith("Parity")
+    ]
+    known = [c for c in counts if c is not None]
+    if known:
+        uncorrected = sum(known)
+    return Gpu(
+        bus_id=bus_id,
+        name=fields.get("Product Name"),
+        persistence=fields.get("Persistence Mode"),
+        ecc_uncorrected=uncorrected,
+        throttle_active=sorted(set(throttle)),
+        fabric_state=fields.get("Fabric/State"),
+        fabric_status=fields.get("Fabric/Status"),
+        processes=fields.get("_pids", "").split(),
+    )
+
+
+def _int(text: str) -> int | None:
+    try:
+        return int(text)
+    except (TypeError, ValueError):
+        return None
+
+
+def parse_xids(kernel_log: str) -> list[dict[str, Any]]:
+    """NVRM Xid lines of the kernel log -> [{pci, xid, line}]."""
+    found = []
+    for line in kernel_log.splitlines():
+        match = XID_RE.search(line)
+        if match:
+            found.append({"pci": match["pci"], "xid": int(match["xid"]), "line": line.strip()})
+    return found
+
+
+def parse_timedatectl(text: str) -> dict[str, str]:
+    """`timedatectl show -p ...` -> {NTPSynchronized: yes, NTP: yes, ...}."""
+    return dict(line.split("=", 1) for line in text.splitlines() if "=" in line)
+
+
+def parse_chronyc_tracking(text: str) -> dict[str, Any]:
+    """`chronyc -n tracking` -> leap status and the system clock's offset from NTP time, in seconds."""
+    info: dict[str, Any] = {}
+    for line in text.splitlines():
+        key, _, value = (p.strip() for p in line.partition(":"))
+        if key == "Leap status":
+            info["leap_status"] = value
+        elif key == "System time":
+            match = re.match(r"([\d.]+) seconds (fast|slow)", value)
+            if match:
+                offset = float(match[1])
+                info["offset_s"] = offset if match[2] == "fast" else -offset
+        elif key == "Reference ID":
+            info["reference"] = value
+    return info
+
+
+def parse_ip_addr(text: str) -> list[dict[str, Any]]:
+    """`ip -o addr show` -> [{iface, address (an ip_interface)}]."""
+    entries = []
+    for line in text.splitlines():
+        words = line.split()
+        if len(words) >= 4 and words[2] in ("inet", "inet6"):
+            try:
+                entries.append({"iface": words[1].split("@")[0], "address": ipaddress.ip_interface(words[3])})
+            except ValueError:
+                continue
+    return entries
+
+
+def pick_interface(
+    addresses: list[dict[str, Any]],
+    route_text: str,
+    named: str | None,
+    cidr: str | None,
+    address: str | None,
+) -> tuple[str | None, str]:
+    """The interface nodes talk to each other on, and how it was found."""
+    if named:
+        return named, "cluster_interface"
+    if cidr:
+        try:
+            network = ipaddress.ip_network(cidr, strict=False)
+        except ValueError:
+            network = None
+        for entry in addresses:
+            if network is not None and entry["address"].ip in network:
+                return entry["iface"], f"address in cluster_cidr {cidr}"
+    if address:
+        for entry in addresses:
+            if str(entry["address"].ip) == address:
+                return entry["iface"], f"holds {address}"
+    match = re.search(r"\bdev (\S+)", route_text)
+    if match:
+        return match[1], "default route"
+    return None, "not found"
+
+
+def firewall_state(ufw: dict[str, Any], nft: dict[str, Any], iptables: dict[str, Any]) -> dict[str, Any]:
+    """Which firewall is active, from `ufw status`, `nft list ruleset` and `iptables -S` (each may be missing)."""
+    state: dict[str, Any] = {"collected": False, "active": False, "tool": None, "rules": 0}
+    if "out" in ufw and ufw.get("rc") == 0:
+        state["collected"] = True
+        if "Status: active" in ufw["out"]:
+            rules = [ln for ln in ufw["out"].splitlines() if re.search(r"\b(ALLOW|DENY|REJECT|LIMIT)\b", ln)]
+            return {"collected": True, "active": True, "tool": "ufw", "rules": len(rules)}
+    if "out" in nft and nft.get("rc") == 0:
+        state["collected"] = True
+        rules = [
+            ln
+            for ln in nft["out"].splitlines()
+            if ln.strip() and not ln.strip().startswith(("table", "chain", "}", "type"))
+        ]
+        policy_drop = "policy drop" in nft["out"]
+        if rules or policy_drop:
+            return {"collected": True, "active": True, "tool": "nftables", "rules": len(rules)}
+    if "out" in iptables and iptables.get("rc") == 0:
+        state["collected"] = True
+        rules = [ln for ln in iptables["out"].splitlines() if ln.startswith("-A")]
+        drop_policy = any(
+            ln.startswith("-P") and ln.split()[-1] in ("DROP", "REJECT") for ln in iptables["out"].splitlines()
+        )
+        if rules or drop_policy:
+            return {"collected": True, "active": True, "tool": "iptables", "rules": len(rules)}
+    if all("not found" in str(tool.get("error", "")) for tool in (ufw, nft, iptables)):
+        state["collected"] = True  # no firewall tool installed: nothing filters
+    return state
+
+
+def version_key(value: Any) -> str | None:
+    return None if value in (None, "") else str(value)

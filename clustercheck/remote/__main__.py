@@ -1,0 +1,11 @@
+"""`python clustercheck-remote.pyz PROGRAM ARGS...`: run one of the package's programs as __main__."""
+
+import runpy
+import sys
+
+if __name__ == "__main__":
+    if len(sys.argv) < 2:
+        sys.exit("usage: clustercheck-remote.pyz facts|netprobe|collectives|ddp ARGS...")
+    program = sys.argv[1]
+    sys.argv = [f"{sys.argv[0]}:{program}", *sys.argv[2:]]
+    runpy.run_module("clustercheck_remote." + program, run_name="__main__", alter_sys=True)

@@ -1,0 +1,194 @@
+"""Collective correctness and all_reduce bandwidth worker, run under torchrun on every node.
+
+Standard library and torch only, started by torchrun with the node's own environment python. Every rank
+checks its own results against known values and writes one JSON line to
+OUT_DIR/rank-<rank>.json, counting wrong elements like nccl-tests' #wrong.
+
+Then an all_reduce bandwidth sweep over message sizes by powers of two, with
+warm-up and timed iterations, in nccl-tests' terms: algbw = bytes / time and
+busbw = algbw * 2(n-1)/n, where time is the slowest rank's mean time per call.
+On multi-GPU nodes of a multi-node job the same sweep also runs inside each
+node (a group of the node's local ranks), for intra-node bandwidth.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import time
+import zlib
+
+from .common import exit_now, rank_identity, run_rank
+
+
+def count_wrong(actual, expected) -> int:
+    return int((actual != expected).sum().item())
+
+
+def run_checks(torch, dist, device, elements: int) -> dict:
+    rank, world = dist.get_rank(), dist.get_world_size()
+    dtype = torch.float64 if device.type == "cpu" else torch.float32
+    results = {}
+
+    # all_reduce: rank r contributes (r + 1) * (i % 7 + 1) at index i; the sum is known in closed form.
+    pattern = (torch.arange(elements, device=device, dtype=dtype) % 7) + 1
+    tensor = pattern * (rank + 1)
+    dist.all_reduce(tensor)
+    results["allreduce"] = {"wrong": count_wrong(tensor, pattern * (world * (world + 1) / 2)), "elements": elements}
+
+    # all_gather: slot s must hold rank s's tensor.
+    mine = torch.full((elements,), float(rank), device=device, dtype=dtype)
+    gathered = [torch.empty_like(mine) for _ in range(world)]
+    dist.all_gather(gathered, mine)
+    results["allgather"] = {
+        "wrong": sum(count_wrong(t, torch.full_like(t, float(s))) for s, t in enumerate(gathered)),
+        "elements": elements * world,
+    }
+
+    # broadcast from the last rank: every rank must end with its values.
+    src = world - 1
+    values = pattern * 3 if rank == src else torch.zeros(elements, device=device, dtype=dtype)
+    dist.broadcast(values, src=src)
+    results["broadcast"] = {"wrong": count_wrong(values, pattern * 3), "elements": elements}
+    return results
+
+
+GPU_SIZES = (1 << 20, 1 << 30)  # 1 MiB .. 1 GiB, nccl-tests' usual range
+CPU_SIZES = (1 << 16, 1 << 22)  # 64 KiB .. 4 MiB: gloo on CPUs is slow, and ranks share cores
+
+
+def sizes_between(low: int, high: int) -> list[int]:
+    """Powers of two from LOW to HIGH bytes (LOW rounded up to a power of two)."""
+    size = 1
+    while size < low:
+        size <<= 1
+    sizes = []
+    while size <= high:
+        sizes.append(size)
+        size <<= 1
+    return sizes
+
+
+def bus_factor(n: int) -> float:
+    """all_reduce moves 2(n-1)/n of the data per rank in a ring: nccl-tests' busbw factor."""
+    return 2 * (n - 1) / n if n > 1 else 1.0
+
+
+def sweep(torch, dist, device, sizes: list[int], warmup: int, iters: int, group=None) -> list[dict]:
+    """Time all_reduce (sum, float32) per size; every member of GROUP gets the same numbers."""
+    n = dist.get_world_size(group)
+    results = []
+    for size in sizes:
+        tensor = torch.zeros(size // 4, dtype=torch.float32, device=device)  # sums stay finite over the calls
+        for _ in range(warmup):
+            dist.all_reduce(tensor, group=group)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        dist.barrier(group=group)
+        started = time.perf_counter()
+        for _ in range(iters):
+            dist.all_reduce(tensor, group=group)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        elapsed = torch.tensor([(time.perf_counter() - started) / iters], dtype=torch.float64, device=device)
+        dist.all_reduce(elapsed, op=dist.ReduceOp.MAX, group=group)  # the slowest rank sets the pace
+        seconds = float(elapsed.item())
+        algbw = size / seconds / 1e9 if seconds > 0 else 0.0
+        results.append(
+            {
+                "bytes": size,
+                "time_us": round(seconds * 1e6, 3),
+                "algbw_gbps": algbw,
+                "busbw_gbps": algbw * bus_factor(n),
+            }
+        )
+        del tensor
+    return results
+
+
+def node_groups(torch, dist, device, node_key: int) -> tuple[list[list[int]], int]:
+    """The global ranks of every node (grouped by NODE_KEY), and the index of this rank's node."""
+    mine = torch.tensor([node_key], dtype=torch.int64, device=device)
+    gathered = [torch.zeros_like(mine) for _ in range(dist.get_world_size())]
+    dist.all_gather(gathered, mine)  # not all_gather_object: it needs numpy, which nodes may lack
+    keys = [int(t.item()) for t in gathered]
+    order = sorted(set(keys), key=keys.index)
+    groups = [[r for r, k in enumerate(keys) if k == key] for key in order]
+    return groups, order.index(node_key)
+
+
+def run_bandwidth(torch, dist, device, args, local_world: int) -> dict:
+    low, high = GPU_SIZES if device.type == "cuda" else CPU_SIZES
+    sizes = sizes_between(args.min_bytes or low, args.max_bytes or high)
+    warmup = args.warmup if args.warmup is not None else (5 if device.type == "cuda" else 2)
+    iters = args.iters if args.iters is not None else (20 if device.type == "cuda" else 5)
+    result = {
+        "sizes": sizes,
+        "warmup": warmup,
+        "iters": iters,
+        "world": sweep(torch, dist, device, sizes, warmup, iters),
+    }
+    # Every rank must create every subgroup, in the same order.
+    # torchrun's GROUP_RANK is the node rank; the hostname's checksum stands in without it.
+    node_key = int(os.environ.get("GROUP_RANK", zlib.crc32(socket.gethostname().encode())))
+    groups, mine = node_groups(torch, dist, device, node_key)
+    intra = args.intra_node == "always" or (
+        args.intra_node == "auto" and device.type == "cuda" and len(groups) > 1 and local_world > 1
+    )
+    if intra and all(len(g) > 1 for g in groups):
+        handles = [dist.new_group(ranks=g) for g in groups]
+        result["intra_node"] = {
+            "node_index": mine,
+            "ranks": groups[mine],
+            "results": sweep(torch, dist, device, sizes, warmup, iters, group=handles[mine]),
+        }
+    return result
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--backend", default="gloo", choices=["gloo", "nccl"])
+    parser.add_argument("--elements", type=int, default=1 << 16)
+    parser.add_argument("--no-bandwidth", dest="bandwidth", action="store_false", help="correctness only")
+    parser.add_argument("--min-bytes", type=int, default=None, help="smallest message (default 1 MiB GPU, 64 KiB CPU)")
+    parser.add_argument("--max-bytes", type=int, default=None, help="largest message (default 1 GiB GPU, 4 MiB CPU)")
+    parser.add_argument("--warmup", type=int, default=None, help="untimed calls per size (default 5 GPU, 2 CPU)")
+    parser.add_argument("--iters", type=int, default=None, help="timed calls per size (default 20 GPU, 5 CPU)")
+    parser.add_argument(
+        "--intra-node",
+        choices=["auto", "always", "never"],
+        default="auto",
+        help="also sweep inside each node (auto: on multi-GPU nodes of a multi-node job)",
+    )
+    args = parser.parse_args()
+    record = rank_identity()
+
+    def work(record: dict) -> None:
+        import torch
+        import torch.distributed as dist
+
+        if args.backend == "nccl":
+            torch.cuda.set_device(record["local_rank"])
+            device = torch.device("cuda", record["local_rank"])
+        else:
+            device = torch.device("cpu")
+        dist.init_process_group(backend=args.backend)
+        record.update(
+            world_size=dist.get_world_size(),
+            backend=args.backend,
+            torch=torch.__version__,
+            checks=run_checks(torch, dist, device, args.elements),
+        )
+        if args.bandwidth:
+            local_world = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+            record["bandwidth"] = run_bandwidth(torch, dist, device, args, local_world)
+        dist.barrier()
+        dist.destroy_process_group()
+
+    return run_rank(args.out, record, work)
+
+
+if __name__ == "__main__":
+    exit_now(main())

@@ -1,0 +1,187 @@
+"""Facts collector, run on every node with that node's environment python (`python -m clustercheck_remote.facts`).
+
+Standard library only; torch is probed in a child process, so a torch that hangs or crashes cannot take the
+collector down. It gathers raw outputs and values and prints one JSON object; clustercheck parses it once into a
+typed record on the control machine (clustercheck/facts/), where that logic is tested on recorded outputs. A probe
+that fails records an "error" instead of raising: the control side reports "could not collect".
+"""
+
+import json
+import os
+import platform
+import resource
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+
+TORCH_PROBE = r"""
+import json, sys
+facts = {}
+try:
+    import torch
+    facts["version"] = torch.__version__
+    facts["cuda"] = torch.version.cuda
+    facts["cuda_available"] = bool(torch.cuda.is_available())
+    facts["device_count"] = torch.cuda.device_count() if facts["cuda_available"] else 0
+    try:
+        facts["nccl"] = ".".join(map(str, torch.cuda.nccl.version())) if facts["cuda_available"] else None
+    except Exception as exc:
+        facts["nccl_error"] = f"{type(exc).__name__}: {exc}"
+    try:
+        facts["cudnn"] = torch.backends.cudnn.version() if facts["cuda_available"] else None
+    except Exception as exc:
+        facts["cudnn_error"] = f"{type(exc).__name__}: {exc}"
+    facts["distributed"] = bool(torch.distributed.is_available())
+    facts["gloo"] = bool(torch.distributed.is_available() and torch.distributed.is_gloo_available())
+    facts["nccl_backend"] = bool(torch.distributed.is_available() and torch.distributed.is_nccl_available())
+except Exception as exc:
+    facts["error"] = f"{type(exc).__name__}: {exc}"
+print(json.dumps(facts))
+"""
+
+COMMANDS = {
+    "nvidia_smi_q": ["nvidia-smi", "-q"],
+    "kernel_log": ["journalctl", "-k", "--since=-24h", "--no-pager", "-q", "-o", "short-iso"],
+    "dmesg": ["dmesg"],
+    "fabricmanager": ["systemctl", "is-active", "nvidia-fabricmanager"],
+    "timedatectl": ["timedatectl", "show", "-p", "NTPSynchronized", "-p", "NTP", "-p", "Timezone"],
+    "chronyc": ["chronyc", "-n", "tracking"],
+    "ufw": ["ufw", "status"],
+    "nft": ["nft", "list", "ruleset"],
+    "iptables": ["iptables", "-S"],
+    "ip_addr": ["ip", "-o", "addr", "show"],
+    "ip_route": ["ip", "-o", "route", "get", "1.1.1.1"],
+}
+OUTPUT_LIMIT = 200_000
+
+
+def run(command, timeout=20):
+    """Run a probe command; never raises."""
+    if not shutil.which(command[0]):
+        return {"error": f"{command[0]} not found"}
+    try:
+        proc = subprocess.run(command, capture_output=True, text=True, errors="replace", timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return {"error": f"{command[0]} timed out after {timeout} s"}
+    except OSError as exc:
+        return {"error": f"{command[0]}: {exc}"}
+    return {"rc": proc.returncode, "out": proc.stdout[-OUTPUT_LIMIT:], "err": proc.stderr[-2000:]}
+
+
+def probe(function):
+    try:
+        return function()
+    except Exception as exc:
+        return {"error": f"{type(exc).__name__}: {exc}"}
+
+
+def torch_facts(timeout):
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-c", TORCH_PROBE], capture_output=True, text=True, errors="replace", timeout=timeout
+        )
+    except subprocess.TimeoutExpired:
+        return {"error": f"importing torch took more than {timeout} s"}
+    lines = proc.stdout.strip().splitlines()
+    if proc.returncode != 0 or not lines:
+        tail = (proc.stderr.strip().splitlines() or [f"exit {proc.returncode}"])[-1]
+        return {"error": tail}
+    return json.loads(lines[-1])
+
+
+def os_facts():
+    release = {}
+    with open("/etc/os-release") as fh:
+        for line in fh:
+            key, sep, value = line.strip().partition("=")
+            if sep:
+                release[key] = value.strip('"')
+    cpu_model = None
+    with open("/proc/cpuinfo") as fh:
+        for line in fh:
+            if line.startswith("model name"):
+                cpu_model = line.split(":", 1)[1].strip()
+                break
+    mem_kb = None
+    with open("/proc/meminfo") as fh:
+        for line in fh:
+            if line.startswith("MemTotal:"):
+                mem_kb = int(line.split()[1])
+    return {
+        "pretty_name": release.get("PRETTY_NAME"),
+        "id": release.get("ID"),
+        "version_id": release.get("VERSION_ID"),
+        "kernel": platform.release(),
+        "arch": platform.machine(),
+        "cpu_model": cpu_model,
+        "cpus": os.cpu_count(),
+        "mem_total_bytes": mem_kb * 1024 if mem_kb else None,
+    }
+
+
+def disk_free(path):
+    st = os.statvfs(path)
+    return {"path": path, "free_bytes": st.f_bavail * st.f_frsize, "total_bytes": st.f_blocks * st.f_frsize}
+
+
+def memlock():
+    soft, hard = resource.getrlimit(resource.RLIMIT_MEMLOCK)
+    return {
+        "soft": None if soft == resource.RLIM_INFINITY else soft,
+        "hard": None if hard == resource.RLIM_INFINITY else hard,
+    }
+
+
+def hostname_facts():
+    name = socket.gethostname()
+    try:
+        infos = socket.getaddrinfo(name, None, proto=socket.IPPROTO_TCP)
+        addresses = sorted({info[4][0] for info in infos})
+    except OSError as exc:
+        return {"hostname": name, "error": f"does not resolve: {exc}"}
+    return {"hostname": name, "addresses": addresses}
+
+
+def mtus():
+    result = {}
+    for iface in sorted(os.listdir("/sys/class/net")):
+        try:
+            with open(f"/sys/class/net/{iface}/mtu") as fh:
+                result[iface] = int(fh.read().strip())
+        except (OSError, ValueError):
+            continue
+    return result
+
+
+def nvswitches():
+    path = "/proc/driver/nvidia-nvswitch/devices"
+    return len(os.listdir(path)) if os.path.isdir(path) else 0
+
+
+def main():
+    torch_timeout = float(sys.argv[1]) if len(sys.argv) > 1 else 120
+    facts = {
+        "collector": 1,
+        "python": {"executable": sys.executable, "version": platform.python_version()},
+        "os": probe(os_facts),
+        "torch": {"error": "the environment's python does not exist"}
+        if "--no-torch" in sys.argv
+        else probe(lambda: torch_facts(torch_timeout)),
+        "shm": probe(lambda: disk_free("/dev/shm")),
+        "disk_root": probe(lambda: disk_free("/")),
+        "disk_tmp": probe(lambda: disk_free(tempfile.gettempdir())),
+        "memlock": probe(memlock),
+        "hostname": probe(hostname_facts),
+        "mtu": probe(mtus),
+        "nvswitches": probe(nvswitches),
+        "commands": {name: run(command) for name, command in COMMANDS.items()},
+    }
+    json.dump(facts, sys.stdout)
+    sys.stdout.write("\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,217 @@
+"""Drive a run: the core stage on every node in parallel, the consistency checks, then the multi-node stages in
+order; every node cleaned up at the end, on Ctrl-C, and on any error.
+
+Hosts run in parallel under a cap (--forks); each host's steps are bounded by the connect timeouts and
+per-command deadlines, so a hung or dead host never holds back the others' results beyond its timeouts. The
+transports come from a factory (transport/factory.py), so all of this is tested with fake transports.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from clustercheck.checks import registry
+from clustercheck.config import RunConfig
+from clustercheck.facts.model import NodeFacts
+from clustercheck.inventory import Node
+from clustercheck.model import CheckResult, Status
+from clustercheck.run.fanout import fanout
+from clustercheck.stages import DISTRIBUTED, Context, Member, core, modules
+from clustercheck.transport import HostKeyError, Transport, TransportError, new_run_id
+from clustercheck.transport.factory import Factory
+
+Progress = Callable[[str, str], None]
+
+
+@dataclass
+class Outcome:
+    results: list[CheckResult]
+    host_key_error: bool = False
+
+
+class Pipeline:
+    def __init__(
+        self,
+        nodes: list[Node],
+        config: RunConfig,
+        factory: Factory,
+        progress: Progress | None = None,
+        run_id: str | None = None,
+    ) -> None:
+        self.nodes = nodes
+        self.config = config
+        self.factory = factory
+        self.progress = progress or (lambda host, stage: None)
+        self.run_id = run_id or new_run_id()
+        self.ctx = Context(config, self.progress, tuple(n.name for n in nodes))
+        self._abort = threading.Event()
+        self._lock = threading.Lock()
+        self._transports: dict[str, Transport] = {}
+        self._results: dict[str, list[CheckResult]] = {}
+        self._facts: dict[str, NodeFacts] = {}
+        self._host_key_error = False
+
+    # ------------------------------------------------------------------ the whole run
+
+    def run(self) -> Outcome:
+        try:
+            fanout(self._host, self.nodes, limit=self.config.forks, name=lambda n: n.name)
+            results = []
+            for node in self.nodes:
+                results += self._results.get(node.name, [])
+            reached = [self._facts[n.name] for n in self.nodes if n.name in self._facts]
+            selection = self.config.selection
+            results += registry.run_cluster_checks(
+                reached, self.config, selection.check_selected, "not selected (--skip)"
+            )
+            results += self._multinode()
+        except BaseException:  # Ctrl-C, SIGTERM or a bug: kill what we started everywhere, then let it propagate
+            self.abort()
+            raise
+        for node in self.nodes:
+            self.progress(node.name, "cleaning up")
+        self.abort()  # the transports stay open for the multi-node stages; now every node is cleaned up
+        for node in self.nodes:
+            self.progress(node.name, "done")
+        return Outcome(results, self._host_key_error)
+
+    def abort(self) -> None:
+        """Stop every host: kill this run's processes on every node (in parallel, bounded), then disconnect."""
+        self._abort.set()
+        with self._lock:
+            transports = list(self._transports.values())
+
+        def finish(transport: Transport) -> None:
+            with contextlib.suppress(Exception):
+                transport.cleanup()
+            with contextlib.suppress(Exception):
+                transport.close()
+
+        fanout(finish, transports, timeout=30, name=lambda t: t.host)
+
+    # ------------------------------------------------------------------ the multi-node stages
+
+    def _multinode(self) -> list[CheckResult]:
+        selection = self.config.selection
+        hosts = list(self.ctx.hosts)
+        missing = {
+            n.name: "not reached, or its facts were not collected"
+            for n in self.nodes
+            if n.name not in self._facts or n.name not in self._transports
+        }
+        members: list[Member] = []
+        if not missing:
+            members = core.members(self.nodes, self._transports, self._facts)
+        blocked = (
+            "; ".join(f"{name}: {why}" for name, why in sorted(missing.items()))
+            + " (a multi-node job needs every node)"
+            if missing
+            else None
+        )
+        no_torch = [m.name for m in members if m.facts.torch_problem]
+        results: list[CheckResult] = []
+        for stage in DISTRIBUTED:
+            module = modules()[stage]
+            checks = registry.of_stage(stage)
+            why = None
+            if not selection.stage_selected(stage):
+                why = selection.why_not_stage(stage)
+            elif not any(selection.check_selected(c.name) for c in checks):
+                why = f"not selected (--skip {' '.join(selection.globs)})"
+            elif blocked:
+                why = blocked
+            elif module.NEEDS_TORCH and no_torch:
+                why = f"torch does not import on {', '.join(no_torch)}"
+            if why:
+                for check in checks:
+                    results += registry.skipped(check, hosts, why)
+                continue
+            if self._abort.is_set():
+                raise core.Aborted
+            for m in members:
+                self.progress(m.name, stage)
+            stage_results = [self._deselect(r) for r in module.run(members, self.ctx)]
+            results += stage_results
+            problems = [r for r in stage_results if r.status.is_problem]
+            if problems:
+                blocked = f"the {stage} stage failed ({problems[0].message})"
+                if stage == "network":
+                    blocked = f"the network stage failed, so no torch job was started ({problems[0].message})"
+        return results
+
+    def _deselect(self, result: CheckResult) -> CheckResult:
+        selection = self.config.selection
+        if selection.check_selected(result.name):
+            return result
+        why = selection.why_not_check(result.name)
+        return registry.get(result.name).result(result.host, registry.skip(f"{result.name} skipped: {why}"))
+
+    # ------------------------------------------------------------------ one host
+
+    def _host(self, node: Node) -> None:
+        if self._abort.is_set():
+            return
+        transport: Transport | None = None
+        results: list[CheckResult] = []
+        try:
+            transport, connect_result = self._connect(node)
+            results.append(connect_result)
+            if transport is not None:
+                outcome = core.run_host(node, transport, self.ctx, lambda stage: self._step(node, stage))
+                results += outcome.results
+                if outcome.facts is not None:
+                    with self._lock:
+                        self._facts[node.name] = outcome.facts
+        except core.Aborted:
+            return
+        except Exception as exc:  # a bug in one host's run must not hide the other hosts' results
+            results.append(
+                registry.get("internal").result(
+                    node.name, registry.Finding(Status.ERROR, f"clustercheck failed: {type(exc).__name__}: {exc}")
+                )
+            )
+        finally:
+            # The transport stays open for the multi-node stages; run() cleans every node up at the end.
+            if transport is not None and not self._abort.is_set():
+                with contextlib.suppress(Exception):
+                    transport.stop()
+        self.progress(node.name, "done")
+        with self._lock:
+            self._results[node.name] = results
+
+    def _register(self, node: Node, transport: Transport) -> None:
+        with self._lock:
+            self._transports[node.name] = transport
+
+    def _step(self, node: Node, stage: str) -> None:
+        if self._abort.is_set():
+            raise core.Aborted
+        self.progress(node.name, stage)
+
+    def _connect(self, node: Node) -> tuple[Transport | None, CheckResult]:
+        self.progress(node.name, "connecting")
+        check = registry.get("connect")
+        try:
+            connected = self.factory(node, self.run_id, lambda t: self._register(node, t))
+        except HostKeyError as exc:
+            self._host_key_error = True
+            return None, CheckResult(  # the transport's message names the node and the address already
+                check.name,
+                Status.FAIL,
+                str(exc),
+                host=node.name,
+                remediation="Verify the node's host key out of band and add it to known_hosts "
+                "(or rerun with --accept-new-host-keys for a node you have never connected to).",
+                data={"host_key": True, **getattr(exc, "data", {})},
+            )
+        except TransportError as exc:
+            message = str(exc) if str(exc).startswith(node.name) else f"{node.name}: {exc}"
+            return None, CheckResult(
+                check.name, Status.FAIL, message, host=node.name, remediation=check.fix, data=getattr(exc, "data", {})
+            )
+        if self._abort.is_set():
+            raise core.Aborted
+        return connected.transport, check.result(node.name, registry.passed(connected.description, **connected.data))

@@ -1,0 +1,190 @@
+"""The core stage, per node: the clock, the environment's python, the facts (one upload of the node-side bundle,
+one collector run), the per-node checks, and collectives across the node's own ranks. Then, over the nodes that
+answered, the cross-node consistency checks."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import sys
+import time
+from dataclasses import dataclass, field
+
+from clustercheck.checks import registry
+from clustercheck.checks.collectives import COLLECTIVES, LOCAL_PREFIX
+from clustercheck.facts import collect
+from clustercheck.facts.model import NodeFacts
+from clustercheck.inventory import Node
+from clustercheck.model import CheckResult, Status
+from clustercheck.stages import Context, Member, collectives, remote
+from clustercheck.transport import Transport, TransportError
+
+NAME = "core"
+RECORDED_PYTHON = "/etc/clustercheck/python"
+LOCAL_NAMES = tuple(LOCAL_PREFIX + n for n in COLLECTIVES)
+
+
+class Aborted(Exception):
+    """The run is being stopped (Ctrl-C, or another part of it failed): leave this node alone."""
+
+
+@dataclass
+class HostOutcome:
+    results: list[CheckResult] = field(default_factory=list)
+    facts: NodeFacts | None = None
+
+
+def measure_clock_offset(transport: Transport, samples: int = 3) -> tuple[float | None, float | None]:
+    """Node clock minus control clock, from the sample with the shortest round trip; (offset, half round trip)."""
+    best: tuple[float, float] | None = None
+    for _ in range(samples):
+        before = time.time()
+        answer = transport.run(["date", "+%s.%N"], timeout=15)
+        after = time.time()
+        if not answer.ok:
+            continue
+        try:
+            remote_time = float(answer.stdout.strip())
+        except ValueError:
+            continue
+        half_rtt = (after - before) / 2
+        if best is None or half_rtt < best[1]:
+            best = (remote_time - (before + half_rtt), half_rtt)
+    return best if best else (None, None)
+
+
+def find_python(node: Node, transport: Transport, configured: str | None) -> tuple[str, str, str | None]:
+    """(python to run the collector with, where it came from, the configured python when it is missing)."""
+    if configured:
+        python, source = configured, "--python"
+    elif node.python:
+        python, source = node.python, "clustercheck_python in the inventory"
+    else:
+        recorded = transport.run(["cat", RECORDED_PYTHON], timeout=30)
+        if recorded.ok and recorded.stdout.strip():
+            python, source = recorded.stdout.strip(), RECORDED_PYTHON
+        elif node.is_local:
+            python, source = sys.executable, "the python running clustercheck"
+        else:
+            python, source = "python3", "default"
+    probe = transport.run([python, "-c", "import sys; print(sys.executable)"], timeout=30)
+    if probe.ok:
+        return python, source, None
+    return "python3", source, python
+
+
+def run_host(node: Node, transport: Transport, ctx: Context, step) -> HostOutcome:
+    """Everything the core stage does on one node that answered. STEP(stage) reports progress and raises Aborted
+    when the run is being stopped."""
+    config = ctx.config
+    selection = config.selection
+    host_dir = config.host_dir(node.name)
+    outcome = HostOutcome()
+    step("clock")
+    offset, uncertainty = measure_clock_offset(transport)
+    step("python")
+    python, source, missing = find_python(node, transport, config.python)
+    step("facts")
+    try:
+        remote.install(transport)
+    except (TransportError, OSError) as exc:
+        outcome.results.append(_facts_error(node, f"{node.name}: {exc}"))
+        return outcome
+    args = [str(max(10.0, config.command_timeout - 15))] + (["--no-torch"] if missing else [])
+    started = time.monotonic()
+    collected = transport.run(remote.command(python, transport.workdir, "facts", *args), timeout=config.command_timeout)
+    (host_dir / "facts.json").write_text(collected.stdout)
+    (host_dir / "facts.stderr").write_text(collected.stderr)
+    raw = None
+    if collected.ok:
+        with contextlib.suppress(ValueError, IndexError):
+            raw = json.loads(collected.stdout.strip().splitlines()[-1])
+    if not isinstance(raw, dict):
+        cause = f"timed out after {config.command_timeout:.0f} s" if collected.timed_out else collected.cause()
+        outcome.results.append(_facts_error(node, f"{node.name}: could not collect facts with {python}: {cause}"))
+        return outcome
+    facts = collect.build(
+        node,
+        raw,
+        python=python,
+        python_source=source,
+        python_missing=missing,
+        cluster_size=len(ctx.hosts),
+        clock_offset=offset,
+        clock_uncertainty=uncertainty,
+    )
+    outcome.facts = facts
+    outcome.results.append(
+        registry.get("facts").result(
+            node.name,
+            registry.passed(f"facts collected with {python} in {time.monotonic() - started:.1f} s"),
+        )
+    )
+    outcome.results += registry.run_node_checks(facts, selection.check_selected, _why_not(selection))
+    step("collectives on the node")
+    outcome.results += local_collectives(facts, transport, ctx)
+    return outcome
+
+
+def _why_not(selection) -> str:
+    globs = selection.globs
+    return f"not selected (--skip {' '.join(globs)})" if globs else "not selected"
+
+
+def _facts_error(node: Node, message: str) -> CheckResult:
+    return registry.get("facts").result(
+        node.name,
+        registry.Finding(
+            Status.ERROR,
+            message.removeprefix(f"{node.name}: "),
+            "Look at facts.stderr in the run directory; check that python3 runs on the node.",
+        ),
+    )
+
+
+def local_collectives(facts: NodeFacts, transport: Transport, ctx: Context) -> list[CheckResult]:
+    """local.* on one node; not run when deselected, when torch does not import, or on a one-node run whose
+    collectives stage is this very job."""
+    name = facts.host
+    selection = ctx.config.selection
+    checks = [registry.get(n) for n in LOCAL_NAMES]
+    if len(ctx.hosts) == 1 and selection.stage_selected("collectives"):
+        why = "on one node the collectives stage runs this very job"
+        return [c.result(name, registry.skip(f"{c.name} skipped: {why}")) for c in checks]
+    if not any(selection.check_selected(n) for n in LOCAL_NAMES):
+        return [c.result(name, registry.skip(f"{c.name} skipped: {selection.why_not_check(c.name)}")) for c in checks]
+    problem = facts.torch_problem
+    if problem:
+        return [c.result(name, registry.skip(f"{c.name} skipped: torch does not import")) for c in checks]
+    member = Member(facts.node, transport, facts, "127.0.0.1", "lo", None, facts.gpus_for_torch)
+    results = collectives.run_local(member, ctx, ctx.config.master_port)
+    return [
+        r
+        if selection.check_selected(r.name)
+        else registry.get(r.name).result(name, registry.skip(f"{r.name} skipped: {selection.why_not_check(r.name)}"))
+        for r in results
+    ]
+
+
+def members(nodes: list[Node], transports: dict[str, Transport], facts: dict[str, NodeFacts]) -> list[Member]:
+    """What the multi-node stages need about every node that got through the core stage: its cluster address
+    and interface (loopback when it is alone)."""
+    out = []
+    for node in nodes:
+        f = facts[node.name]
+        hostname = f.hostname.name if f.hostname else None
+        if len(nodes) == 1:
+            out.append(Member(node, transports[node.name], f, "127.0.0.1", "lo", None, f.gpus_for_torch))
+        else:
+            out.append(
+                Member(
+                    node,
+                    transports[node.name],
+                    f,
+                    collect.cluster_address(f),
+                    f.interface,
+                    hostname,
+                    f.gpus_for_torch,
+                )
+            )
+    return out

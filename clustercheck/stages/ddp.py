@@ -1,0 +1,20 @@
+"""The DDP stage: torchrun on every node, DDP against a single-process reference (checks/ddp.py judges it)."""
+
+from __future__ import annotations
+
+from clustercheck.checks import ddp
+from clustercheck.model import CheckResult, Status
+from clustercheck.stages import Context, Member, launch, torchjob
+from clustercheck.transport import TransportError
+
+NAME = "ddp"
+NEEDS_TORCH = True
+WORKER_ARGS: list[str] = []  # extra arguments of the DDP worker (e.g. --steps N)
+
+
+def run(members: list[Member], ctx: Context) -> list[CheckResult]:
+    try:
+        outcome = torchjob.run(members, "ddp", ctx, worker_args=list(WORKER_ARGS) or None)
+    except (launch.LaunchError, TransportError, OSError) as exc:
+        return [CheckResult(ddp.NAME, Status.ERROR, f"{ddp.NAME}: {exc}")]
+    return torchjob.judged([ddp.evaluate(outcome.records, outcome.world_size)], outcome)

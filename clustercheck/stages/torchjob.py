@@ -1,0 +1,206 @@
+"""The one torch-job runner every torch stage uses: torchrun on every member at once (or on one node alone),
+one deadline, every node stopped when one fails, the rank records and logs brought back.
+
+When a node's torchrun fails or the deadline passes, every node's processes of the run are killed (the run-marker
+sweep), and the outcome names the first node that failed with its last error lines.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import tarfile
+import threading
+import time
+from dataclasses import dataclass, field
+
+from clustercheck.model import CheckResult, Status
+from clustercheck.run.fanout import fanout
+from clustercheck.stages import Context, Member, launch, remote
+from clustercheck.transport import CommandResult, TransportError
+
+FAILURE_GRACE = 5.0  # seconds the other nodes get to report their own failure before they are stopped
+ERROR_LINES = 6
+
+
+@dataclass
+class JobOutcome:
+    records: list[dict]
+    world_size: int
+    backend: str
+    failure: str | None = None  # why the job did not complete, naming the first node that failed
+    data: dict = field(default_factory=dict)
+
+
+def _signal_death(result: CommandResult) -> bool:
+    """torchrun's summary of a rank killed by a signal (the root cause, rather than its peers' errors)."""
+    return bool(re.search(r"Signal \d+ \(SIG[A-Z]+\)|exitcode\s*:\s*-\d+", result.stdout + result.stderr))
+
+
+def _tail(result: CommandResult, lines: int = ERROR_LINES) -> list[str]:
+    text = (result.stdout + "\n" + result.stderr).splitlines()
+    return [line.rstrip() for line in text if line.strip(" =-")][-lines:]
+
+
+def _exit(result: CommandResult) -> str:
+    return "no exit status: killed or disconnected" if result.exit_status is None else f"exit {result.exit_status}"
+
+
+def run(
+    members: list[Member],
+    worker: str,
+    ctx: Context,
+    *,
+    stage: str | None = None,
+    worker_args: list[str] | None = None,
+    master_port: int | None = None,
+    single_node: bool = False,
+) -> JobOutcome:
+    """Run WORKER (a program of the node-side bundle) under torchrun on every member at once. SINGLE_NODE: one
+    member runs alone, its ranks meeting on 127.0.0.1 (the node-local collectives). Logs and records land in the
+    member's host directory under STAGE (default: WORKER)."""
+    config = ctx.config
+    stage = stage or worker
+    port = master_port or config.master_port
+    specs = [
+        launch.NodeSpec(
+            m.name, "127.0.0.1" if single_node else m.address, m.gpus, m.facts.python, m.transport.workdir.rstrip("/")
+        )
+        for m in members
+    ]
+    backend = launch.choose_backend([m.gpus for m in members])
+    interface = "lo" if single_node else members[0].interface
+    per_node_env = {}
+    for m in members:
+        iface = "lo" if single_node else m.interface
+        if iface:
+            per_node_env[m.name] = {"NCCL_SOCKET_IFNAME": iface, "GLOO_SOCKET_IFNAME": iface}
+    plans = launch.plan(
+        specs,
+        worker=worker,
+        stage=stage,
+        master_port=port,
+        interface=interface,
+        worker_args=worker_args,
+        nproc_override=config.nproc_per_node,
+        backend=backend,
+        extra_env=per_node_env,
+    )
+    by_name = {m.name: m for m in members}
+    world = launch.world_size(plans)
+    for plan in plans:
+        remote.install(by_name[plan.node.name].transport)
+        (config.host_dir(plan.node.name) / f"{stage}.command").write_text(plan.shell() + "\n")
+
+    lock = threading.Lock()
+    failed = threading.Event()
+    stopping = threading.Event()
+    ends: dict[str, tuple[float, CommandResult, bool]] = {}  # name -> (when, result, ended before the stop)
+    deadline = time.monotonic() + config.job_timeout
+
+    def start(plan: launch.NodeLaunch) -> None:
+        m = by_name[plan.node.name]
+        try:
+            result = m.transport.run(plan.command, timeout=max(1.0, deadline - time.monotonic()), env=plan.env)
+        except Exception as exc:  # the connection broke: that node failed
+            result = CommandResult(None, "", f"{type(exc).__name__}: {exc}")
+        with lock:
+            ends[m.name] = (time.monotonic(), result, not stopping.is_set())
+        if not result.ok:
+            failed.set()
+
+    threads = [threading.Thread(target=start, args=(p,), daemon=True, name=p.node.name) for p in plans]
+    for thread in threads:
+        thread.start()
+    while any(t.is_alive() for t in threads) and not failed.is_set():
+        time.sleep(0.1)
+    if failed.is_set():
+        # Give the other nodes a moment to report their own view (a killed rank's node says "Signal 9"),
+        # then stop every torchrun still running, on every node.
+        grace = time.monotonic() + FAILURE_GRACE
+        while any(t.is_alive() for t in threads) and time.monotonic() < grace:
+            time.sleep(0.1)
+        stopping.set()
+        fanout(lambda m: m.transport.stop(), [m for m in members if m.name not in ends], timeout=60)
+        for thread in threads:
+            thread.join(30)
+
+    outcome = JobOutcome([], world, backend, data={"world_size": world, "backend": backend})
+    for m in members:
+        result = ends[m.name][1] if m.name in ends else CommandResult(None, "", "no result")
+        target = config.host_dir(m.name)
+        (target / f"{stage}.torchrun.log").write_text(result.stdout + result.stderr)
+        _fetch_logs(m, stage, ctx)
+        with contextlib.suppress(TransportError, OSError):
+            got = m.transport.run(launch.collect_command(m.facts.python, m.transport.workdir, stage), timeout=60)
+            for record in launch.parse_records(got.stdout):
+                record["node"] = m.name  # the inventory name (the record's host is the node's hostname)
+                outcome.records.append(record)
+
+    first = first_failure(ends)
+    timed_out = [name for name, (_, result, _) in ends.items() if result.timed_out]
+    if first is not None:
+        name, result = first
+        lines = _tail(result)
+        outcome.failure = (
+            f"torchrun failed on {name} first ({_exit(result)}); every node's job was stopped. "
+            f"Last lines from {name}: " + " | ".join(lines)
+        )
+        outcome.data.update({"first_failed_node": name, "error_lines": lines})
+    elif timed_out or any(not r.ok for _, r, _ in ends.values()):
+        outcome.failure = (
+            f"the {stage} job timed out after {config.job_timeout:.0f} s (--timeout); every node's job was "
+            f"stopped (waiting: {', '.join(sorted(timed_out)) or 'all nodes'})"
+        )
+        outcome.data.update({"timed_out": True, "first_failed_node": None})
+    return outcome
+
+
+def first_failure(ends: dict[str, tuple[float, CommandResult, bool]]) -> tuple[str, CommandResult] | None:
+    """The node whose torchrun failed first, of those that ended on their own (not stopped by us, not at the
+    deadline): a node reporting a rank killed by a signal is the root cause its peers' errors follow from;
+    otherwise the earliest. ENDS: node -> (when it ended, its result, whether it ended before the stop)."""
+    own = [(when, name, result) for name, (when, result, before_stop) in ends.items() if before_stop]
+    failed = [f for f in own if not f[2].ok and not f[2].timed_out]
+    if not failed:
+        return None
+    _, name, result = min(failed, key=lambda f: (not _signal_death(f[2]), f[0]))
+    return name, result
+
+
+def _fetch_logs(m: Member, stage: str, ctx: Context) -> None:
+    """The rank logs torchrun kept (and NCCL's INFO logs) into the local run directory, best effort."""
+    workdir = m.transport.workdir.rstrip("/")
+    archive = f"{workdir}/{stage}-logs.tgz"
+    script = f"cd {workdir} && tar czf {archive} {stage} $(ls nccl-*.log 2>/dev/null)"
+    target = ctx.config.host_dir(m.name)
+    local = target / f"{stage}-logs.tgz"
+    with contextlib.suppress(TransportError, OSError, tarfile.TarError):
+        if not m.transport.run(["sh", "-c", script], timeout=60).ok:
+            return
+        m.transport.get(archive, str(local))
+        with tarfile.open(local) as tar:
+            tar.extractall(target, filter="data")
+        local.unlink()
+
+
+def judged(results: list[CheckResult], outcome: JobOutcome) -> list[CheckResult]:
+    """RESULTS as they stand, or, when the job did not complete, its non-passing results turned into FAILs that
+    say why (new results, nothing changed in place)."""
+    if not outcome.failure:
+        return results
+    out = []
+    for r in results:
+        if r.status in (Status.FAIL, Status.ERROR, Status.SKIP):
+            where = f"{r.host}: " if r.host else ""
+            r = CheckResult(
+                r.name,
+                Status.FAIL,
+                f"{where}{r.name} did not complete: {outcome.failure}",
+                host=r.host,
+                remediation="Look at the node's rank logs in the run directory (hosts/<node>/<stage>/); a killed "
+                "rank or a node that cannot reach the master are the usual causes.",
+                data={**r.data, **outcome.data},
+            )
+        out.append(r)
+    return out

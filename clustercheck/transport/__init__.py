@@ -1,0 +1,99 @@
+"""One interface for running commands on a node, over SSH (transport.ssh) or locally (transport.local).
+
+Every command gets a deadline; stdout and stderr are read at the same time so
+large output never deadlocks. Every process clustercheck starts on a node
+carries CLUSTERCHECK_RUN=<run id> in its environment and runs in its own
+session; `cleanup()` kills every process that carries the marker (whatever
+it forked, whatever session it moved to) and removes the run's work
+directory. The pipeline calls it when a host is done, after a timeout, and on
+Ctrl-C, so nothing clustercheck started is left running on any node.
+"""
+
+from __future__ import annotations
+
+import secrets
+import shlex
+from dataclasses import dataclass
+from typing import Protocol
+
+RUN_MARKER = "CLUSTERCHECK_RUN"
+CLEANUP_TIMEOUT = 15.0
+
+
+def new_run_id() -> str:
+    return secrets.token_hex(6)
+
+
+def workdir_for(run_id: str) -> str:
+    return f"/tmp/clustercheck-{run_id}"
+
+
+@dataclass
+class CommandResult:
+    """What a command left. A program that does not exist is exit 127 and one that cannot be executed 126, as
+    a shell reports them, on every transport; None means no exit status came back (killed, timed out, the
+    connection lost or the command could not be started at all)."""
+
+    exit_status: int | None
+    stdout: str
+    stderr: str
+    timed_out: bool = False
+
+    @property
+    def ok(self) -> bool:
+        return self.exit_status == 0 and not self.timed_out
+
+    def cause(self) -> str:
+        """One line saying why the command did not succeed."""
+        if self.timed_out:
+            return "timed out"
+        last = (self.stderr.strip().splitlines() or self.stdout.strip().splitlines() or [""])[-1]
+        if self.exit_status is None:
+            return f"no exit status came back {last}".strip()
+        return f"exit {self.exit_status}{': ' + last if last else ''}"
+
+
+class TransportError(Exception):
+    """The node cannot be reached or used; the message names the host and the cause."""
+
+
+class HostKeyError(TransportError):
+    """An unknown or changed host key: the connection is refused (exit code 4)."""
+
+
+class Transport(Protocol):
+    """A connection to one node. `workdir` is this run's private directory there."""
+
+    host: str
+    run_id: str
+    workdir: str
+
+    def run(
+        self, command: list[str], *, timeout: float, env: dict[str, str] | None = None, stdin: str | None = None
+    ) -> CommandResult: ...
+
+    def put(self, local_path: str, remote_path: str) -> None: ...
+
+    def get(self, remote_path: str, local_path: str) -> None: ...
+
+    def stop(self) -> None: ...
+
+    def cleanup(self) -> None: ...
+
+    def close(self) -> None: ...
+
+
+def sweep_script(run_id: str, workdir: str) -> str:
+    """Shell that kills every process carrying this run's marker, then removes the work directory."""
+    marker = f"^{RUN_MARKER}={run_id}$"
+    return (
+        "for d in /proc/[0-9]*; do "
+        f'if grep -qsz {shlex.quote(marker)} "$d/environ"; then kill -KILL "${{d#/proc/}}" 2>/dev/null; fi; '
+        f"done; rm -rf {shlex.quote(workdir)}; true"
+    )
+
+
+def remote_command(command: list[str], env: dict[str, str], run_id: str) -> str:
+    """The shell line that runs COMMAND with the run marker, in a session of its own."""
+    assignments = [f"{RUN_MARKER}={run_id}", *(f"{k}={v}" for k, v in env.items())]
+    return " ".join(shlex.quote(w) for w in ["env", *assignments, "setsid", "-w", *command])

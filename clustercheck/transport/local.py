@@ -1,0 +1,81 @@
+"""The local machine as a node, through subprocess (ansible_connection=local, --hosts localhost)."""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import shutil
+import signal
+import subprocess
+
+from clustercheck.transport import CLEANUP_TIMEOUT, RUN_MARKER, CommandResult, new_run_id, sweep_script, workdir_for
+
+
+class LocalTransport:
+    """The local machine; the same contract as SSH (deadline, both streams at once, nothing left running)."""
+
+    def __init__(self, host: str = "localhost", run_id: str | None = None) -> None:
+        self.host = host
+        self.run_id = run_id or new_run_id()
+        self.workdir = workdir_for(self.run_id)
+
+    def run(
+        self, command: list[str], *, timeout: float, env: dict[str, str] | None = None, stdin: str | None = None
+    ) -> CommandResult:
+        full_env = {**os.environ, **(env or {}), RUN_MARKER: self.run_id}
+        try:
+            proc = subprocess.Popen(
+                command,
+                stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+                errors="replace",
+                env=full_env,
+                start_new_session=True,
+            )
+        except OSError as exc:  # what a shell (and so the SSH side, through env) says for the same program
+            code = 127 if exc.errno == errno.ENOENT else 126
+            return CommandResult(code, "", f"{command[0]}: {exc.strerror}")
+        try:
+            out, err = proc.communicate(stdin, timeout=timeout)
+            return CommandResult(proc.returncode, out, err)
+        except subprocess.TimeoutExpired:
+            _kill_group(proc)
+            self._sweep()
+            out, err = proc.communicate()
+            return CommandResult(None, out, err, timed_out=True)
+        except BaseException:  # Ctrl-C: leave nothing running
+            _kill_group(proc)
+            self._sweep()
+            raise
+
+    def put(self, local_path: str, remote_path: str) -> None:
+        os.makedirs(os.path.dirname(remote_path) or ".", mode=0o700, exist_ok=True)
+        shutil.copyfile(local_path, remote_path)
+
+    def get(self, remote_path: str, local_path: str) -> None:
+        shutil.copyfile(remote_path, local_path)
+
+    def _sweep(self) -> None:
+        script = sweep_script(self.run_id, "/nonexistent-clustercheck")  # keep the workdir until cleanup()
+        with contextlib.suppress(OSError, subprocess.TimeoutExpired):
+            subprocess.run(["sh", "-c", script], timeout=CLEANUP_TIMEOUT, capture_output=True)
+
+    def stop(self) -> None:
+        """Kill every process of this run, keeping the work directory (a job's logs)."""
+        self._sweep()
+
+    def cleanup(self) -> None:
+        self._sweep()
+        shutil.rmtree(self.workdir, ignore_errors=True)
+
+    def close(self) -> None:
+        pass
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()

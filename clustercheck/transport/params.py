@@ -1,0 +1,112 @@
+"""Where and how to reach a node over SSH: the inventory, ~/.ssh/config and the command line, merged.
+
+Pure: nothing here connects. The result, ConnectParams, is what the SSH transport connects with.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import paramiko
+
+from clustercheck.transport import TransportError
+
+USER_KNOWN_HOSTS = "~/.ssh/known_hosts"
+GLOBAL_KNOWN_HOSTS = "/etc/ssh/ssh_known_hosts"
+
+
+class Target(Protocol):
+    """What the merge needs to know about a host (an inventory Node is one)."""
+
+    name: str
+    address: str
+    port: int | None
+    user: str | None
+    key_file: str | None
+    ssh_options: dict[str, str]
+
+
+@dataclass(frozen=True)
+class Host:
+    """A host that is not in the inventory: a ProxyJump hop."""
+
+    name: str
+    address: str
+    port: int | None = None
+    user: str | None = None
+    key_file: str | None = None
+    ssh_options: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Timeouts:
+    connect: float = 10.0  # TCP connect
+    banner: float = 15.0  # the server's SSH banner after connecting
+    auth: float = 15.0  # authentication
+
+
+@dataclass
+class ConnectParams:
+    """Where and how to connect, after the inventory, ~/.ssh/config and the command line are merged."""
+
+    hostname: str
+    port: int = 22
+    user: str | None = None
+    key_files: list[str] = field(default_factory=list)
+    user_known_hosts: list[str] = field(default_factory=list)  # unknown keys are recorded in the first
+    global_known_hosts: list[str] = field(default_factory=list)
+    proxy_jump: str | None = None
+
+
+def resolve(target: Target, config: paramiko.SSHConfig | None, known_hosts: list[str] | None = None) -> ConnectParams:
+    """Merge, highest first: --known-hosts, the inventory (ansible_* and -o options), ~/.ssh/config, defaults."""
+    looked = dict(config.lookup(target.address)) if config else {}
+    options = {**looked, **target.ssh_options}  # -o on the command line wins over the config file, as in OpenSSH
+    hostname = options.get("hostname", target.address) if target.address == target.name else target.address
+    if "hostname" in target.ssh_options:
+        hostname = target.ssh_options["hostname"]
+    port = target.port or int(options.get("port", 22))
+    keys = [target.key_file] if target.key_file else _as_list(options.get("identityfile"))
+    user_files = known_hosts or _as_list(options.get("userknownhostsfile")) or [USER_KNOWN_HOSTS]
+    global_files = _as_list(options.get("globalknownhostsfile")) or [GLOBAL_KNOWN_HOSTS]
+    jump = options.get("proxyjump")
+    return ConnectParams(
+        hostname=hostname,
+        port=port,
+        user=target.user or options.get("user"),
+        key_files=[os.path.expanduser(k) for k in keys],
+        user_known_hosts=[os.path.expanduser(f) for f in user_files if f != "/dev/null"],
+        global_known_hosts=[os.path.expanduser(f) for f in global_files if f != "/dev/null"],
+        proxy_jump=None if jump in (None, "none") else jump,
+    )
+
+
+def jump_host(spec: str) -> Host:
+    """`[user@]host[:port]` of a ProxyJump; one hop only."""
+    if "," in spec:
+        raise TransportError(f"ProxyJump {spec}: only one jump host is supported")
+    user, _, hostport = spec.rpartition("@")
+    host, _, port = hostport.partition(":")
+    if port and not port.isdigit():
+        raise TransportError(f"ProxyJump {spec}: bad port")
+    return Host(name=host, address=host, port=int(port) if port else None, user=user or None)
+
+
+def _as_list(value: object) -> list[str]:
+    if value is None:
+        return []
+    if isinstance(value, list):
+        return [str(v) for v in value]
+    return str(value).split()
+
+
+def load_config(path: str | None) -> paramiko.SSHConfig | None:
+    path = os.path.expanduser(path or "~/.ssh/config")
+    if not os.path.exists(path):
+        return None
+    try:
+        return paramiko.SSHConfig.from_path(path)
+    except (OSError, paramiko.SSHException, ValueError) as exc:
+        raise TransportError(f"cannot read SSH config {path}: {exc}") from exc

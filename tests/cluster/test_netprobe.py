@@ -1,0 +1,178 @@
+"""The network probe on the Docker test cluster: real hosts, real TCP, a real firewall and real routes.
+
+The probe is copied to every node over SSH (paramiko, host keys checked) and run on all nodes at once,
+as the orchestration will run it. Every change a test makes to a node (firewall rules, routes,
+/etc/hosts) is undone afterwards: the cluster is shared with the rest of the suite.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import threading
+
+import paramiko
+import pytest
+
+from clustercheck.checks import network
+from clustercheck.model import Status
+from clustercheck.stages import network as stage
+from clustercheck.stages import remote
+
+pytestmark = pytest.mark.cluster
+
+PROBE_DIR = "/tmp/clustercheck-netprobe-test"
+PROBE = remote.path(PROBE_DIR)
+MASTER_PORT = 29500
+CHAIN = "CLUSTERCHECK-TEST"  # our own iptables chain, so cleanup removes exactly what we added
+
+
+def run(client: paramiko.SSHClient, command: str, timeout: float = 60) -> str:
+    _, stdout, stderr = client.exec_command(command, timeout=timeout)
+    out = stdout.read().decode()
+    status = stdout.channel.recv_exit_status()
+    assert status == 0, f"{command!r} exited {status}: {stderr.read().decode()}"
+    return out
+
+
+@pytest.fixture(scope="module")
+def nodes(cluster):
+    """name -> (address, SSH client) with the probe uploaded and /etc/hosts listing every node."""
+    clients = {}
+    for node in cluster.nodes:
+        client = paramiko.SSHClient()
+        client.load_host_keys(cluster.known_hosts)
+        client.set_missing_host_key_policy(paramiko.RejectPolicy())
+        client.connect(
+            node.address,
+            username="root",
+            key_filename=cluster.key_file,
+            timeout=10,
+            allow_agent=False,
+            look_for_keys=False,
+        )
+        clients[node.name] = (node.address, client)
+    hosts_lines = "".join(f"{addr} {name}\n" for name, (addr, _) in clients.items())
+    saved_hosts = {}
+    for _name, (_, client) in clients.items():
+        run(client, f"mkdir -p {PROBE_DIR}")
+        with client.open_sftp() as sftp, sftp.open(PROBE, "wb") as fh:
+            fh.write(remote.bundle())
+        saved_hosts[_name] = run(client, "cat /etc/hosts")
+        # What the setup playbook does: every node knows every node's cluster address by name.
+        kept = "".join(line + "\n" for line in saved_hosts[_name].splitlines() if not line.endswith(tuple(clients)))
+        write_hosts(client, kept + hosts_lines)
+    yield clients
+    for name, (_, client) in clients.items():
+        write_hosts(client, saved_hosts[name])
+        run(client, f"rm -rf {PROBE_DIR}")
+        client.close()
+
+
+def write_hosts(client: paramiko.SSHClient, text: str) -> None:
+    # /etc/hosts is bind-mounted by Docker: rewrite it in place rather than replacing the file.
+    run(client, f"printf %s {shlex.quote(text)} > /etc/hosts")
+
+
+def mesh(nodes, duration: float = 5) -> tuple[list, dict]:
+    peers = [network.Peer(name, addr) for name, (addr, _) in nodes.items()]
+    ports = [MASTER_PORT, stage.pick_ephemeral_port()]
+    records, errors = {}, {}
+
+    def probe(name: str, client: paramiko.SSHClient) -> None:
+        command = ["python3", PROBE, "netprobe", *stage.mesh_args(name, peers, ports, duration)]
+        try:
+            records[name] = json.loads(run(client, shlex.join(command), timeout=duration + 30))
+        except Exception as exc:
+            errors[name] = str(exc)
+
+    threads = [threading.Thread(target=probe, args=(name, client)) for name, (_, client) in nodes.items()]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    results = network.evaluate(records, peers, master="node1", master_port=MASTER_PORT, errors=errors)
+    return results, records
+
+
+def by_name(results, name):
+    return [r for r in results if r.name == name]
+
+
+def test_a_healthy_cluster_passes_every_network_check(nodes):
+    results, records = mesh(nodes)
+    assert [r for r in results if r.status is not Status.PASS] == []
+    assert {r.name for r in results} == {
+        "network.probe",
+        "network.master_port",
+        "network.listen",
+        "network.tcp",
+        "network.resolve",
+        "network.mtu",
+    }
+    tcp = by_name(results, "network.tcp")[0]
+    assert tcp.data["pairs"] == 6 and tcp.data["connections"] == 12
+    assert all(r["interface"] == "eth0" and r["mtu"] for r in records.values())
+    # All done well before the deadline: the probes end as soon as every connection in and out is made.
+    assert max(r["seconds"] for r in records.values()) < 4
+
+
+@pytest.fixture
+def node3_firewall(nodes):
+    """node3 drops new TCP connections from node1 and node2 to any port but SSH, like a default-deny firewall."""
+    _, client = nodes["node3"]
+    run(
+        client,
+        "command -v iptables >/dev/null || (apt-get update -qq && "
+        "DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends iptables >/dev/null)",
+        timeout=300,
+    )
+    sources = ",".join(addr for name, (addr, _) in nodes.items() if name != "node3")
+    run(client, f"iptables -N {CHAIN} && iptables -I INPUT -j {CHAIN}")
+    try:
+        run(client, f"iptables -A {CHAIN} -p tcp -s {sources} -m conntrack --ctstate NEW ! --dport 22 -j DROP")
+        yield
+    finally:
+        run(client, f"iptables -D INPUT -j {CHAIN}; iptables -F {CHAIN}; iptables -X {CHAIN}")
+
+
+def test_a_node_whose_firewall_drops_cluster_traffic_is_named_with_the_pairs(nodes, node3_firewall):
+    results, _ = mesh(nodes, duration=5)
+    failures = [r for r in by_name(results, "network.tcp") if r.status is Status.FAIL]
+    assert sorted((r.data["from"], r.data["to"]) for r in failures) == [("node1", "node3"), ("node2", "node3")]
+    for r in failures:
+        assert r.message.startswith(f"{r.data['from']} -> node3")
+        assert r.data["cause"] == "firewall"
+        assert "timed out" in r.message and "no node reaches node3" in r.message
+        assert "On node3, allow TCP" in r.remediation
+    # Traffic node3 starts is answered: only its inbound side is blocked.
+    assert not [r for r in failures if r.data["from"] == "node3"]
+
+
+def test_a_missing_route_is_reported_as_routing(nodes):
+    _, node1 = nodes["node1"]
+    node2_addr = nodes["node2"][0]
+    run(node1, f"ip route add unreachable {node2_addr}/32")
+    try:
+        results, _ = mesh(nodes, duration=4)
+    finally:
+        run(node1, f"ip route del unreachable {node2_addr}/32")
+    pair = next(r for r in by_name(results, "network.tcp") if r.data.get("from") == "node1" and r.data["to"] == "node2")
+    assert pair.status is Status.FAIL
+    assert pair.data["cause"] == "routing"
+    assert "node1 -> node2" in pair.message and "ip route get" in pair.remediation
+
+
+def test_a_hostname_mapped_to_loopback_fails_on_the_node_that_maps_it(nodes):
+    # Ubuntu's installer writes "127.0.1.1 <hostname>": torch on that node would then advertise loopback.
+    _, node2 = nodes["node2"]
+    before = run(node2, "cat /etc/hosts")
+    write_hosts(node2, "127.0.1.1 node2\n" + before)
+    try:
+        results, _ = mesh(nodes)
+    finally:
+        write_hosts(node2, before)
+    failing = [r for r in by_name(results, "network.resolve") if r.status is Status.FAIL]
+    assert [r.host for r in failing] == ["node2"]
+    assert "node2 resolves to loopback 127.0.1.1" in failing[0].message
+    assert "127.0.1.1" in failing[0].remediation

@@ -1,0 +1,266 @@
+"""`clustercheck run` against the 3-node test cluster, over SSH, as a user runs it.
+
+Destructive tests (a changed torch label, a paused node) restore the shared session cluster at the end.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import time
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+from harness import (
+    CLUSTERCHECK,
+    LEFTOVERS,
+    PYTHON,
+    checks_of,
+    clustercheck,
+    clustercheck_command,
+    leftovers,
+    ssh_client,
+    ssh_run,
+)
+
+from clustercheck.checks import registry
+
+pytestmark = pytest.mark.cluster
+
+
+def test_every_check_runs_over_ssh_on_every_node(torch_cluster, tmp_path):
+    proc = clustercheck(torch_cluster, tmp_path, "--format", "json", "--master-port", "29621")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr
+    checks = checks_of(proc)
+    report = json.loads(proc.stdout)
+    assert report["schema_version"] == 1 and report["hosts"] == ["node1", "node2", "node3"]
+    for node in torch_cluster.nodes:
+        name = node.name
+        assert checks[("connect", name)]["status"] == "PASS"
+        assert f"SSH to {node.address}" in checks[("connect", name)]["message"]
+        torch = checks[("torch.import", name)]
+        assert torch["status"] == "PASS", torch
+        assert torch["data"]["python"] == PYTHON and torch["data"]["torch"] == "2.13.0+cpu"
+        assert checks[("python.env", name)]["data"]["source"] == "/etc/clustercheck/python"
+        assert checks[("hostname.resolve", name)]["status"] == "PASS"
+        assert checks[("shm.size", name)]["status"] == "PASS"
+        for collective in ("local.allreduce", "local.allgather", "local.broadcast"):
+            assert checks[(collective, name)]["status"] == "PASS"
+            assert checks[(collective, name)]["data"]["wrong"] == 0
+        assert checks[("gpu.count", name)]["status"] == "SKIP"  # no GPU here, and none expected
+        assert {c["status"] for (_, host), c in checks.items() if host == name} <= {"PASS", "WARN", "SKIP"}
+        assert json.loads((tmp_path / "run" / "hosts" / name / "facts.json").read_text())["torch"]["version"]
+        local = tmp_path / "run" / "hosts" / name / "local-collectives"
+        assert sorted(p.name for p in local.glob("rank-*.json")) == ["rank-0.json", "rank-1.json"]
+    for field in ("torch", "python", "gpu_count", "mtu", "clock"):
+        assert checks[(f"consistency.{field}", None)]["status"] == "PASS", checks[(f"consistency.{field}", None)]
+    # Then the multi-node stages, over every node at once: network, collectives, DDP equivalence.
+    tcp = checks[("network.tcp", None)]
+    assert tcp["status"] == "PASS" and tcp["data"]["pairs"] == 6, tcp
+    assert checks[("network.master_port", "node1")]["status"] == "PASS"
+    assert checks[("network.mtu", None)]["status"] == "PASS"
+    for collective in ("allreduce", "allgather", "broadcast"):
+        result = checks[(collective, None)]
+        assert result["status"] == "PASS" and result["data"]["world_size"] == 6 and result["data"]["wrong"] == 0
+    assert checks[("allreduce.bandwidth", None)]["data"]["ranks"] == 6
+    ddp = checks[("ddp_equivalence", None)]
+    assert ddp["status"] == "PASS", ddp["message"]
+    assert ddp["data"]["world_size"] == 6 and ddp["data"]["backend"] == "gloo"
+    assert ddp["data"]["max_abs_param_diff"] < 1e-12
+    command = (tmp_path / "run" / "hosts" / "node2" / "ddp.command").read_text()
+    assert "GLOO_SOCKET_IFNAME=eth0" in command and "--node-rank=1" in command
+    assert f"--master-addr={torch_cluster.node('node1').address}" in command
+    for name in ("node1", "node2", "node3"):  # every node's rank records and logs came back
+        assert len(list((tmp_path / "run" / "hosts" / name / "ddp").glob("rank-*.json"))) == 2
+    assert {c["name"] for c in report["checks"]} <= set(registry.REGISTRY)  # every name is in the catalog
+    junit = ET.parse(tmp_path / "run" / "report.xml").getroot()
+    assert [s.get("name") for s in junit.iter("testsuite")] == ["node1", "node2", "node3", "(cluster)"]
+    assert not leftovers(torch_cluster)
+
+
+def test_a_node_with_another_torch_version_is_inconsistent(torch_cluster, tmp_path):
+    """node3's torch is relabelled 2.12.0 (torch/version.py edited, the build itself unchanged); restored after."""
+    node3 = torch_cluster.node("node3")
+    locate = f"{PYTHON} -c 'import torch, os; print(\"DIR=\" + os.path.dirname(torch.__file__))'"
+    with ssh_client(torch_cluster, node3) as client:
+        status, out = ssh_run(client, locate)
+        assert status == 0, out
+        torch_dir = next(ln[4:] for ln in out.splitlines() if ln.startswith("DIR="))
+        version_py = f"{torch_dir}/version.py"
+        # The label changes, not its length: drop the bytecode so Python cannot reuse a stale copy.
+        no_pyc = f"rm -f {torch_dir}/__pycache__/version.*.pyc"
+        status, out = ssh_run(
+            client,
+            f"cp -p {version_py} {version_py}.orig && sed -i 's/2\\.13\\.0+cpu/2.12.0+cpu/' {version_py} && {no_pyc}",
+        )
+        assert status == 0, out
+        try:
+            proc = clustercheck(torch_cluster, tmp_path, "--format", "json", "--skip", "local.*", "--only", "core")
+        finally:
+            ssh_run(client, f"mv {version_py}.orig {version_py} && {no_pyc}")
+        _, restored = ssh_run(client, f"{PYTHON} -c 'import torch; print(\"VERSION=\" + torch.__version__)'")
+    restored = next(ln[8:] for ln in restored.splitlines() if ln.startswith("VERSION="))
+    assert restored.strip() == "2.13.0+cpu"
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    result = checks_of(proc)[("consistency.torch", None)]
+    assert result["status"] == "FAIL"
+    assert result["message"] == "torch version differs: node3 has 2.12.0+cpu, where the other 2 node(s) have 2.13.0+cpu"
+    assert result["data"]["differ"] == ["node3"]
+    assert result["remediation"]
+    assert "NOT READY" in proc.stderr
+
+
+def test_an_unknown_host_key_is_refused(cluster, tmp_path):
+    empty = tmp_path / "known_hosts"
+    empty.write_text("")
+    proc = clustercheck(cluster, tmp_path, "--limit", "node1", "--known-hosts", str(empty), "--format", "json")
+    assert proc.returncode == 4, proc.stderr
+    assert "Traceback" not in proc.stderr
+    connect = checks_of(proc)[("connect", "node1")]
+    assert connect["status"] == "FAIL" and connect["data"]["host_key"]
+    assert "unknown host key" in connect["message"] and "SHA256:" in connect["message"]
+    assert "--accept-new-host-keys" in connect["message"]
+    assert ("facts", "node1") not in checks_of(proc)  # nothing ran on a host we could not authenticate
+    assert empty.read_text() == ""
+
+
+def test_accept_new_records_unknown_keys_and_a_changed_key_is_always_refused(cluster, tmp_path):
+    new = tmp_path / "known_hosts"
+    new.write_text("")
+    args = ["--limit", "node1", "--only", "core", "--skip", "local.*", "--known-hosts", str(new), "--format", "json"]
+    first = clustercheck(cluster, tmp_path, *args, "--accept-new-host-keys")
+    assert first.returncode != 4, first.stderr
+    assert checks_of(first)[("connect", "node1")]["status"] == "PASS"
+    recorded = new.read_text()
+    assert recorded.startswith(cluster.node("node1").address + " ")
+    assert checks_of(clustercheck(cluster, tmp_path, *args))[("connect", "node1")]["status"] == "PASS"
+
+    # node2's key under node1's address: what a man in the middle (or a reinstalled node) looks like.
+    node2_keys = [
+        ln.split(None, 1)[1] for ln in Path(cluster.known_hosts).read_text().splitlines() if ln.startswith("node2,")
+    ]
+    changed = tmp_path / "changed_known_hosts"
+    changed.write_text("".join(f"{cluster.node('node1').address} {key}\n" for key in node2_keys))
+    proc = clustercheck(
+        cluster, tmp_path, *args[:-4], "--known-hosts", str(changed), "--format", "json", "--accept-new-host-keys"
+    )
+    assert proc.returncode == 4
+    assert "HOST KEY CHANGED" in checks_of(proc)[("connect", "node1")]["message"]
+
+
+def test_hashed_known_hosts_entries_are_understood(cluster, tmp_path):
+    hashed = tmp_path / "known_hosts"
+    hashed.write_text(Path(cluster.known_hosts).read_text())
+    subprocess.run(["ssh-keygen", "-H", "-f", str(hashed)], check=True, capture_output=True)
+    assert "|1|" in hashed.read_text() and "node1" not in hashed.read_text()
+    proc = clustercheck(
+        cluster, tmp_path, "--only", "core", "--skip", "local.*", "--known-hosts", str(hashed), "--format", "json"
+    )
+    assert proc.returncode != 4, proc.stderr
+    assert all(checks_of(proc)[("connect", n.name)]["status"] == "PASS" for n in cluster.nodes)
+
+
+def test_a_stopped_node_is_unreachable_within_the_timeout_and_the_others_still_report(torch_cluster, tmp_path):
+    node2 = torch_cluster.node("node2")
+    subprocess.run(["docker", "pause", node2.container], check=True, capture_output=True)
+    try:
+        started = time.monotonic()
+        proc = clustercheck(
+            torch_cluster, tmp_path, "--skip", "local.*", "--connect-timeout", "3", "--format", "json", timeout=120
+        )
+        elapsed = time.monotonic() - started
+    finally:
+        subprocess.run(["docker", "unpause", node2.container], check=True, capture_output=True)
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    checks = checks_of(proc)
+    connect = checks[("connect", "node2")]
+    assert connect["status"] == "FAIL" and "unreachable" in connect["message"], connect
+    assert elapsed < 45, f"a paused node held the run for {elapsed:.0f} s"
+    for name in ("node1", "node3"):
+        assert checks[("facts", name)]["status"] == "PASS"
+        assert checks[("torch.import", name)]["status"] == "PASS"
+    assert checks[("consistency.torch", None)]["status"] == "PASS"  # compared over the nodes that answered
+    for name in ("network.tcp", "allreduce", "ddp_equivalence"):  # no multi-node job without every node
+        skipped = checks[(name, None)]
+        assert skipped["status"] == "SKIP" and "node2: not reached" in skipped["message"], skipped
+    with ssh_client(torch_cluster, node2) as client:  # restored for the tests after this one
+        assert ssh_run(client, "hostname")[1].strip() == "node2"
+
+
+def test_ctrl_c_leaves_no_process_on_any_node(torch_cluster, tmp_path):
+    command = clustercheck_command(
+        torch_cluster,
+        tmp_path,
+        "--master-port",
+        "29631",
+        "--nproc-per-node",
+        "6",  # six ranks on two cores: a torch job that is still starting when Ctrl-C comes
+    )
+    clients = [ssh_client(torch_cluster, node) for node in torch_cluster.nodes]
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        # Wait until the torch job's workers run on every node: the moment with the most to clean up.
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline and proc.poll() is None:
+            running = [ssh_run(client, LEFTOVERS, timeout=60)[1] for client in clients]
+            if all("clustercheck-remote.pyz collectives" in out for out in running):
+                break
+            time.sleep(0.2)
+        assert proc.poll() is None, "clustercheck finished before the torch job ran on every node"
+        proc.send_signal(signal.SIGINT)
+        _, stderr = proc.communicate(timeout=90)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        for client in clients:
+            client.close()
+    assert proc.returncode == 2, stderr[-2000:]
+    assert "interrupted" in stderr and "Traceback" not in stderr
+    assert leftovers(torch_cluster) == {}
+
+
+def test_a_timed_out_torch_job_is_killed_on_every_node(torch_cluster, tmp_path):
+    proc = clustercheck(torch_cluster, tmp_path, "--timeout", "1", "--format", "json", "--master-port", "29641")
+    assert proc.returncode == 1
+    checks = checks_of(proc)
+    for node in torch_cluster.nodes:
+        allreduce = checks[("local.allreduce", node.name)]
+        assert allreduce["status"] == "FAIL" and "timed out" in allreduce["message"], allreduce
+    assert leftovers(torch_cluster) == {}
+
+
+def test_ssh_config_with_proxyjump_reaches_a_node_through_another(cluster, tmp_path):
+    """~/.ssh/config's HostName, User, IdentityFile, UserKnownHostsFile and ProxyJump (node2 through node1)."""
+    node1, node2 = cluster.node("node1"), cluster.node("node2")
+    config = tmp_path / "ssh_config"
+    config.write_text(
+        f"Host behind-node1\n    HostName {node2.address}\n    ProxyJump {node1.address}\n\n"
+        f"Host *\n    User root\n    IdentityFile {cluster.key_file}\n    UserKnownHostsFile {cluster.known_hosts}\n"
+    )
+    proc = subprocess.run(
+        [
+            CLUSTERCHECK,
+            "run",
+            "--hosts",
+            "behind-node1",
+            "--ssh-config",
+            str(config),
+            "--skip",
+            "local.*",
+            "--only",
+            "core",
+            "--format",
+            "json",
+            "--run-dir",
+            str(tmp_path / "run"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    checks = checks_of(proc)
+    assert checks[("connect", "behind-node1")]["status"] == "PASS", proc.stderr[-2000:]
+    assert checks[("hostname.resolve", "behind-node1")]["data"]["hostname"] == "node2"

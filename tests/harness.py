@@ -1,0 +1,124 @@
+"""What the tests share: running clustercheck as a user does, reading its report, reaching test nodes over SSH,
+finding leftovers, and the faults the tests put on a node (never through clustercheck's own code).
+
+Importable from every test directory (pytest's pythonpath setting in pyproject.toml names tests/ and
+tests/cluster/).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+from torchenv import PYTHON, VENV, ssh_client, ssh_run
+
+__all__ = ["PYTHON", "VENV", "ssh_client", "ssh_run"]
+
+CLUSTERCHECK = str(Path(sys.executable).parent / "clustercheck")
+
+# What any process clustercheck started would show: its marker in the environment, or its work directory.
+LEFTOVERS = (
+    "for d in /proc/[0-9]*; do grep -qsz '^CLUSTERCHECK_RUN=' $d/environ && cat $d/cmdline | tr '\\0' ' ' && echo; "
+    "done; ls -d /tmp/clustercheck-* 2>/dev/null; pgrep -af '[c]lustercheck-remote|[t]orch.distributed.run'; true"
+)
+# A node's DDP ranks, not its torchrun agent (whose command line names the worker too).
+DDP_RANKS = (
+    "for p in $(pgrep -f 'clustercheck-remote[.]pyz ddp'); do "
+    "grep -qs torch.distributed.run /proc/$p/cmdline || echo $p; done"
+)
+
+
+def run_cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    """`clustercheck ARGS` as a user runs it."""
+    return subprocess.run([CLUSTERCHECK, *args], capture_output=True, text=True, timeout=timeout)
+
+
+def clustercheck_command(cluster, tmp_path: Path, *args: str) -> list[str]:
+    """`clustercheck run` against CLUSTER's inventory, as a user runs it, with no ~/.ssh/config of ours."""
+    empty_config = tmp_path / "ssh_config"
+    empty_config.touch()
+    return [
+        CLUSTERCHECK,
+        "run",
+        "--hosts",
+        cluster.inventory,
+        "--ssh-config",
+        str(empty_config),
+        "--run-dir",
+        str(tmp_path / "run"),
+        *args,
+    ]
+
+
+def clustercheck(cluster, tmp_path: Path, *args: str, timeout: float = 600) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        clustercheck_command(cluster, tmp_path, *args), capture_output=True, text=True, timeout=timeout
+    )
+
+
+def checks_of(proc: subprocess.CompletedProcess) -> dict[tuple[str, str | None], dict]:
+    """(check name, host) -> the check, from a JSON report on stdout."""
+    report = json.loads(proc.stdout)
+    return {(c["name"], c["host"]): c for c in report["checks"]}
+
+
+def leftovers(cluster) -> dict[str, str]:
+    """Node -> what clustercheck left running or on disk there (empty: nothing)."""
+    found = {}
+    for node in cluster.nodes:
+        with ssh_client(cluster, node) as client:
+            _, out = ssh_run(client, LEFTOVERS, timeout=60)
+            if out.strip():
+                found[node.name] = out.strip()
+    return found
+
+
+# ------------------------------------------------------------------------------------------- faults
+
+
+def diverging_torch(kind: str, rank: int | None = None) -> str:
+    """Python source that makes torch on a node train differently, loaded at interpreter start (a sitecustomize
+    on PYTHONPATH, or a .pth file in the environment's site-packages): `lr` makes SGD's learning rate 10% larger,
+    `data` shifts every torch.randn draw (so seeded data differs). Only in torchrun's ranks (RANK set), and only
+    in global rank RANK when given."""
+    if kind == "lr":
+        patch = """
+            import torch.optim
+            _init = torch.optim.SGD.__init__
+            def __init__(self, params, lr=1e-3, *args, **kwargs):
+                _init(self, params, lr * 1.1, *args, **kwargs)
+            torch.optim.SGD.__init__ = __init__
+        """
+    elif kind == "data":
+        patch = """
+            import torch
+            _randn = torch.randn
+            def randn(*args, **kwargs):
+                return _randn(*args, **kwargs) + 1e-3
+            torch.randn = randn
+        """
+    else:
+        raise ValueError(kind)
+    only = "" if rank is None else f" and os.environ.get('RANK') == '{rank}'"
+    body = textwrap.indent(textwrap.dedent(patch).strip(), "    ")
+    return f"import os\nif os.environ.get('RANK') is not None{only}:\n{body}\n"
+
+
+@contextlib.contextmanager
+def torch_fault_on_node(cluster, node, kind: str):
+    """DIVERGING_TORCH(KIND) installed into NODE's torch environment for the duration; removed afterwards."""
+    site = f"{VENV}/lib/python3.11/site-packages"
+    with ssh_client(cluster, node) as client:
+        with client.open_sftp() as sftp:
+            with sftp.open(f"{site}/clustercheck_test_fault.py", "w") as fh:
+                fh.write(diverging_torch(kind))
+            with sftp.open(f"{site}/clustercheck_test_fault.pth", "w") as fh:
+                fh.write("import clustercheck_test_fault\n")
+        try:
+            yield
+        finally:
+            ssh_run(client, f"rm -f {site}/clustercheck_test_fault.py {site}/clustercheck_test_fault.pth")

@@ -1,0 +1,174 @@
+"""`clustercheck run --hosts localhost`: the README's main job, run for real on this machine."""
+
+from __future__ import annotations
+
+import json
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+from harness import run_cli
+
+
+def test_localhost_runs_every_stage_and_proves_ddp_equivalence_on_two_cpu_ranks(tmp_path):
+    proc = run_cli(
+        "run", "--hosts", "localhost", "--format", "json", "--run-dir", str(tmp_path / "run"), "--master-port", "29611"
+    )
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout)
+    assert report["schema_version"] == 1
+    assert report["status"] in ("PASS", "WARN")
+    assert report["hosts"] == ["localhost"]
+    names = [c["name"] for c in report["checks"]]
+    checks = {c["name"]: c for c in report["checks"]}
+    # The stages in order: core, network, collectives, DDP.
+    order = ["torch.import", "network.tcp", "allreduce", "allgather", "broadcast", "allreduce.bandwidth"]
+    assert [n for n in names if n in order] == order and names[-1] == "ddp_equivalence"
+    assert checks["connect"]["message"] == "localhost: local"
+    assert checks["network.master_port"]["status"] == "PASS" and "29611" in checks["network.master_port"]["message"]
+    for name in ("allreduce", "allgather", "broadcast"):
+        assert checks[name]["status"] == "PASS"
+        assert checks[name]["data"]["world_size"] == 2
+        assert checks[name]["data"]["backend"] == "gloo"
+        assert checks[name]["data"]["wrong"] == 0
+    assert checks["allreduce.bandwidth"]["data"]["peak_busbw_gbps"] > 0
+    ddp = checks["ddp_equivalence"]
+    assert ddp["status"] == "PASS", ddp["message"]
+    assert ddp["data"]["world_size"] == 2 and ddp["data"]["backend"] == "gloo" and ddp["data"]["steps"] == 20
+    assert ddp["data"]["max_abs_param_diff"] < 1e-12 and ddp["data"]["max_rel_param_diff"] < 1e-12
+    assert abs(ddp["data"]["reference_accuracy"] - ddp["data"]["ddp_accuracy"]) <= 0.01
+    assert ddp["data"]["scaling_efficiency"] > 0
+    for name in ("local.allreduce", "local.allgather", "local.broadcast"):  # on one node: the collectives stage
+        assert checks[name]["status"] == "SKIP" and "collectives stage" in checks[name]["message"]
+    assert all(c["status"] in ("PASS", "WARN", "SKIP") for c in report["checks"])
+    assert "READY" in proc.stderr
+    host_dir = tmp_path / "run" / "hosts" / "localhost"
+    for stage in ("collectives", "ddp"):  # rank records and torchrun's per-rank logs came back
+        assert sorted(p.name for p in (host_dir / stage).glob("rank-*.json")) == ["rank-0.json", "rank-1.json"]
+        assert list((host_dir / stage / "torchrun-logs").rglob("stderr.log"))
+    assert "--master-port=29611" in (host_dir / "ddp.command").read_text()
+    assert json.loads((host_dir / "facts.json").read_text())["python"]["executable"]
+    assert (tmp_path / "run" / "report.xml").exists()
+    assert len(report["run_id"]) == 12
+    assert not Path(f"/tmp/clustercheck-{report['run_id']}").exists()  # the work directory is cleaned up too
+
+
+def test_every_check_a_run_reports_is_in_the_catalog_under_the_same_name(tmp_path):
+    catalog = json.loads(run_cli("checks", "--format", "json").stdout)["checks"]
+    known = {c["name"]: c for c in catalog}
+    assert all(c["proves"] and c["stage"] in ("core", "network", "collectives", "ddp") for c in catalog)
+    for args in ([], ["--only", "core"], ["--skip", "network.*", "--skip", "ddp"]):
+        proc = run_cli("run", "--hosts", "localhost", "--format", "json", "--run-dir", str(tmp_path), *args)
+        names = {c["name"] for c in json.loads(proc.stdout)["checks"]}
+        assert names <= set(known), names - set(known)
+        if not args:
+            full = names
+        assert names == full  # the same checks whether a stage ran or was skipped
+
+
+def test_only_and_skip_select_stages_and_min_busbw_judges_bandwidth(tmp_path):
+    proc = run_cli(
+        "run",
+        "--hosts",
+        "localhost",
+        "--format",
+        "json",
+        "--run-dir",
+        str(tmp_path / "run"),
+        "--only",
+        "collectives",
+        "--min-busbw",
+        "100000",
+    )
+    assert proc.returncode == 1, proc.stderr
+    checks = {c["name"]: c for c in json.loads(proc.stdout)["checks"]}
+    assert checks["allreduce"]["status"] == "PASS"
+    bw = checks["allreduce.bandwidth"]
+    assert bw["status"] == "FAIL" and bw["data"]["thresholds"]["fail_below"] == 100000
+    assert checks["network.tcp"]["status"] == "SKIP" and "--only collectives" in checks["network.tcp"]["message"]
+    assert checks["ddp_equivalence"]["status"] == "SKIP"
+    assert not (tmp_path / "run" / "hosts" / "localhost" / "ddp").exists()  # no DDP job started
+
+    proc = run_cli(
+        "run", "--hosts", "localhost", "--format", "json", "--run-dir", str(tmp_path / "r2"), "--skip", "ddp"
+    )
+    checks = {c["name"]: c for c in json.loads(proc.stdout)["checks"]}
+    assert proc.returncode == 0, proc.stderr
+    assert checks["network.tcp"]["status"] == "PASS" and checks["allreduce"]["status"] == "PASS"
+    assert checks["ddp_equivalence"]["status"] == "SKIP" and "--skip" in checks["ddp_equivalence"]["message"]
+
+
+def test_a_bad_min_busbw_or_stage_is_a_usage_error():
+    proc = run_cli("run", "--hosts", "localhost", "--min-busbw", "fast")
+    assert proc.returncode == 4
+    assert proc.stderr.startswith("clustercheck: error: --min-busbw 'fast'")
+    assert "Traceback" not in proc.stderr
+    for args in (["--only", "gpu"], ["--skip", "core"]):
+        proc = run_cli("run", "--hosts", "localhost", *args)
+        assert proc.returncode == 4 and proc.stderr.startswith("clustercheck: error:"), proc.stderr
+
+
+def test_a_python_without_torch_fails_with_its_cause(tmp_path):
+    proc = run_cli(
+        "run", "--hosts", "localhost", "--python", "/usr/bin/false", "--format", "json", "--run-dir", str(tmp_path)
+    )
+    assert proc.returncode == 1
+    report = json.loads(proc.stdout)
+    checks = {c["name"]: c for c in report["checks"]}
+    assert checks["python.env"]["status"] == "FAIL"
+    assert checks["torch.import"]["status"] == "FAIL"
+    assert checks["torch.import"]["remediation"]
+    for name in ("allreduce", "ddp_equivalence"):  # no torch job starts without torch
+        assert checks[name]["status"] == "SKIP" and "torch does not import on localhost" in checks[name]["message"]
+    assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize(
+    ("hosts", "code", "message"),
+    [
+        ("node1:http", 4, "bad port"),
+        ("inventory/missing.ini", 4, "no such inventory"),
+        (",", 5, "no host matched"),
+    ],
+)
+def test_bad_hosts_are_one_line_errors_with_their_exit_code(hosts, code, message):
+    proc = run_cli("run", "--hosts", hosts)
+    assert proc.returncode == code
+    assert proc.stderr.startswith("clustercheck: error:") and message in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_a_limit_that_matches_nothing_exits_5(tmp_path):
+    inventory = tmp_path / "hosts.ini"
+    inventory.write_text("[gpu_nodes]\ngpu01 ansible_host=10.0.0.11\n")
+    proc = run_cli("run", "--hosts", str(inventory), "--limit", "head")
+    assert proc.returncode == 5, proc.stderr
+    assert "no host matched" in proc.stderr
+
+
+def test_junit_output_to_a_file(tmp_path):
+    out = tmp_path / "report.xml"
+    proc = run_cli(
+        "run",
+        "--hosts",
+        "localhost",
+        "--format",
+        "junit",
+        "-o",
+        str(out),
+        "--only",
+        "core",
+        "--run-dir",
+        str(tmp_path / "run"),
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == ""
+    root = ET.parse(out).getroot()
+    assert [s.get("name") for s in root.iter("testsuite")] == ["localhost", "(cluster)"]
+    assert root.find(".//testcase[@name='ddp_equivalence']/skipped") is not None
+
+
+def test_bad_option_is_a_usage_error():
+    proc = run_cli("run", "--hosts", "localhost", "--format", "xml")
+    assert proc.returncode == 4
+    assert "Traceback" not in proc.stderr

@@ -1,0 +1,72 @@
+"""DDP equivalence for real: torchrun agents on this machine stand in for nodes, gloo ranks talk over loopback.
+
+Every agent gets the command line and environment clustercheck.stages.launch builds for a node; a fault (torch
+that trains differently) is loaded by one agent's interpreters only, as a broken library on one node would be.
+"""
+
+from __future__ import annotations
+
+import localjob
+from harness import diverging_torch
+
+from clustercheck.checks import ddp
+from clustercheck.model import Status
+
+
+def test_ddp_over_three_nodes_matches_single_process_training(tmp_path):
+    job = localjob.run_job(tmp_path, "ddp", nnodes=3, nproc=1, master_port=29681)
+    assert job.exit_codes == [0, 0, 0], job.logs
+    result = ddp.evaluate(job.records, job.world_size)
+    assert result.status is Status.PASS, result.message
+    assert result.data["world_size"] == 3
+    assert result.data["backend"] == "gloo" and result.data["dtype"] == "float64"
+    assert result.data["max_abs_param_diff"] < 1e-12
+    assert result.data["reference_accuracy"] == result.data["ddp_accuracy"] > 0.5  # it learned something
+    assert result.data["ddp_losses"][-1] < result.data["ddp_losses"][0]
+    assert len({r["final_hash"] for r in job.records}) == 1
+    assert result.data["scaling_efficiency"] > 0
+    # torchrun kept every rank's output on the node
+    assert list((tmp_path / "node2" / "ddp" / "torchrun-logs").rglob("stderr.log"))
+
+
+def test_a_node_with_another_learning_rate_fails_naming_its_rank_and_the_step(tmp_path):
+    job = localjob.run_job(
+        tmp_path,
+        "ddp",
+        nnodes=3,
+        nproc=1,
+        master_port=29682,
+        faults={"node3": diverging_torch("lr")},
+    )
+    assert job.exit_codes == [0, 0, 0], job.logs
+    result = ddp.evaluate(job.records, job.world_size)
+    assert result.status is Status.FAIL
+    assert result.data["disagreeing_ranks"] == [2]  # node3's only rank
+    assert result.data["ranks_part_at_step"] == 1
+    assert result.data["curves_part_at_step"] == 2
+    assert "rank 2 (" in result.message and "from step 1" in result.message
+
+
+def test_a_rank_that_generates_other_data_fails_from_step_one(tmp_path):
+    job = localjob.run_job(
+        tmp_path,
+        "ddp",
+        nnodes=1,
+        nproc=2,
+        master_port=29683,
+        worker_args=["--steps", "8"],
+        faults={"node1": diverging_torch("data", rank=1)},
+    )
+    result = ddp.evaluate(job.records, job.world_size)
+    assert result.status is Status.FAIL
+    assert result.data["ranks_with_different_data"] == [1]
+    assert result.data["curves_part_at_step"] == 1
+    assert result.data["steps"] == 8
+
+
+def test_a_global_batch_that_does_not_split_is_reported_by_every_rank(tmp_path):
+    job = localjob.run_job(tmp_path, "ddp", nnodes=1, nproc=2, master_port=29684, worker_args=["--global-batch", "7"])
+    assert job.exit_codes == [1]
+    result = ddp.evaluate(job.records, job.world_size)
+    assert result.status is Status.FAIL
+    assert "does not split over 2 ranks" in result.message

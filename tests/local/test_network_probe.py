@@ -1,0 +1,131 @@
+"""The network probe worker's own logic: who holds a port, and the probe on loopback for real."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+from clustercheck.checks import network
+from clustercheck.model import Status
+from clustercheck.remote import netprobe
+from clustercheck.stages import network as stage
+from clustercheck.stages import remote
+
+PROC_NET_TCP = """\
+  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode
+   0: 00000000:0016 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 18211 1 0
+   1: 0100007F:7274 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 99123 1 0
+   2: 0B521EAC:7274 0C521EAC:C350 01 00000000:00000000 00:00000000 00000000     0        0 99555 1 0
+"""
+
+
+def test_listening_inodes_reads_only_listening_sockets_on_the_port():
+    assert netprobe.listening_inodes(PROC_NET_TCP, 29300) == {"99123"}  # 0x7274; the established one is not
+    assert netprobe.listening_inodes(PROC_NET_TCP, 22) == {"18211"}
+    assert netprobe.listening_inodes(PROC_NET_TCP, 80) == set()
+
+
+def test_port_holders_names_a_real_process():
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import socket, time; s = socket.socket(); s.bind(('127.0.0.1', 0)); s.listen(); "
+            "print(s.getsockname()[1], flush=True); time.sleep(60)",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        port = int(holder.stdout.readline())
+        holders = netprobe.port_holders(port)
+        assert [h["pid"] for h in holders] == [holder.pid]
+        assert "time.sleep(60)" in holders[0]["command"]
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def tmp_dir() -> str:
+    return tempfile.mkdtemp(prefix="clustercheck-test-")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_mesh(names_addrs: dict[str, str], ports: list[int], duration: float, only: list[str] | None = None):
+    probe = remote.write(tmp_dir())
+    peers = [network.Peer(n, a) for n, a in names_addrs.items()]
+    procs = {
+        name: subprocess.Popen(
+            [sys.executable, probe, "netprobe", *stage.mesh_args(name, peers, ports, duration)],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for name in (only or names_addrs)
+    }
+    records = {}
+    for name, proc in procs.items():
+        out, _ = proc.communicate(timeout=duration + 20)
+        assert proc.returncode == 0
+        records[name] = json.loads(out)
+    return records, peers
+
+
+# Three "nodes" on three loopback addresses: real sockets, real connections.
+LOOPBACK = {"localhost": "127.0.0.1", "n2": "127.0.0.2", "n3": "127.0.0.3"}
+
+
+def test_three_probes_on_loopback_connect_all_pairs_and_exit_early():
+    ports = [free_port(), free_port()]
+    started = time.monotonic()
+    records, peers = run_mesh(LOOPBACK, ports, duration=10)
+    assert time.monotonic() - started < 5  # they stop as soon as every connection is made, not at the deadline
+    results = network.evaluate(records, peers, master="localhost", master_port=ports[0])
+    tcp = [r for r in results if r.name == "network.tcp"]
+    assert [r.status for r in tcp] == [Status.PASS]
+    assert tcp[0].data["connections"] == 12
+    assert records["localhost"]["mtu"] and records["localhost"]["interface"] == "lo"
+    assert {o["detail"] for o in records["n2"]["outgoing"]} == {socket.gethostname()}  # the listener's token
+
+
+def test_a_node_whose_probe_never_starts_is_refused_until_the_deadline():
+    ports = [free_port(), free_port()]
+    records, _ = run_mesh(LOOPBACK, ports, duration=2, only=["localhost", "n2"])
+    outs = [o for o in records["localhost"]["outgoing"] if o["to"] == "n3"]
+    assert {o["result"] for o in outs} == {"refused"}
+    assert all(o["attempts"] > 1 for o in outs)  # retried: the peer may just be late
+
+
+def test_a_held_master_port_is_named_with_pid_and_command():
+    ports = [free_port(), free_port()]
+    holder = socket.socket()
+    holder.bind(("127.0.0.1", ports[0]))
+    holder.listen()
+    try:
+        records, peers = run_mesh({"localhost": "127.0.0.1", "n2": "127.0.0.2"}, ports, duration=2)
+    finally:
+        holder.close()
+    results = network.evaluate(records, peers, master="localhost", master_port=ports[0])
+    (port,) = [r for r in results if r.name == "network.master_port"]
+    assert port.status is Status.FAIL
+    assert "Address already in use" in port.message
+    assert "test" in port.message or "pytest" in port.message  # this test process holds the port
+
+
+def test_bad_peer_argument_is_a_usage_error():
+    probe = remote.write(tmp_dir())
+    proc = subprocess.run(
+        [sys.executable, probe, "netprobe", "mesh", "--self", "a", "--peer", "nonsense", "--port", "1"],
+        capture_output=True,
+        text=True,
+    )
+    assert proc.returncode == 2
+    assert "NAME=ADDRESS" in proc.stderr and "Traceback" not in proc.stderr

@@ -1,0 +1,222 @@
+"""The orchestration, driven with fake transports and no network: unreachable nodes, refused host keys, Ctrl-C,
+a deadline passing, a check that raises, selection before work, and the same test set whether a stage ran.
+
+A fake node answers the commands clustercheck sends with outputs recorded on real machines (records/): the facts
+collector's JSON, the network probe's records and the torch workers' rank records.
+"""
+
+from __future__ import annotations
+
+import _thread
+import json
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from clustercheck.checks import registry
+from clustercheck.config import RunConfig
+from clustercheck.inventory import Node
+from clustercheck.model import Status
+from clustercheck.run.pipeline import Pipeline
+from clustercheck.run.selection import Selection
+from clustercheck.transport import CommandResult, HostKeyError, TransportError, workdir_for
+from clustercheck.transport.factory import Connected
+
+RECORDS = Path(__file__).parent / "records"
+FACTS = (RECORDS / "facts-debian12-localhost.json").read_text()
+NETPROBE = json.loads((RECORDS / "netprobe-healthy.json").read_text())
+COLLECTIVES = json.loads((RECORDS / "collectives-2x2.json").read_text())
+DDP = json.loads((RECORDS / "ddp-pass.json").read_text())
+NAMES = ("node1", "node2", "node3")
+
+
+class FakeTransport:
+    """A node that answers like a healthy one; BEHAVIOUR(transport, command) may answer first (None: go on)."""
+
+    def __init__(self, host: str, run_id: str, behaviour=None) -> None:
+        self.host, self.run_id, self.workdir = host, run_id, workdir_for(run_id)
+        self.behaviour = behaviour
+        self.commands: list[list[str]] = []
+        self.files: dict[str, bytes] = {}
+        self.stopped = self.cleaned = self.closed = 0
+
+    @property
+    def index(self) -> int:
+        return NAMES.index(self.host)
+
+    def run(self, command, *, timeout, env=None, stdin=None) -> CommandResult:
+        self.commands.append(list(command))
+        if self.behaviour is not None:
+            answer = self.behaviour(self, command, timeout)
+            if answer is not None:
+                return answer
+        text = " ".join(command)
+        if command[:2] == ["date", "+%s.%N"]:
+            return CommandResult(0, f"{time.time():.9f}\n", "")
+        if command[:2] == ["cat", "/etc/clustercheck/python"]:
+            return CommandResult(0, "/opt/venv/bin/python\n", "")
+        if command[1:3] == ["-c", "import sys; print(sys.executable)"]:
+            return CommandResult(0, command[0] + "\n", "")
+        if len(command) > 2 and command[2] == "facts":
+            return CommandResult(0, FACTS, "")
+        if len(command) > 2 and command[2] == "netprobe":
+            return CommandResult(0, json.dumps(NETPROBE[self.host]) + "\n", "")
+        if "torch.distributed.run" in command:
+            return CommandResult(0, "", "")
+        if command[1:2] == ["-c"] and "rank-*.json" in command[2]:
+            records = COLLECTIVES if "collectives" in command[-1] else DDP
+            rank = 0 if command[-1].endswith("/local-collectives") else self.index  # a node-local job: rank 0
+            mine = [r for r in records if r["rank"] == rank]
+            return CommandResult(0, "".join(json.dumps(r) + "\n" for r in mine), "")
+        return CommandResult(1, "", f"fake node: no answer for {text[:80]}")
+
+    def put(self, local_path: str, remote_path: str) -> None:
+        self.files[remote_path] = Path(local_path).read_bytes()
+
+    def get(self, remote_path: str, local_path: str) -> None:
+        raise TransportError(f"{self.host}: no such file {remote_path}")
+
+    def stop(self) -> None:
+        self.stopped += 1
+
+    def cleanup(self) -> None:
+        self.cleaned += 1
+
+    def close(self) -> None:
+        self.closed += 1
+
+    def ran(self, word: str) -> bool:
+        return any(word in " ".join(c) for c in self.commands)
+
+
+class Cluster:
+    """Three fake nodes; FAULTS maps a node to an exception its connection raises, BEHAVIOUR to its answers."""
+
+    def __init__(self, faults=None, behaviour=None) -> None:
+        self.faults = faults or {}
+        self.behaviour = behaviour or {}
+        self.transports: dict[str, FakeTransport] = {}
+        self.nodes = [Node(name=n, address=NETPROBE[n]["address"]) for n in NAMES]
+
+    def factory(self, node: Node, run_id: str, register) -> Connected:
+        if node.name in self.faults:
+            raise self.faults[node.name]
+        transport = FakeTransport(node.name, run_id, self.behaviour.get(node.name))
+        self.transports[node.name] = transport
+        register(transport)
+        return Connected(transport, "fake")
+
+    def run(self, tmp_path: Path, **config):
+        config.setdefault("nproc_per_node", 1)  # the recorded rank records: one rank per node
+        settings = RunConfig(run_dir=tmp_path, **config)
+        return Pipeline(self.nodes, settings, self.factory).run()
+
+
+def by_key(results) -> dict[tuple[str, str | None], object]:
+    return {(r.name, r.host): r for r in results}
+
+
+def test_a_healthy_fake_cluster_runs_every_stage_and_every_node_is_cleaned_up(tmp_path):
+    cluster = Cluster()
+    outcome = cluster.run(tmp_path)
+    results = by_key(outcome.results)
+    assert results[("network.tcp", None)].status is Status.PASS
+    assert results[("allreduce", None)].status is Status.PASS
+    assert results[("ddp_equivalence", None)].status is Status.PASS, results[("ddp_equivalence", None)].message
+    for transport in cluster.transports.values():
+        assert transport.cleaned == 1 and transport.closed == 1
+        assert len([p for p in transport.files if p.endswith(".pyz")]) == 1  # the node-side package, once
+
+
+def test_an_unreachable_node_among_reachable_ones_is_named_and_the_others_are_judged(tmp_path):
+    cluster = Cluster(faults={"node2": TransportError("node2 (10.0.0.2:22): unreachable: timed out after 3 s")})
+    outcome = cluster.run(tmp_path)
+    results = by_key(outcome.results)
+    connect = results[("connect", "node2")]
+    assert connect.status is Status.FAIL and "unreachable" in connect.message and connect.remediation
+    assert results[("facts", "node1")].status is Status.PASS and results[("facts", "node3")].status is Status.PASS
+    assert ("facts", "node2") not in results
+    for name in ("network.tcp", "allreduce", "ddp_equivalence"):
+        assert results[(name, None)].status is Status.SKIP and "node2: not reached" in results[(name, None)].message
+    assert not outcome.host_key_error
+    assert all(t.cleaned for t in cluster.transports.values())
+
+
+def test_a_refused_host_key_runs_nothing_there_and_flags_the_run(tmp_path):
+    refused = HostKeyError("node1: HOST KEY CHANGED for 10.0.0.1: refused")
+    cluster = Cluster(faults={"node1": refused})
+    outcome = cluster.run(tmp_path, selection=Selection(only=("core",)))
+    assert outcome.host_key_error
+    connect = by_key(outcome.results)[("connect", "node1")]
+    assert connect.status is Status.FAIL and connect.data["host_key"] and "HOST KEY CHANGED" in connect.message
+    assert "node1" not in cluster.transports
+
+
+def test_ctrl_c_mid_run_stops_and_cleans_every_node(tmp_path):
+    started = threading.Event()
+
+    def interrupt(transport, command, timeout):
+        if len(command) > 2 and command[2] == "facts":
+            started.set()
+            _thread.interrupt_main()  # what SIGINT does: KeyboardInterrupt in the main thread
+            time.sleep(2)
+        return None
+
+    cluster = Cluster(behaviour={"node2": interrupt})
+    with pytest.raises(KeyboardInterrupt):
+        cluster.run(tmp_path)
+    assert started.is_set()
+    assert {name: t.cleaned for name, t in cluster.transports.items()} == dict.fromkeys(NAMES, 1)
+
+
+def test_a_torch_job_past_its_deadline_is_stopped_on_every_node(tmp_path):
+    def hang(transport, command, timeout):
+        if "torch.distributed.run" in command:
+            time.sleep(min(timeout, 5))
+            return CommandResult(None, "", "", timed_out=True)
+        if "rank-*.json" in " ".join(command):
+            return CommandResult(0, "", "")  # the ranks never wrote their records
+        return None
+
+    cluster = Cluster(behaviour=dict.fromkeys(NAMES, hang))
+    started = time.monotonic()
+    outcome = cluster.run(tmp_path, selection=Selection(only=("ddp",), skip=("local.*",)), job_timeout=1)
+    assert time.monotonic() - started < 30
+    ddp = by_key(outcome.results)[("ddp_equivalence", None)]
+    assert ddp.status is Status.FAIL and "timed out after 1 s" in ddp.message
+    assert all(t.cleaned for t in cluster.transports.values())
+
+
+def test_a_check_that_raises_is_an_error_under_its_own_name(tmp_path, monkeypatch):
+    def broken(facts):
+        raise ZeroDivisionError("division by zero")
+
+    check = registry.Check("test.broken", "core", "node", "nothing", function=broken)
+    monkeypatch.setitem(registry.REGISTRY, check.name, check)
+    outcome = Cluster().run(tmp_path, selection=Selection(only=("core",), skip=("local.*",)))
+    broken_results = [r for r in outcome.results if r.name == "test.broken"]
+    assert [(r.host, r.status) for r in broken_results] == [(n, Status.ERROR) for n in NAMES]
+    assert "ZeroDivisionError" in broken_results[0].message
+
+
+def test_deselected_stages_and_checks_do_no_work(tmp_path):
+    cluster = Cluster()
+    outcome = cluster.run(tmp_path, selection=Selection(skip=("network.*", "local.*")))
+    for transport in cluster.transports.values():
+        assert not transport.ran("netprobe")  # --skip 'network.*' starts no network probe
+        assert not transport.ran("--nnodes=1")  # --skip 'local.*' starts no node-local torch job
+    results = by_key(outcome.results)
+    assert results[("network.tcp", None)].status is Status.SKIP
+    assert "--skip network.*" in results[("network.tcp", None)].message
+    assert results[("local.allreduce", "node1")].status is Status.SKIP
+    assert results[("ddp_equivalence", None)].status is Status.PASS  # the other stages still ran
+
+
+def test_the_test_set_is_the_same_whether_a_stage_ran_or_was_skipped(tmp_path):
+    ran = Cluster().run(tmp_path / "ran")
+    skipped = Cluster().run(tmp_path / "skipped", selection=Selection(only=("core",)))
+    assert [(r.name, r.host) for r in ran.results if r.status is not Status.SKIP]  # something really ran
+    assert sorted(by_key(ran.results)) == sorted(by_key(skipped.results))
+    assert all(name in registry.REGISTRY for name, _ in by_key(ran.results))

@@ -1,0 +1,66 @@
+"""The torch-job runner's judgement that needs no node: which node failed first, and what a failed job reports."""
+
+from __future__ import annotations
+
+from clustercheck.model import CheckResult, Status
+from clustercheck.stages import torchjob
+from clustercheck.transport import CommandResult
+
+# The end of torchrun's report on the node whose rank was killed (torch 2.13, recorded on the test cluster).
+KILLED = """[rank1]: step 1200
+============================================================
+/tmp/clustercheck-0a1b2c3d4e5f/worker/ddp.py FAILED
+------------------------------------------------------------
+Root Cause (first observed failure):
+[0]:
+  time      : 2026-11-21_20:48:38
+  host      : node2
+  rank      : 1 (local_rank: 0)
+  exitcode  : -9 (pid: 752)
+  error_file: <N/A>
+  traceback : Signal 9 (SIGKILL) received by PID 752
+============================================================
+"""
+# A peer of the killed rank: gloo lost its connection, the rank exited 1.
+PEER = """[rank0]: RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by peer
+  host      : node1
+  rank      : 0 (local_rank: 0)
+  exitcode  : 1 (pid: 611)
+  traceback : To enable traceback see: https://pytorch.org/docs/stable/elastic/errors.html
+"""
+
+
+def test_the_node_with_the_killed_rank_is_named_even_when_a_peer_failed_earlier():
+    ends = {
+        "node1": (10.0, CommandResult(1, PEER, ""), True),
+        "node2": (10.3, CommandResult(1, KILLED, ""), True),
+        "node3": (15.4, CommandResult(None, "", ""), False),  # stopped by clustercheck: not a failure of its own
+    }
+    name, result = torchjob.first_failure(ends)
+    assert name == "node2"
+    assert torchjob._tail(result)[-1] == "  traceback : Signal 9 (SIGKILL) received by PID 752"
+    assert "=====" not in " ".join(torchjob._tail(result))
+
+
+def test_without_a_killed_rank_the_earliest_failure_is_first_and_a_good_run_has_none():
+    ends = {
+        "node1": (12.0, CommandResult(1, PEER, ""), True),
+        "node3": (11.0, CommandResult(1, "", "ModuleNotFoundError: No module named 'torch'"), True),
+        "node2": (11.5, CommandResult(0, "", ""), True),
+    }
+    assert torchjob.first_failure(ends)[0] == "node3"
+    assert torchjob.first_failure({"node1": (1.0, CommandResult(0, "", ""), True)}) is None
+    deadline = {"node1": (300.0, CommandResult(None, "", "", timed_out=True), True)}
+    assert torchjob.first_failure(deadline) is None  # the deadline is reported as such, naming no node
+
+
+def test_a_failed_job_turns_its_checks_into_fails_naming_the_node():
+    outcome = torchjob.JobOutcome(
+        [], 3, "gloo", "torchrun failed on node2 first (exit 1)", {"first_failed_node": "node2"}
+    )
+    original = CheckResult("ddp_equivalence", Status.FAIL, "missing ranks")
+    results = torchjob.judged([original], outcome)
+    assert original.message == "missing ranks"  # a new result, nothing changed in place
+    assert results[0].status is Status.FAIL
+    assert results[0].message == "ddp_equivalence did not complete: torchrun failed on node2 first (exit 1)"
+    assert results[0].data["first_failed_node"] == "node2"
