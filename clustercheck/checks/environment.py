@@ -27,9 +27,24 @@ def python_env(facts: NodeFacts) -> Finding:
     )
 
 
+def torchvision_mismatch(torch_version: str, package) -> str | None:
+    """Why torchvision's build does not match torch's (its CUDA variant, or the torch it was built for)."""
+    variant = torch_version.partition("+")[2] or None
+    theirs = (package.version or "").partition("+")[2] or None
+    if variant and theirs and variant != theirs:
+        return f"torchvision {package.version} is the {theirs} build, torch {torch_version} the {variant} build"
+    base = torch_version.partition("+")[0]
+    for requirement in package.requires_torch:
+        pinned = requirement.split(";")[0].replace(" ", "").replace("(", "").replace(")", "")
+        if pinned.startswith("torch==") and pinned[len("torch==") :].partition("+")[0] != base:
+            return f"torchvision {package.version} was built for {pinned}, the environment has torch {torch_version}"
+    return None
+
+
 @node_check(
     "torch.import",
-    proves="torch imports in the node's environment (and what build it is)",
+    proves="torch imports in the node's environment, and so do torchvision (when installed, built for that torch) "
+    "and the packages the inventory lists in python_env_packages",
     fix="Install PyTorch into that environment (the setup playbook's python_env role), or point "
     "clustercheck_python / --python at the environment that has it.",
 )
@@ -45,8 +60,36 @@ def torch_import(facts: NodeFacts) -> Finding:
             error=problem,
         )
     torch = facts.torch
+    versions = {p.name: p.version for p in facts.packages}
+    broken = [p for p in facts.packages if p.error]
+    if broken:
+        first = broken[0]
+        what = f"{first.name} {first.version}" if first.version else first.name
+        return fail(
+            f"{what} does not import with {facts.python}: {first.error}"
+            + (f" (and {', '.join(p.name for p in broken[1:])})" if broken[1:] else ""),
+            f"Install {first.name} built for this torch ({torch.version}) into that environment, from the same "
+            "index or wheelhouse as torch (the setup playbook's python_env role checks every package imports), "
+            "or remove it.",
+            python=facts.python,
+            torch=torch.version,
+            packages=versions,
+            broken={p.name: p.error for p in broken},
+        )
+    vision = next((p for p in facts.packages if p.name == "torchvision"), None)
+    mismatch = torchvision_mismatch(torch.version, vision) if vision else None
+    if mismatch:
+        return fail(
+            mismatch,
+            "Install the torchvision release paired with this torch, from the same index (CUDA variant) as torch.",
+            python=facts.python,
+            torch=torch.version,
+            packages=versions,
+        )
+    others = f", with {', '.join(f'{n} {v}' for n, v in versions.items())}" if versions else ""
     return passed(
-        f"torch {torch.version} imports with {facts.python}",
+        f"torch {torch.version} imports with {facts.python}{others}",
+        packages=versions,
         python=facts.python,
         torch=torch.version,
         cuda=torch.cuda_available,

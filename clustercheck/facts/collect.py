@@ -14,6 +14,7 @@ from clustercheck.facts.model import (
     Memlock,
     NodeFacts,
     OsInfo,
+    Package,
     Space,
     TimeSync,
     Torch,
@@ -64,6 +65,11 @@ def build(
         facts.os = OsInfo(**{k: info.get(k) for k in OsInfo.__dataclass_fields__})
 
     facts.torch = _torch(raw.get("torch"), missing)
+    probed = (raw.get("torch") or {}).get("packages") if isinstance(raw.get("torch"), dict) else None
+    for name, info in (probed or {}).items():
+        facts.packages.append(
+            Package(name, info.get("version"), info.get("error"), tuple(info.get("requires_torch") or ()))
+        )
 
     smi = command("nvidia_smi_q")
     if smi.get("rc") == 0 and smi.get("out"):

@@ -30,6 +30,16 @@ class Torch:
 
 
 @dataclass(frozen=True)
+class Package:
+    """A package the user's jobs import beside torch (python_env_packages, and torchvision when installed)."""
+
+    name: str
+    version: str | None  # None: not installed
+    error: str | None  # why it does not import (or "not installed"); None when it imports
+    requires_torch: tuple[str, ...] = ()  # its torch requirement, e.g. ("torch==2.13.0",)
+
+
+@dataclass(frozen=True)
 class OsInfo:
     pretty_name: str | None
     id: str | None
@@ -96,6 +106,7 @@ class NodeFacts:
     python_version: str | None = None
     os: OsInfo | None = None
     torch: Torch | None = None
+    packages: list[Package] = field(default_factory=list)  # from the same probe as torch
     smi: NvidiaSmi | None = None  # nvidia-smi -q; None when nvidia-smi is not there or failed
     smi_error: str | None = None  # why nvidia-smi gave nothing (not found, or its last line)
     kernel_log: str | None = None

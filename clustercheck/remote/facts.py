@@ -17,7 +17,7 @@ import sys
 import tempfile
 
 TORCH_PROBE = r"""
-import json, sys
+import importlib, json, sys
 facts = {}
 try:
     import torch
@@ -38,6 +38,42 @@ try:
     facts["nccl_backend"] = bool(torch.distributed.is_available() and torch.distributed.is_nccl_available())
 except Exception as exc:
     facts["error"] = f"{type(exc).__name__}: {exc}"
+
+# The packages users' jobs import beside torch (argv: distribution names), and torchvision when installed:
+# each one's version, and whether it imports (a torchvision built for another torch fails here).
+try:
+    from importlib import metadata
+except ImportError:  # Python < 3.8
+    metadata = None
+wanted = list(sys.argv[1:])
+packages = {}
+if metadata is not None:
+    try:
+        metadata.version("torchvision")
+        wanted.append("torchvision")
+    except Exception:
+        pass
+for name in dict.fromkeys(wanted):
+    info = {}
+    packages[name] = info
+    try:
+        info["version"] = metadata.version(name)
+    except Exception:
+        info["error"] = "not installed"
+        continue
+    try:
+        top = (metadata.distribution(name).read_text("top_level.txt") or "").split()
+    except Exception:
+        top = []
+    info["modules"] = [m for m in top if not m.startswith("_")] or [name.replace("-", "_").lower()]
+    info["requires_torch"] = [r for r in (metadata.requires(name) or []) if r.split(";")[0].startswith("torch")]
+    for module in info["modules"][:3]:
+        try:
+            importlib.import_module(module)
+        except BaseException as exc:
+            info["error"] = f"import {module}: {type(exc).__name__}: {exc}"
+            break
+facts["packages"] = packages
 print(json.dumps(facts))
 """
 
@@ -77,10 +113,14 @@ def probe(function):
         return {"error": f"{type(exc).__name__}: {exc}"}
 
 
-def torch_facts(timeout):
+def torch_facts(timeout, packages):
     try:
         proc = subprocess.run(
-            [sys.executable, "-c", TORCH_PROBE], capture_output=True, text=True, errors="replace", timeout=timeout
+            [sys.executable, "-c", TORCH_PROBE, *packages],
+            capture_output=True,
+            text=True,
+            errors="replace",
+            timeout=timeout,
         )
     except subprocess.TimeoutExpired:
         return {"error": f"importing torch took more than {timeout} s"}
@@ -161,14 +201,16 @@ def nvswitches():
 
 
 def main():
+    """facts TIMEOUT [--no-torch] [--package DIST ...]"""
     torch_timeout = float(sys.argv[1]) if len(sys.argv) > 1 else 120
+    packages = [sys.argv[i + 1] for i, word in enumerate(sys.argv[:-1]) if word == "--package"]
     facts = {
         "collector": 1,
         "python": {"executable": sys.executable, "version": platform.python_version()},
         "os": probe(os_facts),
         "torch": {"error": "the environment's python does not exist"}
         if "--no-torch" in sys.argv
-        else probe(lambda: torch_facts(torch_timeout)),
+        else probe(lambda: torch_facts(torch_timeout, packages)),
         "shm": probe(lambda: disk_free("/dev/shm")),
         "disk_root": probe(lambda: disk_free("/")),
         "disk_tmp": probe(lambda: disk_free(tempfile.gettempdir())),

@@ -91,6 +91,8 @@ def run_host(node: Node, transport: Transport, ctx: Context, step) -> HostOutcom
         outcome.results.append(_facts_error(node, f"{node.name}: {exc}"))
         return outcome
     args = [str(max(10.0, config.command_timeout - 15))] + (["--no-torch"] if missing else [])
+    for package in node.packages:
+        args += ["--package", package]
     started = time.monotonic()
     collected = transport.run(remote.command(python, transport.workdir, "facts", *args), timeout=config.command_timeout)
     (host_dir / "facts.json").write_text(collected.stdout)
