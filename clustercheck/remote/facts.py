@@ -6,6 +6,7 @@ typed record on the control machine (clustercheck/facts/), where that logic is t
 that fails records an "error" instead of raising: the control side reports "could not collect".
 """
 
+import glob
 import json
 import os
 import platform
@@ -160,6 +161,99 @@ def nvswitches():
     return len(os.listdir(path)) if os.path.isdir(path) else 0
 
 
+LAUNCH_FILES = ("/etc/environment", "/etc/nccl.conf")  # and /etc/profile.d/*.sh: what a login shell's jobs get
+FILE_LIMIT = 64_000
+
+
+def packages():
+    """The environment's Python distributions (what `pip freeze` lists) and, in a conda environment, its
+    conda-meta records (what `conda list` shows), without running pip or conda."""
+    try:
+        from importlib import metadata
+    except ImportError:  # Python < 3.8
+        return {"error": "importlib.metadata needs Python 3.8"}
+    pip = {}
+    for dist in metadata.distributions():
+        name = dist.metadata["Name"]
+        if name:
+            pip.setdefault(name, dist.version)
+    result = {"pip": pip, "prefix": sys.prefix}
+    meta = os.path.join(sys.prefix, "conda-meta")
+    if os.path.isdir(meta):
+        conda = {}
+        for path in sorted(glob.glob(os.path.join(meta, "*.json"))):
+            try:
+                with open(path) as fh:
+                    record = json.load(fh)
+                conda[record["name"]] = "{}={}".format(record.get("version", "?"), record.get("build", "?"))
+            except (OSError, ValueError, KeyError, TypeError):
+                continue
+        result["conda"] = conda
+    return result
+
+
+def read_text(path, limit=FILE_LIMIT):
+    with open(path, errors="replace") as fh:
+        return fh.read(limit)
+
+
+def launch_files():
+    """The files that set a user's job environment: NCCL_* and GLOO_* are read out of them on the control side."""
+    files = {}
+    for path in list(LAUNCH_FILES) + sorted(glob.glob("/etc/profile.d/*.sh")):
+        try:
+            files[path] = read_text(path)
+        except FileNotFoundError:
+            continue
+        except OSError as exc:
+            files[path] = {"error": str(exc)}
+    return files
+
+
+def netdevs():
+    """Every network interface: its ARP type (772 loopback, 1 Ethernet, 32 InfiniBand), whether it is a bridge
+    or virtual (veth, docker0), and its state."""
+    result = {}
+    for iface in sorted(os.listdir("/sys/class/net")):
+        base = "/sys/class/net/" + iface
+        entry = {
+            "bridge": os.path.isdir(base + "/bridge"),
+            "virtual": "/devices/virtual/" in os.path.realpath(base),
+        }
+        for name in ("type", "operstate"):
+            try:
+                entry[name] = read_text(base + "/" + name).strip()
+            except OSError:
+                entry[name] = None
+        result[iface] = entry
+    return result
+
+
+def infiniband():
+    """RDMA ports from /sys/class/infiniband (InfiniBand and RoCE alike); {} when there are none."""
+    root = "/sys/class/infiniband"
+    result = {}
+    if not os.path.isdir(root):
+        return result
+    for device in sorted(os.listdir(root)):
+        ports = {}
+        for port in sorted(os.listdir(os.path.join(root, device, "ports"))):
+            entry = {}
+            for name in ("state", "phys_state", "rate", "link_layer"):
+                try:
+                    entry[name] = read_text(os.path.join(root, device, "ports", port, name)).strip()
+                except OSError:
+                    entry[name] = None
+            ports[port] = entry
+        result[device] = ports
+    return result
+
+
+def kernel_modules():
+    with open("/proc/modules") as fh:
+        return sorted(line.split()[0] for line in fh if line.strip())
+
+
 def main():
     torch_timeout = float(sys.argv[1]) if len(sys.argv) > 1 else 120
     facts = {
@@ -176,6 +270,12 @@ def main():
         "hostname": probe(hostname_facts),
         "mtu": probe(mtus),
         "nvswitches": probe(nvswitches),
+        "packages": probe(packages),
+        "launch_files": probe(launch_files),
+        "netdevs": probe(netdevs),
+        "infiniband": probe(infiniband),
+        "modules": probe(kernel_modules),
+        "cmdline": probe(lambda: read_text("/proc/cmdline").strip()),
         "commands": {name: run(command) for name, command in COMMANDS.items()},
     }
     json.dump(facts, sys.stdout)

@@ -1,0 +1,63 @@
+"""PCIe between the GPUs and the host: the link each GPU trained at, and the IOMMU mode the kernel was booted
+with (DMA remapping slows or breaks GPU peer-to-peer and GPUDirect RDMA)."""
+
+from __future__ import annotations
+
+from clustercheck.checks.registry import Finding, node_check, passed, warn
+from clustercheck.facts import parse
+from clustercheck.facts.model import NodeFacts
+
+
+@node_check(
+    "pcie.link",
+    proves="every GPU's PCIe link runs at its full width (lanes); the generation is shown, since GPUs lower it "
+    "when idle",
+    fix="A link below its width is a badly seated GPU or riser, or a bad slot: reseat it, check the BIOS PCIe "
+    "settings, and compare with `lspci -vv` (LnkSta against LnkCap) under load.",
+    needs_gpu=True,
+)
+def pcie_link(facts: NodeFacts) -> Finding:
+    assert facts.smi is not None
+    links = {
+        g.bus_id: {"gen": g.pcie_gen, "gen_max": g.pcie_gen_max, "width": g.pcie_width, "width_max": g.pcie_width_max}
+        for g in facts.smi.gpus
+    }
+    narrow = [
+        f"{bus}: x{link['width']} of x{link['width_max']}"
+        for bus, link in links.items()
+        if link["width"] is not None and link["width_max"] is not None and link["width"] < link["width_max"]
+    ]
+    if narrow:
+        return warn(f"PCIe link narrower than its maximum: {'; '.join(narrow)}", links=links)
+    slower = [
+        f"{bus} gen {link['gen']} of {link['gen_max']}"
+        for bus, link in links.items()
+        if link["gen"] is not None and link["gen_max"] is not None and link["gen"] < link["gen_max"]
+    ]
+    known = [link for link in links.values() if link["width"] is not None]
+    if not known:
+        return passed("PCIe link not reported by nvidia-smi", links=links)
+    note = f" ({', '.join(slower)}: GPUs lower the generation when idle)" if slower else ""
+    widths = sorted({f"x{link['width']}" for link in known})
+    return passed(f"every GPU's PCIe link at full width ({', '.join(widths)}){note}", links=links)
+
+
+@node_check(
+    "pcie.iommu",
+    proves="the kernel does not translate DMA through the IOMMU (iommu=pt or off), which NCCL needs for "
+    "peer-to-peer and GPUDirect RDMA to work at full speed",
+    fix="NCCL's troubleshooting guide: boot with iommu=pt (intel_iommu=on iommu=pt, or amd_iommu=on iommu=pt) in "
+    "GRUB_CMDLINE_LINUX, run update-grub and reboot; or disable the IOMMU in the BIOS.",
+    reads=("cmdline",),
+    needs_gpu=True,
+)
+def pcie_iommu(facts: NodeFacts) -> Finding:
+    assert facts.cmdline is not None
+    mode = parse.iommu_mode(facts.cmdline)
+    if mode == "translated":
+        return warn(
+            "the kernel translates DMA through the IOMMU (IOMMU on without iommu=pt): GPU peer-to-peer and "
+            "GPUDirect RDMA are slow or hang",
+            mode=mode,
+        )
+    return passed(f"IOMMU mode: {mode}", mode=mode)
