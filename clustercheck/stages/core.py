@@ -114,6 +114,7 @@ def run_host(node: Node, transport: Transport, ctx: Context, step) -> HostOutcom
         clock_uncertainty=uncertainty,
     )
     outcome.facts = facts
+    write_packages(facts, host_dir)
     outcome.results.append(
         registry.get("facts").result(
             node.name,
@@ -124,6 +125,18 @@ def run_host(node: Node, transport: Transport, ctx: Context, step) -> HostOutcom
     step("collectives on the node")
     outcome.results += local_collectives(facts, transport, ctx)
     return outcome
+
+
+def write_packages(facts: NodeFacts, host_dir) -> None:
+    """The node's full package lists into the run directory (what consistency.packages compares), in
+    `pip freeze` and `conda list --export` form."""
+    if facts.packages is None:
+        return
+    lines = [f"# {facts.host}: {facts.python} ({facts.packages.prefix})", "# pip"]
+    lines += [f"{name}=={version}" for name, version in sorted(facts.packages.pip.items())]
+    if facts.packages.conda is not None:
+        lines += ["# conda"] + [f"{name}={version}" for name, version in sorted(facts.packages.conda.items())]
+    (host_dir / "packages.txt").write_text("\n".join(lines) + "\n")
 
 
 def _why_not(selection) -> str:
