@@ -232,3 +232,65 @@ def gpu_identity(facts: NodeFacts) -> Finding:
         return warn(f"no UUID reported for {', '.join(unknown)}", gpus=gpus)
     vbios = sorted({g["vbios"] or "?" for g in gpus.values()})
     return passed(f"{len(gpus)} GPU(s) identified, VBIOS {', '.join(vbios)}", gpus=gpus)
+
+
+@node_check(
+    "gpu.nvlink",
+    proves="every NVLink of every GPU is active (nvidia-smi nvlink -s); a link down is named",
+    fix="An inactive NVLink makes NCCL route that GPU's traffic over PCIe: reset the GPU or reboot, check the "
+    "kernel log for Xid 74 (NVLink error), and have the board or NVLink bridge serviced if it persists.",
+    reads=("nvlink",),
+    needs_gpu=True,
+)
+def gpu_nvlink(facts: NodeFacts) -> Finding:
+    assert facts.nvlink is not None
+    gpus = facts.nvlink
+    links = sum(len(g["links"]) for g in gpus.values())
+    if not links:
+        return skip("no NVLink on this node's GPUs")
+    down = {
+        index: sorted((link for link, state in g["links"].items() if state is None), key=int)
+        for index, g in gpus.items()
+    }
+    down = {index: d for index, d in down.items() if d}
+    data = {"links": {index: g["links"] for index, g in gpus.items()}, "inactive": down}
+    if down:
+        detail = "; ".join(f"GPU {i} ({gpus[i]['name']}): link(s) {', '.join(d)} inactive" for i, d in down.items())
+        return warn(detail, **data)
+    speeds = sorted({s for g in gpus.values() for s in g["links"].values() if s})
+    return passed(f"{links} NVLink(s) active on {len(gpus)} GPU(s) ({', '.join(speeds)})", **data)
+
+
+DCGM_DEADLINES = {1: 120.0, 2: 900.0, 3: 3600.0}  # seconds dcgmi diag may take per level
+
+
+@node_check(
+    "gpu.dcgm",
+    proves="NVIDIA's DCGM diagnostic (dcgmi diag -r LEVEL, with --dcgm-level 1|2|3) passes every test",
+    fix="Read the failing test's message in hosts/<node>/dcgm-diag.txt and NVIDIA's DCGM diagnostics guide; "
+    "a failing hardware test means draining the node and servicing the GPU.",
+    needs_gpu=True,
+)
+def gpu_dcgm(facts: NodeFacts) -> Finding:
+    diag = facts.dcgm
+    if diag is None:
+        if not facts.dcgmi:
+            return skip("dcgmi is not installed on this node")
+        return skip("DCGM diagnostic not asked for (--dcgm-level 1|2|3 runs it)")
+    data = {"level": diag.level, "tests": diag.tests, "metadata": diag.metadata}
+    if diag.error:
+        return fail(f"dcgmi diag -r {diag.level}: {diag.error}", **data)
+    if not diag.tests:
+        return fail(f"dcgmi diag -r {diag.level} reported no test result", **data)
+    failed = [t for t in diag.tests if t["result"].startswith("Fail")]
+    warned = [t for t in diag.tests if t["result"].startswith("Warn")]
+
+    def named(tests: list[dict]) -> str:
+        return "; ".join(f"{t['test']}: {t['result']}" + (f" ({t['info']})" if t.get("info") else "") for t in tests)
+
+    if failed:
+        return fail(f"DCGM level {diag.level}: {named(failed)}", **data)
+    if warned:
+        return warn(f"DCGM level {diag.level}: {named(warned)}", **data)
+    ran = [t for t in diag.tests if t["result"].startswith("Pass")]
+    return passed(f"DCGM level {diag.level}: {len(ran)} test(s) pass, {len(diag.tests) - len(ran)} skipped", **data)

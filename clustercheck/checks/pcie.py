@@ -3,7 +3,7 @@ with (DMA remapping slows or breaks GPU peer-to-peer and GPUDirect RDMA)."""
 
 from __future__ import annotations
 
-from clustercheck.checks.registry import Finding, node_check, passed, warn
+from clustercheck.checks.registry import Finding, node_check, passed, skip, warn
 from clustercheck.facts import parse
 from clustercheck.facts.model import NodeFacts
 
@@ -61,3 +61,44 @@ def pcie_iommu(facts: NodeFacts) -> Finding:
             mode=mode,
         )
     return passed(f"IOMMU mode: {mode}", mode=mode)
+
+
+REDIRECTS = ("ReqRedir", "CmpltRedir")  # what sends peer-to-peer requests and completions up to the root complex
+
+
+@node_check(
+    "pcie.acs",
+    proves="on bare metal, ACS does not redirect peer-to-peer traffic on the PCIe bridges above the GPUs (it "
+    "forces GPU-to-GPU traffic through the root complex: slow, or hangs with NCCL)",
+    fix="NCCL's troubleshooting guide: disable ACS in the BIOS (often 'PCIe ACS' or 'IOMMU/ACS' settings), or at "
+    "boot for each bridge: setpci -s <bridge> ECAP_ACS+0x6.w=0000 (as root, again after every reboot).",
+    reads=("gpu_bridges",),
+    needs_gpu=True,
+)
+def pcie_acs(facts: NodeFacts) -> Finding:
+    assert facts.gpu_bridges is not None
+    if facts.virt and facts.virt != "none":
+        return skip(f"a virtual machine ({facts.virt}): the hypervisor needs ACS for passthrough")
+    if len(facts.gpu_bridges) < 2:
+        return skip("fewer than two GPUs: no peer-to-peer traffic between them")
+    redirecting = {}
+    unknown = {}
+    for bridge, state in facts.acs.items():
+        if isinstance(state, dict) and any(state.get(flag) for flag in REDIRECTS):
+            redirecting[bridge] = sorted(f for f, on in state.items() if on)
+        elif isinstance(state, str):
+            unknown[bridge] = state
+    data = {"bridges": facts.gpu_bridges, "acs": facts.acs}
+    if redirecting:
+        below = {
+            bridge: sorted(g for g, chain in facts.gpu_bridges.items() if bridge in chain) for bridge in redirecting
+        }
+        detail = "; ".join(
+            f"{b} ({'+, '.join(flags)}+) above {', '.join(below[b])}" for b, flags in sorted(redirecting.items())
+        )
+        return warn(f"ACS redirects peer-to-peer traffic on {len(redirecting)} bridge(s): {detail}", **data)
+    if unknown and len(unknown) == len(facts.acs):
+        reason = next(iter(unknown.values()))
+        return warn(f"ACS state unknown ({reason}): run clustercheck as root to read it", **data)
+    bridges = len(facts.acs)
+    return passed(f"no ACS redirection on the {bridges} bridge(s) above {len(facts.gpu_bridges)} GPU(s)", **data)

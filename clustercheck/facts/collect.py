@@ -187,6 +187,26 @@ def _hardware_and_environment(facts: NodeFacts, section) -> None:
         facts.modules = [str(m) for m in modules]
     else:
         facts.missing["modules"] = _why(modules)
+    nvlink = (raw.get("commands") or {}).get("nvlink") or {}
+    if nvlink.get("rc") == 0:
+        facts.nvlink = parse.parse_nvlink_status(nvlink.get("out", ""))
+    else:
+        facts.missing["nvlink"] = nvlink.get("error") or _last_line(nvlink) or COULD_NOT_COLLECT
+    bridges = raw.get("gpu_bridges")
+    if isinstance(bridges, dict) and isinstance(bridges.get("gpus"), dict):
+        facts.gpu_bridges = {str(k): [str(b) for b in v] for k, v in bridges["gpus"].items()}
+        for bdf, out in (bridges.get("lspci") or {}).items():
+            if isinstance(out, dict) and out.get("rc") == 0:
+                facts.acs[bdf] = parse.parse_acs_control(out.get("out", ""))
+            else:
+                facts.acs[bdf] = "lspci: " + (
+                    (out.get("error") or _last_line(out) or COULD_NOT_COLLECT) if isinstance(out, dict) else "?"
+                )
+    else:
+        facts.missing["gpu_bridges"] = _why(bridges)
+    virt = (raw.get("commands") or {}).get("virt") or {}
+    facts.virt = (virt.get("out") or "").strip() or None
+    facts.dcgmi = raw.get("dcgmi") if isinstance(raw.get("dcgmi"), str) else None
     cmdline = raw.get("cmdline")
     if isinstance(cmdline, str):
         facts.cmdline = cmdline

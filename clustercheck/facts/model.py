@@ -131,6 +131,16 @@ class RdmaPort:
         return self.state == "ACTIVE" and self.phys_state == "LinkUp"
 
 
+@dataclass(frozen=True)
+class DcgmDiag:
+    """`dcgmi diag -r LEVEL` on the node (run only with --dcgm-level)."""
+
+    level: int
+    tests: list[dict[str, Any]]  # {section, test, result, info?}
+    metadata: dict[str, str]
+    error: str | None = None  # why it gave no verdict (timed out, dcgmi failed)
+
+
 @dataclass
 class NodeFacts:
     """What was learnt on one node, parsed once."""
@@ -165,6 +175,12 @@ class NodeFacts:
     rdma_ports: list[RdmaPort] | None = None  # [] where the node has no RDMA device
     modules: list[str] | None = None  # loaded kernel modules
     cmdline: str | None = None  # /proc/cmdline
+    nvlink: dict[str, dict[str, Any]] | None = None  # nvidia-smi nvlink -s, parsed (parse.parse_nvlink_status)
+    gpu_bridges: dict[str, list[str]] | None = None  # GPU BDF -> the bridges above it, root complex first
+    acs: dict[str, Any] = field(default_factory=dict)  # bridge BDF -> parse.parse_acs_control of its lspci -vvv
+    virt: str | None = None  # systemd-detect-virt --vm: none, kvm, microsoft, ...
+    dcgmi: str | None = None  # where dcgmi is installed
+    dcgm: DcgmDiag | None = None  # set by the core stage when --dcgm-level asks for it
     interface: str | None = None  # the cluster interface, chosen once (see collect.cluster_interface)
     interface_how: str = "not found"
     missing: dict[str, str] = field(default_factory=dict)  # field -> why it could not be collected

@@ -351,3 +351,75 @@ def iommu_mode(cmdline: str) -> str:
     if values.get("intel_iommu") == "on" or values.get("amd_iommu") == "on" or values.get("iommu") == "force":
         return "translated"
     return "default"
+
+
+NVLINK_GPU = re.compile(r"^GPU (?P<index>\d+): (?P<name>.*?)(?: \(UUID: (?P<uuid>[^)]*)\))?\s*$")
+NVLINK_LINK = re.compile(r"^\s+Link (?P<link>\d+): (?P<state>.*?)\s*$")
+
+
+def parse_nvlink_status(text: str) -> dict[str, dict[str, Any]]:
+    """`nvidia-smi nvlink -s` -> {GPU index: {name, uuid, links: {link: "25.781 GB/s" or None when inactive}}}."""
+    gpus: dict[str, dict[str, Any]] = {}
+    current: dict[str, Any] | None = None
+    for line in text.splitlines():
+        if match := NVLINK_GPU.match(line):
+            current = {"name": match["name"], "uuid": match["uuid"], "links": {}}
+            gpus[match["index"]] = current
+        elif (match := NVLINK_LINK.match(line)) and current is not None:
+            state = match["state"]
+            current["links"][match["link"]] = None if "inactive" in state.lower() else state
+    return gpus
+
+
+ACS_FLAGS = ("SrcValid", "TransBlk", "ReqRedir", "CmpltRedir", "UpstreamFwd", "EgressCtrl", "DirectTrans")
+
+
+def parse_acs_control(lspci_vvv: str) -> dict[str, bool] | str | None:
+    """The ACSCtl line of one device's `lspci -vvv` -> {flag: on}; None when the device has no ACS capability;
+    "access denied" when lspci could not read the extended capabilities (it needs root for them)."""
+    for line in lspci_vvv.splitlines():
+        if "ACSCtl:" in line:
+            flags = {}
+            for word in line.split("ACSCtl:", 1)[1].split():
+                name, sign = word[:-1], word[-1:]
+                if name in ACS_FLAGS and sign in "+-":
+                    flags[name] = sign == "+"
+            return flags
+    if "<access denied>" in lspci_vvv:
+        return "access denied"
+    return None
+
+
+DCGM_ROW = re.compile(r"^\|\s*(?P<name>[^|]*?)\s*\|\s*(?P<value>[^|]*?)\s*\|$")
+DCGM_SECTION = re.compile(r"^[|+]-+\s+(?P<section>[A-Za-z][\w ]*?)\s+-+")
+
+
+def parse_dcgmi_diag(text: str) -> dict[str, Any]:
+    """`dcgmi diag -r N` (its table) -> {metadata: {...}, tests: [{section, test, result, info}]}; an "Info"
+    or "Warning" row, and the rows that continue it, go to the test above them."""
+    metadata: dict[str, str] = {}
+    tests: list[dict[str, Any]] = []
+    section = None
+    last_key = None
+    for line in text.splitlines():
+        if match := DCGM_SECTION.match(line):
+            section = match["section"]
+            continue
+        match = DCGM_ROW.match(line)
+        if not match or section is None:
+            continue
+        name, value = match["name"], match["value"]
+        if section == "Metadata":
+            if name:
+                metadata[name] = value
+                last_key = name
+            elif last_key:
+                metadata[last_key] += value
+            continue
+        if name in ("Info", "Warning") or (not name and tests):
+            if tests:
+                tests[-1]["info"] = (tests[-1].get("info", "") + value) if name == "" else value
+            continue
+        if name:
+            tests.append({"section": section, "test": name, "result": value})
+    return {"metadata": metadata, "tests": tests}

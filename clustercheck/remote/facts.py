@@ -10,6 +10,7 @@ import glob
 import json
 import os
 import platform
+import re
 import resource
 import shutil
 import socket
@@ -54,6 +55,8 @@ COMMANDS = {
     "iptables": ["iptables", "-S"],
     "ip_addr": ["ip", "-o", "addr", "show"],
     "ip_route": ["ip", "-o", "route", "get", "1.1.1.1"],
+    "nvlink": ["nvidia-smi", "nvlink", "-s"],
+    "virt": ["systemd-detect-virt", "--vm"],  # "none" on bare metal and in containers
 }
 OUTPUT_LIMIT = 200_000
 
@@ -249,6 +252,31 @@ def infiniband():
     return result
 
 
+BDF = re.compile(r"^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")
+NVIDIA_GPU_CLASSES = ("0x0300", "0x0302")  # VGA and 3D controllers
+
+
+def gpu_bridges():
+    """The PCIe bridges between each NVIDIA GPU and the root complex (from the sysfs path), and each bridge's
+    `lspci -vvv`, whose ACSCtl line says whether peer-to-peer traffic is redirected to the root complex."""
+    root = "/sys/bus/pci/devices"
+    gpus = {}
+    if not os.path.isdir(root):
+        return {"gpus": gpus, "lspci": {}}
+    for device in sorted(os.listdir(root)):
+        try:
+            vendor = read_text(os.path.join(root, device, "vendor")).strip()
+            klass = read_text(os.path.join(root, device, "class")).strip()
+        except OSError:
+            continue
+        if vendor == "0x10de" and klass.startswith(NVIDIA_GPU_CLASSES):
+            path = os.path.realpath(os.path.join(root, device)).split("/")
+            gpus[device] = [part for part in path if BDF.match(part) and part != device]
+    bridges = sorted({b for chain in gpus.values() for b in chain})
+    lspci = {b: run(["lspci", "-vvv", "-s", b], timeout=10) for b in bridges} if len(gpus) > 1 else {}
+    return {"gpus": gpus, "lspci": lspci}
+
+
 def kernel_modules():
     with open("/proc/modules") as fh:
         return sorted(line.split()[0] for line in fh if line.strip())
@@ -276,6 +304,8 @@ def main():
         "infiniband": probe(infiniband),
         "modules": probe(kernel_modules),
         "cmdline": probe(lambda: read_text("/proc/cmdline").strip()),
+        "gpu_bridges": probe(gpu_bridges),
+        "dcgmi": shutil.which("dcgmi"),
         "commands": {name: run(command) for name, command in COMMANDS.items()},
     }
     json.dump(facts, sys.stdout)

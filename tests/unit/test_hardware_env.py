@@ -280,3 +280,104 @@ def test_facts_not_collected_give_the_reason():
     node = facts(launch_files={"error": "PermissionError: denied"}, netdevs={"error": "OSError: x"})
     result = by_name(node)["env.launch"]
     assert result.status is Status.WARN and "PermissionError: denied" in result.message
+
+
+# ----------------------------------------------------------------------------- NVLink, ACS, DCGM
+
+
+def test_inactive_nvlinks_are_named():
+    v100 = (DATA / "nvlink-s-v100-azhpc-diagnostics-73.txt").read_text()
+    result = by_name(facts(smi=H800, commands=_with(nvlink={"rc": 0, "out": v100})))["gpu.nvlink"]
+    assert result.status is Status.WARN
+    assert result.message == "node1: GPU 3 (Tesla V100-SXM2-32GB): link(s) 3, 5 inactive"
+    gb200 = (DATA / "nvlink-s-gb200-k8s-test-infra-371.txt").read_text()
+    result = by_name(facts(smi=H800, commands=_with(nvlink={"rc": 0, "out": gb200})))["gpu.nvlink"]
+    assert result.status is Status.PASS and "20 NVLink(s) active on 2 GPU(s) (53.125 GB/s)" in result.message
+    pcie_only = by_name(facts(smi=H800, commands=_with(nvlink={"rc": 0, "out": ""})))["gpu.nvlink"]
+    assert pcie_only.status is Status.SKIP
+
+
+def _with(**commands):
+    route = "1.1.1.1 via 10.0.0.1 dev eth0 src 10.0.0.5 uid 0"
+    return {"ip_addr": {"rc": 0, "out": IP_ADDR}, "ip_route": {"rc": 0, "out": route}, **commands}
+
+
+ACSCTL = (DATA / "lspci-acsctl-nccl-523.txt").read_text().splitlines()
+BRIDGE_OFF = (DATA / "lspci-vv-bridge-openvmm-3461.txt").read_text()
+
+
+def bridges(acs_lines: dict[str, str]) -> dict:
+    """Two GPUs below a switch (sysfs chains as the collector records them), each bridge's lspci -vvv output
+    being one of the recorded ACSCtl lines or the recorded bridge."""
+    return {
+        "gpus": {
+            "0000:1b:00.0": ["0000:16:01.0", "0000:17:00.0", "0000:18:08.0"],
+            "0000:1c:00.0": ["0000:16:01.0", "0000:17:00.0", "0000:18:10.0"],
+        },
+        "lspci": {bdf: {"rc": 0, "out": text} for bdf, text in acs_lines.items()},
+    }
+
+
+def test_acs_redirection_above_the_gpus_is_named():
+    on = bridges(
+        {"0000:16:01.0": BRIDGE_OFF, "0000:17:00.0": ACSCTL[1], "0000:18:08.0": ACSCTL[0], "0000:18:10.0": ACSCTL[3]}
+    )
+    result = by_name(facts(smi=H800, gpu_bridges=on))["pcie.acs"]
+    assert result.status is Status.WARN
+    assert (
+        "1 bridge(s): 0000:18:08.0 (CmpltRedir+, ReqRedir+, SrcValid+, UpstreamFwd+) above 0000:1b:00.0"
+        in result.message
+    )
+    off = bridges(
+        {"0000:16:01.0": BRIDGE_OFF, "0000:17:00.0": ACSCTL[3], "0000:18:08.0": ACSCTL[2], "0000:18:10.0": ACSCTL[3]}
+    )
+    assert by_name(facts(smi=H800, gpu_bridges=off))["pcie.acs"].status is Status.PASS
+    vm = by_name(facts(smi=H800, gpu_bridges=on, commands=_with(virt={"rc": 0, "out": "kvm\n"})))["pcie.acs"]
+    assert vm.status is Status.SKIP and "kvm" in vm.message
+    one = {"gpus": {"0000:1b:00.0": ["0000:16:01.0"]}, "lspci": {}}
+    assert by_name(facts(smi=H800, gpu_bridges=one))["pcie.acs"].status is Status.SKIP
+    # lspci without root prints "Capabilities: [100 v1] <access denied>" for the extended capabilities.
+    denied = bridges({b: "\tCapabilities: [100 v1] <access denied>\n" for b in ("0000:16:01.0", "0000:17:00.0")})
+    assert "run clustercheck as root" in by_name(facts(smi=H800, gpu_bridges=denied))["pcie.acs"].message
+
+
+def test_dcgm_verdicts_from_recorded_runs(tmp_path):
+    from clustercheck.stages import core
+    from clustercheck.transport import CommandResult
+
+    class Dcgmi:
+        def __init__(self, out: str, status: int | None = 0, timed_out: bool = False):
+            self.result = CommandResult(status, out, "", timed_out=timed_out)
+            self.commands = []
+
+        def run(self, command, *, timeout, env=None, stdin=None):
+            self.commands.append((command, timeout))
+            return self.result
+
+    passing = (DATA / "dcgm" / "diag-r3-dcgm-55.txt").read_text()
+    fake = Dcgmi(passing)
+    node = facts(smi=H800, dcgmi="/usr/bin/dcgmi")
+    assert by_name(node)["gpu.dcgm"].status is Status.SKIP  # off unless asked for
+    node.dcgm = core.dcgm_diag("/usr/bin/dcgmi", 3, fake, tmp_path)
+    assert fake.commands == [(["/usr/bin/dcgmi", "diag", "-r", "3"], 3600.0)]
+    assert (tmp_path / "dcgm-diag.txt").read_text() == passing
+    assert by_name(node)["gpu.dcgm"].message == "node1: DCGM level 3: 9 test(s) pass, 0 skipped"
+    # Derived from go-dcgm issue 52's run by editing one row, as a failing test shows there.
+    failing = (
+        (DATA / "dcgm" / "diag-r2-go-dcgm-52.txt")
+        .read_text()
+        .replace("| Environment Variables     | Pass       ", "| Environment Variables     | Fail       ")
+    )
+    node.dcgm = core.dcgm_diag("/usr/bin/dcgmi", 2, Dcgmi(failing), tmp_path)
+    result = by_name(node)["gpu.dcgm"]
+    assert result.status is Status.FAIL and "Environment Variables: Fail" in result.message
+    assert result.data["metadata"]["DCGM Version"] == "3.3.1"
+    node.dcgm = core.dcgm_diag("/usr/bin/dcgmi", 1, Dcgmi("", None, timed_out=True), tmp_path)
+    assert "no verdict within 120 s" in by_name(node)["gpu.dcgm"].message
+    info = parse.parse_dcgmi_diag((DATA / "dcgm" / "diag-r3-nccl-tests-264.txt").read_text())
+    assert info["tests"][4] == {
+        "section": "Deployment",
+        "test": "Persistence Mode",
+        "result": "Pass",
+        "info": "Persistence mode for GPU 0 is disabled. Enabl",
+    }
