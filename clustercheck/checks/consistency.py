@@ -172,7 +172,7 @@ def packages(nodes: list[NodeFacts], config: Any) -> Finding:
         (majority, top), *rest = counts.most_common()
         tie = bool(rest) and rest[0][1] == top
         differ = {h: v for h, v in values.items() if tie or v != majority}
-        drift.append({"package": name, "majority": None if tie else majority, "nodes": differ})
+        drift.append({"package": name, "majority": None if tie else majority, "tie": tie, "nodes": differ})
     data["differ"] = drift
     if not drift:
         return passed(f"{len(names)} package(s) at the same versions on {len(lists)} node(s)", **data)
@@ -184,6 +184,6 @@ def packages(nodes: list[NodeFacts], config: Any) -> Finding:
 def _drift_text(d: dict[str, Any]) -> str:
     name = d["package"].split(":", 1)[1] + (" (conda)" if d["package"].startswith("conda:") else "")
     how = ", ".join(f"{h} has {v or 'none'}" for h, v in sorted(d["nodes"].items()))
-    if d["majority"] is None:
+    if d["tie"]:
         return f"{name}: {how}, no majority"
-    return f"{name}: {how}, the others {d['majority']}"
+    return f"{name}: {how}, the others {d['majority'] or 'none'}"

@@ -381,3 +381,49 @@ def test_dcgm_verdicts_from_recorded_runs(tmp_path):
         "result": "Pass",
         "info": "Persistence mode for GPU 0 is disabled. Enabl",
     }
+
+
+def test_the_collectives_stage_reads_only_this_jobs_nccl_logs(tmp_path):
+    import os
+    import time
+
+    from clustercheck.config import RunConfig
+    from clustercheck.stages import Context, Member, collectives, torchjob
+
+    config = RunConfig(run_dir=tmp_path, expect_transport="ib")
+    node = facts("node1")
+    member = Member(node.node, None, node, "10.0.0.5", "eth0", "node1", 8)
+    host = config.host_dir("node1")
+    started = time.time()
+    old = host / "nccl-node1-100.log"  # the node-local job's log, from before the stage started
+    old.write_text((NCCL / "socket-nccl-1232.log").read_text())
+    os.utime(old, (started - 60, started - 60))
+    (host / "nccl-node1-200.log").write_text((NCCL / "ib-gdr-aks-rdma-infiniband-pr36.log").read_text())
+    outcome = torchjob.JobOutcome([], 16, "nccl")
+    [result] = collectives.transport_results([member], outcome, Context(config, lambda h, s: None, ("node1",)), started)
+    assert result.name == "transport.network" and result.status is Status.PASS
+    assert result.message == "node1: NCCL over IB (HCAs not named; GPUDirect RDMA used)"
+    assert result.data["expected"] == "ib" and result.data["network"] == "ib"
+
+
+def test_the_worker_records_its_own_tcp_endpoints():
+    import socket
+
+    from clustercheck.remote.endpoints import tcp_endpoints
+
+    server = socket.create_server(("127.0.0.1", 0))
+    client = socket.create_connection(server.getsockname())
+    accepted, _ = server.accept()
+    try:
+        mine = [e for e in tcp_endpoints() if e["state"] == "established"]
+        port = server.getsockname()[1]
+        assert {
+            "local": "127.0.0.1",
+            "local_port": port,
+            "remote": "127.0.0.1",
+            "remote_port": client.getsockname()[1],
+            "state": "established",
+        } in mine
+    finally:
+        for s in (client, accepted, server):
+            s.close()

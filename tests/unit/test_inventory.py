@@ -104,3 +104,14 @@ def test_ansible_inventory_is_the_documented_json():
     tool = Path(sys.executable).parent / "ansible-inventory"
     live = subprocess.run([str(tool), "-i", str(DATA / "inventory.ini"), "--list"], capture_output=True, text=True)
     assert json.loads(live.stdout) == recorded("ansible-inventory-list.json")
+
+
+def test_the_expected_transport_is_read_and_a_wrong_value_is_a_clear_error():
+    from clustercheck.inventory import node_from_vars
+
+    assert node_from_vars("gpu01", {"clustercheck_expect_transport": "IB"}).expect_transport == "ib"
+    assert node_from_vars("gpu01", {}).expect_transport is None
+    with pytest.raises(
+        InventoryError, match="gpu01: clustercheck_expect_transport is 'infiniband', not one of ib, roce, socket"
+    ):
+        node_from_vars("gpu01", {"clustercheck_expect_transport": "infiniband"})
