@@ -14,7 +14,8 @@ PEERMEM_MODULES = ("nvidia_peermem", "nv_peer_mem")  # the driver's module, and 
 
 @node_check(
     "fabric.ports",
-    proves="every InfiniBand/RoCE port in /sys/class/infiniband is ACTIVE with its physical link up",
+    proves="every InfiniBand/RoCE port in /sys/class/infiniband is ACTIVE with its physical link up (WARN for some "
+    "ports down, FAIL for all)",
     fix="A port that is DOWN or Polling has no link (cable, switch port, transceiver); INIT means no subnet "
     "manager has configured it (start opensm or check the fabric's SM). Compare with `ibstat`.",
     reads=("rdma_ports",),
@@ -29,7 +30,10 @@ def fabric_ports(facts: NodeFacts) -> Finding:
     }
     down = [f"{p.name} {p.state}/{p.phys_state}" for p in ports if not p.active]
     if down:
-        return fail(f"{len(down)} of {len(ports)} RDMA port(s) not active: {', '.join(down)}", ports=data)
+        message = f"{len(down)} of {len(ports)} RDMA port(s) not active: {', '.join(down)}"
+        if len(down) == len(ports):
+            return fail(message, ports=data)
+        return warn(message + " (a port left uncabled on purpose can be ignored)", ports=data)
     kinds = ", ".join(f"{p.name} {_kind(p.link_layer)} {p.rate}" for p in ports)
     return passed(f"{len(ports)} RDMA port(s) active: {kinds}", ports=data)
 
@@ -63,20 +67,32 @@ def fabric_peermem(facts: NodeFacts) -> Finding:
 
 @cluster_check(
     "consistency.fabric_rate",
-    proves="every active InfiniBand/RoCE port of every node runs at the same rate (a port at half rate is named)",
+    proves="every active InfiniBand/RoCE port runs at the rate the same port (device:port) runs at on the other "
+    "nodes (a port at half rate is named)",
     fix="A port below its peers' rate trained down: reseat or replace the cable or transceiver, check the switch "
     "port (ibportstate, or the switch's own tools).",
 )
 def fabric_rate(nodes: list[NodeFacts], config: Any) -> Finding:
-    rates = {(n.host, p.name): p.rate_gbps for n in nodes for p in n.rdma_ports or [] if p.active and p.rate_gbps}
-    data: dict[str, Any] = {"rates_gbps": {f"{h} {port}": r for (h, port), r in rates.items()}}
-    if not rates:
+    by_port: dict[str, dict[str, float]] = {}
+    for n in nodes:
+        for p in n.rdma_ports or []:
+            if p.active and p.rate_gbps:
+                by_port.setdefault(p.name, {})[n.host] = p.rate_gbps
+    data: dict[str, Any] = {"rates_gbps": by_port}
+    if not by_port:
         return skip("no active RDMA port on any node", **data)
-    counts = Counter(rates.values())
-    (majority, _), *_ = counts.most_common()
-    slow = {key: r for key, r in rates.items() if r != majority}
-    data["majority_gbps"] = majority
+    slow = []
+    for port, rates in sorted(by_port.items()):
+        if len(rates) < 2:
+            continue
+        (majority, _), *_ = Counter(rates.values()).most_common()
+        slow += [(host, port, rate, majority) for host, rate in sorted(rates.items()) if rate != majority]
+    data["differ"] = [{"host": h, "port": p, "gbps": r, "others_gbps": m} for h, p, r, m in slow]
     if slow:
-        how = ", ".join(f"{h} {port} at {r:g} Gb/s" for (h, port), r in sorted(slow.items()))
-        return fail(f"RDMA port rates differ: {how}, where the other ports run at {majority:g} Gb/s", **data)
-    return passed(f"{len(rates)} active RDMA port(s), all at {majority:g} Gb/s", **data)
+        how = ", ".join(f"{h} {p} at {r:g} Gb/s where the other nodes' {p} run at {m:g}" for h, p, r, m in slow)
+        return fail(f"RDMA port rates differ: {how}", **data)
+    count = sum(len(r) for r in by_port.values())
+    rates = sorted({r for v in by_port.values() for r in v.values()})
+    return passed(
+        f"{count} active RDMA port(s), each at its peers' rate ({', '.join(f'{r:g}' for r in rates)} Gb/s)", **data
+    )
