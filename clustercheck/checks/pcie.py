@@ -42,10 +42,13 @@ def pcie_link(facts: NodeFacts) -> Finding:
     return passed(f"every GPU's PCIe link at full width ({', '.join(widths)}){note}", links=links)
 
 
+TRANSLATED = ("DMA", "DMA-FQ")  # IOMMU domain types that remap every DMA (the kernel's sysfs-kernel-iommu_groups ABI)
+
+
 @node_check(
     "pcie.iommu",
-    proves="the kernel does not translate DMA through the IOMMU (iommu=pt or off), which NCCL needs for "
-    "peer-to-peer and GPUDirect RDMA to work at full speed",
+    proves="the IOMMU does not translate the GPUs' DMA (their IOMMU group is an identity domain, iommu=pt, or the "
+    "IOMMU is off), which NCCL needs for peer-to-peer and GPUDirect RDMA at full speed",
     fix="NCCL's troubleshooting guide: boot with iommu=pt (intel_iommu=on iommu=pt, or amd_iommu=on iommu=pt) in "
     "GRUB_CMDLINE_LINUX, run update-grub and reboot; or disable the IOMMU in the BIOS.",
     reads=("cmdline",),
@@ -54,13 +57,25 @@ def pcie_link(facts: NodeFacts) -> Finding:
 def pcie_iommu(facts: NodeFacts) -> Finding:
     assert facts.cmdline is not None
     mode = parse.iommu_mode(facts.cmdline)
+    domains = facts.gpu_iommu
+    data = {"cmdline_mode": mode, "gpu_domains": domains}
+    translated = sorted(gpu for gpu, kind in domains.items() if kind in TRANSLATED)
+    if translated:
+        return warn(
+            f"the IOMMU translates the DMA of {len(translated)} GPU(s) ({', '.join(translated)}: "
+            f"{domains[translated[0]]} domain; kernel command line: {mode}): GPU peer-to-peer and GPUDirect RDMA "
+            "are slow or hang",
+            **data,
+        )
+    if domains:
+        return passed(f"GPUs in {', '.join(sorted(set(domains.values())))} IOMMU domain(s) (no translation)", **data)
     if mode == "translated":
         return warn(
-            "the kernel translates DMA through the IOMMU (IOMMU on without iommu=pt): GPU peer-to-peer and "
-            "GPUDirect RDMA are slow or hang",
-            mode=mode,
+            "the kernel command line turns the IOMMU on without iommu=pt: GPU peer-to-peer and GPUDirect RDMA are "
+            "slow or hang",
+            **data,
         )
-    return passed(f"IOMMU mode: {mode}", mode=mode)
+    return passed(f"IOMMU off for the GPUs (kernel command line: {mode})", **data)
 
 
 REDIRECTS = ("ReqRedir", "CmpltRedir")  # what sends peer-to-peer requests and completions up to the root complex

@@ -195,6 +195,7 @@ def _hardware_and_environment(facts: NodeFacts, section) -> None:
     bridges = raw.get("gpu_bridges")
     if isinstance(bridges, dict) and isinstance(bridges.get("gpus"), dict):
         facts.gpu_bridges = {str(k): [str(b) for b in v] for k, v in bridges["gpus"].items()}
+        facts.gpu_iommu = {str(k): str(v) for k, v in (bridges.get("iommu") or {}).items()}
         for bdf, out in (bridges.get("lspci") or {}).items():
             if isinstance(out, dict) and out.get("rc") == 0:
                 facts.acs[bdf] = parse.parse_acs_control(out.get("out", ""))

@@ -6,6 +6,7 @@ typed record on the control machine (clustercheck/facts/), where that logic is t
 that fails records an "error" instead of raising: the control side reports "could not collect".
 """
 
+import contextlib
 import glob
 import json
 import os
@@ -261,8 +262,9 @@ def gpu_bridges():
     `lspci -vvv`, whose ACSCtl line says whether peer-to-peer traffic is redirected to the root complex."""
     root = "/sys/bus/pci/devices"
     gpus = {}
+    iommu = {}  # each GPU's IOMMU domain type (identity, DMA, DMA-FQ); none when the IOMMU is off
     if not os.path.isdir(root):
-        return {"gpus": gpus, "lspci": {}}
+        return {"gpus": gpus, "lspci": {}, "iommu": iommu}
     for device in sorted(os.listdir(root)):
         try:
             vendor = read_text(os.path.join(root, device, "vendor")).strip()
@@ -272,9 +274,11 @@ def gpu_bridges():
         if vendor == "0x10de" and klass.startswith(NVIDIA_GPU_CLASSES):
             path = os.path.realpath(os.path.join(root, device)).split("/")
             gpus[device] = [part for part in path if BDF.match(part) and part != device]
+            with contextlib.suppress(OSError):  # no iommu_group: the IOMMU is off
+                iommu[device] = read_text(os.path.join(root, device, "iommu_group", "type")).strip()
     bridges = sorted({b for chain in gpus.values() for b in chain})
     lspci = {b: run(["lspci", "-vvv", "-s", b], timeout=10) for b in bridges} if len(gpus) > 1 else {}
-    return {"gpus": gpus, "lspci": lspci}
+    return {"gpus": gpus, "lspci": lspci, "iommu": iommu}
 
 
 def kernel_modules():

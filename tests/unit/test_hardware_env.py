@@ -431,3 +431,14 @@ def test_the_worker_records_its_own_tcp_endpoints():
     finally:
         for s in (client, accepted, server):
             s.close()
+
+
+def test_the_gpus_iommu_domain_decides_over_the_command_line():
+    # The domain types are those the kernel documents for /sys/kernel/iommu_groups/<group>/type.
+    two = {"0000:1b:00.0": [], "0000:1c:00.0": []}
+    dma = {"gpus": two, "lspci": {}, "iommu": {"0000:1b:00.0": "DMA-FQ", "0000:1c:00.0": "DMA-FQ"}}
+    result = by_name(facts(smi=H800, gpu_bridges=dma))["pcie.iommu"]
+    assert result.status is Status.WARN and "translates the DMA of 2 GPU(s)" in result.message
+    identity = {"gpus": two, "lspci": {}, "iommu": {"0000:1b:00.0": "identity", "0000:1c:00.0": "identity"}}
+    passthrough = by_name(facts(smi=H800, gpu_bridges=identity, cmdline="ro intel_iommu=on iommu=pt"))["pcie.iommu"]
+    assert passthrough.status is Status.PASS and "identity" in passthrough.message
