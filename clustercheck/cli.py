@@ -89,6 +89,20 @@ def cli() -> None:
     "(default: the inventory's clustercheck_min_busbw, else report only).",
 )
 @click.option(
+    "--dcgm-level",
+    type=click.IntRange(1, 3),
+    default=None,
+    help="Run NVIDIA's DCGM diagnostic (dcgmi diag -r LEVEL) on every node that has dcgmi: 1 takes seconds, "
+    "2 minutes, 3 up to an hour (default: off).",
+)
+@click.option(
+    "--expect-transport",
+    type=click.Choice(inventory.TRANSPORTS),
+    default=None,
+    help="The network NCCL must use between nodes (default: the inventory's clustercheck_expect_transport, else "
+    "what each node's hardware suggests).",
+)
+@click.option(
     "--only",
     multiple=True,
     type=click.Choice(STAGES),
@@ -143,6 +157,8 @@ def run(
     skip: tuple[str, ...],
     max_clock_offset: float,
     min_busbw: str | None,
+    expect_transport: str | None,
+    dcgm_level: int | None,
     only: tuple[str, ...],
 ) -> None:
     """Check every node, the consistency between them, and print a verdict."""
@@ -188,6 +204,8 @@ def run(
         ),
         clock_bound=max_clock_offset,
         min_busbw=min_busbw or next((n.min_busbw for n in nodes if n.min_busbw), None),
+        expect_transport=expect_transport,
+        dcgm_level=dcgm_level,
     )
     started_at = time.time()
     host_stages: dict[str, str] = {n.name: "waiting" for n in nodes}

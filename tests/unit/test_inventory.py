@@ -114,3 +114,14 @@ def test_the_packages_the_python_env_role_installs_are_read_as_distribution_name
     assert node.packages == ("lightning", "numpy", "hydra-core")
     with pytest.raises(inventory.InventoryError, match="must be a list"):
         inventory.node_from_vars("gpu01", {"python_env_packages": "lightning"})
+
+
+def test_the_expected_transport_is_read_and_a_wrong_value_is_a_clear_error():
+    from clustercheck.inventory import node_from_vars
+
+    assert node_from_vars("gpu01", {"clustercheck_expect_transport": "IB"}).expect_transport == "ib"
+    assert node_from_vars("gpu01", {}).expect_transport is None
+    with pytest.raises(
+        InventoryError, match="gpu01: clustercheck_expect_transport is 'infiniband', not one of ib, roce, socket"
+    ):
+        node_from_vars("gpu01", {"clustercheck_expect_transport": "infiniband"})
