@@ -17,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from clustercheck import report
 from clustercheck.config import RunConfig, SshSettings
 from clustercheck.facts import collect
 from clustercheck.inventory import Node
@@ -130,10 +131,13 @@ class Launch:
             ssh=o.ssh,
         )
         self.say(f"preflight: core and network checks on {len(self.nodes)} node(s)")
-        outcome = Pipeline(self.nodes, config, self.factory).run()
-        (o.run_dir / "preflight" / "report.json").write_text(
-            json.dumps({"checks": [r.to_dict() for r in outcome.results]}, indent=1) + "\n"
+        started = time.time()
+        pipeline = Pipeline(self.nodes, config, self.factory)
+        outcome = pipeline.run()
+        document = report.Report(
+            outcome.results, [n.name for n in self.nodes], pipeline.run_id, started, time.time() - started
         )
+        (o.run_dir / "preflight" / "report.json").write_text(report.render(document, "json") + "\n")
         if outcome.host_key_error:
             raise HostKeysRefused(_first_problem(outcome.results) or "host key verification failed")
         problems = [r for r in outcome.results if r.status.is_problem]
