@@ -3,8 +3,13 @@ localhost streams every rank's output with its node/rank prefix and passes on th
 
 from __future__ import annotations
 
+import signal
+import subprocess
+import time
+from pathlib import Path
+
 import pytest
-from harness import run_cli
+from harness import CLUSTERCHECK, run_cli
 
 
 @pytest.mark.parametrize(
@@ -63,3 +68,40 @@ def test_a_job_on_localhost_streams_prefixed_rank_output_and_passes_on_its_exit_
     failed = run_cli(*base, "--sync", str(tmp_path / "code"), "--", "job.py", "3", timeout=240)
     assert failed.returncode == 1, failed.stderr[-3000:]
     assert "the job failed on localhost first (exit 1)" in failed.stderr
+
+
+FOREVER = """
+import time
+import torch.distributed as dist
+dist.init_process_group("gloo")
+for tick in range(100000):
+    print(f"rank {dist.get_rank()} tick {tick}", flush=True)
+    time.sleep(0.5)
+"""
+
+
+def test_ctrl_c_stops_every_rank_and_leaves_nothing_running(tmp_path):
+    (tmp_path / "code").mkdir()
+    (tmp_path / "code" / "forever.py").write_text(FOREVER)
+    args = ["launch", "--hosts", "localhost", "--no-preflight", "--nproc-per-node", "2", "--master-port", "29642"]
+    proc = subprocess.Popen(
+        [CLUSTERCHECK, *args, "--run-dir", str(tmp_path / "run"), "--sync", str(tmp_path / "code"), "--", "forever.py"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    seen = set()
+    deadline = time.monotonic() + 180
+    assert proc.stdout is not None
+    while len(seen) < 2 and time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if " tick " in line:
+            seen.add(line.split(":")[0])
+    assert seen == {"localhost/0", "localhost/1"}
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 2, err
+    assert "interrupted; processes started on the nodes were stopped" in err
+    left = subprocess.run(["pgrep", "-af", "[f]orever.py"], capture_output=True, text=True)
+    assert left.stdout == ""
+    assert not list(Path("/tmp").glob("clustercheck-*/code/forever.py"))
