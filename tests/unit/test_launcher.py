@@ -234,3 +234,17 @@ def test_the_start_command_keeps_the_users_arguments_as_they_are():
     )
     assert argv[:3] == ["sh", "-c", argv[2]] and "systemd-run" in argv[2]
     assert argv[3:] == ["sh", "0123456789ab", "", "", "env", "K=v w", "python", "train.py", "--name", "a b", "$HOME"]
+
+
+def test_a_job_record_round_trips_and_an_unknown_job_says_how_to_reach_it(tmp_path, monkeypatch):
+    from clustercheck.launcher import records
+
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path))
+    record = records.JobRecord(
+        "0123456789ab", "/srv/inventory.ini", None, ["node1", "node2"], ["train.py"], 1.0, "/runs/x", {"node1": 0}
+    )
+    path = records.save(record)
+    assert path == tmp_path / "clustercheck" / "jobs" / "0123456789ab.json"
+    assert records.load("0123456789ab") == record
+    with pytest.raises(records.RecordError, match="give --hosts INVENTORY"):
+        records.load("ba9876543210")
