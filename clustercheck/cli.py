@@ -223,6 +223,12 @@ def run(
     sys.exit(ExitCode.CHECK_FAILED if overall_status(results) is Status.FAIL else ExitCode.OK)
 
 
+@cli.command()
+def schema() -> None:
+    """Print the JSON Schema of the --format json report."""
+    click.echo(report.schema_text(), nl=False)
+
+
 class UsageError(click.ClickException):
     def __init__(self, message: str, code: ExitCode = ExitCode.USAGE_ERROR) -> None:
         super().__init__(message)

@@ -59,6 +59,13 @@ def render(report: Report, fmt: str) -> str:
     return _formats()[fmt](report)
 
 
+def schema_text() -> str:
+    """The JSON Schema of the JSON report (shipped in the package; `clustercheck schema` prints it)."""
+    from importlib.resources import files
+
+    return files(__package__).joinpath("report.schema.json").read_text()
+
+
 def write_atomic(path, content: str) -> None:
     """Write CONTENT to PATH through a temporary file in the same directory and a rename, so a reader (a
     monitoring agent, a CI step) never sees half a report."""
