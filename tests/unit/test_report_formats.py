@@ -137,3 +137,59 @@ def test_markdown_puts_the_verdict_and_the_failures_with_their_fixes_first():
     tcp = next(row for row in rows if row.startswith("| `network.tcp`"))
     assert "FAIL: node1, node2" in tcp and "\n" not in tcp
     assert all(row.count(" | ") == 2 for row in rows)  # pipes in messages are escaped
+
+
+README = Path(__file__).resolve().parent.parent.parent / "README.md"
+
+
+def test_the_readme_names_every_metric():
+    readme = README.read_text()
+    names = {
+        n for n, _, _ in samples(prometheus.render(Report(real_results(), ["node1", "node2", "node3"], "x", 1, 2)))
+    }
+    names |= {"clustercheck_clock_offset_seconds"}  # from a consistency.clock result, not in these records
+    assert {n for n in names if f"`{n}`" not in readme} == set()
+
+
+def test_the_readme_query_for_failing_nodes_finds_them(tmp_path):
+    """The README's Grafana query, evaluated by Prometheus' own rule engine (promtool test rules) on the
+    metrics of a run where node3's firewall drops the probes: node1 and node2 fail network.tcp towards it."""
+    lines = README.read_text().splitlines()
+    query = lines[
+        lines.index(
+            "# Nodes failing any check (a table panel: one row per node, the value is how many checks fail there)"
+        )
+        + 1
+    ]
+    text = prometheus.render(Report(real_results(), ["node1", "node2", "node3"], "x", 1, 2))
+    series = [
+        {"series": line.rsplit(" ", 1)[0], "values": line.rsplit(" ", 1)[1]}
+        for line in text.splitlines()
+        if line and not line.startswith("#")
+    ]
+    (tmp_path / "rules.yml").write_text("groups: []\n")
+    tests = {
+        "rule_files": ["rules.yml"],
+        "tests": [
+            {
+                "interval": "1m",
+                "input_series": series,
+                "promql_expr_test": [
+                    {
+                        "expr": query,
+                        "eval_time": "0m",
+                        "exp_samples": [
+                            {"labels": '{host="node1"}', "value": 1},
+                            {"labels": '{host="node2"}', "value": 1},
+                        ],
+                    }
+                ],
+            }
+        ],
+    }
+    (tmp_path / "test.yml").write_text(json.dumps(tests))
+    tool = shutil.which("promtool")
+    if not tool:
+        promtool("", tmp_path)  # fails in CI, skips elsewhere
+    proc = subprocess.run([tool, "test", "rules", "test.yml"], cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
