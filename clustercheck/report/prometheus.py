@@ -42,6 +42,14 @@ def _number(value) -> float | None:
     return float(value)
 
 
+def _mapping(value) -> dict:
+    return value if isinstance(value, dict) else {}
+
+
+def _rows(value) -> list[dict]:
+    return [row for row in value if isinstance(row, dict)] if isinstance(value, list) else []
+
+
 def _format_value(value: float) -> str:
     if math.isnan(value):
         return "NaN"
@@ -132,25 +140,24 @@ def _measurements(results: list[CheckResult]) -> Iterator[Family]:
             family.add(number, **labels)
 
     for r in results:
-        data = r.data if isinstance(r.data, dict) else {}
+        data = _mapping(r.data)
         host = r.host or ""
         if r.name.startswith("allreduce.bandwidth"):
-            for row in data.get("sizes") or []:
-                if isinstance(row, dict) and _number(row.get("bytes")) is not None:
-                    gbps = _number(row.get("busbw_gbps"))
-                    value = None if gbps is None else gbps * GB
-                    once(busbw, value, check=r.name, host=host, size_bytes=str(int(row["bytes"])))
+            for row in _rows(data.get("sizes")):
+                size, gbps = _number(row.get("bytes")), _number(row.get("busbw_gbps"))
+                if size is not None and math.isfinite(size) and gbps is not None:
+                    once(busbw, gbps * GB, check=r.name, host=host, size_bytes=str(int(size)))
             gbps = _number(data.get("peak_busbw_gbps"))
             once(peak, None if gbps is None else gbps * GB, check=r.name, host=host)
         elif r.name == "ddp_equivalence":
             once(param, data.get("max_abs_param_diff"))
             once(efficiency, data.get("scaling_efficiency"))
         elif r.name == "consistency.clock":
-            for node, offset in sorted((data.get("offsets_s") or {}).items()):
+            for node, offset in sorted(_mapping(data.get("offsets_s")).items()):
                 once(clock, offset, host=str(node))
         elif r.name == "network.mtu":
-            interfaces = data.get("interface") or {}
-            for node, value in sorted((data.get("mtu") or {}).items()):
+            interfaces = _mapping(data.get("interface"))
+            for node, value in sorted(_mapping(data.get("mtu")).items()):
                 once(mtu, value, host=str(node), interface=str(interfaces.get(node) or ""))
     yield from (f for f in (busbw, peak, param, efficiency, clock, mtu) if f.samples)
 

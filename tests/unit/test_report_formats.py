@@ -109,6 +109,11 @@ def test_prometheus_gives_an_unknown_check_its_status_only_and_escapes_labels(tm
         CheckResult("allreduce.bandwidth", Status.SKIP, "no bandwidth results: sweep not run"),
         CheckResult("consistency.clock", Status.SKIP, "one node", data={"offsets_s": {"node1": None}}),
         CheckResult("ddp_equivalence", Status.ERROR, "rank died", data={"scaling_efficiency": None}),
+        # data of another shape than today's checks write: no measurement, and no crash
+        CheckResult("allreduce.bandwidth.intra_node", Status.PASS, "m", host="node1", data={"sizes": 3}),
+        CheckResult("allreduce.bandwidth", Status.PASS, "m", data={"sizes": [{"bytes": float("nan")}, "x"]}),
+        CheckResult("network.mtu", Status.PASS, "m", data={"mtu": [1500], "interface": "eth0"}),
+        CheckResult("consistency.clock", Status.PASS, "m", data={"offsets_s": "0.1"}),
     ]
     text = prometheus.render(Report(odd, ["node1"]))
     proc = promtool(text, tmp_path)
