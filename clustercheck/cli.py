@@ -179,6 +179,8 @@ def run(
         raise UsageError(f"no host matched --hosts {hosts}" + (f" --limit {limit}" if limit else ""), ExitCode.NO_HOSTS)
     if ssh_config and not Path(ssh_config).exists():
         raise UsageError(f"--ssh-config {ssh_config}: no such file")
+    if output and not Path(output).resolve().parent.is_dir():
+        raise UsageError(f"-o {output}: no such directory {Path(output).resolve().parent}")
     try:
         config = load_config(ssh_config) if any(not n.is_local for n in nodes) else None
     except TransportError as exc:
@@ -578,6 +580,12 @@ def stop_command(job: str, hosts: str | None, limit: str | None, **ssh_opts) -> 
             "could not stop the job everywhere: " + "; ".join(problems or ["some nodes were not reached"]),
             ExitCode.CHECK_FAILED,
         )
+
+
+@cli.command()
+def schema() -> None:
+    """Print the JSON Schema of the --format json report."""
+    click.echo(report.schema_text(), nl=False)
 
 
 class UsageError(click.ClickException):
