@@ -58,7 +58,18 @@ def test_every_check_a_run_reports_is_in_the_catalog_under_the_same_name(tmp_pat
     known = {c["name"]: c for c in catalog}
     assert all(c["proves"] and c["stage"] in ("core", "network", "collectives", "ddp") for c in catalog)
     for args in ([], ["--only", "core"], ["--skip", "network.*", "--skip", "ddp"]):
-        proc = run_cli("run", "--hosts", "localhost", "--format", "json", "--run-dir", str(tmp_path), *args)
+        proc = run_cli(
+            "run",
+            "--hosts",
+            "localhost",
+            "--format",
+            "json",
+            "--run-dir",
+            str(tmp_path),
+            "--master-port",
+            "29617",
+            *args,
+        )
         names = {c["name"] for c in json.loads(proc.stdout)["checks"]}
         assert names <= set(known), names - set(known)
         if not args:
@@ -90,7 +101,17 @@ def test_only_and_skip_select_stages_and_min_busbw_judges_bandwidth(tmp_path):
     assert not (tmp_path / "run" / "hosts" / "localhost" / "ddp").exists()  # no DDP job started
 
     proc = run_cli(
-        "run", "--hosts", "localhost", "--format", "json", "--run-dir", str(tmp_path / "r2"), "--skip", "ddp"
+        "run",
+        "--hosts",
+        "localhost",
+        "--format",
+        "json",
+        "--run-dir",
+        str(tmp_path / "r2"),
+        "--skip",
+        "ddp",
+        "--master-port",
+        "29615",
     )
     checks = {c["name"]: c for c in json.loads(proc.stdout)["checks"]}
     assert proc.returncode == 0, proc.stderr

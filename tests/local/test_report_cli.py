@@ -7,16 +7,9 @@ import json
 import os
 import shutil
 import subprocess
-import sys
-from pathlib import Path
 
 import pytest
-
-CLUSTERCHECK = str(Path(sys.executable).parent / "clustercheck")
-
-
-def run_cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    return subprocess.run([CLUSTERCHECK, *args], capture_output=True, text=True, timeout=timeout)
+from harness import run_cli
 
 
 def test_a_full_run_writes_prometheus_metrics_promtool_accepts(tmp_path):
