@@ -16,5 +16,9 @@ def run(members: list[Member], ctx: Context) -> list[CheckResult]:
     try:
         outcome = torchjob.run(members, "ddp", ctx, worker_args=list(WORKER_ARGS) or None)
     except (launch.LaunchError, TransportError, OSError) as exc:
-        return [CheckResult(ddp.NAME, Status.ERROR, f"{ddp.NAME}: {exc}")]
-    return torchjob.judged([ddp.evaluate(outcome.records, outcome.world_size)], outcome)
+        return [CheckResult(name, Status.ERROR, f"{name}: {exc}") for name in (ddp.NAME, ddp.CHECKPOINT)]
+    results = [
+        ddp.evaluate(outcome.records, outcome.world_size),
+        ddp.evaluate_checkpoint(outcome.records, outcome.world_size),
+    ]
+    return torchjob.judged(results, outcome)
