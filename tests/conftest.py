@@ -76,9 +76,6 @@ def wheelhouse() -> Path:
     return target
 
 
-LIGHTNING_PIN = "lightning==2.6.6"
-
-
 @pytest.fixture(scope="session")
 def lightning_wheelhouse(wheelhouse) -> Path:
     """Lightning and its dependencies (pinned in constraints.txt), downloaded like the torch wheelhouse; the wheels
@@ -87,18 +84,19 @@ def lightning_wheelhouse(wheelhouse) -> Path:
     stamp = target / ".complete"
     with open(target.parent / ".wheelhouse-lightning.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        if stamp.exists() and stamp.read_text().strip() == LIGHTNING_PIN:
+        if stamp.exists() and stamp.read_text().strip() == torchenv.LIGHTNING_PIN:
             return target
         shutil.rmtree(target, ignore_errors=True)
         target.mkdir(parents=True)
         pip = [sys.executable, "-m", "pip", "download", "-q", "--only-binary=:all:", "-d", str(target)]
         subprocess.run(
-            [*pip, "-c", str(REPO / "constraints.txt"), "--find-links", str(wheelhouse), LIGHTNING_PIN], check=True
+            [*pip, "-c", str(REPO / "constraints.txt"), "--find-links", str(wheelhouse), torchenv.LIGHTNING_PIN],
+            check=True,
         )
         for wheel in target.glob("*.whl"):
             if (wheelhouse / wheel.name).exists():
                 wheel.unlink()
-        stamp.write_text(LIGHTNING_PIN + "\n")
+        stamp.write_text(torchenv.LIGHTNING_PIN + "\n")
     return target
 
 

@@ -3,7 +3,8 @@ import order below is the report order: what the core stage reports per node, th
 then the checks each multi-node stage emits.
 
 The areas: connection, environment (python, torch), gpu, system (OS, memory, disk, time, names, firewall),
-collectives (node-local and across nodes, bandwidth), consistency, network, ddp.
+collectives (node-local and across nodes, bandwidth), consistency, network, data (shared directory, data
+paths), ddp (with the checkpoint round trip), lightning.
 """
 
 # isort: off
@@ -14,7 +15,9 @@ from clustercheck.checks import system  # noqa: F401
 from clustercheck.checks import collectives  # noqa: F401
 from clustercheck.checks import consistency  # noqa: F401
 from clustercheck.checks import network  # noqa: F401
+from clustercheck.checks import data  # noqa: F401
 from clustercheck.checks import ddp  # noqa: F401
+from clustercheck.checks import lightning  # noqa: F401
 
 # isort: on
 from clustercheck.checks.registry import REGISTRY, Check, get

@@ -218,12 +218,21 @@ def evaluate_checkpoint(records: list[dict], world_size: int) -> CheckResult:
         "world_size": world_size,
     }
     problems = []
-    odd_load = sorted(r["rank"] for r in mine if r["checkpoint"]["loaded_hash"] != saved.get("saved_hash"))
+    unloaded = sorted(r["rank"] for r in mine if "load_error" in r["checkpoint"])
+    data["ranks_failing_to_load"] = unloaded
+    for r in mine:
+        if r["rank"] in unloaded:
+            problems.append(f"{_hosts(records, [r['rank']])} could not load it: {r['checkpoint']['load_error']}")
+    odd_load = sorted(
+        r["rank"]
+        for r in mine
+        if "loaded_hash" in r["checkpoint"] and r["checkpoint"]["loaded_hash"] != saved.get("saved_hash")
+    )
     data["ranks_loading_other_state"] = odd_load
     if odd_load:
         problems.append(f"{_hosts(records, odd_load)} loaded state different from what rank 0 saved")
     odd_resume = []
-    for r in mine:
+    for r in mine if not unloaded else []:
         resumed = r["checkpoint"]
         if resumed["param_hashes"] != r["param_hashes"][step:] or resumed["losses"] != r["losses"][step:]:
             odd_resume.append(r["rank"])

@@ -283,21 +283,35 @@ class Checkpoint:
 
     def round_trip(self, fresh, loader, sampler, global_loss, sync) -> dict:
         import torch.distributed as dist
+
+        torch = self.torch
+        path, transfer_seconds = self._receive()
+        out = {"step": self.step, "shared_dir": self.shared, "transfer_seconds": transfer_seconds, **self.saved}
+        t0 = time.perf_counter()
+        try:
+            state = torch.load(path, map_location=self.device)
+            out["loaded_hash"] = state_hash(state)
+        except Exception as exc:  # this rank's failed load is its result; the others must not wait for it
+            state, out["load_error"] = None, f"{type(exc).__name__}: {exc}"
+        out["load_seconds"] = time.perf_counter() - t0
+        everyone = torch.tensor([0 if state is None else 1], dtype=torch.int64, device=self.device)
+        dist.all_reduce(everyone, op=dist.ReduceOp.MIN)
+        if everyone.item():
+            out.update(self._resume(state, fresh, loader, sampler, global_loss, sync))
+        dist.barrier()
+        if self.rank == 0 or not self.shared:
+            with contextlib.suppress(OSError):
+                os.remove(path)
+        if self.rank == 0 and self.shared:
+            with contextlib.suppress(OSError):
+                os.rmdir(self.shared)
+        return out
+
+    def _resume(self, state, fresh, loader, sampler, global_loss, sync) -> dict:
+        """The second half of the run again, from STATE: the losses and parameter hashes of every step."""
         from torch.nn.parallel import DistributedDataParallel
 
         torch, args = self.torch, self.args
-        path, transfer_seconds = self._receive()
-        t0 = time.perf_counter()
-        state = torch.load(path, map_location=self.device)
-        load_seconds = time.perf_counter() - t0
-        out = {
-            "step": self.step,
-            "shared_dir": self.shared,
-            "transfer_seconds": transfer_seconds,
-            "load_seconds": load_seconds,
-            "loaded_hash": state_hash(state),
-            **self.saved,
-        }
         model = fresh()
         model.load_state_dict(state["model"])
         ddp = DistributedDataParallel(model, device_ids=[self.device.index] if self.device.type == "cuda" else None)
@@ -328,15 +342,7 @@ class Checkpoint:
                 losses.append(global_loss(loss.detach()))
                 hashes.append(param_hash(model))
                 step += 1
-        out.update(losses=losses, param_hashes=hashes)
-        dist.barrier()
-        if self.rank == 0 or not self.shared:
-            with contextlib.suppress(OSError):
-                os.remove(path)
-        if self.rank == 0 and self.shared:
-            with contextlib.suppress(OSError):
-                os.rmdir(self.shared)
-        return out
+        return {"losses": losses, "param_hashes": hashes}
 
 
 def main() -> int:

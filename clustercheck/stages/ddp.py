@@ -13,8 +13,11 @@ WORKER_ARGS: list[str] = []  # extra arguments of the DDP worker (e.g. --steps N
 
 
 def run(members: list[Member], ctx: Context) -> list[CheckResult]:
+    args = list(WORKER_ARGS)
+    if ctx.config.shared_dir:  # the checkpoint round trip goes through the shared directory
+        args += ["--checkpoint-dir", f"{ctx.config.shared_dir.rstrip('/')}/.clustercheck-{members[0].transport.run_id}"]
     try:
-        outcome = torchjob.run(members, "ddp", ctx, worker_args=list(WORKER_ARGS) or None)
+        outcome = torchjob.run(members, "ddp", ctx, worker_args=args or None)
     except (launch.LaunchError, TransportError, OSError) as exc:
         return [CheckResult(name, Status.ERROR, f"{name}: {exc}") for name in (ddp.NAME, ddp.CHECKPOINT)]
     results = [

@@ -18,6 +18,7 @@ import paramiko
 VENV = "/opt/clustercheck/venv"
 PYTHON = f"{VENV}/bin/python"
 REMOTE_WHEELS = "/var/cache/clustercheck-wheels"
+LIGHTNING_PIN = "lightning==2.6.6"  # with its dependencies pinned in constraints.txt
 
 
 def ssh_client(cluster, node) -> paramiko.SSHClient:
