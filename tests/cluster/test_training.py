@@ -77,7 +77,7 @@ def test_a_differing_data_path_and_a_directory_that_is_not_shared_are_named(torc
 def test_the_checkpoint_round_trip_passes_and_a_rank_loading_a_perturbed_file_is_named(torch_cluster, tmp_path):
     """node2's torch.load returns its file with the first number changed by 1e-6 (a module loaded into its torch
     environment at interpreter start): rank 1, and only rank 1, loaded other state than rank 0 saved."""
-    args = ("--only", "ddp", "--nproc-per-node", "1", "--format", "json")
+    args = ("--only", "ddp", "--skip", "local.*", "--nproc-per-node", "1", "--format", "json")
     proc = clustercheck(torch_cluster, tmp_path / "good", *args, "--master-port", "29681", timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     checkpoint = checks_of(proc)[("checkpoint", None)]
@@ -106,7 +106,9 @@ def lightning_cluster(torch_cluster, lightning_wheelhouse):
 
 
 def test_lightning_over_three_nodes_with_six_ranks_matches_a_single_process_run(lightning_cluster, tmp_path):
-    proc = clustercheck(lightning_cluster, tmp_path, "--only", "lightning", "--format", "json", timeout=400)
+    proc = clustercheck(
+        lightning_cluster, tmp_path, "--only", "lightning", "--skip", "local.*", "--format", "json", timeout=400
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     checks = checks_of(proc)
     result = checks[("lightning.ddp", None)]
@@ -125,7 +127,9 @@ def test_a_node_whose_lightning_training_diverges_is_named(lightning_cluster, tm
         proc = clustercheck(
             lightning_cluster,
             tmp_path,
-            *("--only", "lightning", "--nproc-per-node", "1", "--master-port", "29683", "--format", "json"),
+            *("--only", "lightning", "--skip", "local.*", "--nproc-per-node", "1", "--master-port", "29683"),
+            "--format",
+            "json",
             timeout=400,
         )
     assert proc.returncode == 1, proc.stderr[-2000:]
