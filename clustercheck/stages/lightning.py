@@ -15,7 +15,6 @@ from clustercheck.transport import TransportError
 
 NAME = "lightning"
 NEEDS_TORCH = True
-WORKER_ARGS: list[str] = []  # extra arguments of the Lightning worker (e.g. --steps N)
 
 
 def _probe(m: Member, ctx: Context) -> dict:
@@ -66,7 +65,7 @@ def run(members: list[Member], ctx: Context) -> list[CheckResult]:
                 remediation="Give every node the same GPUs, or run with --nproc-per-node.",
             ),
         ]
-    args = [*WORKER_ARGS, "--num-nodes", str(len(members)), "--devices", str(per_node.pop())]
+    args = ["--num-nodes", str(len(members)), "--devices", str(per_node.pop())]
     try:
         outcome = torchjob.run(members, "lightning", ctx, worker_args=args)
     except (launch.LaunchError, TransportError, OSError) as exc:

@@ -114,6 +114,9 @@ def test_a_bad_min_busbw_or_stage_is_a_usage_error():
     for args in (["--only", "gpu"], ["--skip", "core"]):
         proc = run_cli("run", "--hosts", "localhost", *args)
         assert proc.returncode == 4 and proc.stderr.startswith("clustercheck: error:"), proc.stderr
+    for args in (["--shared-dir", "shared"], ["--data-path", "/data", "--data-path", "data"]):
+        proc = run_cli("run", "--hosts", "localhost", *args)
+        assert proc.returncode == 4 and "give an absolute path (it is a path on the nodes)" in proc.stderr
 
 
 def test_a_python_without_torch_fails_with_its_cause(tmp_path):

@@ -140,3 +140,11 @@ def test_a_checkpoint_round_trip_without_records_from_every_rank_fails():
     records = [r for r in load("ddp-pass.json") if r["rank"] != 1]
     result = ddp.evaluate_checkpoint(records, world_size=3)
     assert result.status is Status.FAIL and "rank(s) 1" in result.message
+
+
+def test_a_run_too_short_for_a_half_way_skips_the_checkpoint():
+    records = copy.deepcopy(load("ddp-pass.json"))
+    for r in records:
+        r["steps"] = 1
+        del r["checkpoint"]
+    assert ddp.evaluate_checkpoint(records, world_size=3).status is Status.SKIP
