@@ -184,8 +184,8 @@ def start_reference(args) -> subprocess.Popen:
     bundle = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the zip the package runs from
     env["PYTHONPATH"] = bundle + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     argv = [sys.executable, "-m", f"{__package__}.lightning", "--reference", *sys.argv[1:]]
-    log = open(os.path.join(args.out, "reference.log"), "w")  # noqa: SIM115 - the child writes it
-    return subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT)
+    with open(os.path.join(args.out, "reference.log"), "w") as log:  # the child keeps its own copy open
+        return subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT)
 
 
 def compare_with_reference(torch, module, out: str) -> dict:
