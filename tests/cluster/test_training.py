@@ -78,6 +78,8 @@ def test_the_checkpoint_round_trip_passes_and_a_rank_loading_a_perturbed_file_is
     """node2's torch.load returns its file with the first number changed by 1e-6 (a module loaded into its torch
     environment at interpreter start): rank 1, and only rank 1, loaded other state than rank 0 saved."""
     args = ("--only", "ddp", "--skip", "local.*", "--nproc-per-node", "1", "--format", "json")
+    for run in ("good", "bad"):
+        (tmp_path / run).mkdir()
     proc = clustercheck(torch_cluster, tmp_path / "good", *args, "--master-port", "29681", timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     checkpoint = checks_of(proc)[("checkpoint", None)]
