@@ -12,6 +12,7 @@ from __future__ import annotations
 import fnmatch
 import json
 import os
+import re
 import shlex
 import shutil
 import subprocess
@@ -29,6 +30,9 @@ INTERFACE_VAR = "cluster_interface"  # the interface nodes talk to each other on
 MIN_BUSBW_VAR = "clustercheck_min_busbw"  # all_reduce busbw threshold, FAIL[:WARN] in GB/s (like --min-busbw)
 DATA_PATHS_VAR = "clustercheck_data_paths"  # paths that must hold the same data on every node (like --data-path)
 CIDR_VAR = "cluster_cidr"  # the cluster network, used to find the interface when none is named
+PACKAGES_VAR = "python_env_packages"  # the user's pip packages (requirement specifiers) the python_env role installs
+EXPECT_TRANSPORT_VAR = "clustercheck_expect_transport"  # ib, roce or socket: what NCCL must use between nodes
+TRANSPORTS = ("ib", "roce", "socket")
 READ_VARS = (
     "ansible_host",
     "ansible_port",
@@ -42,6 +46,7 @@ READ_VARS = (
     INTERFACE_VAR,
     CIDR_VAR,
     DATA_PATHS_VAR,
+    EXPECT_TRANSPORT_VAR,
 )
 
 
@@ -65,6 +70,8 @@ class Node:
     cluster_cidr: str | None = None
     min_busbw: str | None = None  # clustercheck_min_busbw
     data_paths: tuple[str, ...] = ()  # clustercheck_data_paths
+    packages: tuple[str, ...] = ()  # distribution names from python_env_packages: they must import on the node
+    expect_transport: str | None = None  # clustercheck_expect_transport
     ssh_options: dict[str, str] = field(default_factory=dict)  # -o Key=Value from ansible_ssh_*_args
 
     @property
@@ -247,6 +254,8 @@ def node_from_vars(name: str, hostvars: dict[str, Any]) -> Node:
         cluster_cidr=_text(hostvars.get(CIDR_VAR)),
         min_busbw=_text(hostvars.get(MIN_BUSBW_VAR)),
         data_paths=_paths(name, hostvars.get(DATA_PATHS_VAR)),
+        packages=distributions(name, hostvars.get(PACKAGES_VAR)),
+        expect_transport=_transport(name, hostvars.get(EXPECT_TRANSPORT_VAR)),
         ssh_options=ssh_options,
     )
 
@@ -260,6 +269,20 @@ def _paths(name: str, value: Any) -> tuple[str, ...]:
     if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
         raise InventoryError(f"{name}: {DATA_PATHS_VAR} must be a list of paths")
     return tuple(v.strip() for v in value if v.strip())
+
+
+def distributions(name: str, specifiers: Any) -> tuple[str, ...]:
+    """Distribution names of requirement specifiers (`lightning==2.5.1`, `numpy>=1.26`, `pkg[extra]`)."""
+    if specifiers in (None, ""):
+        return ()
+    if not isinstance(specifiers, list):
+        raise InventoryError(f"{name}: {PACKAGES_VAR} must be a list of requirement specifiers")
+    names = []
+    for spec in specifiers:
+        match = re.match(r"\s*([A-Za-z0-9][A-Za-z0-9._-]*)", str(spec))
+        if match and "{{" not in str(spec):
+            names.append(match[1])
+    return tuple(names)
 
 
 def _text(value: Any) -> str | None:
@@ -295,3 +318,10 @@ def parse_ssh_options(args: str, name: str = "") -> dict[str, str]:
         if word == "-J" and i + 1 < len(words):
             options["proxyjump"] = words[i + 1]
     return options
+
+
+def _transport(name: str, value: Any) -> str | None:
+    text = _text(value)
+    if text is not None and text.lower() not in TRANSPORTS:
+        raise InventoryError(f"{name}: {EXPECT_TRANSPORT_VAR} is {text!r}, not one of {', '.join(TRANSPORTS)}")
+    return text.lower() if text else None

@@ -13,10 +13,15 @@ from __future__ import annotations
 
 import secrets
 import shlex
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
 RUN_MARKER = "CLUSTERCHECK_RUN"
+
+# on_output(stream, text): "stdout" or "stderr" and the text as it arrives (not split into lines). A command run
+# with it streams its output there instead of keeping it, so a long job's output never piles up in memory.
+OutputSink = Callable[[str, str], None]
 CLEANUP_TIMEOUT = 15.0
 
 
@@ -69,7 +74,13 @@ class Transport(Protocol):
     workdir: str
 
     def run(
-        self, command: list[str], *, timeout: float, env: dict[str, str] | None = None, stdin: str | None = None
+        self,
+        command: list[str],
+        *,
+        timeout: float,
+        env: dict[str, str] | None = None,
+        stdin: str | None = None,
+        on_output: OutputSink | None = None,
     ) -> CommandResult: ...
 
     def put(self, local_path: str, remote_path: str) -> None: ...

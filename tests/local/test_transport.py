@@ -56,3 +56,18 @@ def test_a_missing_program_is_exit_127_not_a_crash():
 def test_remote_commands_are_quoted_and_marked():
     line = remote_command(["python3", "-c", "print('a b')"], {"OMP_NUM_THREADS": "1"}, "abc123")
     assert line == "env CLUSTERCHECK_RUN=abc123 OMP_NUM_THREADS=1 setsid -w python3 -c 'print('\"'\"'a b'\"'\"')'"
+
+
+def test_streamed_output_arrives_while_the_command_runs_and_is_not_kept():
+    transport = LocalTransport()
+    seen: list[tuple[float, str, str]] = []
+    script = "echo first; sleep 0.3; echo oops >&2; sleep 1; echo second"
+    started = time.monotonic()
+    result = transport.run(
+        ["sh", "-c", script], timeout=30, on_output=lambda s, t: seen.append((time.monotonic() - started, s, t))
+    )
+    assert result.ok and result.stdout == result.stderr == ""
+    assert [(s, t) for _, s, t in seen] == [("stdout", "first\n"), ("stderr", "oops\n"), ("stdout", "second\n")]
+    assert seen[0][0] < 1.2 <= seen[2][0]  # the first line came before the command ended
+    timed_out = transport.run(["sh", "-c", "echo a; sleep 30"], timeout=1, on_output=lambda s, t: None)
+    assert timed_out.timed_out and marked_processes(transport.run_id) == []

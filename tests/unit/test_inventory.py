@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from clustercheck import inventory
 from clustercheck.inventory import (
     InventoryError,
     from_ansible_list,
@@ -122,3 +123,23 @@ def test_data_paths_from_the_inventory_are_a_list_or_comma_separated():
     assert node_from_vars("n1", {}).data_paths == ()
     with pytest.raises(InventoryError, match="clustercheck_data_paths must be a list of paths"):
         node_from_vars("n1", {"clustercheck_data_paths": {"a": 1}})
+
+
+def test_the_packages_the_python_env_role_installs_are_read_as_distribution_names():
+    node = inventory.node_from_vars(
+        "gpu01", {"python_env_packages": ["lightning==2.5.1", "numpy >=1.26", "hydra-core[extra]", "{{ pkgs }}"]}
+    )
+    assert node.packages == ("lightning", "numpy", "hydra-core")
+    with pytest.raises(inventory.InventoryError, match="must be a list"):
+        inventory.node_from_vars("gpu01", {"python_env_packages": "lightning"})
+
+
+def test_the_expected_transport_is_read_and_a_wrong_value_is_a_clear_error():
+    from clustercheck.inventory import node_from_vars
+
+    assert node_from_vars("gpu01", {"clustercheck_expect_transport": "IB"}).expect_transport == "ib"
+    assert node_from_vars("gpu01", {}).expect_transport is None
+    with pytest.raises(
+        InventoryError, match="gpu01: clustercheck_expect_transport is 'infiniband', not one of ib, roce, socket"
+    ):
+        node_from_vars("gpu01", {"clustercheck_expect_transport": "infiniband"})
