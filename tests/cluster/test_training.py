@@ -80,7 +80,7 @@ def test_the_checkpoint_round_trip_passes_and_a_rank_loading_a_perturbed_file_is
     args = ("--only", "ddp", "--skip", "local.*", "--nproc-per-node", "1", "--format", "json")
     for run in ("good", "bad"):
         (tmp_path / run).mkdir()
-    proc = clustercheck(torch_cluster, tmp_path / "good", *args, "--master-port", "29681", timeout=300)
+    proc = clustercheck(torch_cluster, tmp_path / "good", *args, "--master-port", "29686", timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     checkpoint = checks_of(proc)[("checkpoint", None)]
     assert checkpoint["status"] == "PASS", checkpoint["message"]
@@ -88,7 +88,7 @@ def test_the_checkpoint_round_trip_passes_and_a_rank_loading_a_perturbed_file_is
     assert "bit for bit" in checkpoint["message"]
 
     with torch_fault_on_node(torch_cluster, torch_cluster.node("node2"), "checkpoint"):
-        proc = clustercheck(torch_cluster, tmp_path / "bad", *args, "--master-port", "29682", timeout=300)
+        proc = clustercheck(torch_cluster, tmp_path / "bad", *args, "--master-port", "29688", timeout=300)
     assert proc.returncode == 1, proc.stderr[-2000:]
     checkpoint = checks_of(proc)[("checkpoint", None)]
     assert checkpoint["status"] == "FAIL", checkpoint["message"]
@@ -129,7 +129,7 @@ def test_a_node_whose_lightning_training_diverges_is_named(lightning_cluster, tm
         proc = clustercheck(
             lightning_cluster,
             tmp_path,
-            *("--only", "lightning", "--skip", "local.*", "--nproc-per-node", "1", "--master-port", "29683"),
+            *("--only", "lightning", "--skip", "local.*", "--nproc-per-node", "1", "--master-port", "29689"),
             "--format",
             "json",
             timeout=400,

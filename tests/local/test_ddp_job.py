@@ -73,14 +73,14 @@ def test_a_global_batch_that_does_not_split_is_reported_by_every_rank(tmp_path):
 
 
 def test_a_checkpoint_saved_half_way_resumes_bit_for_bit_and_a_perturbed_load_is_named(tmp_path):
-    job = localjob.run_job(tmp_path / "good", "ddp", nnodes=3, nproc=1, master_port=29683)
+    job = localjob.run_job(tmp_path / "good", "ddp", nnodes=3, nproc=1, master_port=29691)
     assert job.exit_codes == [0, 0, 0], job.logs
     result = ddp.evaluate_checkpoint(job.records, job.world_size)
     assert result.status is Status.PASS, result.message
     assert not list(tmp_path.rglob("checkpoint*.pt"))  # the round trip cleans up after itself
 
     job = localjob.run_job(
-        tmp_path / "bad", "ddp", nnodes=3, nproc=1, master_port=29684, faults={"node2": diverging_torch("checkpoint")}
+        tmp_path / "bad", "ddp", nnodes=3, nproc=1, master_port=29692, faults={"node2": diverging_torch("checkpoint")}
     )
     assert job.exit_codes == [0, 0, 0], job.logs
     result = ddp.evaluate_checkpoint(job.records, job.world_size)
@@ -91,7 +91,7 @@ def test_a_checkpoint_saved_half_way_resumes_bit_for_bit_and_a_perturbed_load_is
 def test_a_checkpoint_in_a_shared_directory_is_saved_once_and_read_by_every_rank(tmp_path):
     shared = tmp_path / "shared" / ".clustercheck-test"
     job = localjob.run_job(
-        tmp_path, "ddp", nnodes=2, nproc=1, master_port=29685, worker_args=["--checkpoint-dir", str(shared)]
+        tmp_path, "ddp", nnodes=2, nproc=1, master_port=29693, worker_args=["--checkpoint-dir", str(shared)]
     )
     assert job.exit_codes == [0, 0], job.logs
     result = ddp.evaluate_checkpoint(job.records, job.world_size)

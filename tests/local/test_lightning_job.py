@@ -11,7 +11,7 @@ from clustercheck.model import Status
 
 def test_lightning_over_three_agents_matches_a_single_process_lightning_run(tmp_path):
     job = localjob.run_job(
-        tmp_path, "lightning", nnodes=3, nproc=1, master_port=29687, worker_args=["--num-nodes", "3", "--devices", "1"]
+        tmp_path, "lightning", nnodes=3, nproc=1, master_port=29694, worker_args=["--num-nodes", "3", "--devices", "1"]
     )
     assert job.exit_codes == [0, 0, 0], job.logs
     result = lightning.evaluate(job.records, job.world_size, num_nodes=3)
