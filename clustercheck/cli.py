@@ -128,8 +128,8 @@ def cli() -> None:
 @click.option(
     "--skip",
     multiple=True,
-    help="Skip a stage (network, collectives, ddp) or the checks whose name matches this glob, e.g. 'local.*' "
-    "(repeatable).",
+    help="Skip a stage (network, data, collectives, ddp, lightning) or the checks whose name matches this glob, "
+    "e.g. 'local.*' (repeatable).",
 )
 @click.option(
     "--max-clock-offset",
@@ -137,6 +137,21 @@ def cli() -> None:
     default=DEFAULT_MAX_CLOCK_OFFSET,
     show_default=True,
     help="Seconds the nodes' clocks may differ.",
+)
+@click.option(
+    "--shared-dir",
+    default=None,
+    metavar="PATH",
+    help="A directory on a filesystem shared by every node: checked to be the same filesystem everywhere and "
+    "writable, and the DDP stage's checkpoint is saved there and loaded by every rank.",
+)
+@click.option(
+    "--data-path",
+    "data_paths",
+    multiple=True,
+    metavar="PATH",
+    help="A dataset path that must have the same content on every node (file count, total size, a hash of a "
+    "sample of its files); repeatable (default: the inventory's clustercheck_data_paths).",
 )
 def run(
     hosts: str,
@@ -160,6 +175,8 @@ def run(
     expect_transport: str | None,
     dcgm_level: int | None,
     only: tuple[str, ...],
+    shared_dir: str | None,
+    data_paths: tuple[str, ...],
 ) -> None:
     """Check every node, the consistency between them, and print a verdict."""
     if min_busbw is not None:
@@ -177,6 +194,9 @@ def run(
         raise UsageError(str(exc)) from exc
     if not nodes:
         raise UsageError(f"no host matched --hosts {hosts}" + (f" --limit {limit}" if limit else ""), ExitCode.NO_HOSTS)
+    for option, path in [("--shared-dir", shared_dir), *(("--data-path", p) for p in data_paths)]:
+        if path is not None and not path.startswith("/"):
+            raise UsageError(f"{option} {path}: give an absolute path (it is a path on the nodes)")
     if ssh_config and not Path(ssh_config).exists():
         raise UsageError(f"--ssh-config {ssh_config}: no such file")
     if output and not Path(output).resolve().parent.is_dir():
@@ -206,6 +226,8 @@ def run(
         ),
         clock_bound=max_clock_offset,
         min_busbw=min_busbw or next((n.min_busbw for n in nodes if n.min_busbw), None),
+        shared_dir=shared_dir,
+        data_paths=data_paths or next((n.data_paths for n in nodes if n.data_paths), ()),
         expect_transport=expect_transport,
         dcgm_level=dcgm_level,
     )

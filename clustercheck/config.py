@@ -35,6 +35,8 @@ class RunConfig:
     clock_bound: float = DEFAULT_MAX_CLOCK_OFFSET
     min_busbw: str | None = None  # --min-busbw, else the inventory's clustercheck_min_busbw
     network_duration: float = 10.0  # how long the network probe may try
+    shared_dir: str | None = None  # --shared-dir: one filesystem on every node (the checkpoint goes there)
+    data_paths: tuple[str, ...] = ()  # --data-path, else the inventory's clustercheck_data_paths
     dcgm_level: int | None = None  # --dcgm-level: run dcgmi diag -r LEVEL on nodes that have it
     expect_transport: str | None = None  # --expect-transport: ib, roce or socket (else each node's inventory var)
 

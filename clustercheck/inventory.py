@@ -28,6 +28,7 @@ PYTHON_VAR = "clustercheck_python"  # the environment's python (else /etc/cluste
 GPUS_VAR = "gpus_per_node"  # GPUs expected on each node (0: none; unset: whatever is there)
 INTERFACE_VAR = "cluster_interface"  # the interface nodes talk to each other on
 MIN_BUSBW_VAR = "clustercheck_min_busbw"  # all_reduce busbw threshold, FAIL[:WARN] in GB/s (like --min-busbw)
+DATA_PATHS_VAR = "clustercheck_data_paths"  # paths that must hold the same data on every node (like --data-path)
 CIDR_VAR = "cluster_cidr"  # the cluster network, used to find the interface when none is named
 PACKAGES_VAR = "python_env_packages"  # the user's pip packages (requirement specifiers) the python_env role installs
 EXPECT_TRANSPORT_VAR = "clustercheck_expect_transport"  # ib, roce or socket: what NCCL must use between nodes
@@ -44,6 +45,7 @@ READ_VARS = (
     GPUS_VAR,
     INTERFACE_VAR,
     CIDR_VAR,
+    DATA_PATHS_VAR,
     EXPECT_TRANSPORT_VAR,
 )
 
@@ -67,6 +69,7 @@ class Node:
     cluster_interface: str | None = None
     cluster_cidr: str | None = None
     min_busbw: str | None = None  # clustercheck_min_busbw
+    data_paths: tuple[str, ...] = ()  # clustercheck_data_paths
     packages: tuple[str, ...] = ()  # distribution names from python_env_packages: they must import on the node
     expect_transport: str | None = None  # clustercheck_expect_transport
     ssh_options: dict[str, str] = field(default_factory=dict)  # -o Key=Value from ansible_ssh_*_args
@@ -250,10 +253,22 @@ def node_from_vars(name: str, hostvars: dict[str, Any]) -> Node:
         cluster_interface=_text(hostvars.get(INTERFACE_VAR)),
         cluster_cidr=_text(hostvars.get(CIDR_VAR)),
         min_busbw=_text(hostvars.get(MIN_BUSBW_VAR)),
+        data_paths=_paths(name, hostvars.get(DATA_PATHS_VAR)),
         packages=distributions(name, hostvars.get(PACKAGES_VAR)),
         expect_transport=_transport(name, hostvars.get(EXPECT_TRANSPORT_VAR)),
         ssh_options=ssh_options,
     )
+
+
+def _paths(name: str, value: Any) -> tuple[str, ...]:
+    """A list of paths, or one string of comma-separated paths."""
+    if value in (None, ""):
+        return ()
+    if isinstance(value, str):
+        value = value.split(",")
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise InventoryError(f"{name}: {DATA_PATHS_VAR} must be a list of paths")
+    return tuple(v.strip() for v in value if v.strip())
 
 
 def distributions(name: str, specifiers: Any) -> tuple[str, ...]:

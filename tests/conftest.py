@@ -76,6 +76,30 @@ def wheelhouse() -> Path:
     return target
 
 
+@pytest.fixture(scope="session")
+def lightning_wheelhouse(wheelhouse) -> Path:
+    """Lightning and its dependencies (pinned in constraints.txt), downloaded like the torch wheelhouse; the wheels
+    the torch wheelhouse already has (torch itself) are left out, so nodes install from both directories."""
+    target = testcluster.CACHE_DIR / "wheelhouse-lightning"
+    stamp = target / ".complete"
+    with open(target.parent / ".wheelhouse-lightning.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if stamp.exists() and stamp.read_text().strip() == torchenv.LIGHTNING_PIN:
+            return target
+        shutil.rmtree(target, ignore_errors=True)
+        target.mkdir(parents=True)
+        pip = [sys.executable, "-m", "pip", "download", "-q", "--only-binary=:all:", "-d", str(target)]
+        subprocess.run(
+            [*pip, "-c", str(REPO / "constraints.txt"), "--find-links", str(wheelhouse), torchenv.LIGHTNING_PIN],
+            check=True,
+        )
+        for wheel in target.glob("*.whl"):
+            if (wheelhouse / wheel.name).exists():
+                wheel.unlink()
+        stamp.write_text(torchenv.LIGHTNING_PIN + "\n")
+    return target
+
+
 # --------------------------------------------------------------------------- Ansible (issue 3)
 
 ACCEPTANCE_DIR = REPO / "tests" / "acceptance"

@@ -106,8 +106,9 @@ def _record(name: str):
 def diverging_torch(kind: str, rank: int | None = None) -> str:
     """Python source that makes torch on a node train differently, loaded at interpreter start (a sitecustomize
     on PYTHONPATH, or a .pth file in the environment's site-packages): `lr` makes SGD's learning rate 10% larger,
-    `data` shifts every torch.randn draw (so seeded data differs). Only in torchrun's ranks (RANK set), and only
-    in global rank RANK when given."""
+    `data` shifts every torch.randn draw (so seeded data differs), `checkpoint` makes every file torch.load reads
+    come back with its first floating-point number changed by 1e-6 (a checkpoint that differs from what was saved).
+    Only in torchrun's ranks (RANK set), and only in global rank RANK when given."""
     if kind == "lr":
         patch = """
             import torch.optim
@@ -123,6 +124,24 @@ def diverging_torch(kind: str, rank: int | None = None) -> str:
             def randn(*args, **kwargs):
                 return _randn(*args, **kwargs) + 1e-3
             torch.randn = randn
+        """
+    elif kind == "checkpoint":
+        patch = """
+            import torch
+            _load = torch.load
+            def _first_float(value):
+                if isinstance(value, torch.Tensor) and value.is_floating_point():
+                    return value
+                for item in value.values() if isinstance(value, dict) else []:
+                    found = _first_float(item)
+                    if found is not None:
+                        return found
+                return None
+            def load(*args, **kwargs):
+                state = _load(*args, **kwargs)
+                _first_float(state).view(-1)[0] += 1e-6
+                return state
+            torch.load = load
         """
     else:
         raise ValueError(kind)

@@ -170,3 +170,107 @@ def evaluate(records: list[dict], world_size: int) -> CheckResult:
         f"accuracy {rank0['ddp']['accuracy']:.3f} vs {reference['accuracy']:.3f}, all ranks bit-identical{eff}",
         data=data,
     )
+
+
+CHECKPOINT = "checkpoint"
+_checkpoint = declare(
+    CHECKPOINT,
+    stage="ddp",
+    scope="cluster",
+    proves="a checkpoint saved by global rank 0 alone half-way through the DDP run loads on every rank (from "
+    "--shared-dir, else sent from rank 0) with the state that was saved, and training resumed from it is "
+    "bit-identical to the uninterrupted run",
+    fix="A rank that loads other state reads another file: check that --shared-dir is the same filesystem on every "
+    "node (the data.shared_dir check), that nothing else writes there, and the node's storage; a resumed run that "
+    "parts from the uninterrupted one means state the checkpoint does not carry (optimizer, data order).",
+)
+
+
+def evaluate_checkpoint(records: list[dict], world_size: int) -> CheckResult:
+    """The checkpoint round trip of the DDP worker's records: every rank loaded what rank 0 saved, and the resumed
+    run's losses and parameters equal the uninterrupted run's bit for bit."""
+    mine = [r for r in records if r.get("ok") and "checkpoint" in r]
+    if records and all(r.get("ok") for r in records) and all(r.get("steps", 0) < 2 for r in records):
+        return CheckResult(
+            CHECKPOINT, Status.SKIP, "checkpoint skipped: a DDP run of fewer than 2 steps has no half-way"
+        )
+    if len(mine) < world_size or not any(r["rank"] == 0 for r in mine):
+        missing = sorted(set(range(world_size)) - {r["rank"] for r in mine})
+        failed = sorted(r["rank"] for r in records if not r.get("ok"))
+        why = f"no round trip from rank(s) {', '.join(map(str, missing))}"
+        if failed:
+            first = next(r for r in records if r["rank"] == failed[0])
+            why += f" (rank {first['rank']} on {first.get('host', '?')}: {first.get('error', 'unknown error')})"
+        return CheckResult(
+            CHECKPOINT,
+            Status.FAIL,
+            f"checkpoint round trip did not complete: {why}",
+            remediation="Read the rank's output in the run directory (hosts/<node>/ddp/).",
+            data={"world_size": world_size, "missing_ranks": missing, "failed_ranks": failed},
+        )
+    rank0 = next(r for r in mine if r["rank"] == 0)
+    saved = rank0["checkpoint"]
+    step = saved["step"]
+    data = {
+        "step": step,
+        "steps": rank0.get("steps"),
+        "bytes": saved.get("bytes"),
+        "save_seconds": saved.get("save_seconds"),
+        "load_seconds": max(r["checkpoint"]["load_seconds"] for r in mine),
+        "transfer_seconds": max(r["checkpoint"]["transfer_seconds"] for r in mine),
+        "via": f"shared directory {saved['shared_dir']}" if saved.get("shared_dir") else "sent from rank 0",
+        "world_size": world_size,
+    }
+    problems = []
+    unloaded = sorted(r["rank"] for r in mine if "load_error" in r["checkpoint"])
+    data["ranks_failing_to_load"] = unloaded
+    for r in mine:
+        if r["rank"] in unloaded:
+            problems.append(f"{_hosts(records, [r['rank']])} could not load it: {r['checkpoint']['load_error']}")
+    odd_load = sorted(
+        r["rank"]
+        for r in mine
+        if "loaded_hash" in r["checkpoint"] and r["checkpoint"]["loaded_hash"] != saved.get("saved_hash")
+    )
+    data["ranks_loading_other_state"] = odd_load
+    if odd_load:
+        problems.append(f"{_hosts(records, odd_load)} loaded state different from what rank 0 saved")
+    odd_resume = []
+    for r in mine if not unloaded else []:
+        resumed = r["checkpoint"]
+        if resumed["param_hashes"] != r["param_hashes"][step:] or resumed["losses"] != r["losses"][step:]:
+            odd_resume.append(r["rank"])
+    data["ranks_resuming_differently"] = odd_resume
+    if odd_resume:
+        first = next(r for r in mine if r["rank"] == odd_resume[0])
+        parted = next(
+            (
+                step + i + 1
+                for i, (a, b) in enumerate(
+                    zip(first["checkpoint"]["param_hashes"], first["param_hashes"][step:], strict=False)
+                )
+                if a != b
+            ),
+            None,
+        )
+        at = f" from step {parted}" if parted else ""
+        problems.append(f"{_hosts(records, odd_resume)} resumed differently from the uninterrupted run{at}")
+    kib = (data["bytes"] or 0) / 1024
+    how = (
+        f"{kib:.1f} KiB saved by rank 0 at step {step} of {data['steps']} in {data['save_seconds']:.3f} s, "
+        f"loaded by {world_size} ranks ({data['via']}) in at most {data['load_seconds']:.3f} s"
+    )
+    if problems:
+        return CheckResult(
+            CHECKPOINT,
+            Status.FAIL,
+            f"checkpoint round trip: {'; '.join(problems)} ({how})",
+            remediation=_checkpoint.fix,
+            data=data,
+        )
+    return CheckResult(
+        CHECKPOINT,
+        Status.PASS,
+        f"checkpoint round trip: {how}; the resumed run equals the uninterrupted run bit for bit",
+        data=data,
+    )

@@ -15,6 +15,7 @@ float64 on CPUs; float32 on GPUs with TF32 off and deterministic algorithms.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import os
 import time
@@ -62,8 +63,11 @@ def accuracy(torch, model, x, y) -> float:
         return float((model(x).argmax(1) == y).double().mean().item())
 
 
-def train(torch, model, loader, sampler, steps: int, lr: float, loss_scale_fn, sync) -> tuple[list, list, float]:
-    """K SGD steps over LOADER (epochs re-seeded); returns (global loss per step, param hash per step, seconds)."""
+def train(
+    torch, model, loader, sampler, steps: int, lr: float, loss_scale_fn, sync, on_step=None
+) -> tuple[list, list, float]:
+    """K SGD steps over LOADER (epochs re-seeded); returns (global loss per step, param hash per step, seconds).
+    ON_STEP(step, optimizer), when given, runs after every step (untimed)."""
     opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
     losses, hashes = [], []
     step, epoch = 0, 0
@@ -84,6 +88,8 @@ def train(torch, model, loader, sampler, steps: int, lr: float, loss_scale_fn, s
             losses.append(loss_scale_fn(loss.detach()))
             hashes.append(param_hash(model.module if hasattr(model, "module") else model))
             step += 1
+            if on_step is not None:
+                on_step(step, opt)
         epoch += 1
     return losses, hashes, timed
 
@@ -160,7 +166,10 @@ def run(args, rank: int, local_rank: int, world: int) -> dict:
         dist.all_reduce(value)
         return float(value.item()) / world
 
-    losses, hashes, seconds = train(torch, ddp, loader, sampler, args.steps, lr, global_loss, sync)
+    checkpoint = Checkpoint(torch, args, rank, device)
+    losses, hashes, seconds = train(
+        torch, ddp, loader, sampler, args.steps, lr, global_loss, sync, on_step=checkpoint.save_at_half_way(model)
+    )
     elapsed = torch.tensor([seconds], dtype=torch.float64, device=device)
     dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
     record.update(
@@ -183,7 +192,157 @@ def run(args, rank: int, local_rank: int, world: int) -> dict:
         record["max_abs_param_diff"] = abs_diff
         record["max_rel_param_diff"] = rel_diff
     dist.barrier()
+    if checkpoint.step:
+
+        def fresh():
+            return make_model(torch, args.seed, args.features, args.hidden, args.classes, dtype, device)
+
+        record["checkpoint"] = checkpoint.round_trip(fresh, loader, sampler, global_loss, sync)
     return record
+
+
+def state_hash(state: dict) -> str:
+    """A hash of a checkpoint's tensors (model parameters, optimizer state) in a fixed order."""
+    import torch
+
+    digest = hashlib.sha256()
+
+    def walk(value):
+        if isinstance(value, torch.Tensor):
+            digest.update(_tensor_bytes(value))
+        elif isinstance(value, dict):
+            for key in sorted(value, key=str):
+                digest.update(str(key).encode())
+                walk(value[key])
+        elif isinstance(value, (list, tuple)):
+            for item in value:
+                walk(item)
+        else:
+            digest.update(repr(value).encode())
+
+    walk(state)
+    return digest.hexdigest()[:16]
+
+
+class Checkpoint:
+    """The checkpoint round trip: half-way through the DDP run, global rank 0 alone saves the model and optimizer
+    state (into the shared directory when there is one, else into its own run directory); after the run, every
+    rank loads it (read from the shared directory, or sent from rank 0 over the process group), builds a fresh
+    model and optimizer from it, and trains the second half again. Bit-identical training resumes exactly where
+    the uninterrupted run went on."""
+
+    def __init__(self, torch, args, rank: int, device) -> None:
+        self.torch, self.args, self.rank, self.device = torch, args, rank, device
+        self.step = args.steps // 2 if args.steps >= 2 else 0
+        self.shared = args.checkpoint_dir
+        folder = self.shared or args.out
+        self.path = os.path.join(folder, "checkpoint.pt")
+        self.saved: dict = {}
+
+    def save_at_half_way(self, model):
+        def on_step(step: int, opt) -> None:
+            if step != self.step or self.rank != 0:
+                return
+            state = {"step": step, "model": model.state_dict(), "optimizer": opt.state_dict()}
+            os.makedirs(os.path.dirname(self.path), exist_ok=True)
+            t0 = time.perf_counter()
+            self.torch.save(state, self.path)
+            self.saved = {
+                "save_seconds": time.perf_counter() - t0,
+                "bytes": os.path.getsize(self.path),
+                "saved_hash": state_hash(state),
+            }
+
+        return on_step
+
+    def _receive(self) -> tuple[str, float]:
+        """The checkpoint file this rank loads, and the seconds it took to get it."""
+        import torch.distributed as dist
+
+        torch = self.torch
+        t0 = time.perf_counter()
+        if self.shared:
+            dist.barrier()
+            return self.path, time.perf_counter() - t0
+        # Sent from rank 0: its size, then its bytes, over the process group.
+        size = torch.tensor([self.saved.get("bytes", 0) if self.rank == 0 else 0], dtype=torch.int64)
+        size = size.to(self.device)
+        dist.broadcast(size, 0)
+        if self.rank == 0:
+            with open(self.path, "rb") as fh:
+                payload = torch.frombuffer(bytearray(fh.read()), dtype=torch.uint8).to(self.device)
+        else:
+            payload = torch.empty(int(size.item()), dtype=torch.uint8, device=self.device)
+        dist.broadcast(payload, 0)
+        if self.rank == 0:
+            return self.path, time.perf_counter() - t0
+        path = os.path.join(self.args.out, f"checkpoint-received-rank-{self.rank}.pt")
+        with open(path, "wb") as fh:
+            fh.write(bytes(payload.cpu().tolist()))
+        return path, time.perf_counter() - t0
+
+    def round_trip(self, fresh, loader, sampler, global_loss, sync) -> dict:
+        import torch.distributed as dist
+
+        torch = self.torch
+        path, transfer_seconds = self._receive()
+        out = {"step": self.step, "shared_dir": self.shared, "transfer_seconds": transfer_seconds, **self.saved}
+        t0 = time.perf_counter()
+        try:
+            state = torch.load(path, map_location=self.device)
+            out["loaded_hash"] = state_hash(state)
+        except Exception as exc:  # this rank's failed load is its result; the others must not wait for it
+            state, out["load_error"] = None, f"{type(exc).__name__}: {exc}"
+        out["load_seconds"] = time.perf_counter() - t0
+        everyone = torch.tensor([0 if state is None else 1], dtype=torch.int64, device=self.device)
+        dist.all_reduce(everyone, op=dist.ReduceOp.MIN)
+        if everyone.item():
+            out.update(self._resume(state, fresh, loader, sampler, global_loss, sync))
+        dist.barrier()
+        if self.rank == 0 or not self.shared:
+            with contextlib.suppress(OSError):
+                os.remove(path)
+        if self.rank == 0 and self.shared:
+            with contextlib.suppress(OSError):
+                os.rmdir(self.shared)
+        return out
+
+    def _resume(self, state, fresh, loader, sampler, global_loss, sync) -> dict:
+        """The second half of the run again, from STATE: the losses and parameter hashes of every step."""
+        from torch.nn.parallel import DistributedDataParallel
+
+        torch, args = self.torch, self.args
+        model = fresh()
+        model.load_state_dict(state["model"])
+        ddp = DistributedDataParallel(model, device_ids=[self.device.index] if self.device.type == "cuda" else None)
+        opt = torch.optim.SGD(ddp.parameters(), lr=args.lr, momentum=0.9)
+        opt.load_state_dict(state["optimizer"])
+        # DDP buckets gradients in parameter order in its first iteration and in backward order from the second
+        # on, and the all_reduce rounds differently over another layout: one backward without a step gives the
+        # resumed run the layout the uninterrupted run had at this step.
+        xb, yb = next(iter(loader))
+        torch.nn.functional.cross_entropy(ddp(xb), yb).backward()
+        opt.zero_grad(set_to_none=True)
+        losses, hashes = [], []
+        per_epoch = len(loader)
+        step = self.step
+        while step < args.steps:
+            epoch, skip = divmod(step, per_epoch)
+            sampler.set_epoch(epoch)
+            for i, (xb, yb) in enumerate(loader):
+                if i < skip:
+                    continue
+                if step == args.steps:
+                    break
+                opt.zero_grad(set_to_none=True)
+                loss = torch.nn.functional.cross_entropy(ddp(xb), yb)
+                loss.backward()
+                opt.step()
+                sync()
+                losses.append(global_loss(loss.detach()))
+                hashes.append(param_hash(model))
+                step += 1
+        return {"losses": losses, "param_hashes": hashes}
 
 
 def main() -> int:
@@ -199,6 +358,9 @@ def main() -> int:
     parser.add_argument("--classes", type=int, default=4)
     parser.add_argument("--lr", type=float, default=0.05)
     parser.add_argument("--seed", type=int, default=1234)
+    parser.add_argument(
+        "--checkpoint-dir", default=None, help="a directory on the shared filesystem (default: sent from rank 0)"
+    )
     args = parser.parse_args()
     record = rank_identity()
     world = int(os.environ["WORLD_SIZE"])

@@ -136,7 +136,7 @@ class Pipeline:
             stage_results = [self._deselect(r) for r in module.run(members, self.ctx)]
             results += stage_results
             problems = [r for r in stage_results if r.status.is_problem]
-            if problems:
+            if problems and getattr(module, "GATES", True):
                 blocked = f"the {stage} stage failed ({problems[0].message})"
                 if stage == "network":
                     blocked = f"the network stage failed, so no torch job was started ({problems[0].message})"

@@ -9,7 +9,7 @@ from __future__ import annotations
 import fnmatch
 from dataclasses import dataclass
 
-STAGES = ("core", "network", "collectives", "ddp")  # in the order they run
+STAGES = ("core", "network", "data", "collectives", "ddp", "lightning")  # in the order they run
 
 
 class SelectionError(ValueError):

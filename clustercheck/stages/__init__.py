@@ -51,6 +51,6 @@ class Context:
 
 def modules() -> dict:
     """Stage name -> its module, for the multi-node stages."""
-    from clustercheck.stages import collectives, ddp, network
+    from clustercheck.stages import collectives, data, ddp, lightning, network
 
-    return {"network": network, "collectives": collectives, "ddp": ddp}
+    return {"network": network, "data": data, "collectives": collectives, "ddp": ddp, "lightning": lightning}

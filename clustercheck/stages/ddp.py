@@ -13,8 +13,15 @@ WORKER_ARGS: list[str] = []  # extra arguments of the DDP worker (e.g. --steps N
 
 
 def run(members: list[Member], ctx: Context) -> list[CheckResult]:
+    args = list(WORKER_ARGS)
+    if ctx.config.shared_dir:  # the checkpoint round trip goes through the shared directory
+        args += ["--checkpoint-dir", f"{ctx.config.shared_dir.rstrip('/')}/.clustercheck-{members[0].transport.run_id}"]
     try:
-        outcome = torchjob.run(members, "ddp", ctx, worker_args=list(WORKER_ARGS) or None)
+        outcome = torchjob.run(members, "ddp", ctx, worker_args=args or None)
     except (launch.LaunchError, TransportError, OSError) as exc:
-        return [CheckResult(ddp.NAME, Status.ERROR, f"{ddp.NAME}: {exc}")]
-    return torchjob.judged([ddp.evaluate(outcome.records, outcome.world_size)], outcome)
+        return [CheckResult(name, Status.ERROR, f"{name}: {exc}") for name in (ddp.NAME, ddp.CHECKPOINT)]
+    results = [
+        ddp.evaluate(outcome.records, outcome.world_size),
+        ddp.evaluate_checkpoint(outcome.records, outcome.world_size),
+    ]
+    return torchjob.judged(results, outcome)

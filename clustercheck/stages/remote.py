@@ -18,7 +18,7 @@ from clustercheck.transport import Transport
 
 PACKAGE = "clustercheck_remote"  # its name on the node, so it never shadows an installed clustercheck
 FILE = "clustercheck-remote.pyz"
-PROGRAMS = ("facts", "netprobe", "collectives", "ddp")
+PROGRAMS = ("facts", "netprobe", "data", "collectives", "ddp", "lightning")
 
 _lock = threading.Lock()
 _uploaded: set[tuple[str, str]] = set()

@@ -3,7 +3,8 @@
 python3-venv from Debian's packages, the wheelhouse copied over SFTP, `pip install --no-index --find-links`,
 and the environment's python recorded in /etc/clustercheck/python (where the setup roles record it).
 Idempotent: a node whose recorded python already imports torch is left alone. The session fixture
-`torch_cluster` (tests/conftest.py) uses it for the cluster tests.
+`torch_cluster` (tests/conftest.py) uses it for the cluster tests; `install_packages` adds more packages (Lightning)
+to that environment the same way, and `remove_packages` takes them out again.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import paramiko
 VENV = "/opt/clustercheck/venv"
 PYTHON = f"{VENV}/bin/python"
 REMOTE_WHEELS = "/var/cache/clustercheck-wheels"
+LIGHTNING_PIN = "lightning==2.6.6"  # with its dependencies pinned in constraints.txt
 
 
 def ssh_client(cluster, node) -> paramiko.SSHClient:
@@ -35,6 +37,16 @@ def ssh_run(client: paramiko.SSHClient, command: str, timeout: float = 900) -> t
     return stdout.channel.recv_exit_status(), out
 
 
+def _upload(client: paramiko.SSHClient, wheelhouse: Path) -> None:
+    ssh_run(client, f"mkdir -p {REMOTE_WHEELS}")
+    with client.open_sftp() as sftp:
+        present = set(sftp.listdir(REMOTE_WHEELS))
+        for wheel in sorted(wheelhouse.glob("*.whl")):
+            if wheel.name not in present:
+                sftp.put(str(wheel), f"{REMOTE_WHEELS}/{wheel.name}.part")
+                sftp.rename(f"{REMOTE_WHEELS}/{wheel.name}.part", f"{REMOTE_WHEELS}/{wheel.name}")
+
+
 def _install(cluster, node, wheelhouse: Path, errors: list[str]) -> None:
     try:
         with ssh_client(cluster, node) as client:
@@ -49,13 +61,7 @@ def _install(cluster, node, wheelhouse: Path, errors: list[str]) -> None:
                 "(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-venv)",
             )
             assert status == 0, f"apt-get install python3-venv: {out[-500:]}"
-            ssh_run(client, f"mkdir -p {REMOTE_WHEELS}")
-            with client.open_sftp() as sftp:
-                present = set(sftp.listdir(REMOTE_WHEELS))
-                for wheel in sorted(wheelhouse.glob("*.whl")):
-                    if wheel.name not in present:
-                        sftp.put(str(wheel), f"{REMOTE_WHEELS}/{wheel.name}.part")
-                        sftp.rename(f"{REMOTE_WHEELS}/{wheel.name}.part", f"{REMOTE_WHEELS}/{wheel.name}")
+            _upload(client, wheelhouse)
             status, out = ssh_run(
                 client,
                 f"python3 -m venv {VENV} && {VENV}/bin/pip install -q --no-index "
@@ -67,10 +73,46 @@ def _install(cluster, node, wheelhouse: Path, errors: list[str]) -> None:
         errors.append(f"{node.name}: {exc}")
 
 
+def _install_packages(cluster, node, wheelhouse: Path, packages: list[str], errors: list[str]) -> None:
+    try:
+        with ssh_client(cluster, node) as client:
+            _upload(client, wheelhouse)
+            quoted = " ".join(map(shlex.quote, packages))
+            status, out = ssh_run(client, f"{VENV}/bin/pip install -q --no-index --find-links {REMOTE_WHEELS} {quoted}")
+            assert status == 0, f"pip install {quoted}: {out[-500:]}"
+    except Exception as exc:
+        errors.append(f"{node.name}: {exc}")
+
+
+def _remove_packages(cluster, node, packages: list[str], errors: list[str]) -> None:
+    try:
+        with ssh_client(cluster, node) as client:
+            quoted = " ".join(map(shlex.quote, packages))
+            status, out = ssh_run(client, f"{VENV}/bin/pip uninstall -q -y {quoted}")
+            assert status == 0, f"pip uninstall {quoted}: {out[-500:]}"
+    except Exception as exc:
+        errors.append(f"{node.name}: {exc}")
+
+
+def install_packages(cluster, wheelhouse: Path, packages: list[str]) -> list[str]:
+    """PACKAGES (pip requirements) into the torch environment of every node, from WHEELHOUSE (uploaded beside the
+    torch wheels); the errors, one per node that failed."""
+    return _each(cluster, _install_packages, wheelhouse, packages)
+
+
+def remove_packages(cluster, packages: list[str]) -> list[str]:
+    """PACKAGES out of the torch environment of every node again (their dependencies stay)."""
+    return _each(cluster, _remove_packages, packages)
+
+
 def install(cluster, wheelhouse: Path) -> list[str]:
     """Install on every node at once; the errors, one per node that failed."""
+    return _each(cluster, _install, wheelhouse)
+
+
+def _each(cluster, work, *args) -> list[str]:
     errors: list[str] = []
-    threads = [threading.Thread(target=_install, args=(cluster, n, wheelhouse, errors)) for n in cluster.nodes]
+    threads = [threading.Thread(target=work, args=(cluster, n, *args, errors)) for n in cluster.nodes]
     for thread in threads:
         thread.start()
     for thread in threads:

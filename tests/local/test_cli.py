@@ -21,9 +21,10 @@ def test_localhost_runs_every_stage_and_proves_ddp_equivalence_on_two_cpu_ranks(
     assert report["hosts"] == ["localhost"]
     names = [c["name"] for c in report["checks"]]
     checks = {c["name"]: c for c in report["checks"]}
-    # The stages in order: core, network, collectives, DDP.
-    order = ["torch.import", "network.tcp", "allreduce", "allgather", "broadcast", "allreduce.bandwidth"]
-    assert [n for n in names if n in order] == order and names[-1] == "ddp_equivalence"
+    # The stages in order: core, network, data, collectives, DDP (with its checkpoint round trip), Lightning.
+    order = ["torch.import", "network.tcp", "data.paths", "allreduce", "allgather", "broadcast", "allreduce.bandwidth"]
+    order += ["ddp_equivalence", "checkpoint", "lightning.import", "lightning.ddp"]
+    assert [n for n in names if n in order] == order and names[-1] == "lightning.ddp"
     assert checks["connect"]["message"] == "localhost: local"
     assert checks["network.master_port"]["status"] == "PASS" and "29611" in checks["network.master_port"]["message"]
     for name in ("allreduce", "allgather", "broadcast"):
@@ -38,12 +39,17 @@ def test_localhost_runs_every_stage_and_proves_ddp_equivalence_on_two_cpu_ranks(
     assert ddp["data"]["max_abs_param_diff"] < 1e-12 and ddp["data"]["max_rel_param_diff"] < 1e-12
     assert abs(ddp["data"]["reference_accuracy"] - ddp["data"]["ddp_accuracy"]) <= 0.01
     assert ddp["data"]["scaling_efficiency"] > 0
+    assert checks["checkpoint"]["status"] == "PASS", checks["checkpoint"]["message"]
+    assert checks["data.paths"]["status"] == "SKIP" and "no --data-path given" in checks["data.paths"]["message"]
+    lightning = checks["lightning.ddp"]  # Lightning is in the test environment (pyproject's test extra)
+    assert lightning["status"] == "PASS", lightning["message"]
+    assert lightning["data"]["world_size"] == 2 and lightning["data"]["num_nodes"] == 1
     for name in ("local.allreduce", "local.allgather", "local.broadcast"):  # on one node: the collectives stage
         assert checks[name]["status"] == "SKIP" and "collectives stage" in checks[name]["message"]
     assert all(c["status"] in ("PASS", "WARN", "SKIP") for c in report["checks"])
     assert "READY" in proc.stderr
     host_dir = tmp_path / "run" / "hosts" / "localhost"
-    for stage in ("collectives", "ddp"):  # rank records and torchrun's per-rank logs came back
+    for stage in ("collectives", "ddp", "lightning"):  # rank records and torchrun's per-rank logs came back
         assert sorted(p.name for p in (host_dir / stage).glob("rank-*.json")) == ["rank-0.json", "rank-1.json"]
         assert list((host_dir / stage / "torchrun-logs").rglob("stderr.log"))
     assert "--master-port=29611" in (host_dir / "ddp.command").read_text()
@@ -56,7 +62,9 @@ def test_localhost_runs_every_stage_and_proves_ddp_equivalence_on_two_cpu_ranks(
 def test_every_check_a_run_reports_is_in_the_catalog_under_the_same_name(tmp_path):
     catalog = json.loads(run_cli("checks", "--format", "json").stdout)["checks"]
     known = {c["name"]: c for c in catalog}
-    assert all(c["proves"] and c["stage"] in ("core", "network", "collectives", "ddp") for c in catalog)
+    assert all(
+        c["proves"] and c["stage"] in ("core", "network", "data", "collectives", "ddp", "lightning") for c in catalog
+    )
     for args in ([], ["--only", "core"], ["--skip", "network.*", "--skip", "ddp"]):
         proc = run_cli(
             "run",
@@ -127,6 +135,9 @@ def test_a_bad_min_busbw_or_stage_is_a_usage_error():
     for args in (["--only", "gpu"], ["--skip", "core"]):
         proc = run_cli("run", "--hosts", "localhost", *args)
         assert proc.returncode == 4 and proc.stderr.startswith("clustercheck: error:"), proc.stderr
+    for args in (["--shared-dir", "shared"], ["--data-path", "/data", "--data-path", "data"]):
+        proc = run_cli("run", "--hosts", "localhost", *args)
+        assert proc.returncode == 4 and "give an absolute path (it is a path on the nodes)" in proc.stderr
 
 
 def test_a_python_without_torch_fails_with_its_cause(tmp_path):

@@ -70,3 +70,31 @@ def test_a_global_batch_that_does_not_split_is_reported_by_every_rank(tmp_path):
     result = ddp.evaluate(job.records, job.world_size)
     assert result.status is Status.FAIL
     assert "does not split over 2 ranks" in result.message
+
+
+def test_a_checkpoint_saved_half_way_resumes_bit_for_bit_and_a_perturbed_load_is_named(tmp_path):
+    job = localjob.run_job(tmp_path / "good", "ddp", nnodes=3, nproc=1, master_port=29691)
+    assert job.exit_codes == [0, 0, 0], job.logs
+    result = ddp.evaluate_checkpoint(job.records, job.world_size)
+    assert result.status is Status.PASS, result.message
+    assert not list(tmp_path.rglob("checkpoint*.pt"))  # the round trip cleans up after itself
+
+    job = localjob.run_job(
+        tmp_path / "bad", "ddp", nnodes=3, nproc=1, master_port=29692, faults={"node2": diverging_torch("checkpoint")}
+    )
+    assert job.exit_codes == [0, 0, 0], job.logs
+    result = ddp.evaluate_checkpoint(job.records, job.world_size)
+    assert result.status is Status.FAIL
+    assert result.data["ranks_loading_other_state"] == [1]
+
+
+def test_a_checkpoint_in_a_shared_directory_is_saved_once_and_read_by_every_rank(tmp_path):
+    shared = tmp_path / "shared" / ".clustercheck-test"
+    job = localjob.run_job(
+        tmp_path, "ddp", nnodes=2, nproc=1, master_port=29693, worker_args=["--checkpoint-dir", str(shared)]
+    )
+    assert job.exit_codes == [0, 0], job.logs
+    result = ddp.evaluate_checkpoint(job.records, job.world_size)
+    assert result.status is Status.PASS, result.message
+    assert result.data["via"] == f"shared directory {shared}"
+    assert not shared.exists()  # removed after the round trip

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 from pathlib import Path
 
@@ -106,3 +107,44 @@ def test_the_majority_defines_the_odd_rank_out():
         {"rank": 2, "final_hash": "b", "param_hashes": ["x", "b"]},
     ]
     assert ddp.disagreeing_ranks(records) == ([0], 2)
+
+
+def test_a_checkpoint_round_trip_that_resumes_bit_for_bit_passes_with_size_and_times():
+    result = ddp.evaluate_checkpoint(load("ddp-pass.json"), world_size=3)
+    assert result.status is Status.PASS, result.message
+    assert result.data["step"] == 10 and result.data["steps"] == 20
+    assert result.data["bytes"] > 0 and result.data["save_seconds"] >= 0 and result.data["load_seconds"] >= 0
+    assert result.data["via"] == "sent from rank 0"
+    assert "KiB saved by rank 0 at step 10" in result.message and "bit for bit" in result.message
+
+
+def test_a_rank_that_loads_a_perturbed_checkpoint_is_named():
+    records = load("ddp-checkpoint-perturbed.json")
+    result = ddp.evaluate_checkpoint(records, world_size=3)
+    assert result.status is Status.FAIL
+    assert result.data["ranks_loading_other_state"] == [2]
+    assert "rank 2 (" in result.message and "loaded state different from what rank 0 saved" in result.message
+    assert ddp.evaluate(records, world_size=3).status is Status.PASS  # the training itself was equivalent
+
+
+def test_a_resumed_run_that_parts_from_the_uninterrupted_one_names_the_rank_and_step():
+    records = copy.deepcopy(load("ddp-pass.json"))
+    records[1]["checkpoint"]["param_hashes"][3] = "0" * 16  # rank 1's 4th resumed step (step 14) differs
+    result = ddp.evaluate_checkpoint(records, world_size=3)
+    assert result.status is Status.FAIL
+    assert result.data["ranks_resuming_differently"] == [1]
+    assert "resumed differently from the uninterrupted run from step 14" in result.message
+
+
+def test_a_checkpoint_round_trip_without_records_from_every_rank_fails():
+    records = [r for r in load("ddp-pass.json") if r["rank"] != 1]
+    result = ddp.evaluate_checkpoint(records, world_size=3)
+    assert result.status is Status.FAIL and "rank(s) 1" in result.message
+
+
+def test_a_run_too_short_for_a_half_way_skips_the_checkpoint():
+    records = copy.deepcopy(load("ddp-pass.json"))
+    for r in records:
+        r["steps"] = 1
+        del r["checkpoint"]
+    assert ddp.evaluate_checkpoint(records, world_size=3).status is Status.SKIP

@@ -10,7 +10,14 @@ from pathlib import Path
 import pytest
 
 from clustercheck import inventory
-from clustercheck.inventory import InventoryError, from_ansible_list, load, parse_host_list, parse_ssh_options
+from clustercheck.inventory import (
+    InventoryError,
+    from_ansible_list,
+    load,
+    node_from_vars,
+    parse_host_list,
+    parse_ssh_options,
+)
 
 DATA = Path(__file__).parent / "data"
 
@@ -105,6 +112,17 @@ def test_ansible_inventory_is_the_documented_json():
     tool = Path(sys.executable).parent / "ansible-inventory"
     live = subprocess.run([str(tool), "-i", str(DATA / "inventory.ini"), "--list"], capture_output=True, text=True)
     assert json.loads(live.stdout) == recorded("ansible-inventory-list.json")
+
+
+def test_data_paths_from_the_inventory_are_a_list_or_comma_separated():
+    assert node_from_vars("n1", {"clustercheck_data_paths": ["/data/a", "/data/b"]}).data_paths == (
+        "/data/a",
+        "/data/b",
+    )
+    assert node_from_vars("n1", {"clustercheck_data_paths": "/data/a, /data/b"}).data_paths == ("/data/a", "/data/b")
+    assert node_from_vars("n1", {}).data_paths == ()
+    with pytest.raises(InventoryError, match="clustercheck_data_paths must be a list of paths"):
+        node_from_vars("n1", {"clustercheck_data_paths": {"a": 1}})
 
 
 def test_the_packages_the_python_env_role_installs_are_read_as_distribution_names():

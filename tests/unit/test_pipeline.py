@@ -220,3 +220,19 @@ def test_the_test_set_is_the_same_whether_a_stage_ran_or_was_skipped(tmp_path):
     assert [(r.name, r.host) for r in ran.results if r.status is not Status.SKIP]  # something really ran
     assert sorted(by_key(ran.results)) == sorted(by_key(skipped.results))
     assert all(name in registry.REGISTRY for name, _ in by_key(ran.results))
+
+
+def test_a_data_path_that_differs_fails_the_data_stage_and_the_torch_stages_still_run(tmp_path):
+    paths = json.loads((RECORDS / "data-paths-node3-differs.json").read_text())  # recorded on node1..node3
+
+    def data_answer(transport, command, timeout):
+        if len(command) > 3 and command[2:4] == ["data", "paths"]:
+            return CommandResult(0, json.dumps(paths[transport.host]) + "\n", "")
+        return None
+
+    cluster = Cluster(behaviour=dict.fromkeys(NAMES, data_answer))
+    results = by_key(cluster.run(tmp_path, data_paths=("/srv/ds", "/srv/missing")).results)
+    assert results[("data.paths", None)].status is Status.FAIL
+    assert "/srv/ds differs on node3" in results[("data.paths", None)].message
+    assert results[("data.shared_dir", None)].status is Status.SKIP  # no --shared-dir
+    assert results[("ddp_equivalence", None)].status is Status.PASS  # data does not gate the torch stages

@@ -1,0 +1,180 @@
+"""Judge the Lightning stage (pure logic, no I/O): whether Lightning imports on every node, and the Lightning job's
+rank records against the single-process Lightning reference and against what torchrun told every rank.
+
+PASS when, within the DDP check's tolerances, Lightning's DDP across every node trains the same model as one
+Lightning process on the full global batch, every rank ends bit-identical, and Lightning saw on every rank the
+world size, node count, ranks and cluster environment (torchrun's) that the launch gave it.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import asdict
+
+from clustercheck.checks.ddp import TOLERANCES, disagreeing_ranks, first_parting_step
+from clustercheck.checks.registry import Finding, declare, fail, passed, skip
+from clustercheck.model import CheckResult, Status
+
+STAGE = "lightning"
+IMPORT = "lightning.import"
+NAME = "lightning.ddp"
+TORCHRUN_ENVIRONMENT = "TorchElasticEnvironment"  # Lightning's cluster environment for a torchrun launch
+INSTALL = (
+    "Install Lightning (`lightning` or `pytorch_lightning`) in the node's environment: the setup playbook's "
+    "python_env role takes it in python_env_packages (e.g. lightning==2.6.6 beside the pinned torch)."
+)
+IMPORT_CHECK = declare(
+    IMPORT,
+    stage=STAGE,
+    scope="node",
+    proves="PyTorch Lightning (`lightning` or `pytorch_lightning`) imports in the node's environment "
+    "(SKIP where it does not, FAIL when --only lightning asked for it)",
+    fix=INSTALL,
+)
+_ddp = declare(
+    NAME,
+    stage=STAGE,
+    scope="cluster",
+    proves="Lightning's Trainer(num_nodes=N, devices=K, strategy='ddp'), launched by torchrun on every node, trains "
+    "the same model as a single-process Lightning run on the same global batches (the DDP check's task and "
+    "tolerances), every rank bit-identical, and every rank saw the world size, node count, ranks and cluster "
+    "environment torchrun gave it",
+    fix="A rank that saw another world size or node count runs with other launch settings or Lightning version; "
+    "ranks that disagree run different code or compute differently: compare the nodes' torch and Lightning "
+    "versions (lightning.import) and environments.",
+)
+
+
+def import_finding(answer: dict | None, error: str | None, required: bool) -> Finding:
+    """One node's `lightning probe` ANSWER (or why there is none)."""
+    if answer and answer.get("ok"):
+        return passed(f"{answer['package']} {answer['version']} imports", **answer)
+    why = error or (answer or {}).get("error") or "no answer"
+    message = f"Lightning does not import: {why}"
+    if required:
+        return fail(message + " (--only lightning asked for it)")
+    return skip(message)
+
+
+SEEN = (  # what Lightning saw -> how it is named
+    ("world_size", "world size"),
+    ("num_nodes", "node count"),
+    ("global_rank", "global rank"),
+    ("local_rank", "local rank"),
+    ("node_rank", "node rank"),
+    ("cluster_environment", "cluster environment"),
+)
+
+
+def expected_view(record: dict, world_size: int, num_nodes: int) -> dict:
+    """What Lightning should see on RECORD's rank: what torchrun told it, and the job's shape."""
+    torchrun = record.get("torchrun") or {}
+    return {
+        "world_size": world_size,
+        "num_nodes": num_nodes,
+        "global_rank": record["rank"],
+        "local_rank": record["local_rank"],
+        "node_rank": int(torchrun["GROUP_RANK"]) if torchrun.get("GROUP_RANK") is not None else None,
+        "cluster_environment": TORCHRUN_ENVIRONMENT,
+    }
+
+
+def _where(record: dict) -> str:
+    return record.get("node") or record.get("host", "?")
+
+
+def _hosts(records: list[dict], ranks: list[int]) -> str:
+    by_rank = {r["rank"]: _where(r) for r in records}
+    return ", ".join(f"rank {r} ({by_rank.get(r, '?')})" for r in ranks)
+
+
+def evaluate(records: list[dict], world_size: int, num_nodes: int) -> CheckResult:
+    failed = sorted((r for r in records if not r.get("ok")), key=lambda r: r["rank"])
+    missing = sorted(set(range(world_size)) - {r["rank"] for r in records})
+    if failed or missing:
+        cause = (
+            f"{_where(failed[0])} (rank {failed[0]['rank']}): {failed[0].get('error', 'unknown error')}"
+            if failed
+            else f"no result from rank(s) {', '.join(map(str, missing))}"
+        )
+        return CheckResult(
+            NAME,
+            Status.FAIL,
+            f"the Lightning run did not complete: {cause}",
+            remediation="Read the rank's output in the run directory (hosts/<node>/lightning/); "
+            "the ddp stage shows whether plain DDP works.",
+            data={"world_size": world_size, "failed_ranks": [r["rank"] for r in failed], "missing_ranks": missing},
+        )
+    rank0 = next(r for r in records if r["rank"] == 0)
+    reference = rank0["reference"]
+    tol = TOLERANCES.get(rank0.get("dtype", "float64"), TOLERANCES["float32"])
+    problems = []
+    data: dict = {
+        "world_size": world_size,
+        "num_nodes": num_nodes,
+        "lightning": rank0.get("lightning"),
+        "backend": rank0.get("backend"),
+        "dtype": rank0.get("dtype"),
+        "steps": rank0.get("steps"),
+        "max_abs_param_diff": rank0["max_abs_param_diff"],
+        "max_rel_param_diff": rank0["max_rel_param_diff"],
+        "tolerance": asdict(tol),
+        "reference_losses": reference["losses"],
+        "lightning_losses": rank0["losses"],
+        "seen": {r["rank"]: r.get("seen") for r in records},
+    }
+
+    # What Lightning saw, per node: every rank's view against torchrun's.
+    wrong: dict[str, list[str]] = defaultdict(list)
+    for r in sorted(records, key=lambda r: r["rank"]):
+        seen, expected = r.get("seen") or {}, expected_view(r, world_size, num_nodes)
+        for key, label in SEEN:
+            if seen.get(key) != expected[key]:
+                wrong[_where(r)].append(f"rank {r['rank']} saw {label} {seen.get(key)} (torchrun: {expected[key]})")
+    data["nodes_seeing_otherwise"] = sorted(wrong)
+    for node, what in wrong.items():
+        problems.append(f"on {node} Lightning saw otherwise: " + ", ".join(what))
+
+    odd, rank_step = disagreeing_ranks(records)
+    data["disagreeing_ranks"] = odd
+    data["ranks_part_at_step"] = rank_step
+    if odd:
+        where = f" from step {rank_step}" if rank_step else ""
+        problems.append(f"{_hosts(records, odd)} end(s) with parameters different from the other ranks{where}")
+    loss_step = first_parting_step(rank0["losses"], reference["losses"], tol.loss)
+    data["curves_part_at_step"] = loss_step
+    if loss_step:
+        i = loss_step - 1
+        mine = rank0["losses"][i] if i < len(rank0["losses"]) else None
+        ref = reference["losses"][i] if i < len(reference["losses"]) else None
+        problems.append(
+            f"the loss curve parts from the single-process Lightning run at step {loss_step} "
+            f"(Lightning DDP {mine}, single process {ref})"
+        )
+    if rank0["max_abs_param_diff"] > tol.param_abs or rank0["max_rel_param_diff"] > tol.param_rel:
+        problems.append(
+            f"final parameters differ from the single-process run by {rank0['max_abs_param_diff']:.3g} abs / "
+            f"{rank0['max_rel_param_diff']:.3g} rel (tolerance {tol.param_abs:g} / {tol.param_rel:g})"
+        )
+    version = rank0.get("lightning") or {}
+    per_node = world_size // num_nodes if num_nodes else world_size
+    setting = (
+        f"{version.get('package', 'Lightning')} {version.get('version', '')} DDP on {world_size} ranks "
+        f"({num_nodes} nodes x {per_node}, {rank0.get('backend')}, {rank0.get('dtype')}), {rank0.get('steps')} steps"
+    )
+    if problems:
+        return CheckResult(
+            NAME,
+            Status.FAIL,
+            f"{setting}: " + "; ".join(problems),
+            remediation=_ddp.fix,
+            data=data,
+        )
+    return CheckResult(
+        NAME,
+        Status.PASS,
+        f"{setting} matches a single-process Lightning run: max param diff {rank0['max_abs_param_diff']:.2g}, "
+        f"all ranks bit-identical; every rank saw world size {world_size}, {num_nodes} nodes, its torchrun ranks "
+        f"and {TORCHRUN_ENVIRONMENT}",
+        data=data,
+    )

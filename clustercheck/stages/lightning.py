@@ -1,0 +1,73 @@
+"""The lightning stage: where Lightning imports on every node, a Lightning job across every node launched by
+torchrun on every node (Trainer(num_nodes=N, devices=K, strategy="ddp")), judged against a single-process Lightning
+run (checks/lightning.py). Where it does not import, the stage is SKIP with the reason, or FAIL when
+--only lightning asked for it."""
+
+from __future__ import annotations
+
+import json
+
+from clustercheck.checks import lightning
+from clustercheck.model import CheckResult, Status
+from clustercheck.run.fanout import fanout
+from clustercheck.stages import Context, Member, launch, remote, torchjob
+from clustercheck.transport import TransportError
+
+NAME = "lightning"
+NEEDS_TORCH = True
+
+
+def _probe(m: Member, ctx: Context) -> dict:
+    remote.install(m.transport)
+    answer = m.transport.run(
+        remote.command(m.facts.python, m.transport.workdir, "lightning", "probe"), timeout=ctx.config.command_timeout
+    )
+    (ctx.config.host_dir(m.name) / "lightning-probe.json").write_text(answer.stdout + answer.stderr)
+    try:
+        return json.loads(answer.stdout.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        return {"ok": False, "error": answer.cause()}
+
+
+def run(members: list[Member], ctx: Context) -> list[CheckResult]:
+    required = NAME in ctx.config.selection.only
+    check = lightning.IMPORT_CHECK
+    outcomes = fanout(lambda m: _probe(m, ctx), members, name=lambda m: m.name)
+    results = []
+    for i, m in enumerate(members):
+        got = outcomes.get(i)
+        error = f"{type(got).__name__}: {got}" if isinstance(got, BaseException) else None
+        answer = got if isinstance(got, dict) else None
+        results.append(check.result(m.name, lightning.import_finding(answer, error, required)))
+    missing = [r.host for r in results if r.status is not Status.PASS]
+    if missing:
+        status = Status.FAIL if required else Status.SKIP
+        why = f"Lightning does not import on {', '.join(str(h) for h in missing)}"
+        return [
+            *results,
+            CheckResult(
+                lightning.NAME,
+                status,
+                f"{lightning.NAME} {'failed' if required else 'skipped'}: {why}",
+                remediation=lightning.INSTALL if required else "",
+            ),
+        ]
+
+    backend = launch.choose_backend([m.gpus for m in members])
+    per_node = {launch.ranks_per_node(m.gpus, backend, ctx.config.nproc_per_node) for m in members}
+    if len(per_node) > 1:
+        return [
+            *results,
+            CheckResult(
+                lightning.NAME,
+                Status.FAIL,
+                f"Lightning needs the same number of devices on every node; these nodes have {sorted(per_node)}",
+                remediation="Give every node the same GPUs, or run with --nproc-per-node.",
+            ),
+        ]
+    args = ["--num-nodes", str(len(members)), "--devices", str(per_node.pop())]
+    try:
+        outcome = torchjob.run(members, "lightning", ctx, worker_args=args)
+    except (launch.LaunchError, TransportError, OSError) as exc:
+        return [*results, CheckResult(lightning.NAME, Status.ERROR, f"{lightning.NAME}: {exc}")]
+    return results + torchjob.judged([lightning.evaluate(outcome.records, outcome.world_size, len(members))], outcome)
