@@ -98,12 +98,17 @@ def evaluate(
     master_port: int,
     errors: dict[str, str] | None = None,
     cidr: str | None = None,
+    not_ready: dict[str, float] | None = None,
+    ready_after: dict[str, float] | None = None,
 ) -> list[CheckResult]:
-    """All network.* checks from the probe records (node name -> record). ERRORS: node -> why no record."""
-    results = probe_checks(records, peers, errors or {})
+    """All network.* checks from the probe records (node name -> record). ERRORS: node -> why no record.
+    NOT_READY: node -> the seconds the controller waited for its probe to listen, in vain; READY_AFTER: node ->
+    seconds until it listened. The connections of a node that was not ready are not the network's fault."""
+    not_ready = not_ready or {}
+    results = probe_checks(records, peers, errors or {}, not_ready, ready_after or {})
     results.append(master_port_check(records.get(master), master, master_port))
     results += busy_ports(records, master, master_port)
-    results += tcp_checks(records, peers, cidr)
+    results += tcp_checks({n: r for n, r in records.items() if n not in not_ready}, peers, cidr)
     results += resolve_checks(records, peers)
     results.append(mtu_check(records))
     return results
@@ -147,14 +152,63 @@ def master_port_check(record: dict | None, master: str, port: int) -> CheckResul
     )
 
 
-def probe_checks(records: dict[str, dict], peers: list[Peer], errors: dict[str, str]) -> list[CheckResult]:
-    """network.probe for every node: ERROR where the probe gave no record, PASS where it did."""
+def probe_checks(
+    records: dict[str, dict],
+    peers: list[Peer],
+    errors: dict[str, str],
+    not_ready: dict[str, float] | None = None,
+    ready_after: dict[str, float] | None = None,
+) -> list[CheckResult]:
+    """network.probe for every node: ERROR where the probe gave no record or never listened in time, WARN where
+    it listened only after the others had started connecting, PASS where it ran."""
+    not_ready, ready_after = not_ready or {}, ready_after or {}
     results = []
     names = [p.name for p in peers] + sorted(n for n in errors if n not in {p.name for p in peers})
+    others = sorted(ready_after.values())
+    typical = f"; the other nodes were ready within {others[-1]:.1f} s" if others else ""
+    slow_fix = (
+        "{name} is slow to start python or overloaded (check its load, `uptime`, and its SSH logins); rerun. "
+        "Its connections to and from the others were not judged."
+    )
     for name in names:
-        if name in records:
+        waited = not_ready.get(name)
+        if waited is not None and name in records:
+            results.append(
+                CheckResult(
+                    "network.probe",
+                    Status.WARN,
+                    f"{name}'s probe started late: it was not listening after {waited:.0f} s{typical}; "
+                    "its connections were not judged",
+                    host=name,
+                    remediation=slow_fix.format(name=name),
+                    data={"late": True, "waited": waited},
+                )
+            )
+        elif name in records:
             seconds = records[name].get("seconds")
-            results.append(CheckResult("network.probe", Status.PASS, f"{name}: the probe ran ({seconds} s)", host=name))
+            ready = f", listening after {ready_after[name]:.1f} s" if name in ready_after else ""
+            results.append(
+                CheckResult(
+                    "network.probe",
+                    Status.PASS,
+                    f"{name}: the probe ran ({seconds} s{ready})",
+                    host=name,
+                    data={"ready_after": ready_after.get(name)},
+                )
+            )
+        elif waited is not None:
+            why = errors.get(name, "no record came back")
+            results.append(
+                CheckResult(
+                    "network.probe",
+                    Status.ERROR,
+                    f"{name}'s probe never reported ready (not listening after {waited:.0f} s{typical}): {why}",
+                    host=name,
+                    remediation=f"Check that {name} is reachable over SSH and has python3; "
+                    + slow_fix.format(name=name),
+                    data={"late": True, "waited": waited},
+                )
+            )
         else:
             why = errors.get(name, "no record came back")
             results.append(

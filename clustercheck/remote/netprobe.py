@@ -9,6 +9,15 @@ cannot be bound, names the process that holds it (pid and command). The listener
 connection with a token naming the node, so a connection that reaches some other service is not taken
 for success. The probe exits by itself: when every connection in and out is done, or at --duration.
 It prints one JSON record on stdout.
+
+With --go-file the probe runs in two phases, so that a node whose probe starts late is never taken for a
+firewall: it binds its listeners (and answers connections from then on), writes --ready-file, and starts
+connecting only when the controller has written --go-file on every node, i.e. once every node is listening.
+The go file holds the number of seconds connection attempts may run from then on (the shared deadline);
+without it within --ready-timeout the probe reports that no go signal came.
+
+    python3 netprobe.py wait-ready FILE --timeout S     exit 0 once FILE exists, 1 at the timeout
+    python3 netprobe.py go FILE SECONDS                  write the go file atomically
 """
 
 from __future__ import annotations
@@ -233,12 +242,34 @@ class Attempt:
             self.result.update(result="wrong-service", detail=f"answered {self.data[:40]!r}, not clustercheck's probe")
 
 
+def write_atomic(path: str, text: str) -> None:
+    with open(path + ".tmp", "w") as fh:
+        fh.write(text)
+    os.replace(path + ".tmp", path)
+
+
+def read_go(path: str) -> float | None:
+    """The connect window the go file grants, or None while there is no go file."""
+    try:
+        with open(path) as fh:
+            return float(fh.read().strip() or "0")
+    except (OSError, ValueError):
+        return None
+
+
 def mesh(
-    me: str, peers: dict[str, str], ports: list[int], duration: float, hostname: str, hostnames: dict[str, str]
+    me: str,
+    peers: dict[str, str],
+    ports: list[int],
+    duration: float,
+    hostname: str,
+    hostnames: dict[str, str],
+    go_file: str | None = None,
+    ready_file: str | None = None,
+    ready_timeout: float = 60.0,
 ) -> dict:
     address = peers[me]
     started = time.monotonic()
-    deadline = started + duration
     selector = selectors.DefaultSelector()
     listen_states = []
     for port in ports:
@@ -246,11 +277,35 @@ def mesh(
         listen_states.append(state)
         if sock:
             selector.register(sock, selectors.EVENT_READ, "listener")
+    barrier: dict = {}
+    if go_file:
+        # Phase one: listening (and answering) until every node is; the controller then writes the go file.
+        if ready_file:
+            write_atomic(ready_file, json.dumps({"listening": [s["port"] for s in listen_states if s["ok"]]}))
+        barrier = {"ready_after": round(time.monotonic() - started, 3), "go_after": None}
+        give_up = time.monotonic() + ready_timeout
+        window = read_go(go_file)
+        while window is None and time.monotonic() < give_up:
+            for key, _ in selector.select(timeout=0.05):
+                if key.data == "listener":
+                    accept(selector, key.fileobj, hostname)
+                else:
+                    drain(selector, key, peers, me, barrier.setdefault("early_incoming", []))
+            window = read_go(go_file)
+        if window is None:
+            window = 0.0  # no go: the connections out are reported as not tried
+            barrier["no_go"] = True
+        else:
+            barrier["go_after"] = round(time.monotonic() - started, 3)
+        duration = window
+    deadline = time.monotonic() + duration
     # A connection in is counted when the connector closes, after reading the token.
     expected_in = (len(peers) - 1) * sum(1 for s in listen_states if s["ok"])
-    incoming: list[dict] = []
-    peer_addresses = {addr for name, addr in peers.items() if name != me}
+    incoming: list[dict] = barrier.pop("early_incoming", [])
     attempts = [Attempt(name, peers[name], port, address) for name in peers if name != me for port in ports]
+    if barrier.get("no_go"):
+        for attempt in attempts:
+            attempt.result["detail"] = "no go signal from the controller"
 
     while True:
         now = time.monotonic()
@@ -272,15 +327,7 @@ def mesh(
             elif key.data == "listener":
                 accept(selector, key.fileobj, hostname)
             else:
-                try:
-                    data = key.fileobj.recv(64)
-                except OSError:
-                    data = b""
-                if not data:
-                    selector.unregister(key.fileobj)
-                    key.fileobj.close()
-                    key.data["peer"] = key.data["from"] in peer_addresses
-                    incoming.append(key.data)
+                drain(selector, key, peers, me, incoming)
     for attempt in attempts:
         attempt.close(selector)
         attempt.result.pop("connected", None)
@@ -300,7 +347,21 @@ def mesh(
         "incoming": incoming,
         "resolve": {name: resolve(hostnames.get(name, name)) for name in peers},
         "seconds": round(time.monotonic() - started, 3),
+        **({"barrier": barrier} if go_file else {}),
     }
+
+
+def drain(selector: selectors.BaseSelector, key, peers: dict[str, str], me: str, incoming: list[dict]) -> None:
+    """Read from an accepted connection; at its end, count it among INCOMING (marked when it came from a peer)."""
+    try:
+        data = key.fileobj.recv(64)
+    except OSError:
+        data = b""
+    if not data:
+        selector.unregister(key.fileobj)
+        key.fileobj.close()
+        key.data["peer"] = key.data["from"] in {addr for name, addr in peers.items() if name != me}
+        incoming.append(key.data)
 
 
 def accept(selector: selectors.BaseSelector, listener, hostname: str) -> None:
@@ -338,9 +399,30 @@ def main(argv: list[str] | None = None) -> int:
     p_mesh.add_argument("--port", action="append", type=int, required=True, help="a TCP port to probe (repeat)")
     p_mesh.add_argument("--duration", type=float, default=10.0, help="seconds before the probe gives up")
     p_mesh.add_argument("--hostname", default=None, help="the name this node answers with (default: its hostname)")
+    p_mesh.add_argument("--go-file", default=None, help="connect only once this file exists (it holds the seconds)")
+    p_mesh.add_argument("--ready-file", default=None, help="written once the listeners are up")
+    p_mesh.add_argument("--ready-timeout", type=float, default=60.0, help="seconds to wait for the go file")
     p_holder = sub.add_parser("port-holder", help="name the processes listening on a port")
     p_holder.add_argument("port", type=int)
+    p_wait = sub.add_parser("wait-ready", help="wait until a probe's ready file exists")
+    p_wait.add_argument("file")
+    p_wait.add_argument("--timeout", type=float, default=60.0)
+    p_go = sub.add_parser("go", help="let a waiting probe connect for SECONDS")
+    p_go.add_argument("file")
+    p_go.add_argument("seconds", type=float)
     args = parser.parse_args(argv)
+    if args.command == "wait-ready":
+        give_up = time.monotonic() + args.timeout
+        while not os.path.exists(args.file):
+            if time.monotonic() >= give_up:
+                print(json.dumps({"ready": False}))
+                return 1
+            time.sleep(0.05)
+        print(json.dumps({"ready": True}))
+        return 0
+    if args.command == "go":
+        write_atomic(args.file, f"{args.seconds:g}\n")
+        return 0
     if args.command == "port-holder":
         print(json.dumps({"port": args.port, "holders": port_holders(args.port)}))
         return 0
@@ -348,7 +430,17 @@ def main(argv: list[str] | None = None) -> int:
     if args.me not in peers:
         parser.error(f"--self {args.me} is not among the --peer names")
     hostname = args.hostname or socket.gethostname()
-    record = mesh(args.me, peers, args.port, args.duration, hostname, dict(args.hostname_of))
+    record = mesh(
+        args.me,
+        peers,
+        args.port,
+        args.duration,
+        hostname,
+        dict(args.hostname_of),
+        go_file=args.go_file,
+        ready_file=args.ready_file,
+        ready_timeout=args.ready_timeout,
+    )
     print(json.dumps(record))
     return 0
 

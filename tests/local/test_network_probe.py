@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -129,3 +130,61 @@ def test_bad_peer_argument_is_a_usage_error():
     )
     assert proc.returncode == 2
     assert "NAME=ADDRESS" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def start_barrier_probe(name: str, peers, ports: list[int], workdir: str, window: float) -> subprocess.Popen:
+    probe = remote.write(workdir)
+    barrier = (f"{workdir}/{name}.ready", f"{workdir}/{name}.go", 30.0)
+    return subprocess.Popen(
+        [sys.executable, probe, "netprobe", *stage.mesh_args(name, peers, ports, window, barrier)],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+
+
+def test_probes_connect_only_after_the_go_signal_so_a_late_node_is_not_a_firewall():
+    """Two probes listen and wait; the third starts 3 s later (longer than the connect window). Once all three
+    are ready the go signal is given: every pair connects, where a probe without the barrier would time out."""
+    workdir = tmp_dir()
+    ports = [free_port(), free_port()]
+    peers = [network.Peer(n, a) for n, a in LOOPBACK.items()]
+    procs = {n: start_barrier_probe(n, peers, ports, workdir, window=2) for n in ("localhost", "n2")}
+    time.sleep(3)
+    assert not any(os.path.exists(f"{workdir}/{n}.go") for n in LOOPBACK)
+    procs["n3"] = start_barrier_probe("n3", peers, ports, workdir, window=2)
+    for name in LOOPBACK:  # the controller's two phases: wait for every node's ready file, then go everywhere
+        wait = subprocess.run(
+            [sys.executable, f"{workdir}/{remote.FILE}", "netprobe", "wait-ready", f"{workdir}/{name}.ready"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        assert wait.returncode == 0, wait.stdout
+    for name in LOOPBACK:
+        subprocess.run(
+            [sys.executable, f"{workdir}/{remote.FILE}", "netprobe", "go", f"{workdir}/{name}.go", "2"], check=True
+        )
+    records = {n: json.loads(p.communicate(timeout=30)[0]) for n, p in procs.items()}
+    assert records["localhost"]["barrier"]["go_after"] >= 3  # it waited, listening, for the late node
+    results = network.evaluate(records, peers, master="localhost", master_port=ports[0])
+    (tcp,) = [r for r in results if r.name == "network.tcp"]
+    assert tcp.status is Status.PASS, tcp.message
+    assert tcp.data["connections"] == 12
+
+
+def test_a_probe_that_gets_no_go_signal_says_so_and_ends():
+    workdir = tmp_dir()
+    ports = [free_port(), free_port()]
+    peers = [network.Peer(n, a) for n, a in LOOPBACK.items()]
+    probe = remote.write(workdir)
+    barrier = (f"{workdir}/r", f"{workdir}/g", 1.0)
+    out = subprocess.run(
+        [sys.executable, probe, "netprobe", *stage.mesh_args("localhost", peers, ports, 2, barrier)],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    record = json.loads(out.stdout)
+    assert record["barrier"]["no_go"] is True
+    assert {o["detail"] for o in record["outgoing"]} == {"no go signal from the controller"}
+    assert os.path.exists(f"{workdir}/r")

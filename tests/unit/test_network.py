@@ -170,3 +170,39 @@ def test_records_are_not_modified():
     before = copy.deepcopy(records)
     evaluate(records)
     assert records == before
+
+
+def test_a_node_whose_probe_never_listened_is_named_as_late_not_as_a_firewall():
+    healthy = load("netprobe-healthy.json")
+    records = {n: r for n, r in healthy.items() if n != "node3"}
+    for record in records.values():  # node3 never listened: every connection to it was refused
+        for out in record["outgoing"]:
+            if out["to"] == "node3":
+                out.update(result="refused", detail="Connection refused")
+    results = network.evaluate(
+        records,
+        peers(healthy),
+        master="node1",
+        master_port=29500,
+        errors={"node3": "timed out"},
+        not_ready={"node3": 33.0},
+        ready_after={"node1": 1.2, "node2": 1.4},
+    )
+    probe = {r.host: r for r in results if r.name == "network.probe"}
+    assert probe["node3"].status is Status.ERROR
+    assert "node3's probe never reported ready (not listening after 33 s" in probe["node3"].message
+    assert "the other nodes were ready within 1.4 s" in probe["node3"].message
+    (tcp,) = [r for r in results if r.name == "network.tcp"]
+    assert tcp.status is Status.PASS  # no pair is called a firewall problem
+
+
+def test_a_probe_that_listened_late_is_a_warning_and_its_pairs_are_not_judged():
+    records = load("netprobe-healthy.json")
+    for out in records["node1"]["outgoing"]:
+        if out["to"] == "node2":
+            out.update(result="timeout", detail="no answer within 2 s")
+    results = evaluate(records, not_ready={"node2": 33.0})
+    probe = {r.host: r for r in results if r.name == "network.probe"}
+    assert probe["node2"].status is Status.WARN
+    assert probe["node2"].message.startswith("node2's probe started late")
+    assert [r.status for r in results if r.name == "network.tcp"] == [Status.PASS]
