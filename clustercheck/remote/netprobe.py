@@ -18,6 +18,7 @@ without it within --ready-timeout the probe reports that no go signal came.
 
     python3 netprobe.py wait-ready FILE --timeout S     exit 0 once FILE exists, 1 at the timeout
     python3 netprobe.py go FILE SECONDS                  write the go file atomically
+    python3 netprobe.py free-port                        a port free on 127.0.0.1, for a node-local job
 """
 
 from __future__ import annotations
@@ -404,6 +405,7 @@ def main(argv: list[str] | None = None) -> int:
     p_mesh.add_argument("--ready-timeout", type=float, default=60.0, help="seconds to wait for the go file")
     p_holder = sub.add_parser("port-holder", help="name the processes listening on a port")
     p_holder.add_argument("port", type=int)
+    sub.add_parser("free-port", help="print a TCP port free on 127.0.0.1 (for a node-local torch job)")
     p_wait = sub.add_parser("wait-ready", help="wait until a probe's ready file exists")
     p_wait.add_argument("file")
     p_wait.add_argument("--timeout", type=float, default=60.0)
@@ -411,6 +413,11 @@ def main(argv: list[str] | None = None) -> int:
     p_go.add_argument("file")
     p_go.add_argument("seconds", type=float)
     args = parser.parse_args(argv)
+    if args.command == "free-port":
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            print(sock.getsockname()[1])
+        return 0
     if args.command == "wait-ready":
         give_up = time.monotonic() + args.timeout
         while not os.path.exists(args.file):

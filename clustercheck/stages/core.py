@@ -16,7 +16,7 @@ from clustercheck.facts import collect
 from clustercheck.facts.model import NodeFacts
 from clustercheck.inventory import Node
 from clustercheck.model import CheckResult, Status
-from clustercheck.stages import Context, Member, collectives, remote
+from clustercheck.stages import Context, Member, collectives, network, remote
 from clustercheck.transport import Transport, TransportError
 
 NAME = "core"
@@ -157,13 +157,24 @@ def local_collectives(facts: NodeFacts, transport: Transport, ctx: Context) -> l
     if problem:
         return [c.result(name, registry.skip(f"{c.name} skipped: torch does not import")) for c in checks]
     member = Member(facts.node, transport, facts, "127.0.0.1", "lo", None, facts.gpus_for_torch)
-    results = collectives.run_local(member, ctx, ctx.config.master_port)
+    results = collectives.run_local(member, ctx, local_port(transport, facts.python))
     return [
         r
         if selection.check_selected(r.name)
         else registry.get(r.name).result(name, registry.skip(f"{r.name} skipped: {selection.why_not_check(r.name)}"))
         for r in results
     ]
+
+
+def local_port(transport: Transport, python: str) -> int:
+    """A port free on the node's loopback for its node-local job, never the master port: a stale process there is
+    the network stage's finding (network.master_port), not the node-local collectives'."""
+    answer = transport.run(remote.command(python, transport.workdir, "netprobe", "free-port"), timeout=30)
+    with contextlib.suppress(ValueError):
+        port = int(answer.stdout.strip())
+        if answer.ok and 1024 <= port <= 65535:
+            return port
+    return network.pick_ephemeral_port()
 
 
 def members(nodes: list[Node], transports: dict[str, Transport], facts: dict[str, NodeFacts]) -> list[Member]:

@@ -220,3 +220,19 @@ def test_the_test_set_is_the_same_whether_a_stage_ran_or_was_skipped(tmp_path):
     assert [(r.name, r.host) for r in ran.results if r.status is not Status.SKIP]  # something really ran
     assert sorted(by_key(ran.results)) == sorted(by_key(skipped.results))
     assert all(name in registry.REGISTRY for name, _ in by_key(ran.results))
+
+
+def test_the_node_local_collectives_meet_on_a_free_port_of_their_own_not_the_master_port(tmp_path):
+    def free_port(transport, command, timeout):
+        if command[2:4] == ["netprobe", "free-port"]:
+            return CommandResult(0, "41234\n", "")
+        return None
+
+    cluster = Cluster(behaviour={n: free_port for n in NAMES})
+    cluster.run(tmp_path)
+    for transport in cluster.transports.values():
+        local = [c for c in transport.commands if "torch.distributed.run" in c and "local-collectives" in " ".join(c)]
+        multi = [c for c in transport.commands if "torch.distributed.run" in c and c not in local]
+        assert local and multi
+        assert all("--master-port=41234" in c for c in local)
+        assert all("--master-port=29500" in c for c in multi)
