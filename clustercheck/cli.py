@@ -82,6 +82,14 @@ def cli() -> None:
     "or a node's job fails, the job is stopped on every node.",
 )
 @click.option(
+    "--stall-timeout",
+    type=click.FloatRange(min=5),
+    default=60,
+    show_default=True,
+    help="Seconds a node's ranks may make no progress while the others wait for them; the node is then named "
+    "and the job stopped on every node.",
+)
+@click.option(
     "--min-busbw",
     default=None,
     metavar="FAIL[:WARN]",
@@ -136,6 +144,7 @@ def run(
     connect_timeout: float,
     command_timeout: float,
     timeout: float,
+    stall_timeout: float,
     master_port: int,
     accept_new_host_keys: bool,
     known_hosts: tuple[str, ...],
@@ -178,6 +187,7 @@ def run(
         forks=forks,
         command_timeout=command_timeout,
         job_timeout=timeout,
+        stall_timeout=stall_timeout,
         nproc_per_node=nproc_per_node,
         master_port=master_port,
         ssh=SshSettings(

@@ -35,6 +35,7 @@ class RunConfig:
     clock_bound: float = DEFAULT_MAX_CLOCK_OFFSET
     min_busbw: str | None = None  # --min-busbw, else the inventory's clustercheck_min_busbw
     network_duration: float = 10.0  # how long the network probe may try
+    stall_timeout: float = 60.0  # a torch job's ranks silent this long on one node (while others wait): named
 
     def host_dir(self, name: str) -> Path:
         path = self.run_dir / "hosts" / name

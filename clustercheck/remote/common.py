@@ -1,4 +1,10 @@
-"""What the torchrun workers share: who this rank is, and how its record is written and the rank ends."""
+"""What the torchrun workers share: who this rank is, its heartbeat, and how its record is written and the rank ends.
+
+The heartbeat: a thread rewrites OUT_DIR/heartbeat/rank-<rank>.json every second with the last step the rank
+reached (`progress(step, phase)`, called by the worker per step or collective). The controller's watchdog reads
+them: a rank whose file stops changing is frozen; one whose step stops changing makes no progress. The same
+thread ends the rank when torchrun, its parent, is gone, so no rank outlives its job.
+"""
 
 from __future__ import annotations
 
@@ -6,8 +12,12 @@ import json
 import os
 import socket
 import sys
+import threading
 import time
 import traceback
+
+BEAT_INTERVAL = 1.0
+_progress = {"step": 0, "phase": "starting"}
 
 
 def rank_identity() -> dict:
@@ -19,9 +29,38 @@ def rank_identity() -> dict:
     }
 
 
+def progress(step: int, phase: str | None = None) -> None:
+    """This rank reached STEP (of PHASE): what its next heartbeat says."""
+    _progress["step"] = step
+    if phase is not None:
+        _progress["phase"] = phase
+
+
+def _beat(path: str, parent: int) -> None:
+    while True:
+        if os.getppid() != parent:  # torchrun is gone (killed, or the node's job stopped): end this rank too
+            os._exit(3)
+        try:
+            with open(path + ".tmp", "w") as fh:
+                json.dump({**_progress, "pid": os.getpid()}, fh)
+            os.replace(path + ".tmp", path)
+        except OSError:
+            pass
+        time.sleep(BEAT_INTERVAL)
+
+
+def start_heartbeat(out_dir: str, rank: int) -> None:
+    directory = os.path.join(out_dir, "heartbeat")
+    os.makedirs(directory, exist_ok=True)
+    path = os.path.join(directory, f"rank-{rank}.json")
+    threading.Thread(target=_beat, args=(path, os.getppid()), daemon=True, name="heartbeat").start()
+
+
 def run_rank(out_dir: str, record: dict, work) -> int:
     """Run WORK(record) and write RECORD to OUT_DIR/rank-<rank>.json, with ok, seconds and any error: a rank's
-    error is its result for the controller, not a crash. Returns the rank's exit code."""
+    error is its result for the controller, not a crash. Returns the rank's exit code. The rank's heartbeat
+    runs meanwhile."""
+    start_heartbeat(out_dir, record["rank"])
     record["ok"] = False
     started = time.monotonic()
     try:

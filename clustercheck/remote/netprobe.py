@@ -39,6 +39,10 @@ import time
 TOKEN = b"clustercheck-netprobe "
 SIOCGIFADDR = 0x8915
 CONNECT_TIMEOUT = 2.0
+# Connections a probe has in flight at once. All nodes starting every connection at the same instant is a SYN and
+# ARP burst of 2 N (N-1) packets that drops packets on a shared bridge or a switch's flood protection (64 nodes:
+# 8064 at once), which reads as a firewall; a few at a time keeps it well within any network's queues.
+IN_FLIGHT = 8
 
 
 # --------------------------------------------------------------------------- who holds a port (pure parsing)
@@ -303,7 +307,10 @@ def mesh(
     # A connection in is counted when the connector closes, after reading the token.
     expected_in = (len(peers) - 1) * sum(1 for s in listen_states if s["ok"])
     incoming: list[dict] = barrier.pop("early_incoming", [])
-    attempts = [Attempt(name, peers[name], port, address) for name in peers if name != me for port in ports]
+    # Each node starts with the peers after it in the list, so the nodes do not all connect to the same one first.
+    names = list(peers)
+    order = names[names.index(me) + 1 :] + names[: names.index(me)]
+    attempts = [Attempt(name, peers[name], port, address) for name in order for port in ports]
     if barrier.get("no_go"):
         for attempt in attempts:
             attempt.result["detail"] = "no go signal from the controller"
@@ -312,13 +319,16 @@ def mesh(
         now = time.monotonic()
         if now >= deadline:
             break
+        in_flight = 0
         for attempt in attempts:
-            if attempt.done:
-                continue
-            if attempt.sock is None and now >= attempt.next_try:
-                attempt.start(selector, now)
-            elif attempt.sock is not None and now - attempt.started > CONNECT_TIMEOUT:
+            if attempt.sock is not None and now - attempt.started > CONNECT_TIMEOUT:
                 attempt.timed_out(selector, now)
+            in_flight += attempt.sock is not None
+        # Attempts never tried come first, so every pair is tried at least once before any is retried.
+        waiting = [a for a in attempts if not a.done and a.sock is None and now >= a.next_try]
+        waiting.sort(key=lambda a: a.result["attempts"])
+        for attempt in waiting[: max(0, IN_FLIGHT - in_flight)]:
+            attempt.start(selector, now)
         # Only connections from peers count: a stray scanner must not end the probe early.
         if all(a.done for a in attempts) and sum(1 for c in incoming if c["peer"]) >= expected_in:
             break

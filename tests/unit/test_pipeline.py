@@ -236,3 +236,40 @@ def test_the_node_local_collectives_meet_on_a_free_port_of_their_own_not_the_mas
         assert local and multi
         assert all("--master-port=41234" in c for c in local)
         assert all("--master-port=29500" in c for c in multi)
+
+
+def test_a_node_whose_ranks_freeze_is_named_within_the_stall_timeout_and_the_job_is_stopped(tmp_path):
+    """node2 freezes during the DDP job: its torchrun and its heartbeat poll never answer; the other nodes'
+    ranks are alive, waiting at step 3. The job deadline is far away: the watchdog names node2 alone."""
+    frozen = threading.Event()
+
+    def node(transport, command, timeout):
+        text = " ".join(command)
+        if "torch.distributed.run" in command and "ddp" in command:
+            deadline, stops = time.monotonic() + timeout, transport.stopped
+            while transport.stopped == stops and time.monotonic() < deadline:
+                time.sleep(0.05)
+            return CommandResult(None, "", "", timed_out=transport.stopped == stops)
+        if "heartbeat" in text:
+            if transport.host == "node2":
+                frozen.wait(timeout)  # a paused machine: no answer
+                return CommandResult(None, "", "", timed_out=True)
+            return CommandResult(0, json.dumps({"0": {"step": 3, "phase": "ddp", "age": 0.4}}) + "\n", "")
+        return None
+
+    cluster = Cluster(behaviour=dict.fromkeys(NAMES, node))
+    started = time.monotonic()
+    try:
+        outcome = cluster.run(
+            tmp_path, selection=Selection(only=("ddp",), skip=("local.*",)), job_timeout=120, stall_timeout=5
+        )
+    finally:
+        frozen.set()
+    assert time.monotonic() - started < 30
+    ddp = by_key(outcome.results)[("ddp_equivalence", None)]
+    assert ddp.status is Status.FAIL
+    assert "node node2 stopped making progress before its ranks reported any step" in ddp.message
+    assert "its SSH connection does not answer" in ddp.message
+    assert "node1" not in ddp.message.split("; the other nodes")[0]
+    assert ddp.data["stalled_nodes"] == ["node2"]
+    assert all(t.stopped >= 2 for t in cluster.transports.values())  # after the core stage, and the stall
