@@ -39,9 +39,9 @@ import time
 TOKEN = b"clustercheck-netprobe "
 SIOCGIFADDR = 0x8915
 CONNECT_TIMEOUT = 2.0
-# Connections a probe has in flight at once. All nodes starting every connection at the same instant is a SYN and
-# ARP burst of 2 N (N-1) packets that drops packets on a shared bridge or a switch's flood protection (64 nodes:
-# 8064 at once), which reads as a firewall; a few at a time keeps it well within any network's queues.
+# Connections a probe has in flight at once: every node opening all its 2 (N-1) connections at the same instant is
+# a burst of SYNs and ARP requests (64 nodes: 8064 at once) that a switch's flood protection may drop; a few at a
+# time stays far below that and still tries every pair within the connect window.
 IN_FLIGHT = 8
 
 

@@ -17,7 +17,7 @@ from clustercheck.facts.model import NodeFacts
 from clustercheck.inventory import Node
 from clustercheck.model import CheckResult, Status
 from clustercheck.stages import Context, Member, collectives, network, remote
-from clustercheck.transport import Transport, TransportError
+from clustercheck.transport import Transport, TransportError, parse_stale, stale_sweep_script
 
 NAME = "core"
 RECORDED_PYTHON = "/etc/clustercheck/python"
@@ -53,6 +53,30 @@ def measure_clock_offset(transport: Transport, samples: int = 3) -> tuple[float 
     return best if best else (None, None)
 
 
+def stop_leftovers(node: Node, transport: Transport) -> CheckResult:
+    """Stop what earlier runs left on the node past their deadline (a node that froze or was cut off while they
+    ran), and say what it was."""
+    check = registry.get("leftovers")
+    answer = transport.run(["sh", "-c", stale_sweep_script(transport.run_id)], timeout=30)
+    if not answer.ok:
+        return check.result(node.name, registry.Finding(Status.WARN, f"could not look for them: {answer.cause()}"))
+    found = parse_stale(answer.stdout)
+    if not found:
+        return check.result(node.name, registry.passed("no process of an earlier run was left"))
+    runs = sorted({f["run"] for f in found})
+    listing = "; ".join(f"pid {f['pid']} ({f['command'][:80]})" for f in found[:5])
+    more = f" and {len(found) - 5} more" if len(found) > 5 else ""
+    return check.result(
+        node.name,
+        registry.Finding(
+            Status.WARN,
+            f"stopped {len(found)} process(es) left past their deadline by earlier run(s) {', '.join(runs)}: "
+            f"{listing}{more}",
+            data={"stopped": found},
+        ),
+    )
+
+
 def find_python(node: Node, transport: Transport, configured: str | None) -> tuple[str, str, str | None]:
     """(python to run the collector with, where it came from, the configured python when it is missing)."""
     if configured:
@@ -80,6 +104,8 @@ def run_host(node: Node, transport: Transport, ctx: Context, step) -> HostOutcom
     selection = config.selection
     host_dir = config.host_dir(node.name)
     outcome = HostOutcome()
+    step("leftovers")
+    outcome.results.append(stop_leftovers(node, transport))
     step("clock")
     offset, uncertainty = measure_clock_offset(transport)
     step("python")

@@ -9,7 +9,16 @@ import shutil
 import signal
 import subprocess
 
-from clustercheck.transport import CLEANUP_TIMEOUT, RUN_MARKER, CommandResult, new_run_id, sweep_script, workdir_for
+from clustercheck.transport import (
+    CLEANUP_TIMEOUT,
+    RUN_MARKER,
+    UNTIL_MARKER,
+    CommandResult,
+    new_run_id,
+    sweep_script,
+    until,
+    workdir_for,
+)
 
 
 class LocalTransport:
@@ -23,7 +32,7 @@ class LocalTransport:
     def run(
         self, command: list[str], *, timeout: float, env: dict[str, str] | None = None, stdin: str | None = None
     ) -> CommandResult:
-        full_env = {**os.environ, **(env or {}), RUN_MARKER: self.run_id}
+        full_env = {**os.environ, **(env or {}), RUN_MARKER: self.run_id, UNTIL_MARKER: until(timeout)}
         try:
             proc = subprocess.Popen(
                 command,

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from clustercheck import cli
 from clustercheck.checks import registry
 from clustercheck.config import RunConfig
 from clustercheck.inventory import Node
@@ -55,6 +56,8 @@ class FakeTransport:
         text = " ".join(command)
         if command[:2] == ["date", "+%s.%N"]:
             return CommandResult(0, f"{time.time():.9f}\n", "")
+        if command[:2] == ["sh", "-c"] and "CLUSTERCHECK_UNTIL" in command[2]:
+            return CommandResult(0, "", "")  # the startup sweep: nothing left by earlier runs
         if command[:2] == ["cat", "/etc/clustercheck/python"]:
             return CommandResult(0, "/opt/venv/bin/python\n", "")
         if command[1:3] == ["-c", "import sys; print(sys.executable)"]:
@@ -273,3 +276,27 @@ def test_a_node_whose_ranks_freeze_is_named_within_the_stall_timeout_and_the_job
     assert "node1" not in ddp.message.split("; the other nodes")[0]
     assert ddp.data["stalled_nodes"] == ["node2"]
     assert all(t.stopped >= 2 for t in cluster.transports.values())  # after the core stage, and the stall
+
+
+def test_a_node_that_cannot_be_cleaned_up_is_named_with_the_reason(tmp_path):
+    cluster = Cluster()
+    original = cluster.factory
+
+    def factory(node, run_id, register):
+        connected = original(node, run_id, register)
+        if node.name == "node2":
+
+            def cleanup():
+                raise TransportError("node2: no answer within 15 s")
+
+            connected.transport.cleanup = cleanup
+        return connected
+
+    cluster.factory = factory
+    outcome = cluster.run(tmp_path, selection=Selection(only=("network",), skip=("local.*",)))
+    assert outcome.unclean == {"node2": "no answer within 15 s"}
+    assert cli.cleanup_message(outcome.unclean) == (
+        "could not stop the processes started on node2 (no answer within 15 s): they end by themselves at their "
+        "deadline, and the next run stops whatever is left"
+    )
+    assert cli.cleanup_message({}) == "processes started on the nodes were stopped"
