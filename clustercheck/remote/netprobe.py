@@ -16,7 +16,8 @@ connecting only when the controller has written --go-file on every node, i.e. on
 The go file holds the number of seconds connection attempts may run from then on (the shared deadline);
 without it within --ready-timeout the probe reports that no go signal came.
 
-    python3 netprobe.py wait-ready FILE --timeout S     exit 0 once FILE exists, 1 at the timeout
+    python3 netprobe.py wait-ready FILE [--or GO] --timeout S
+                                                    exit 0 once FILE exists, 1 at the timeout or once GO does
     python3 netprobe.py go FILE SECONDS                  write the go file atomically
     python3 netprobe.py free-port                        a port free on 127.0.0.1, for a node-local job
 """
@@ -161,6 +162,12 @@ def open_listener(address: str, port: int) -> tuple[socket.socket | None, dict]:
 
 
 RETRY_AFTER = 0.3
+PERF_SECONDS = 0.2  # seconds of bulk transfer each way per pair
+PINGS = 10
+CHUNK = 65536
+ROUND_WAIT = 10.0  # seconds a node waits for its partner of a round before giving that pair up
+
+
 CONNECT_ERRORS = {
     errno.ECONNREFUSED: "refused",
     errno.EHOSTUNREACH: "host-unreachable",
@@ -272,6 +279,8 @@ def mesh(
     go_file: str | None = None,
     ready_file: str | None = None,
     ready_timeout: float = 60.0,
+    perf_port: int | None = None,
+    perf_seconds: float = PERF_SECONDS,
 ) -> dict:
     address = peers[me]
     started = time.monotonic()
@@ -282,6 +291,10 @@ def mesh(
         listen_states.append(state)
         if sock:
             selector.register(sock, selectors.EVENT_READ, "listener")
+    perf_listener = None
+    if perf_port:  # listening before the barrier, like the others; served only once the mesh is done
+        perf_listener, state = open_listener(address, perf_port)
+        listen_states.append({**state, "perf": True})
     barrier: dict = {}
     if go_file:
         # Phase one: listening (and answering) until every node is; the controller then writes the go file.
@@ -305,7 +318,7 @@ def mesh(
         duration = window
     deadline = time.monotonic() + duration
     # A connection in is counted when the connector closes, after reading the token.
-    expected_in = (len(peers) - 1) * sum(1 for s in listen_states if s["ok"])
+    expected_in = (len(peers) - 1) * sum(1 for s in listen_states if s["ok"] and not s.get("perf"))
     incoming: list[dict] = barrier.pop("early_incoming", [])
     # Each node starts with the peers after it in the list, so the nodes do not all connect to the same one first.
     names = list(peers)
@@ -345,6 +358,10 @@ def mesh(
     for key in list(selector.get_map().values()):
         key.fileobj.close()
     selector.close()
+    perf = None
+    if perf_listener is not None:
+        perf = perf_rounds(me, peers, perf_port, perf_listener, perf_seconds)
+        perf_listener.close()
 
     interface = interface_of(address)
     return {
@@ -359,7 +376,168 @@ def mesh(
         "resolve": {name: resolve(hostnames.get(name, name)) for name in peers},
         "seconds": round(time.monotonic() - started, 3),
         **({"barrier": barrier} if go_file else {}),
+        **({"perf": perf} if perf is not None else {}),
     }
+
+
+# --------------------------------------------------------------------------- round trip and throughput
+
+
+def schedule(names: list[str]) -> list[list[tuple[str, str]]]:
+    """Rounds of disjoint pairs covering every pair once (the circle method): N-1 rounds for N nodes (N with a
+    node sitting out each round when N is odd). The same on every node, from the same list."""
+    order = list(names) + ([None] if len(names) % 2 else [])
+    n = len(order)
+    rounds = []
+    for _ in range(n - 1):
+        pairs = [(order[i], order[n - 1 - i]) for i in range(n // 2)]
+        rounds.append([(a, b) for a, b in pairs if a is not None and b is not None])
+        order = [order[0], order[-1], *order[1:-1]]
+    return rounds
+
+
+def _recv_exactly(sock: socket.socket, size: int) -> bytes:
+    data = bytearray()
+    while len(data) < size:
+        chunk = sock.recv(size - len(data))
+        if not chunk:
+            raise ConnectionError("the peer closed the connection")
+        data += chunk
+    return bytes(data)
+
+
+def _readline(sock: socket.socket) -> str:
+    data = bytearray()
+    while not data.endswith(b"\n"):
+        chunk = sock.recv(1)
+        if not chunk:
+            raise ConnectionError("the peer closed the connection")
+        data += chunk
+        if len(data) > 256:
+            raise ConnectionError("not clustercheck's probe")
+    return data.decode(errors="replace").strip()
+
+
+def _send_for(sock: socket.socket, seconds: float) -> int:
+    """Stream CHUNKs (each after a 1 byte flag) for SECONDS, then the end flag; returns the bytes sent."""
+    payload = b"\x01" + os.urandom(CHUNK)
+    sent, end = 0, time.monotonic() + seconds
+    while time.monotonic() < end:
+        sock.sendall(payload)
+        sent += CHUNK
+    sock.sendall(b"\x00")
+    return sent
+
+
+def _receive_stream(sock: socket.socket) -> tuple[int, float]:
+    """Read what _send_for sends: (bytes, seconds from the first chunk's flag to the end flag)."""
+    received, first = 0, None
+    while True:
+        flag = _recv_exactly(sock, 1)
+        if first is None:
+            first = time.monotonic()
+        if flag == b"\x00":
+            return received, time.monotonic() - first
+        _recv_exactly(sock, CHUNK)
+        received += CHUNK
+
+
+def _measure(sock: socket.socket, seconds: float) -> dict:
+    """The client's side of one pair: round trips, then bulk data out and back (the server answers each)."""
+    rtts = []
+    for _ in range(PINGS + 1):
+        t0 = time.monotonic()
+        sock.sendall(b"p")
+        _recv_exactly(sock, 1)
+        rtts.append(time.monotonic() - t0)
+    rtts = sorted(rtts[1:])  # the first one warms the path up
+    _send_for(sock, seconds)
+    got, took = _readline(sock).split()[:2]
+    received, down_seconds = _receive_stream(sock)
+    return {
+        "rtt_ms": round(rtts[len(rtts) // 2] * 1000, 4),
+        "out_mbps": _mbps(int(got), float(took)),
+        "in_mbps": _mbps(received, down_seconds),
+    }
+
+
+def _mbps(size: int, seconds: float) -> float | None:
+    return round(size * 8 / seconds / 1e6, 1) if seconds > 0 else None
+
+
+def _serve(sock: socket.socket, seconds: float) -> None:
+    """The server's side of one pair."""
+    for _ in range(PINGS + 1):
+        sock.sendall(_recv_exactly(sock, 1))
+    received, took = _receive_stream(sock)
+    sock.sendall(f"{received} {took:.6f}\n".encode())
+    _send_for(sock, seconds)
+    sock.recv(1)  # the client closes first
+
+
+def _connect(address: str, port: int, source: str, until: float) -> socket.socket:
+    while True:
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        try:
+            sock.bind((source, 0))
+            sock.settimeout(max(0.5, min(CONNECT_TIMEOUT, until - time.monotonic())))
+            sock.connect((address, port))
+            return sock
+        except OSError:
+            sock.close()
+            if time.monotonic() + RETRY_AFTER >= until:
+                raise
+            time.sleep(RETRY_AFTER)
+
+
+def perf_rounds(me: str, peers: dict[str, str], port: int, listener: socket.socket, seconds: float) -> list[dict]:
+    """Round trip time and throughput with every peer, one peer at a time, in the rounds of schedule(): in each
+    round the first node of a pair connects, the second serves. A node that is ahead waits for its partner
+    (its connection queues at the partner's listener), so no node is ever in two measurements at once."""
+    results: list[dict] = []
+    early: dict[tuple[str, int], socket.socket] = {}  # connections of later rounds that came in first
+    for number, pairs in enumerate(schedule(list(peers))):
+        pair = next((p for p in pairs if me in p), None)
+        if pair is None:
+            continue
+        partner = pair[1] if pair[0] == me else pair[0]
+        entry: dict = {"peer": partner, "round": number}
+        sock = None
+        try:
+            if pair[0] == me:
+                sock = _connect(peers[partner], port, peers[me], time.monotonic() + ROUND_WAIT)
+                sock.settimeout(3 * ROUND_WAIT)  # the partner may still be busy with an earlier round
+                sock.sendall(f"PERF {me} {number}\n".encode())
+                entry.update(_measure(sock, seconds))
+            else:
+                sock = early.pop((partner, number), None)
+                give_up = time.monotonic() + ROUND_WAIT
+                while sock is None and time.monotonic() < give_up:
+                    listener.settimeout(max(0.1, give_up - time.monotonic()))
+                    conn, _ = listener.accept()
+                    conn.settimeout(3 * ROUND_WAIT)
+                    conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                    words = _readline(conn).split()
+                    if len(words) == 3 and words[0] == "PERF" and (words[1], words[2]) == (partner, str(number)):
+                        sock = conn
+                    elif len(words) == 3 and words[0] == "PERF" and words[2].isdigit():
+                        early[(words[1], int(words[2]))] = conn
+                    else:
+                        conn.close()
+                if sock is None:
+                    raise TimeoutError(f"{partner} did not connect within {ROUND_WAIT:.0f} s")
+                _serve(sock, seconds)
+                entry["served"] = True
+        except (OSError, ValueError) as exc:
+            entry["error"] = str(exc) or type(exc).__name__
+        finally:
+            if sock is not None:
+                sock.close()
+        results.append(entry)
+    for conn in early.values():
+        conn.close()
+    return results
 
 
 def drain(selector: selectors.BaseSelector, key, peers: dict[str, str], me: str, incoming: list[dict]) -> None:
@@ -410,6 +588,8 @@ def main(argv: list[str] | None = None) -> int:
     p_mesh.add_argument("--port", action="append", type=int, required=True, help="a TCP port to probe (repeat)")
     p_mesh.add_argument("--duration", type=float, default=10.0, help="seconds before the probe gives up")
     p_mesh.add_argument("--hostname", default=None, help="the name this node answers with (default: its hostname)")
+    p_mesh.add_argument("--perf-port", type=int, default=None, help="measure RTT and throughput on this port")
+    p_mesh.add_argument("--perf-seconds", type=float, default=PERF_SECONDS, help="bulk transfer each way")
     p_mesh.add_argument("--go-file", default=None, help="connect only once this file exists (it holds the seconds)")
     p_mesh.add_argument("--ready-file", default=None, help="written once the listeners are up")
     p_mesh.add_argument("--ready-timeout", type=float, default=60.0, help="seconds to wait for the go file")
@@ -418,6 +598,7 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("free-port", help="print a TCP port free on 127.0.0.1 (for a node-local torch job)")
     p_wait = sub.add_parser("wait-ready", help="wait until a probe's ready file exists")
     p_wait.add_argument("file")
+    p_wait.add_argument("--or", dest="other", default=None, help="stop waiting (exit 1) once this file exists")
     p_wait.add_argument("--timeout", type=float, default=60.0)
     p_go = sub.add_parser("go", help="let a waiting probe connect for SECONDS")
     p_go.add_argument("file")
@@ -431,7 +612,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "wait-ready":
         give_up = time.monotonic() + args.timeout
         while not os.path.exists(args.file):
-            if time.monotonic() >= give_up:
+            if time.monotonic() >= give_up or (args.other and os.path.exists(args.other)):
                 print(json.dumps({"ready": False}))
                 return 1
             time.sleep(0.05)
@@ -457,6 +638,8 @@ def main(argv: list[str] | None = None) -> int:
         go_file=args.go_file,
         ready_file=args.ready_file,
         ready_timeout=args.ready_timeout,
+        perf_port=args.perf_port,
+        perf_seconds=args.perf_seconds,
     )
     print(json.dumps(record))
     return 0

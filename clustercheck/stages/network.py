@@ -3,6 +3,9 @@
 Every node listens on the master port and an ephemeral port, connects to every other node on both, resolves
 every node's hostname and reads its cluster interface's MTU; checks/network.py judges the records.
 
+After the connections, every pair's round trip time and TCP throughput (both ways) are measured in rounds of
+disjoint pairs (N-1 rounds for N nodes), so a node or a link far slower than the others is named.
+
 A barrier keeps a slow start from looking like a firewall: every probe first binds its listeners and reports
 ready; only once every node is ready (or the wait for the late ones ran out) does the controller write the go
 signal on every node, and connection attempts run until a shared deadline. A node that reported ready late, or
@@ -60,9 +63,18 @@ def connect_window(duration: float, nodes: int) -> float:
     return duration * max(1.0, nodes / 16)
 
 
+def perf_time(nodes: int) -> float:
+    """The longest the RTT and throughput rounds may take: a round per node, each at most its wait for a partner
+    that does not come plus the transfers."""
+    return nodes * 12.0
+
+
 def run(members: list[Member], ctx: Context) -> list[CheckResult]:
     config = ctx.config
     port = pick_ephemeral_port()
+    perf_port = pick_ephemeral_port()
+    while perf_port in (port, config.master_port):
+        perf_port = pick_ephemeral_port()
     peers = [network.Peer(m.name, m.address, m.hostname) for m in members]
     records: dict[str, dict] = {}
     errors: dict[str, str] = {}
@@ -76,8 +88,9 @@ def run(members: list[Member], ctx: Context) -> list[CheckResult]:
     def probe(m: Member) -> None:
         ready, go = files(m)
         args = mesh_args(m.name, peers, [config.master_port, port], window, (ready, go, wait + GO_SLACK))
+        args += ["--perf-port", str(perf_port)]
         command = remote.command(m.facts.python, m.transport.workdir, "netprobe", *args)
-        answer = m.transport.run(command, timeout=wait + GO_SLACK + window + 30)
+        answer = m.transport.run(command, timeout=wait + GO_SLACK + window + perf_time(len(members)) + 30)
         (config.host_dir(m.name) / "network.json").write_text(answer.stdout)
         (config.host_dir(m.name) / "network.stderr").write_text(answer.stderr)
         try:
@@ -97,11 +110,18 @@ def run(members: list[Member], ctx: Context) -> list[CheckResult]:
     probes.start()
 
     def await_ready(m: Member) -> None:
-        command = remote.command(m.facts.python, m.transport.workdir, "netprobe", "wait-ready", files(m)[0])
+        ready, go = files(m)
+        command = remote.command(m.facts.python, m.transport.workdir, "netprobe", "wait-ready", ready, "--or", go)
         if m.transport.run([*command, "--timeout", f"{wait:g}"], timeout=wait + 15).ok:
             ready_after[m.name] = round(time.monotonic() - started, 3)
 
-    fanout(await_ready, members, name=lambda m: m.name)
+    waits = threading.Thread(target=fanout, args=(await_ready, members), daemon=True, name="netprobe ready")
+    waits.start()
+    # Go once every node listens, or its probe already ended (it failed: nothing to wait for), or the wait ran out.
+    while waits.is_alive() and time.monotonic() < started + wait + 15:
+        if all(m.name in ready_after or m.name in records or m.name in errors for m in members):
+            break
+        time.sleep(0.1)
     fanout(
         lambda m: m.transport.run(
             remote.command(m.facts.python, m.transport.workdir, "netprobe", "go", files(m)[1], f"{window:g}"),
@@ -110,6 +130,7 @@ def run(members: list[Member], ctx: Context) -> list[CheckResult]:
         members,
         name=lambda m: m.name,
     )
+    waits.join(30)  # the go file ends every wait still under way
     probes.join()
     for i, m in enumerate(members):
         if isinstance(outcomes.get(i), BaseException):  # one node's trouble is that node's network.probe ERROR

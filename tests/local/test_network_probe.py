@@ -188,3 +188,41 @@ def test_a_probe_that_gets_no_go_signal_says_so_and_ends():
     assert record["barrier"]["no_go"] is True
     assert {o["detail"] for o in record["outgoing"]} == {"no go signal from the controller"}
     assert os.path.exists(f"{workdir}/r")
+
+
+def test_probes_measure_round_trips_and_throughput_of_every_pair_in_rounds():
+    workdir = tmp_dir()
+    ports = [free_port(), free_port()]
+    perf_port = free_port()
+    peers = [network.Peer(n, a) for n, a in LOOPBACK.items()]
+    probe = remote.write(workdir)
+    procs = {
+        n: subprocess.Popen(
+            [sys.executable, probe, "netprobe", *stage.mesh_args(n, peers, ports, 5), "--perf-port", str(perf_port)],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for n in LOOPBACK
+    }
+    records = {n: json.loads(p.communicate(timeout=60)[0]) for n, p in procs.items()}
+    measured, failed = network.perf_pairs(records)
+    assert failed == []
+    assert sorted(tuple(sorted((p["a"], p["b"]))) for p in measured) == [
+        ("localhost", "n2"),
+        ("localhost", "n3"),
+        ("n2", "n3"),
+    ]
+    assert all(p["rtt_ms"] > 0 and p["a_to_b"] > 0 and p["b_to_a"] > 0 for p in measured)
+    assert [r.status for r in network.perf_checks(records)] == [Status.PASS, Status.PASS]
+
+
+def test_the_rounds_cover_every_pair_once_with_no_node_twice_in_a_round():
+    for n in (2, 3, 4, 7, 64):
+        names = [f"node{i}" for i in range(n)]
+        rounds = netprobe.schedule(names)
+        assert len(rounds) == (n - 1 if n % 2 == 0 else n)
+        pairs = [frozenset(p) for r in rounds for p in r]
+        assert len(pairs) == len(set(pairs)) == n * (n - 1) // 2
+        for r in rounds:
+            members = [x for p in r for x in p]
+            assert len(members) == len(set(members))
