@@ -144,6 +144,8 @@ def run(
                 for name, since in polling.items():
                     if now - since > NO_ANSWER:
                         dog.observe(name, None, now)
+                for name in ends:
+                    dog.ended(name, now)
                 stall = dog.stall(now)
             if stall:
                 failed.set()

@@ -53,6 +53,12 @@ class Watchdog:
             state.step, state.phase = slowest.get("step"), slowest.get("phase")
             state.progress_at = now
 
+    def ended(self, node: str, now: float) -> None:
+        """NODE's job ended: it waits for nobody and nobody waits for it."""
+        state = self.nodes[node]
+        state.alive_at = state.progress_at = now
+        state.answered = True
+
     def stall(self, now: float) -> Stall | None:
         """The stall to report at NOW, or None while the job makes progress (or every node is silent alike)."""
         limit = self.stall_timeout

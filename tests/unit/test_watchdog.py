@@ -75,3 +75,13 @@ def test_a_hang_at_the_same_step_everywhere_names_no_node():
     stall = dog.stall(60)
     assert stall.nodes == ()
     assert "every node waits at step 5 (allreduce), a hang no single node explains" in stall.message
+
+
+def test_a_node_whose_job_ended_is_not_a_straggler():
+    dog = Watchdog(NODES, stall_timeout=20, now=0)
+    run_polls(dog, 0, 10, lambda n, t: beat(int(t)))
+    for t in range(15, 60, 5):  # node1's torchrun ended at t=10: its heartbeats age, the others still step
+        dog.ended("node1", t)
+        dog.observe("node2", beat(t), t)
+        dog.observe("node3", beat(t), t)
+    assert dog.stall(60) is None
