@@ -23,7 +23,6 @@ from clustercheck.transport import CommandResult, TransportError
 
 FAILURE_GRACE = 5.0  # seconds the other nodes get to report their own failure before they are stopped
 POLL_INTERVAL = 5.0  # seconds between two heartbeat polls of a node (at most a quarter of the stall timeout)
-NO_ANSWER = 10.0  # seconds a poll may go unanswered before the node's SSH connection counts as not answering
 ERROR_LINES = 6
 
 
@@ -114,21 +113,17 @@ def run(
             failed.set()
 
     dog = watchdog.Watchdog([m.name for m in members], config.stall_timeout, time.monotonic())
-    polling: dict[str, float] = {}  # node -> when its poll now under way began
     done = threading.Event()
 
     def poll(m: Member) -> None:
         command = launch.progress_command(m.facts.python, m.transport.workdir, stage)
         while not done.wait(min(POLL_INTERVAL, config.stall_timeout / 4)):
-            with lock:
-                polling[m.name] = time.monotonic()
             try:  # a node that does not answer within the stall timeout is stopped anyway
                 answer = m.transport.run(command, timeout=config.stall_timeout)
                 beats = launch.parse_progress(answer.stdout) if answer.ok else None
             except Exception:
                 beats = None
             with lock:
-                del polling[m.name]
                 dog.observe(m.name, beats, time.monotonic())
 
     threads = [threading.Thread(target=start, args=(p,), daemon=True, name=p.node.name) for p in plans]
@@ -141,9 +136,6 @@ def run(
             time.sleep(0.2)
             now = time.monotonic()
             with lock:
-                for name, since in polling.items():
-                    if now - since > NO_ANSWER:
-                        dog.observe(name, None, now)
                 for name in ends:
                     dog.ended(name, now)
                 stall = dog.stall(now)
@@ -151,7 +143,7 @@ def run(
                 failed.set()
     finally:
         done.set()
-    silent = {n for n in stall.nodes if not dog.nodes[n].answered} if stall else set()
+    silent = {n for n in stall.nodes if not stall.data["progress"][n]["ssh_answers"]} if stall else set()
     if stall:
         stopping.set()
         fanout(lambda m: m.transport.stop(), [m for m in members if m.name not in ends], timeout=60)

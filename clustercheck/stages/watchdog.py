@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 FRESH = 10.0  # seconds: a heartbeat younger than this shows a live rank (it is rewritten every second)
+ANSWERING = 15.0  # seconds: a node whose last poll answered longer ago than this does not answer
 
 
 @dataclass
@@ -24,7 +25,10 @@ class NodeState:
     progress_at: float  # when the node's slowest rank last moved on
     step: int | None = None  # the slowest rank's step (None: no heartbeat seen yet)
     phase: str | None = None
-    answered: bool | None = None  # whether the last poll of the node answered (None: not polled yet)
+    answered_at: float | None = None  # when a poll of the node last answered
+
+    def answers(self, now: float) -> bool:
+        return self.answered_at is not None and now - self.answered_at <= ANSWERING
 
 
 @dataclass(frozen=True)
@@ -42,7 +46,8 @@ class Watchdog:
     def observe(self, node: str, ranks: dict[str, dict] | None, now: float) -> None:
         """A poll of NODE at NOW: rank -> {"step", "phase", "age"}, or None when the node did not answer."""
         state = self.nodes[node]
-        state.answered = ranks is not None
+        if ranks is not None:
+            state.answered_at = now
         if not ranks:
             return
         ages = [r.get("age", FRESH) for r in ranks.values()]
@@ -56,8 +61,7 @@ class Watchdog:
     def ended(self, node: str, now: float) -> None:
         """NODE's job ended: it waits for nobody and nobody waits for it."""
         state = self.nodes[node]
-        state.alive_at = state.progress_at = now
-        state.answered = True
+        state.alive_at = state.progress_at = state.answered_at = now
 
     def stall(self, now: float) -> Stall | None:
         """The stall to report at NOW, or None while the job makes progress (or every node is silent alike)."""
@@ -71,7 +75,7 @@ class Watchdog:
                 where = "before its ranks reported any step" if s.step is None else f"at step {s.step}"
                 if s.phase:
                     where += f" ({s.phase})"
-                answers = "answers" if s.answered else "does not answer"
+                answers = "answers" if s.answers(now) else "does not answer"
                 texts.append(
                     f"node {name} stopped making progress {where} (last seen {now - s.alive_at:.0f} s ago); "
                     f"its SSH connection {answers}"
@@ -111,7 +115,7 @@ class Watchdog:
                     "step": s.step,
                     "phase": s.phase,
                     "last_seen_s": round(now - s.alive_at, 1),
-                    "ssh_answers": s.answered,
+                    "ssh_answers": s.answers(now),
                 }
                 for n, s in self.nodes.items()
             },
