@@ -97,6 +97,20 @@ def cli() -> None:
     "(default: the inventory's clustercheck_min_busbw, else report only).",
 )
 @click.option(
+    "--dcgm-level",
+    type=click.IntRange(1, 3),
+    default=None,
+    help="Run NVIDIA's DCGM diagnostic (dcgmi diag -r LEVEL) on every node that has dcgmi: 1 takes seconds, "
+    "2 minutes, 3 up to an hour (default: off).",
+)
+@click.option(
+    "--expect-transport",
+    type=click.Choice(inventory.TRANSPORTS),
+    default=None,
+    help="The network NCCL must use between nodes (default: the inventory's clustercheck_expect_transport, else "
+    "what each node's hardware suggests).",
+)
+@click.option(
     "--only",
     multiple=True,
     type=click.Choice(STAGES),
@@ -152,6 +166,8 @@ def run(
     skip: tuple[str, ...],
     max_clock_offset: float,
     min_busbw: str | None,
+    expect_transport: str | None,
+    dcgm_level: int | None,
     only: tuple[str, ...],
 ) -> None:
     """Check every node, the consistency between them, and print a verdict."""
@@ -172,6 +188,8 @@ def run(
         raise UsageError(f"no host matched --hosts {hosts}" + (f" --limit {limit}" if limit else ""), ExitCode.NO_HOSTS)
     if ssh_config and not Path(ssh_config).exists():
         raise UsageError(f"--ssh-config {ssh_config}: no such file")
+    if output and not Path(output).resolve().parent.is_dir():
+        raise UsageError(f"-o {output}: no such directory {Path(output).resolve().parent}")
     try:
         config = load_config(ssh_config) if any(not n.is_local for n in nodes) else None
     except TransportError as exc:
@@ -198,6 +216,8 @@ def run(
         ),
         clock_bound=max_clock_offset,
         min_busbw=min_busbw or next((n.min_busbw for n in nodes if n.min_busbw), None),
+        expect_transport=expect_transport,
+        dcgm_level=dcgm_level,
     )
     started_at = time.time()
     host_stages: dict[str, str] = {n.name: "waiting" for n in nodes}
@@ -239,6 +259,345 @@ def run(
 def list_checks(fmt: str) -> None:
     """List every check clustercheck can report: its name, stage, scope, what it proves and the fix."""
     click.echo(catalog.render(fmt))
+
+
+# ---------------------------------------------------------------------------------------------- launch and jobs
+
+
+def _ssh_options(function):
+    """The SSH options every command that reaches the nodes takes."""
+    for option in reversed(
+        [
+            click.option(
+                "--accept-new-host-keys",
+                is_flag=True,
+                help="Record host keys of nodes not yet in known_hosts; a changed key is always refused.",
+            ),
+            click.option(
+                "--known-hosts",
+                "known_hosts",
+                multiple=True,
+                type=click.Path(dir_okay=False),
+                help="known_hosts file to use instead of ~/.ssh/known_hosts (repeatable).",
+            ),
+            click.option(
+                "--ssh-config",
+                type=click.Path(dir_okay=False),
+                default=None,
+                help="SSH config file (default ~/.ssh/config).",
+            ),
+            click.option("--connect-timeout", type=click.FloatRange(min=1), default=10, show_default=True),
+        ]
+    ):
+        function = option(function)
+    return function
+
+
+def _nodes_and_ssh(
+    hosts: str,
+    limit: str | None,
+    ssh_config: str | None,
+    known_hosts: tuple[str, ...],
+    accept_new_host_keys: bool,
+    connect_timeout: float,
+) -> tuple[list, SshSettings]:
+    try:
+        nodes = inventory.load(hosts, limit)
+    except inventory.InventoryError as exc:
+        raise UsageError(str(exc)) from exc
+    if not nodes:
+        raise UsageError(f"no host matched --hosts {hosts}" + (f" --limit {limit}" if limit else ""), ExitCode.NO_HOSTS)
+    if ssh_config and not Path(ssh_config).exists():
+        raise UsageError(f"--ssh-config {ssh_config}: no such file")
+    try:
+        config = load_config(ssh_config) if any(not n.is_local for n in nodes) else None
+    except TransportError as exc:
+        raise UsageError(str(exc)) from exc
+    settings = SshSettings(
+        timeouts=Timeouts(connect=connect_timeout, banner=connect_timeout + 5, auth=connect_timeout + 5),
+        accept_new_host_keys=accept_new_host_keys,
+        known_hosts=known_hosts,
+        config=config,
+    )
+    return nodes, settings
+
+
+@cli.command(context_settings={"ignore_unknown_options": False})
+@click.option("--hosts", required=True, help="An Ansible inventory, a comma-separated list of hosts, or localhost.")
+@click.option("--limit", default=None, help="Only these groups or hosts (Ansible --limit patterns).")
+@click.option(
+    "--nproc-per-node",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Ranks per node (default: the node's GPU count, or 1 without GPUs).",
+)
+@click.option("--master-port", type=click.IntRange(1024, 65535), default=29500, show_default=True)
+@click.option("--env", "env", multiple=True, metavar="K=V", help="Environment variable for every rank (repeatable).")
+@click.option(
+    "--sync",
+    type=click.Path(exists=True, file_okay=False),
+    default=None,
+    help="Upload this local directory to every node first and run the script from the copy (the script's path "
+    "is relative to it).",
+)
+@click.option(
+    "--chdir",
+    default=None,
+    metavar="DIR",
+    help="Working directory on every node (default: the remote user's home; with --sync, the synced copy).",
+)
+@click.option("--python", default=None, help="Environment python on every node (default as for clustercheck run).")
+@click.option("--no-preflight", is_flag=True, help="Start without the core and network checks first.")
+@click.option(
+    "--detach",
+    is_flag=True,
+    help="Run the job under a transient systemd unit on every node and return; see jobs, logs and stop.",
+)
+@click.option(
+    "--run-dir",
+    type=click.Path(file_okay=False),
+    default=None,
+    help="Where every node's output is kept (default ./clustercheck-runs/launch-<timestamp>).",
+)
+@_ssh_options
+@click.argument("job", nargs=-1, required=True, type=click.UNPROCESSED)
+def launch(
+    hosts: str,
+    limit: str | None,
+    nproc_per_node: int | None,
+    master_port: int,
+    env: tuple[str, ...],
+    sync: str | None,
+    chdir: str | None,
+    python: str | None,
+    no_preflight: bool,
+    detach: bool,
+    run_dir: str | None,
+    accept_new_host_keys: bool,
+    known_hosts: tuple[str, ...],
+    ssh_config: str | None,
+    connect_timeout: float,
+    job: tuple[str, ...],
+) -> None:
+    """Run a training script on every node under torchrun: clustercheck launch --hosts INV -- [TORCHRUN OPTIONS]
+    train.py [ARGS]. The exit status is the job's."""
+    from clustercheck.launcher import command as launch_command
+    from clustercheck.launcher import records, session
+    from clustercheck.stages.launch import LaunchError
+
+    if sync and chdir:
+        raise UsageError("--sync and --chdir: the job runs in the synced copy; give one of them")
+    try:
+        user_command = launch_command.parse(list(job))
+        user_env = launch_command.parse_env(env)
+    except LaunchError as exc:
+        raise UsageError(str(exc)) from exc
+    nodes, ssh = _nodes_and_ssh(hosts, limit, ssh_config, known_hosts, accept_new_host_keys, connect_timeout)
+    try:
+        launch_command.check_nnodes(user_command, len(nodes))
+        if sync and not user_command.is_module:
+            session.sync_script(Path(sync), user_command.script)
+    except LaunchError as exc:
+        raise UsageError(str(exc)) from exc
+    run_path = Path(run_dir or Path("clustercheck-runs") / dt.datetime.now().strftime("launch-%Y%m%d-%H%M%S"))
+    run_path.mkdir(parents=True, exist_ok=True)
+    options = session.LaunchOptions(
+        command=user_command,
+        run_dir=run_path,
+        ssh=ssh,
+        python=python,
+        nproc_per_node=nproc_per_node,
+        master_port=master_port,
+        env=user_env,
+        sync=Path(sync) if sync else None,
+        chdir=chdir,
+        preflight=not no_preflight,
+        detach=detach,
+    )
+
+    def say(line: str) -> None:
+        click.echo(f"clustercheck: {line}", err=True)
+
+    job_run = session.Launch(nodes, options, factory.default(ssh), echo=click.echo, say=say)
+    try:
+        try:
+            if options.preflight:
+                job_run.preflight()
+            job_run.connect()
+            script, cwd, code = job_run.prepare()
+            plans = job_run.plan(script, cwd)
+        except session.HostKeysRefused as exc:
+            raise UsageError(f"host key verification failed, nothing was started: {exc}") from exc
+        except session.NotStarted as exc:
+            raise UsageError(str(exc), ExitCode.NOT_STARTED) from exc
+        except LaunchError as exc:
+            raise UsageError(str(exc)) from exc
+        if detach:
+            try:
+                names = job_run.start_detached(code)
+            except session.NotStarted as exc:
+                message = f"the job could not start everywhere, so it was stopped: {exc}"
+                raise UsageError(message, ExitCode.NOT_STARTED) from exc
+            hosts_ref = str(Path(hosts).resolve()) if Path(hosts).exists() else hosts
+            records.save(
+                records.JobRecord(
+                    job=job_run.job_id,
+                    hosts=hosts_ref,
+                    limit=limit,
+                    nodes=names,
+                    command=list(job),
+                    started=time.time(),
+                    run_dir=str(run_path.resolve()),
+                    first_ranks=launch_command.first_ranks(plans, user_command.elastic),
+                    ssh_config=str(Path(ssh_config).resolve()) if ssh_config else None,
+                    known_hosts=[str(Path(k).resolve()) for k in known_hosts],
+                )
+            )
+            say(
+                f"job {job_run.job_id} started on {len(names)} node(s) under systemd unit "
+                f"clustercheck-job-{job_run.job_id}"
+            )
+            click.echo(job_run.job_id)
+            say(f"follow it: clustercheck logs {job_run.job_id} --follow; stop it: clustercheck stop {job_run.job_id}")
+            sys.exit(ExitCode.OK)
+        finished = job_run.run_foreground()
+    except KeyboardInterrupt:
+        job_run.stop_all()
+        raise
+    finally:
+        job_run.close()
+    say(finished.message)
+    sys.exit(finished.status)
+
+
+def _job_nodes(job: str, hosts: str | None, limit: str | None, ssh_opts: dict):
+    """The nodes of JOB: from --hosts when given, else from the job's record on this machine."""
+    from clustercheck.launcher import detached, records
+
+    if not detached.JOB_ID.match(job):
+        raise UsageError(f"{job}: not a job id (12 hexadecimal digits, as clustercheck launch --detach printed)")
+    record = None
+    if hosts is None:
+        try:
+            record = records.load(job)
+        except records.RecordError as exc:
+            raise UsageError(str(exc)) from exc
+        hosts, limit = record.hosts, record.limit
+        ssh_opts = {
+            **ssh_opts,
+            "ssh_config": ssh_opts["ssh_config"] or record.ssh_config,
+            "known_hosts": ssh_opts["known_hosts"] or tuple(record.known_hosts),
+        }
+    nodes, ssh = _nodes_and_ssh(hosts, limit, **ssh_opts)
+    if record is not None:
+        nodes = [n for n in nodes if n.name in record.nodes] or nodes
+    return nodes, ssh, record
+
+
+def _reached(reach, say) -> None:
+    for name, error in sorted(reach.errors.items()):
+        say(f"{name}: {error}")
+
+
+@cli.command("jobs")
+@click.option("--hosts", required=True, help="An Ansible inventory, a comma-separated list of hosts, or localhost.")
+@click.option("--limit", default=None, help="Only these groups or hosts (Ansible --limit patterns).")
+@click.option("--all", "show_all", is_flag=True, help="Also the jobs that ended (their output is kept on the nodes).")
+@_ssh_options
+def jobs_command(hosts: str, limit: str | None, show_all: bool, **ssh_opts) -> None:
+    """List the detached jobs on the nodes: their id, state on every node, and when they started."""
+    from clustercheck.launcher import detached, session
+
+    nodes, ssh = _nodes_and_ssh(hosts, limit, **ssh_opts)
+    try:
+        with session.Nodes(nodes, factory.default(ssh)) as reach:
+            answers = reach.run(lambda name: detached.list_command())
+            _reached(reach, lambda line: click.echo(f"clustercheck: {line}", err=True))
+    except session.HostKeysRefused as exc:
+        raise UsageError(f"host key verification failed: {exc}") from exc
+    per_job: dict[str, dict] = {}
+    for node in nodes:
+        result = answers.get(node.name)
+        if result is None:
+            continue
+        for job in detached.parse_list(result.stdout):
+            per_job.setdefault(job.job, {})[node.name] = job
+    shown = 0
+    for job_id, where in sorted(per_job.items(), key=lambda kv: min(j.started or 0 for j in kv[1].values())):
+        if not show_all and not any(j.running for j in where.values()):
+            continue
+        started = min((j.started for j in where.values() if j.started), default=None)
+        when = dt.datetime.fromtimestamp(started).strftime("%Y-%m-%d %H:%M:%S") if started else "?"
+        states = {n.name: where.get(n.name) for n in nodes if n.name in where}
+        click.echo(f"{job_id}  {when}  {detached.summary(states)}")
+        shown += 1
+    if not shown:
+        click.echo("no running jobs" if not show_all else "no jobs", err=True)
+
+
+@cli.command("logs")
+@click.argument("job")
+@click.option("--follow", "-f", is_flag=True, help="Keep showing new output until the job ends on every node.")
+@click.option("--hosts", default=None, help="The job's nodes (default: from the job's record on this machine).")
+@click.option("--limit", default=None, help="Only these groups or hosts (Ansible --limit patterns).")
+@_ssh_options
+def logs_command(job: str, follow: bool, hosts: str | None, limit: str | None, **ssh_opts) -> None:
+    """Show a detached job's output from every node, each line prefixed with node/rank."""
+    from clustercheck.launcher import detached, session
+
+    nodes, ssh, record = _job_nodes(job, hosts, limit, ssh_opts)
+    try:
+        with session.Nodes(nodes, factory.default(ssh)) as reach:
+            _reached(reach, lambda line: click.echo(f"clustercheck: {line}", err=True))
+            results = reach.stream(
+                detached.logs_command(job, follow), click.echo, record.first_ranks if record else None
+            )
+    except session.HostKeysRefused as exc:
+        raise UsageError(f"host key verification failed: {exc}") from exc
+    missing = [name for name, r in results.items() if r.exit_status == 4]
+    if missing and len(missing) == len(results):
+        raise UsageError(f"no job {job} on {', '.join(missing)}")
+    for name in missing:
+        click.echo(f"clustercheck: no job {job} on {name}", err=True)
+
+
+@cli.command("stop")
+@click.argument("job")
+@click.option("--hosts", default=None, help="The job's nodes (default: from the job's record on this machine).")
+@click.option("--limit", default=None, help="Only these groups or hosts (Ansible --limit patterns).")
+@_ssh_options
+def stop_command(job: str, hosts: str | None, limit: str | None, **ssh_opts) -> None:
+    """Stop a detached job on every node (SIGTERM, then SIGKILL after 15 s); its output stays on the nodes."""
+    from clustercheck.launcher import detached, session
+
+    nodes, ssh, _ = _job_nodes(job, hosts, limit, ssh_opts)
+    try:
+        with session.Nodes(nodes, factory.default(ssh)) as reach:
+            _reached(reach, lambda line: click.echo(f"clustercheck: {line}", err=True))
+            results = reach.run(lambda name: detached.stop_command(job), timeout=detached.STOP_TIMEOUT + 45)
+    except session.HostKeysRefused as exc:
+        raise UsageError(f"host key verification failed: {exc}") from exc
+    problems = []
+    for name, result in results.items():
+        if result.exit_status == 4:
+            click.echo(f"{name}: no job {job}")
+        elif result.ok:
+            click.echo(f"{name}: {result.stdout.strip().replace('-', ' ')}")
+        else:
+            problems.append(f"{name}: {result.cause()}")
+    if len([r for r in results.values() if r.exit_status == 4]) == len(results):
+        raise UsageError(f"no job {job} on any node")
+    if problems or len(results) < len(nodes):
+        raise UsageError(
+            "could not stop the job everywhere: " + "; ".join(problems or ["some nodes were not reached"]),
+            ExitCode.CHECK_FAILED,
+        )
+
+
+@cli.command()
+def schema() -> None:
+    """Print the JSON Schema of the --format json report."""
+    click.echo(report.schema_text(), nl=False)
 
 
 class UsageError(click.ClickException):

@@ -36,6 +36,8 @@ class RunConfig:
     min_busbw: str | None = None  # --min-busbw, else the inventory's clustercheck_min_busbw
     network_duration: float = 10.0  # how long the network probe may try
     stall_timeout: float = 60.0  # a torch job's ranks silent this long on one node (while others wait): named
+    dcgm_level: int | None = None  # --dcgm-level: run dcgmi diag -r LEVEL on nodes that have it
+    expect_transport: str | None = None  # --expect-transport: ib, roce or socket (else each node's inventory var)
 
     def host_dir(self, name: str) -> Path:
         path = self.run_dir / "hosts" / name

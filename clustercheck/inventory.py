@@ -12,6 +12,7 @@ from __future__ import annotations
 import fnmatch
 import json
 import os
+import re
 import shlex
 import shutil
 import subprocess
@@ -28,6 +29,9 @@ GPUS_VAR = "gpus_per_node"  # GPUs expected on each node (0: none; unset: whatev
 INTERFACE_VAR = "cluster_interface"  # the interface nodes talk to each other on
 MIN_BUSBW_VAR = "clustercheck_min_busbw"  # all_reduce busbw threshold, FAIL[:WARN] in GB/s (like --min-busbw)
 CIDR_VAR = "cluster_cidr"  # the cluster network, used to find the interface when none is named
+PACKAGES_VAR = "python_env_packages"  # the user's pip packages (requirement specifiers) the python_env role installs
+EXPECT_TRANSPORT_VAR = "clustercheck_expect_transport"  # ib, roce or socket: what NCCL must use between nodes
+TRANSPORTS = ("ib", "roce", "socket")
 READ_VARS = (
     "ansible_host",
     "ansible_port",
@@ -40,6 +44,7 @@ READ_VARS = (
     GPUS_VAR,
     INTERFACE_VAR,
     CIDR_VAR,
+    EXPECT_TRANSPORT_VAR,
 )
 
 
@@ -62,6 +67,8 @@ class Node:
     cluster_interface: str | None = None
     cluster_cidr: str | None = None
     min_busbw: str | None = None  # clustercheck_min_busbw
+    packages: tuple[str, ...] = ()  # distribution names from python_env_packages: they must import on the node
+    expect_transport: str | None = None  # clustercheck_expect_transport
     ssh_options: dict[str, str] = field(default_factory=dict)  # -o Key=Value from ansible_ssh_*_args
 
     @property
@@ -243,8 +250,24 @@ def node_from_vars(name: str, hostvars: dict[str, Any]) -> Node:
         cluster_interface=_text(hostvars.get(INTERFACE_VAR)),
         cluster_cidr=_text(hostvars.get(CIDR_VAR)),
         min_busbw=_text(hostvars.get(MIN_BUSBW_VAR)),
+        packages=distributions(name, hostvars.get(PACKAGES_VAR)),
+        expect_transport=_transport(name, hostvars.get(EXPECT_TRANSPORT_VAR)),
         ssh_options=ssh_options,
     )
+
+
+def distributions(name: str, specifiers: Any) -> tuple[str, ...]:
+    """Distribution names of requirement specifiers (`lightning==2.5.1`, `numpy>=1.26`, `pkg[extra]`)."""
+    if specifiers in (None, ""):
+        return ()
+    if not isinstance(specifiers, list):
+        raise InventoryError(f"{name}: {PACKAGES_VAR} must be a list of requirement specifiers")
+    names = []
+    for spec in specifiers:
+        match = re.match(r"\s*([A-Za-z0-9][A-Za-z0-9._-]*)", str(spec))
+        if match and "{{" not in str(spec):
+            names.append(match[1])
+    return tuple(names)
 
 
 def _text(value: Any) -> str | None:
@@ -280,3 +303,10 @@ def parse_ssh_options(args: str, name: str = "") -> dict[str, str]:
         if word == "-J" and i + 1 < len(words):
             options["proxyjump"] = words[i + 1]
     return options
+
+
+def _transport(name: str, value: Any) -> str | None:
+    text = _text(value)
+    if text is not None and text.lower() not in TRANSPORTS:
+        raise InventoryError(f"{name}: {EXPECT_TRANSPORT_VAR} is {text!r}, not one of {', '.join(TRANSPORTS)}")
+    return text.lower() if text else None

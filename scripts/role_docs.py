@@ -29,6 +29,7 @@ ORDER = [
     "cuda_toolkit",
     "nccl",
     "python_env",
+    "monitoring",
     "firewall",
     "ssh_trust",
 ]

@@ -134,3 +134,28 @@ def torch_cluster(cluster, wheelhouse):
     if errors:
         pytest.fail("installing the torch environment on the nodes failed: " + "; ".join(errors))
     return cluster
+
+
+@pytest.fixture(autouse=True)
+def reports_match_the_schema(request):
+    """Every JSON report a test leaves under its tmp_path (a run directory's report.json, a -o file) validates
+    against the schema the package publishes (clustercheck schema)."""
+    tmp_path = request.getfixturevalue("tmp_path") if "tmp_path" in request.fixturenames else None
+    yield
+    if tmp_path is None or not tmp_path.exists():
+        return
+    import json
+
+    import jsonschema
+
+    from clustercheck import report
+
+    validator = jsonschema.Draft202012Validator(json.loads(report.schema_text()))
+    for path in sorted(tmp_path.rglob("*.json")):
+        try:
+            doc = json.loads(path.read_text())
+        except (ValueError, OSError):
+            continue
+        if isinstance(doc, dict) and "schema_version" in doc:
+            errors = [f"{'/'.join(map(str, e.absolute_path))}: {e.message}" for e in validator.iter_errors(doc)]
+            assert not errors, f"{path} does not match the report schema: " + "; ".join(errors[:5])

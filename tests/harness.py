@@ -16,6 +16,9 @@ from pathlib import Path
 
 from torchenv import PYTHON, VENV, ssh_client, ssh_run
 
+from clustercheck.checks import collectives, ddp, network
+from clustercheck.model import CheckResult
+
 __all__ = ["PYTHON", "VENV", "ssh_client", "ssh_run"]
 
 CLUSTERCHECK = str(Path(sys.executable).parent / "clustercheck")
@@ -75,6 +78,26 @@ def leftovers(cluster) -> dict[str, str]:
             if out.strip():
                 found[node.name] = out.strip()
     return found
+
+
+# ------------------------------------------------------------------------------------------- recorded results
+
+RECORDS = Path(__file__).parent / "unit" / "records"
+
+
+def real_results() -> list[CheckResult]:
+    """Check results as a three-node run judges them: per-host statuses, a cluster-wide busbw sweep, DDP."""
+    netprobe = _record("netprobe-node3-firewall.json")
+    results = network.evaluate(
+        netprobe, [network.Peer(n, r["address"]) for n, r in sorted(netprobe.items())], "node1", 29500
+    )
+    results += collectives.evaluate_bandwidth(_record("collectives-2x2.json"), world_size=4)
+    results.append(ddp.evaluate(_record("ddp-pass.json"), world_size=3))
+    return results
+
+
+def _record(name: str):
+    return json.loads((RECORDS / name).read_text())
 
 
 # ------------------------------------------------------------------------------------------- faults

@@ -30,4 +30,4 @@ def test_readme_checks_tables_are_the_catalog():
     text = (REPO / "README.md").read_text()
     listed = re.search(r"<!-- BEGIN checks[^\n]*-->\n(.*?)<!-- END checks -->", text, re.S)
     assert listed, "the README lost its generated checks tables"
-    assert listed.group(1) == catalog.markdown_tables(), "regenerate: clustercheck checks --format markdown"
+    assert listed.group(1) == catalog.markdown_tables(), "regenerate: scripts/checks_docs.py"

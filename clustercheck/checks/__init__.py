@@ -2,16 +2,20 @@
 import order below is the report order: what the core stage reports per node, the cross-node consistency checks,
 then the checks each multi-node stage emits.
 
-The areas: connection, environment (python, torch), gpu, system (OS, memory, disk, time, names, firewall),
-collectives (node-local and across nodes, bandwidth), consistency, network, ddp.
+The areas: connection, environment (python, torch, launch environment), gpu, pcie, fabric (RDMA),
+system (OS, memory, disk, time, names, firewall),
+collectives (node-local and across nodes, bandwidth), transport (what NCCL/gloo really used), consistency, network, ddp.
 """
 
 # isort: off
 from clustercheck.checks import connection  # noqa: F401
 from clustercheck.checks import environment  # noqa: F401
 from clustercheck.checks import gpu  # noqa: F401
+from clustercheck.checks import pcie  # noqa: F401
+from clustercheck.checks import fabric  # noqa: F401
 from clustercheck.checks import system  # noqa: F401
 from clustercheck.checks import collectives  # noqa: F401
+from clustercheck.checks import transport  # noqa: F401
 from clustercheck.checks import consistency  # noqa: F401
 from clustercheck.checks import network  # noqa: F401
 from clustercheck.checks import ddp  # noqa: F401

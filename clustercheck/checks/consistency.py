@@ -10,7 +10,7 @@ from collections.abc import Callable
 from statistics import median
 from typing import Any
 
-from clustercheck.checks.registry import Finding, cluster_check, fail, passed, skip
+from clustercheck.checks.registry import Finding, cluster_check, fail, passed, skip, warn
 from clustercheck.config import DEFAULT_MAX_CLOCK_OFFSET
 from clustercheck.facts.model import NodeFacts
 
@@ -83,6 +83,14 @@ _same(
     lambda f: f.smi.driver if f.smi else None,
 )
 _same(
+    "vbios",
+    "VBIOS version(s)",
+    "every node's GPUs run the same VBIOS versions",
+    "Flash the same VBIOS on every GPU (nvflash, or the vendor's firmware bundle); a GPU back from repair often "
+    "returns with another VBIOS.",
+    lambda f: ", ".join(sorted({g.vbios or "?" for g in f.smi.gpus})) if f.smi and f.smi.gpus else None,
+)
+_same(
     "python",
     "Python version",
     "every node's environment has the same Python version",
@@ -130,3 +138,52 @@ def clocks(nodes: list[NodeFacts], config: Any) -> Finding:
     off = sorted((h for h, o in known.items() if abs(o - centre) > bound / 2), key=lambda h: -abs(known[h] - centre))
     how = ", ".join(f"{h} is {known[h] - centre:+.3f} s" for h in off) or "the spread"
     return fail(f"clocks differ by {spread:.3f} s (bound {bound} s): {how} from the median", **data)
+
+
+PACKAGE_LIST_LIMIT = 12  # packages named in the message; the data has them all
+
+
+@cluster_check(
+    "consistency.packages",
+    proves="every node's environment has the same Python packages (pip) and conda packages at the same versions",
+    fix="Install the environment from one lock file on every node (pip install -r requirements.txt with pinned "
+    "versions, or conda env create -f environment.yml); the full lists are in the run directory "
+    "(hosts/<node>/packages.txt).",
+)
+def packages(nodes: list[NodeFacts], config: Any) -> Finding:
+    lists = {}
+    for n in nodes:
+        if n.packages is None:
+            continue
+        entries = {f"pip:{k}": v for k, v in n.packages.pip.items()}
+        entries.update({f"conda:{k}": v for k, v in (n.packages.conda or {}).items()})
+        lists[n.host] = entries
+    unknown = sorted(n.host for n in nodes if n.packages is None)
+    data: dict[str, Any] = {"not_collected": unknown}
+    if len(lists) < 2:
+        return skip(f"package lists: known on {len(lists)} node(s), nothing to compare", **data)
+    names = sorted({name for entries in lists.values() for name in entries})
+    drift = []
+    for name in names:
+        values = {host: entries.get(name) for host, entries in lists.items()}
+        counts = Counter(values.values())
+        if len(counts) == 1:
+            continue
+        (majority, top), *rest = counts.most_common()
+        tie = bool(rest) and rest[0][1] == top
+        differ = {h: v for h, v in values.items() if tie or v != majority}
+        drift.append({"package": name, "majority": None if tie else majority, "tie": tie, "nodes": differ})
+    data["differ"] = drift
+    if not drift:
+        return passed(f"{len(names)} package(s) at the same versions on {len(lists)} node(s)", **data)
+    shown = [_drift_text(d) for d in drift[:PACKAGE_LIST_LIMIT]]
+    more = f"; and {len(drift) - PACKAGE_LIST_LIMIT} more" if len(drift) > PACKAGE_LIST_LIMIT else ""
+    return warn(f"{len(drift)} package(s) differ between nodes: " + "; ".join(shown) + more, **data)
+
+
+def _drift_text(d: dict[str, Any]) -> str:
+    name = d["package"].split(":", 1)[1] + (" (conda)" if d["package"].startswith("conda:") else "")
+    how = ", ".join(f"{h} has {v or 'none'}" for h, v in sorted(d["nodes"].items()))
+    if d["tie"]:
+        return f"{name}: {how}, no majority"
+    return f"{name}: {how}, the others {d['majority'] or 'none'}"

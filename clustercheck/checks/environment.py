@@ -1,8 +1,12 @@
-"""The node's Python environment: the python clustercheck found, and the torch it imports."""
+"""The environment users' jobs see on a node: the python clustercheck found, the torch it imports, and the
+NCCL_*/GLOO_* variables a user's own torchrun inherits from the node's configuration."""
 
 from __future__ import annotations
 
-from clustercheck.checks.registry import Finding, fail, node_check, passed, skip
+import re
+
+from clustercheck.checks.registry import Finding, fail, node_check, passed, skip, warn
+from clustercheck.facts import parse
 from clustercheck.facts.model import NodeFacts
 from clustercheck.model import Status
 
@@ -27,9 +31,24 @@ def python_env(facts: NodeFacts) -> Finding:
     )
 
 
+def torchvision_mismatch(torch_version: str, package) -> str | None:
+    """Why torchvision's build does not match torch's (its CUDA variant, or the torch it was built for)."""
+    variant = torch_version.partition("+")[2] or None
+    theirs = (package.version or "").partition("+")[2] or None
+    if variant and theirs and variant != theirs:
+        return f"torchvision {package.version} is the {theirs} build, torch {torch_version} the {variant} build"
+    base = torch_version.partition("+")[0]
+    for requirement in package.requires_torch:
+        pinned = requirement.split(";")[0].replace(" ", "").replace("(", "").replace(")", "")
+        if pinned.startswith("torch==") and pinned[len("torch==") :].partition("+")[0] != base:
+            return f"torchvision {package.version} was built for {pinned}, the environment has torch {torch_version}"
+    return None
+
+
 @node_check(
     "torch.import",
-    proves="torch imports in the node's environment (and what build it is)",
+    proves="torch imports in the node's environment, and so do torchvision (when installed, built for that torch) "
+    "and the packages the inventory lists in python_env_packages",
     fix="Install PyTorch into that environment (the setup playbook's python_env role), or point "
     "clustercheck_python / --python at the environment that has it.",
 )
@@ -45,8 +64,36 @@ def torch_import(facts: NodeFacts) -> Finding:
             error=problem,
         )
     torch = facts.torch
+    versions = {p.name: p.version for p in facts.imports}
+    broken = [p for p in facts.imports if p.error]
+    if broken:
+        first = broken[0]
+        what = f"{first.name} {first.version}" if first.version else first.name
+        return fail(
+            f"{what} does not import with {facts.python}: {first.error}"
+            + (f" (and {', '.join(p.name for p in broken[1:])})" if broken[1:] else ""),
+            f"Install {first.name} built for this torch ({torch.version}) into that environment, from the same "
+            "index or wheelhouse as torch (the setup playbook's python_env role checks every package imports), "
+            "or remove it.",
+            python=facts.python,
+            torch=torch.version,
+            packages=versions,
+            broken={p.name: p.error for p in broken},
+        )
+    vision = next((p for p in facts.imports if p.name == "torchvision"), None)
+    mismatch = torchvision_mismatch(torch.version, vision) if vision else None
+    if mismatch:
+        return fail(
+            mismatch,
+            "Install the torchvision release paired with this torch, from the same index (CUDA variant) as torch.",
+            python=facts.python,
+            torch=torch.version,
+            packages=versions,
+        )
+    others = f", with {', '.join(f'{n} {v}' for n, v in versions.items())}" if versions else ""
     return passed(
-        f"torch {torch.version} imports with {facts.python}",
+        f"torch {torch.version} imports with {facts.python}{others}",
+        packages=versions,
         python=facts.python,
         torch=torch.version,
         cuda=torch.cuda_available,
@@ -87,3 +134,100 @@ def torch_cuda(facts: NodeFacts) -> Finding:
             data,
         )
     return passed(f"CUDA {torch.cuda}, {torch.device_count} device(s), NCCL {torch.nccl}, cuDNN {torch.cudnn}", **data)
+
+
+IFNAME_VARIABLES = ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME")
+# Interfaces that exist on many hosts but never carry traffic between nodes: container and VM bridges.
+CONTAINER_BRIDGE = re.compile(
+    r"^(docker\d+|br-[0-9a-f]{12}|virbr\d+|cni\d*|lxcbr\d+|lxdbr\d+|podman\d+|cali|flannel|veth)"
+)
+
+
+@node_check(
+    "env.launch",
+    proves="the NCCL_*/GLOO_* settings a user's own torchrun inherits from the node (/etc/environment, "
+    "/etc/nccl.conf, /etc/profile.d) name interfaces and HCAs that exist, that are not loopback or a container "
+    "bridge, and that include the cluster interface",
+    fix="Correct or remove the variable in the file named; the cluster interface is the one the network stage "
+    "uses (cluster_interface in the inventory names it).",
+    reads=("launch_env", "netdevs"),
+)
+def env_launch(facts: NodeFacts) -> Finding:
+    assert facts.launch_env is not None and facts.netdevs is not None
+    settings = facts.launch_env
+    data = {"settings": [f"{s.file}:{s.line}: {s.name}={s.value}" for s in settings], "interface": facts.interface}
+    if not settings:
+        return passed("no NCCL_* or GLOO_* variable set in the node's environment files", **data)
+    fails: list[str] = []
+    warns: list[str] = []
+    for s in settings:
+        where = f"{s.file} sets {s.name}={s.value}"
+        if s.name in IFNAME_VARIABLES:
+            problem, mild = _ifname_problem(s.name, s.value, facts)
+            if problem:
+                (warns if mild else fails).append(f"{where}: {problem}")
+        elif s.name == "NCCL_IB_HCA":
+            problem = _hca_problem(s.value, facts)
+            if problem:
+                fails.append(f"{where}: {problem}")
+        elif s.name == "NCCL_IB_DISABLE" and s.value.strip() == "1":
+            active = [p.name for p in facts.rdma_ports or [] if p.active]
+            if active:
+                warns.append(f"{where}: NCCL will not use the active RDMA port(s) {', '.join(active)}")
+    if fails:
+        return fail("; ".join(fails + warns), **data)
+    if warns:
+        return warn("; ".join(warns), **data)
+    return passed(
+        f"{len(settings)} NCCL_*/GLOO_* setting(s), every interface named exists: "
+        + ", ".join(f"{s.name}={s.value}" for s in settings),
+        **data,
+    )
+
+
+def _ifname_problem(name: str, value: str, facts: NodeFacts) -> tuple[str | None, bool]:
+    """What is wrong with an interface list for NAME (None: nothing), and whether it is only a warning."""
+    devs = facts.netdevs or {}
+    exclude, exact, wanted = parse.parse_ifname_list(value)
+    exact = exact or name == "GLOO_SOCKET_IFNAME"  # gloo takes interface names, not prefixes
+    if not wanted:
+        return "the value is empty", False
+
+    def matches(pattern: str) -> list[str]:
+        return sorted(d for d in devs if d == pattern or (not exact and d.startswith(pattern)))
+
+    if exclude:
+        cluster = facts.interface
+        if cluster and any(cluster in matches(p) for p in wanted):
+            return f"it excludes {cluster}, the cluster interface", False
+        return None, False
+    found = {p: matches(p) for p in wanted}
+    absent = [p for p, m in found.items() if not m]
+    have = ", ".join(sorted(devs)) or "none"
+    if absent:
+        return f"no interface {', '.join(absent)} on this node (it has {have})", False
+    chosen = sorted({d for m in found.values() for d in m})
+    loop = [d for d in chosen if devs[d].loopback]
+    if loop:
+        return f"{', '.join(loop)} is loopback: ranks on other nodes cannot reach it", False
+    bridges = [d for d in chosen if CONTAINER_BRIDGE.match(d)]
+    if bridges:
+        return f"{', '.join(bridges)} is a container bridge, not the cluster network", False
+    if facts.interface and facts.interface not in chosen:
+        return f"the cluster network is on {facts.interface}, not {', '.join(chosen)}", True
+    return None, False
+
+
+def _hca_problem(value: str, facts: NodeFacts) -> str | None:
+    exclude, exact, wanted = parse.parse_ifname_list(value)
+    if exclude or facts.rdma_ports is None:
+        return None
+    devices = sorted({p.device for p in facts.rdma_ports})
+    absent = [
+        w
+        for w in wanted
+        if not any(d == w.split(":")[0] or (not exact and d.startswith(w.split(":")[0])) for d in devices)
+    ]
+    if absent:
+        return f"no RDMA device {', '.join(absent)} on this node (it has {', '.join(devices) or 'none'})"
+    return None

@@ -154,3 +154,143 @@ def gpu_processes(facts: NodeFacts) -> Finding:
         pids = sorted({p for procs in busy.values() for p in procs})
         return warn(f"{len(pids)} process(es) already use the GPUs (pid {', '.join(pids)})", processes=busy)
     return passed("no process on the GPUs")
+
+
+@node_check(
+    "gpu.remapped_rows",
+    proves="no GPU has a row remap pending (it needs a reset) or a failed remap (it ran out of spare rows)",
+    fix="A pending remap is applied by a GPU reset (nvidia-smi -r, or reboot); a remapping failure means the GPU "
+    "must be replaced (NVIDIA's memory error management guide).",
+    needs_gpu=True,
+)
+def gpu_remapped_rows(facts: NodeFacts) -> Finding:
+    assert facts.smi is not None
+    gpus = facts.smi.gpus
+    rows = {g.bus_id: {"pending": g.remap_pending, "failure": g.remap_failure} for g in gpus}
+    failed = [g.bus_id for g in gpus if g.remap_failure]
+    pending = [g.bus_id for g in gpus if g.remap_pending]
+    if failed:
+        return fail(
+            f"row remapping failed on {', '.join(failed)}: no spare rows left, the GPU must be replaced",
+            "Drain the node and replace the GPU (a remapping failure is permanent).",
+            remapped_rows=rows,
+        )
+    if pending:
+        return fail(
+            f"row remap pending on {', '.join(pending)}: a GPU reset applies it",
+            "Drain the node and reset the GPU (nvidia-smi -r -i <id>) or reboot.",
+            remapped_rows=rows,
+        )
+    if all(g.remap_pending is None for g in gpus):
+        return skip("row remapping not reported (GPUs before Ampere have no row remapping)")
+    return passed("no row remap pending or failed", remapped_rows=rows)
+
+
+@node_check(
+    "gpu.power_clocks",
+    proves="no GPU runs under a power cap below its board's default or with application clocks lowered",
+    fix="Restore the defaults: nvidia-smi -pl <default W> -i <id> and nvidia-smi -rac -i <id> (or reboot), and "
+    "find what lowered them (a site script, a previous job).",
+    needs_gpu=True,
+)
+def gpu_power_clocks(facts: NodeFacts) -> Finding:
+    assert facts.smi is not None
+    problems = []
+    data = {}
+    for g in facts.smi.gpus:
+        data[g.bus_id] = {
+            "power_limit_w": g.power_limit_w,
+            "power_default_w": g.power_default_w,
+            "app_clocks_mhz": g.app_clocks_mhz,
+            "app_clocks_default_mhz": g.app_clocks_default_mhz,
+        }
+        if g.power_limit_w is not None and g.power_default_w and g.power_limit_w < g.power_default_w - 0.5:
+            problems.append(f"{g.bus_id}: power cap {g.power_limit_w:g} W, default {g.power_default_w:g} W")
+        for clock, default in g.app_clocks_default_mhz.items():
+            current = g.app_clocks_mhz.get(clock)
+            if current is not None and current < default:
+                problems.append(f"{g.bus_id}: {clock.lower()} application clock {current} MHz, default {default} MHz")
+    if problems:
+        return warn("; ".join(problems), gpus=data)
+    caps = sorted({g.power_limit_w for g in facts.smi.gpus if g.power_limit_w is not None})
+    shown = f"power cap {', '.join(f'{c:g} W' for c in caps)}" if caps else "power cap not reported"
+    return passed(f"{shown}, at the board default; application clocks at their defaults", gpus=data)
+
+
+@node_check(
+    "gpu.identity",
+    proves="every GPU's UUID, serial number and VBIOS version are on record (the check data), so a GPU that "
+    "comes back after repair is recognised",
+    fix="A GPU without a UUID is not answering properly: check nvidia-smi -q and the kernel log.",
+    needs_gpu=True,
+)
+def gpu_identity(facts: NodeFacts) -> Finding:
+    assert facts.smi is not None
+    gpus = {g.bus_id: {"uuid": g.uuid, "serial": g.serial, "vbios": g.vbios, "name": g.name} for g in facts.smi.gpus}
+    unknown = [bus for bus, g in gpus.items() if not g["uuid"]]
+    if unknown:
+        return warn(f"no UUID reported for {', '.join(unknown)}", gpus=gpus)
+    vbios = sorted({g["vbios"] or "?" for g in gpus.values()})
+    return passed(f"{len(gpus)} GPU(s) identified, VBIOS {', '.join(vbios)}", gpus=gpus)
+
+
+@node_check(
+    "gpu.nvlink",
+    proves="every NVLink of every GPU is active (nvidia-smi nvlink -s); a link down is named",
+    fix="An inactive NVLink makes NCCL route that GPU's traffic over PCIe: reset the GPU or reboot, check the "
+    "kernel log for Xid 74 (NVLink error), and have the board or NVLink bridge serviced if it persists.",
+    reads=("nvlink",),
+    needs_gpu=True,
+)
+def gpu_nvlink(facts: NodeFacts) -> Finding:
+    assert facts.nvlink is not None
+    gpus = facts.nvlink
+    links = sum(len(g["links"]) for g in gpus.values())
+    if not links:
+        return skip("no NVLink on this node's GPUs")
+    down = {
+        index: sorted((link for link, state in g["links"].items() if state is None), key=int)
+        for index, g in gpus.items()
+    }
+    down = {index: d for index, d in down.items() if d}
+    data = {"links": {index: g["links"] for index, g in gpus.items()}, "inactive": down}
+    if down:
+        detail = "; ".join(f"GPU {i} ({gpus[i]['name']}): link(s) {', '.join(d)} inactive" for i, d in down.items())
+        return warn(detail, **data)
+    speeds = sorted({s for g in gpus.values() for s in g["links"].values() if s})
+    return passed(f"{links} NVLink(s) active on {len(gpus)} GPU(s) ({', '.join(speeds)})", **data)
+
+
+DCGM_DEADLINES = {1: 120.0, 2: 900.0, 3: 3600.0}  # seconds dcgmi diag may take per level
+
+
+@node_check(
+    "gpu.dcgm",
+    proves="NVIDIA's DCGM diagnostic (dcgmi diag -r LEVEL, with --dcgm-level 1|2|3) passes every test",
+    fix="Read the failing test's message in hosts/<node>/dcgm-diag.txt and NVIDIA's DCGM diagnostics guide; "
+    "a failing hardware test means draining the node and servicing the GPU.",
+    needs_gpu=True,
+)
+def gpu_dcgm(facts: NodeFacts) -> Finding:
+    diag = facts.dcgm
+    if diag is None:
+        if not facts.dcgmi:
+            return skip("dcgmi is not installed on this node")
+        return skip("DCGM diagnostic not asked for (--dcgm-level 1|2|3 runs it)")
+    data = {"level": diag.level, "tests": diag.tests, "metadata": diag.metadata}
+    if diag.error:
+        return fail(f"dcgmi diag -r {diag.level}: {diag.error}", **data)
+    if not diag.tests:
+        return fail(f"dcgmi diag -r {diag.level} reported no test result", **data)
+    failed = [t for t in diag.tests if t["result"].startswith("Fail")]
+    warned = [t for t in diag.tests if t["result"].startswith("Warn")]
+
+    def named(tests: list[dict]) -> str:
+        return "; ".join(f"{t['test']}: {t['result']}" + (f" ({t['info']})" if t.get("info") else "") for t in tests)
+
+    if failed:
+        return fail(f"DCGM level {diag.level}: {named(failed)}", **data)
+    if warned:
+        return warn(f"DCGM level {diag.level}: {named(warned)}", **data)
+    ran = [t for t in diag.tests if t["result"].startswith("Pass")]
+    return passed(f"DCGM level {diag.level}: {len(ran)} test(s) pass, {len(diag.tests) - len(ran)} skipped", **data)

@@ -11,9 +11,14 @@ from clustercheck.facts.model import (
     Address,
     Firewall,
     Hostname,
+    LaunchSetting,
     Memlock,
+    NetDev,
     NodeFacts,
     OsInfo,
+    Package,
+    Packages,
+    RdmaPort,
     Space,
     TimeSync,
     Torch,
@@ -64,6 +69,11 @@ def build(
         facts.os = OsInfo(**{k: info.get(k) for k in OsInfo.__dataclass_fields__})
 
     facts.torch = _torch(raw.get("torch"), missing)
+    probed = (raw.get("torch") or {}).get("packages") if isinstance(raw.get("torch"), dict) else None
+    for name, info in (probed or {}).items():
+        facts.imports.append(
+            Package(name, info.get("version"), info.get("error"), tuple(info.get("requires_torch") or ()))
+        )
 
     smi = command("nvidia_smi_q")
     if smi.get("rc") == 0 and smi.get("out"):
@@ -114,12 +124,113 @@ def build(
     limit = section("memlock")
     if limit:
         facts.memlock = Memlock(limit.get("soft"), limit.get("hard"))
+    _hardware_and_environment(facts, section)
     name = raw.get("hostname")
     if isinstance(name, dict) and name:
         facts.hostname = Hostname(name.get("hostname", "?"), list(name.get("addresses") or []), name.get("error"))
     else:
         missing["hostname"] = COULD_NOT_COLLECT
     return facts
+
+
+def _hardware_and_environment(facts: NodeFacts, section) -> None:
+    """Packages, launch environment files, network devices, RDMA ports, kernel modules and command line."""
+    raw = facts.raw
+    packages = section("packages")
+    if packages:
+        pip = packages.get("pip") if isinstance(packages.get("pip"), dict) else {}
+        conda = packages.get("conda") if isinstance(packages.get("conda"), dict) else None
+        facts.packages = Packages(
+            {_dist_name(k): str(v) for k, v in pip.items()},
+            {str(k): str(v) for k, v in conda.items()} if conda is not None else None,
+            packages.get("prefix"),
+        )
+    files = raw.get("launch_files")
+    if isinstance(files, dict) and "error" not in files:
+        settings = []
+        unreadable = []
+        for path, text in files.items():
+            if isinstance(text, str):
+                settings += [LaunchSetting(path, line, n, v) for n, v, line in parse.parse_env_settings(text)]
+            else:
+                unreadable.append(path)
+        facts.launch_env = settings
+        if unreadable:
+            facts.missing["launch_env"] = f"could not read {', '.join(unreadable)}"
+    else:
+        facts.missing["launch_env"] = _why(files)
+    devs = raw.get("netdevs")
+    if isinstance(devs, dict) and "error" not in devs:
+        facts.netdevs = {
+            name: NetDev(
+                name, parse._int(str(d.get("type"))), bool(d.get("bridge")), bool(d.get("virtual")), d.get("operstate")
+            )
+            for name, d in devs.items()
+            if isinstance(d, dict)
+        }
+    else:
+        facts.missing["netdevs"] = _why(devs)
+    ib = raw.get("infiniband")
+    if isinstance(ib, dict) and "error" not in ib:
+        facts.rdma_ports = [
+            RdmaPort(
+                device,
+                port,
+                parse.ib_field(p.get("state")),
+                parse.ib_field(p.get("phys_state")),
+                p.get("rate"),
+                parse.ib_rate_gbps(p.get("rate")),
+                p.get("link_layer"),
+            )
+            for device, ports in sorted(ib.items())
+            if isinstance(ports, dict)
+            for port, p in sorted(ports.items())
+        ]
+    else:
+        facts.missing["rdma_ports"] = _why(ib)
+    modules = raw.get("modules")
+    if isinstance(modules, list):
+        facts.modules = [str(m) for m in modules]
+    else:
+        facts.missing["modules"] = _why(modules)
+    nvlink = (raw.get("commands") or {}).get("nvlink") or {}
+    if nvlink.get("rc") == 0:
+        facts.nvlink = parse.parse_nvlink_status(nvlink.get("out", ""))
+    else:
+        facts.missing["nvlink"] = nvlink.get("error") or _last_line(nvlink) or COULD_NOT_COLLECT
+    bridges = raw.get("gpu_bridges")
+    if isinstance(bridges, dict) and isinstance(bridges.get("gpus"), dict):
+        facts.gpu_bridges = {str(k): [str(b) for b in v] for k, v in bridges["gpus"].items()}
+        facts.gpu_iommu = {str(k): str(v) for k, v in (bridges.get("iommu") or {}).items()}
+        for bdf, out in (bridges.get("lspci") or {}).items():
+            if isinstance(out, dict) and out.get("rc") == 0:
+                facts.acs[bdf] = parse.parse_acs_control(out.get("out", ""))
+            else:
+                facts.acs[bdf] = "lspci: " + (
+                    (out.get("error") or _last_line(out) or COULD_NOT_COLLECT) if isinstance(out, dict) else "?"
+                )
+    else:
+        facts.missing["gpu_bridges"] = _why(bridges)
+    virt = (raw.get("commands") or {}).get("virt") or {}
+    facts.virt = (virt.get("out") or "").strip() or None
+    facts.dcgmi = raw.get("dcgmi") if isinstance(raw.get("dcgmi"), str) else None
+    cmdline = raw.get("cmdline")
+    if isinstance(cmdline, str):
+        facts.cmdline = cmdline
+    else:
+        facts.missing["cmdline"] = _why(cmdline)
+
+
+def _why(value: Any) -> str:
+    """Why a probe's value is missing: its recorded error, else "could not collect"."""
+    return str(value.get("error") or COULD_NOT_COLLECT) if isinstance(value, dict) else COULD_NOT_COLLECT
+
+
+def _dist_name(name: str) -> str:
+    """A distribution's canonical name (PEP 503), so nodes that spell it differently compare equal."""
+    import re
+
+    return re.sub(r"[-_.]+", "-", str(name)).lower()
 
 
 def _last_line(out: dict[str, Any]) -> str | None:

@@ -30,6 +30,16 @@ class Torch:
 
 
 @dataclass(frozen=True)
+class Package:
+    """A package the user's jobs import beside torch (python_env_packages, and torchvision when installed)."""
+
+    name: str
+    version: str | None  # None: not installed
+    error: str | None  # why it does not import (or "not installed"); None when it imports
+    requires_torch: tuple[str, ...] = ()  # its torch requirement, e.g. ("torch==2.13.0",)
+
+
+@dataclass(frozen=True)
 class OsInfo:
     pretty_name: str | None
     id: str | None
@@ -82,6 +92,65 @@ class Firewall:
     rules: int
 
 
+@dataclass(frozen=True)
+class Packages:
+    pip: dict[str, str]  # Python distribution name (lower case) -> version, as `pip freeze` lists them
+    conda: dict[str, str] | None  # conda package -> "version=build" in a conda environment, else None
+    prefix: str | None = None
+
+
+@dataclass(frozen=True)
+class LaunchSetting:
+    """An NCCL_* or GLOO_* variable a user's job inherits from the node's configuration."""
+
+    file: str
+    line: int
+    name: str
+    value: str
+
+
+@dataclass(frozen=True)
+class NetDev:
+    name: str
+    type: int | None  # ARP hardware type: 1 Ethernet, 32 InfiniBand, 772 loopback
+    bridge: bool
+    virtual: bool  # a software device (veth, bridge, docker0), not a NIC
+    operstate: str | None
+
+    @property
+    def loopback(self) -> bool:
+        return self.type == 772 or self.name == "lo"
+
+
+@dataclass(frozen=True)
+class RdmaPort:
+    device: str  # mlx5_0
+    port: str
+    state: str | None  # ACTIVE, DOWN, INIT, ...
+    phys_state: str | None  # LinkUp, Disabled, Polling, ...
+    rate: str | None  # "400 Gb/sec (4X NDR)"
+    rate_gbps: float | None
+    link_layer: str | None  # InfiniBand or Ethernet (RoCE)
+
+    @property
+    def name(self) -> str:
+        return f"{self.device}:{self.port}"
+
+    @property
+    def active(self) -> bool:
+        return self.state == "ACTIVE" and self.phys_state == "LinkUp"
+
+
+@dataclass(frozen=True)
+class DcgmDiag:
+    """`dcgmi diag -r LEVEL` on the node (run only with --dcgm-level)."""
+
+    level: int
+    tests: list[dict[str, Any]]  # {section, test, result, info?}
+    metadata: dict[str, str]
+    error: str | None = None  # why it gave no verdict (timed out, dcgmi failed)
+
+
 @dataclass
 class NodeFacts:
     """What was learnt on one node, parsed once."""
@@ -96,6 +165,7 @@ class NodeFacts:
     python_version: str | None = None
     os: OsInfo | None = None
     torch: Torch | None = None
+    imports: list[Package] = field(default_factory=list)  # torchvision, python_env_packages: the torch probe
     smi: NvidiaSmi | None = None  # nvidia-smi -q; None when nvidia-smi is not there or failed
     smi_error: str | None = None  # why nvidia-smi gave nothing (not found, or its last line)
     kernel_log: str | None = None
@@ -110,6 +180,19 @@ class NodeFacts:
     disks: list[Space] | None = None
     memlock: Memlock | None = None
     hostname: Hostname | None = None
+    packages: Packages | None = None
+    launch_env: list[LaunchSetting] | None = None
+    netdevs: dict[str, NetDev] | None = None
+    rdma_ports: list[RdmaPort] | None = None  # [] where the node has no RDMA device
+    modules: list[str] | None = None  # loaded kernel modules
+    cmdline: str | None = None  # /proc/cmdline
+    nvlink: dict[str, dict[str, Any]] | None = None  # nvidia-smi nvlink -s, parsed (parse.parse_nvlink_status)
+    gpu_bridges: dict[str, list[str]] | None = None  # GPU BDF -> the bridges above it, root complex first
+    gpu_iommu: dict[str, str] = field(default_factory=dict)  # GPU BDF -> IOMMU domain type (identity, DMA, ...)
+    acs: dict[str, Any] = field(default_factory=dict)  # bridge BDF -> parse.parse_acs_control of its lspci -vvv
+    virt: str | None = None  # systemd-detect-virt --vm: none, kvm, microsoft, ...
+    dcgmi: str | None = None  # where dcgmi is installed
+    dcgm: DcgmDiag | None = None  # set by the core stage when --dcgm-level asks for it
     interface: str | None = None  # the cluster interface, chosen once (see collect.cluster_interface)
     interface_how: str = "not found"
     missing: dict[str, str] = field(default_factory=dict)  # field -> why it could not be collected

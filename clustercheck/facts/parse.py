@@ -28,6 +28,20 @@ class Gpu:
     fabric_state: str | None = None  # "Completed" on a healthy NVSwitch board
     fabric_status: str | None = None
     processes: list[str] = field(default_factory=list)  # "pid name"
+    uuid: str | None = None
+    serial: str | None = None
+    vbios: str | None = None
+    pcie_gen: int | None = None  # current PCIe link generation (GPUs lower it at idle to save power)
+    pcie_gen_max: int | None = None  # what GPU and host both support ("Max", or "Host Max"/"Device Max")
+    pcie_width: int | None = None  # current link width (lanes)
+    pcie_width_max: int | None = None
+    remap_pending: bool | None = None  # "Remapped Rows/Pending": a GPU reset applies the remap
+    remap_failure: bool | None = None  # "Remapping Failure Occurred": the GPU ran out of spare rows
+    remapped_uncorrectable: int | None = None
+    power_limit_w: float | None = None  # the enforced power cap
+    power_default_w: float | None = None  # the board's default power limit
+    app_clocks_mhz: dict[str, int] = field(default_factory=dict)  # Applications Clocks (Graphics, Memory)
+    app_clocks_default_mhz: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass
@@ -108,7 +122,59 @@ def _gpu_from_fields(bus_id: str, fields: dict[str, str]) -> Gpu:
         fabric_state=fields.get("Fabric/State"),
         fabric_status=fields.get("Fabric/Status"),
         processes=fields.get("_pids", "").split(),
+        uuid=_known(fields.get("GPU UUID")),
+        serial=_known(fields.get("Serial Number")),
+        vbios=_known(fields.get("VBIOS Version")),
+        pcie_gen=_int(fields.get("PCI/GPU Link Info/PCIe Generation/Current", "")),
+        pcie_gen_max=_int(fields.get("PCI/GPU Link Info/PCIe Generation/Max", "")),
+        pcie_width=_lanes(fields.get("PCI/GPU Link Info/Link Width/Current")),
+        pcie_width_max=_lanes(fields.get("PCI/GPU Link Info/Link Width/Max")),
+        remap_pending=_yes(fields.get("Remapped Rows/Pending")),
+        remap_failure=_yes(fields.get("Remapped Rows/Remapping Failure Occurred")),
+        remapped_uncorrectable=_int(fields.get("Remapped Rows/Uncorrectable Error", "")),
+        power_limit_w=_watts(_first(fields, POWER_SECTIONS, ("Enforced Power Limit", "Current Power Limit"))),
+        power_default_w=_watts(_first(fields, POWER_SECTIONS, ("Default Power Limit",))),
+        app_clocks_mhz=_clocks(fields, "Applications Clocks"),
+        app_clocks_default_mhz=_clocks(fields, "Default Applications Clocks"),
     )
+
+
+POWER_SECTIONS = ("Power Readings", "GPU Power Readings")  # the latter from driver 530 on
+
+
+def _first(fields: dict[str, str], sections: tuple[str, ...], keys: tuple[str, ...]) -> str | None:
+    for section in sections:
+        for key in keys:
+            if f"{section}/{key}" in fields:
+                return fields[f"{section}/{key}"]
+    return None
+
+
+def _known(text: str | None) -> str | None:
+    return None if text in (None, "", "N/A", "[N/A]", "Not Available") else text
+
+
+def _yes(text: str | None) -> bool | None:
+    return {"Yes": True, "No": False}.get(text or "")
+
+
+def _lanes(text: str | None) -> int | None:
+    return _int((text or "").rstrip("x"))
+
+
+def _watts(text: str | None) -> float | None:
+    match = re.match(r"([\d.]+) W$", text or "")
+    return float(match[1]) if match else None
+
+
+def _clocks(fields: dict[str, str], section: str) -> dict[str, int]:
+    out = {}
+    for path, value in fields.items():
+        head, _, leaf = path.rpartition("/")
+        match = re.match(r"(\d+) MHz$", value)
+        if head == section and match:
+            out[leaf] = int(match[1])
+    return out
 
 
 def _int(text: str) -> int | None:
@@ -224,3 +290,136 @@ def firewall_state(ufw: dict[str, Any], nft: dict[str, Any], iptables: dict[str,
 
 def version_key(value: Any) -> str | None:
     return None if value in (None, "") else str(value)
+
+
+ENV_LINE = re.compile(r"^\s*(?:export\s+)?(?P<name>[A-Za-z_][A-Za-z0-9_]*)=(?P<value>.*?)\s*$")
+LAUNCH_PREFIXES = ("NCCL_", "GLOO_")
+
+
+def parse_env_settings(text: str, prefixes: tuple[str, ...] = LAUNCH_PREFIXES) -> list[tuple[str, str, int]]:
+    """NAME=VALUE assignments (optionally `export`ed, as in /etc/environment, /etc/profile.d/*.sh and
+    /etc/nccl.conf) whose name starts with one of PREFIXES -> [(name, value, line number)]; quotes removed."""
+    found = []
+    for number, line in enumerate(text.splitlines(), 1):
+        match = ENV_LINE.match(line.split(" #")[0] if not line.lstrip().startswith("#") else "")
+        if not match or not match["name"].startswith(prefixes):
+            continue
+        value = match["value"].rstrip(";")
+        if len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"":
+            value = value[1:-1]
+        found.append((match["name"], value, number))
+    return found
+
+
+def parse_ifname_list(value: str) -> tuple[bool, bool, list[str]]:
+    """NCCL_SOCKET_IFNAME's syntax: a comma-separated list of prefixes; `^` excludes them, `=` matches names
+    exactly. -> (exclude, exact, names)."""
+    value = value.strip()
+    exclude = value.startswith("^")
+    value = value.lstrip("^")
+    exact = value.startswith("=")
+    value = value.lstrip("=")
+    return exclude, exact, [n.strip() for n in value.split(",") if n.strip()]
+
+
+def ib_field(text: str | None) -> str | None:
+    """/sys/class/infiniband/*/ports/*/state is "4: ACTIVE", phys_state "5: LinkUp": the name part."""
+    if text is None:
+        return None
+    return text.split(":", 1)[-1].strip() or None
+
+
+def ib_rate_gbps(text: str | None) -> float | None:
+    """'400 Gb/sec (4X NDR)' -> 400.0."""
+    match = re.match(r"\s*([\d.]+)\s*Gb/sec", text or "")
+    return float(match[1]) if match else None
+
+
+def iommu_mode(cmdline: str) -> str:
+    """The IOMMU setting the kernel was booted with: 'passthrough' (iommu=pt or iommu.passthrough=1), 'off',
+    'translated' (intel_iommu=on / amd_iommu=on without pt: DMA remapping that slows or breaks GPU peer-to-peer),
+    or 'default' (nothing said: the distribution kernel's default)."""
+    words = cmdline.split()
+    values = {}
+    for word in words:
+        key, _, value = word.partition("=")
+        values[key] = value
+    if values.get("iommu") == "pt" or values.get("iommu.passthrough") == "1":
+        return "passthrough"
+    if values.get("iommu") == "off" or values.get("intel_iommu") == "off" or values.get("amd_iommu") == "off":
+        return "off"
+    if values.get("intel_iommu") == "on" or values.get("amd_iommu") == "on" or values.get("iommu") == "force":
+        return "translated"
+    return "default"
+
+
+NVLINK_GPU = re.compile(r"^GPU (?P<index>\d+): (?P<name>.*?)(?: \(UUID: (?P<uuid>[^)]*)\))?\s*$")
+NVLINK_LINK = re.compile(r"^\s+Link (?P<link>\d+): (?P<state>.*?)\s*$")
+
+
+def parse_nvlink_status(text: str) -> dict[str, dict[str, Any]]:
+    """`nvidia-smi nvlink -s` -> {GPU index: {name, uuid, links: {link: "25.781 GB/s" or None when inactive}}}."""
+    gpus: dict[str, dict[str, Any]] = {}
+    current: dict[str, Any] | None = None
+    for line in text.splitlines():
+        if match := NVLINK_GPU.match(line):
+            current = {"name": match["name"], "uuid": match["uuid"], "links": {}}
+            gpus[match["index"]] = current
+        elif (match := NVLINK_LINK.match(line)) and current is not None:
+            state = match["state"]
+            current["links"][match["link"]] = None if "inactive" in state.lower() else state
+    return gpus
+
+
+ACS_FLAGS = ("SrcValid", "TransBlk", "ReqRedir", "CmpltRedir", "UpstreamFwd", "EgressCtrl", "DirectTrans")
+
+
+def parse_acs_control(lspci_vvv: str) -> dict[str, bool] | str | None:
+    """The ACSCtl line of one device's `lspci -vvv` -> {flag: on}; None when the device has no ACS capability;
+    "access denied" when lspci could not read the extended capabilities (it needs root for them)."""
+    for line in lspci_vvv.splitlines():
+        if "ACSCtl:" in line:
+            flags = {}
+            for word in line.split("ACSCtl:", 1)[1].split():
+                name, sign = word[:-1], word[-1:]
+                if name in ACS_FLAGS and sign in "+-":
+                    flags[name] = sign == "+"
+            return flags
+    if "<access denied>" in lspci_vvv:
+        return "access denied"
+    return None
+
+
+DCGM_ROW = re.compile(r"^\|\s*(?P<name>[^|]*?)\s*\|\s*(?P<value>[^|]*?)\s*\|$")
+DCGM_SECTION = re.compile(r"^[|+]-+\s+(?P<section>[A-Za-z][\w ]*?)\s+-+")
+
+
+def parse_dcgmi_diag(text: str) -> dict[str, Any]:
+    """`dcgmi diag -r N` (its table) -> {metadata: {...}, tests: [{section, test, result, info}]}; an "Info"
+    or "Warning" row, and the rows that continue it, go to the test above them."""
+    metadata: dict[str, str] = {}
+    tests: list[dict[str, Any]] = []
+    section = None
+    last_key = None
+    for line in text.splitlines():
+        if match := DCGM_SECTION.match(line):
+            section = match["section"]
+            continue
+        match = DCGM_ROW.match(line)
+        if not match or section is None:
+            continue
+        name, value = match["name"], match["value"]
+        if section == "Metadata":
+            if name:
+                metadata[name] = value
+                last_key = name
+            elif last_key:
+                metadata[last_key] += value
+            continue
+        if name in ("Info", "Warning") or (not name and tests):
+            if tests:
+                tests[-1]["info"] = (tests[-1].get("info", "") + value) if name == "" else value
+            continue
+        if name:
+            tests.append({"section": section, "test": name, "result": value})
+    return {"metadata": metadata, "tests": tests}

@@ -20,6 +20,7 @@ import time
 import zlib
 
 from .common import exit_now, progress, rank_identity, run_rank
+from .endpoints import tcp_endpoints
 
 
 def count_wrong(actual, expected) -> int:
@@ -188,6 +189,7 @@ def main() -> int:
         if args.bandwidth:
             local_world = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
             record["bandwidth"] = run_bandwidth(torch, dist, device, args, local_world)
+        record["endpoints"] = tcp_endpoints()  # the addresses the backend's sockets really bound to
         dist.barrier()
         dist.destroy_process_group()
 

@@ -6,9 +6,12 @@ typed record on the control machine (clustercheck/facts/), where that logic is t
 that fails records an "error" instead of raising: the control side reports "could not collect".
 """
 
+import contextlib
+import glob
 import json
 import os
 import platform
+import re
 import resource
 import shutil
 import socket
@@ -17,7 +20,7 @@ import sys
 import tempfile
 
 TORCH_PROBE = r"""
-import json, sys
+import importlib, json, sys
 facts = {}
 try:
     import torch
@@ -38,6 +41,42 @@ try:
     facts["nccl_backend"] = bool(torch.distributed.is_available() and torch.distributed.is_nccl_available())
 except Exception as exc:
     facts["error"] = f"{type(exc).__name__}: {exc}"
+
+# The packages users' jobs import beside torch (argv: distribution names), and torchvision when installed:
+# each one's version, and whether it imports (a torchvision built for another torch fails here).
+try:
+    from importlib import metadata
+except ImportError:  # Python < 3.8
+    metadata = None
+wanted = list(sys.argv[1:])
+packages = {}
+if metadata is not None:
+    try:
+        metadata.version("torchvision")
+        wanted.append("torchvision")
+    except Exception:
+        pass
+for name in dict.fromkeys(wanted):
+    info = {}
+    packages[name] = info
+    try:
+        info["version"] = metadata.version(name)
+    except Exception:
+        info["error"] = "not installed"
+        continue
+    try:
+        top = (metadata.distribution(name).read_text("top_level.txt") or "").split()
+    except Exception:
+        top = []
+    info["modules"] = [m for m in top if not m.startswith("_")] or [name.replace("-", "_").lower()]
+    info["requires_torch"] = [r for r in (metadata.requires(name) or []) if r.split(";")[0].startswith("torch")]
+    for module in info["modules"][:3]:
+        try:
+            importlib.import_module(module)
+        except BaseException as exc:
+            info["error"] = f"import {module}: {type(exc).__name__}: {exc}"
+            break
+facts["packages"] = packages
 print(json.dumps(facts))
 """
 
@@ -53,6 +92,8 @@ COMMANDS = {
     "iptables": ["iptables", "-S"],
     "ip_addr": ["ip", "-o", "addr", "show"],
     "ip_route": ["ip", "-o", "route", "get", "1.1.1.1"],
+    "nvlink": ["nvidia-smi", "nvlink", "-s"],
+    "virt": ["systemd-detect-virt", "--vm"],  # "none" on bare metal and in containers
 }
 OUTPUT_LIMIT = 200_000
 
@@ -77,10 +118,14 @@ def probe(function):
         return {"error": f"{type(exc).__name__}: {exc}"}
 
 
-def torch_facts(timeout):
+def torch_facts(timeout, packages):
     try:
         proc = subprocess.run(
-            [sys.executable, "-c", TORCH_PROBE], capture_output=True, text=True, errors="replace", timeout=timeout
+            [sys.executable, "-c", TORCH_PROBE, *packages],
+            capture_output=True,
+            text=True,
+            errors="replace",
+            timeout=timeout,
         )
     except subprocess.TimeoutExpired:
         return {"error": f"importing torch took more than {timeout} s"}
@@ -160,15 +205,138 @@ def nvswitches():
     return len(os.listdir(path)) if os.path.isdir(path) else 0
 
 
+LAUNCH_FILES = ("/etc/environment", "/etc/nccl.conf")  # and /etc/profile.d/*.sh: what a login shell's jobs get
+FILE_LIMIT = 64_000
+
+
+def packages():
+    """The environment's Python distributions (what `pip freeze` lists) and, in a conda environment, its
+    conda-meta records (what `conda list` shows), without running pip or conda."""
+    try:
+        from importlib import metadata
+    except ImportError:  # Python < 3.8
+        return {"error": "importlib.metadata needs Python 3.8"}
+    pip = {}
+    for dist in metadata.distributions():
+        name = dist.metadata["Name"]
+        if name:
+            pip.setdefault(name, dist.version)
+    result = {"pip": pip, "prefix": sys.prefix}
+    meta = os.path.join(sys.prefix, "conda-meta")
+    if os.path.isdir(meta):
+        conda = {}
+        for path in sorted(glob.glob(os.path.join(meta, "*.json"))):
+            try:
+                with open(path) as fh:
+                    record = json.load(fh)
+                conda[record["name"]] = "{}={}".format(record.get("version", "?"), record.get("build", "?"))
+            except (OSError, ValueError, KeyError, TypeError):
+                continue
+        result["conda"] = conda
+    return result
+
+
+def read_text(path, limit=FILE_LIMIT):
+    with open(path, errors="replace") as fh:
+        return fh.read(limit)
+
+
+def launch_files():
+    """The files that set a user's job environment: NCCL_* and GLOO_* are read out of them on the control side."""
+    files = {}
+    for path in list(LAUNCH_FILES) + sorted(glob.glob("/etc/profile.d/*.sh")):
+        try:
+            files[path] = read_text(path)
+        except FileNotFoundError:
+            continue
+        except OSError as exc:
+            files[path] = {"error": str(exc)}
+    return files
+
+
+def netdevs():
+    """Every network interface: its ARP type (772 loopback, 1 Ethernet, 32 InfiniBand), whether it is a bridge
+    or virtual (veth, docker0), and its state."""
+    result = {}
+    for iface in sorted(os.listdir("/sys/class/net")):
+        base = "/sys/class/net/" + iface
+        entry = {
+            "bridge": os.path.isdir(base + "/bridge"),
+            "virtual": "/devices/virtual/" in os.path.realpath(base),
+        }
+        for name in ("type", "operstate"):
+            try:
+                entry[name] = read_text(base + "/" + name).strip()
+            except OSError:
+                entry[name] = None
+        result[iface] = entry
+    return result
+
+
+def infiniband():
+    """RDMA ports from /sys/class/infiniband (InfiniBand and RoCE alike); {} when there are none."""
+    root = "/sys/class/infiniband"
+    result = {}
+    if not os.path.isdir(root):
+        return result
+    for device in sorted(os.listdir(root)):
+        ports = {}
+        for port in sorted(os.listdir(os.path.join(root, device, "ports"))):
+            entry = {}
+            for name in ("state", "phys_state", "rate", "link_layer"):
+                try:
+                    entry[name] = read_text(os.path.join(root, device, "ports", port, name)).strip()
+                except OSError:
+                    entry[name] = None
+            ports[port] = entry
+        result[device] = ports
+    return result
+
+
+BDF = re.compile(r"^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")
+NVIDIA_GPU_CLASSES = ("0x0300", "0x0302")  # VGA and 3D controllers
+
+
+def gpu_bridges():
+    """The PCIe bridges between each NVIDIA GPU and the root complex (from the sysfs path), and each bridge's
+    `lspci -vvv`, whose ACSCtl line says whether peer-to-peer traffic is redirected to the root complex."""
+    root = "/sys/bus/pci/devices"
+    gpus = {}
+    iommu = {}  # each GPU's IOMMU domain type (identity, DMA, DMA-FQ); none when the IOMMU is off
+    if not os.path.isdir(root):
+        return {"gpus": gpus, "lspci": {}, "iommu": iommu}
+    for device in sorted(os.listdir(root)):
+        try:
+            vendor = read_text(os.path.join(root, device, "vendor")).strip()
+            klass = read_text(os.path.join(root, device, "class")).strip()
+        except OSError:
+            continue
+        if vendor == "0x10de" and klass.startswith(NVIDIA_GPU_CLASSES):
+            path = os.path.realpath(os.path.join(root, device)).split("/")
+            gpus[device] = [part for part in path if BDF.match(part) and part != device]
+            with contextlib.suppress(OSError):  # no iommu_group: the IOMMU is off
+                iommu[device] = read_text(os.path.join(root, device, "iommu_group", "type")).strip()
+    bridges = sorted({b for chain in gpus.values() for b in chain})
+    lspci = {b: run(["lspci", "-vvv", "-s", b], timeout=10) for b in bridges} if len(gpus) > 1 else {}
+    return {"gpus": gpus, "lspci": lspci, "iommu": iommu}
+
+
+def kernel_modules():
+    with open("/proc/modules") as fh:
+        return sorted(line.split()[0] for line in fh if line.strip())
+
+
 def main():
+    """facts TIMEOUT [--no-torch] [--package DIST ...]"""
     torch_timeout = float(sys.argv[1]) if len(sys.argv) > 1 else 120
+    packages = [sys.argv[i + 1] for i, word in enumerate(sys.argv[:-1]) if word == "--package"]
     facts = {
         "collector": 1,
         "python": {"executable": sys.executable, "version": platform.python_version()},
         "os": probe(os_facts),
         "torch": {"error": "the environment's python does not exist"}
         if "--no-torch" in sys.argv
-        else probe(lambda: torch_facts(torch_timeout)),
+        else probe(lambda: torch_facts(torch_timeout, packages)),
         "shm": probe(lambda: disk_free("/dev/shm")),
         "disk_root": probe(lambda: disk_free("/")),
         "disk_tmp": probe(lambda: disk_free(tempfile.gettempdir())),
@@ -176,6 +344,14 @@ def main():
         "hostname": probe(hostname_facts),
         "mtu": probe(mtus),
         "nvswitches": probe(nvswitches),
+        "packages": probe(packages),
+        "launch_files": probe(launch_files),
+        "netdevs": probe(netdevs),
+        "infiniband": probe(infiniband),
+        "modules": probe(kernel_modules),
+        "cmdline": probe(lambda: read_text("/proc/cmdline").strip()),
+        "gpu_bridges": probe(gpu_bridges),
+        "dcgmi": shutil.which("dcgmi"),
         "commands": {name: run(command) for name, command in COMMANDS.items()},
     }
     json.dump(facts, sys.stdout)

@@ -1,7 +1,7 @@
 """Reports: one module per output format, each `render(report) -> str`, chosen by `--format`.
 
-Adding a format means adding a module with a `render` function and listing it in FORMATS; the CLI's
-`--format` choices come from here.
+Adding a format means adding a module with a `render` function and listing it in FORMAT_NAMES and
+`_formats`; the CLI's `--format` choices come from here.
 """
 
 from __future__ import annotations
@@ -41,16 +41,29 @@ def verdict(results: list[CheckResult]) -> str:
 
 
 def _formats() -> dict[str, Callable[[Report], str]]:
-    from clustercheck.report import json, junit, text
+    from clustercheck.report import json, junit, markdown, prometheus, text
 
-    return {"text": text.render, "json": json.render, "junit": junit.render}
+    return {
+        "text": text.render,
+        "json": json.render,
+        "junit": junit.render,
+        "markdown": markdown.render,
+        "prometheus": prometheus.render,
+    }
 
 
-FORMAT_NAMES = ("text", "json", "junit")
+FORMAT_NAMES = ("text", "json", "junit", "markdown", "prometheus")
 
 
 def render(report: Report, fmt: str) -> str:
     return _formats()[fmt](report)
+
+
+def schema_text() -> str:
+    """The JSON Schema of the JSON report (shipped in the package; `clustercheck schema` prints it)."""
+    from importlib.resources import files
+
+    return files(__package__).joinpath("report.schema.json").read_text()
 
 
 def write_atomic(path, content: str) -> None:

@@ -1,7 +1,8 @@
-"""The JSON report (schema_version 1): what scripts and CI pipelines read."""
+"""The JSON report (schema_version 1, described by report.schema.json): what scripts and CI pipelines read."""
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 
 from clustercheck.report import SCHEMA_VERSION, Report
@@ -16,6 +17,11 @@ def document(report: Report) -> dict:
     }
     if report.run_id:
         doc["run_id"] = report.run_id
+    if report.started_at is not None:
+        started = dt.datetime.fromtimestamp(report.started_at, dt.timezone.utc)
+        doc["started_at"] = started.isoformat(timespec="seconds").replace("+00:00", "Z")
+    if report.duration_s is not None:
+        doc["duration_s"] = round(report.duration_s, 3)
     return doc
 
 

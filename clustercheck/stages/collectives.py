@@ -3,7 +3,9 @@ same worker across one node's own ranks, run by the core stage (local.allreduce,
 
 from __future__ import annotations
 
-from clustercheck.checks import collectives
+import time
+
+from clustercheck.checks import collectives, registry, transport
 from clustercheck.model import CheckResult, Status
 from clustercheck.stages import Context, Member, launch, torchjob
 from clustercheck.transport import TransportError
@@ -15,6 +17,7 @@ LOCAL_STAGE = "local-collectives"  # the node-local job's directory on the node 
 
 def run(members: list[Member], ctx: Context) -> list[CheckResult]:
     hosts = [m.name for m in members]
+    started = time.time()
     try:
         thresholds = collectives.parse_min_busbw(ctx.config.min_busbw)
         outcome = torchjob.run(members, "collectives", ctx)
@@ -22,10 +25,35 @@ def run(members: list[Member], ctx: Context) -> list[CheckResult]:
         return [
             CheckResult(name, Status.ERROR, f"{name}: {exc}")
             for name in (*collectives.COLLECTIVES, "allreduce.bandwidth")
+        ] + [
+            transport.TRANSPORT.result(m.name, registry.skip(f"the collectives job did not start: {exc}"))
+            for m in members
         ]
     results = collectives.evaluate(outcome.records, outcome.world_size)
     results += collectives.evaluate_bandwidth(outcome.records, outcome.world_size, thresholds, hosts)
-    return torchjob.judged(results, outcome)
+    return torchjob.judged(results, outcome) + transport_results(members, outcome, ctx, started)
+
+
+def transport_results(members: list[Member], outcome: torchjob.JobOutcome, ctx: Context, started: float):
+    """transport.network per node: what NCCL's INFO log of this job says (the nccl-*.log files written since
+    the job started, not the node-local job's), or for gloo the interface the ranks' connections bound to."""
+    config = ctx.config
+    out = []
+    for m in members:
+        expect = config.expect_transport or m.node.expect_transport
+        if outcome.backend == "nccl":
+            since = started + (m.facts.clock_offset or 0.0) - 2.0
+            logs = [
+                p.read_text(errors="replace")
+                for p in sorted(config.host_dir(m.name).glob("nccl-*.log"))
+                if p.stat().st_mtime >= since
+            ]
+            finding = transport.judge_nccl(transport.parse_nccl_log("\n".join(logs)), m.facts, expect)
+        else:
+            records = [r for r in outcome.records if r.get("node") == m.name]
+            finding = transport.judge_gloo(records, m.facts, m.interface, config.master_port, expect)
+        out.append(transport.TRANSPORT.result(m.name, finding))
+    return out
 
 
 def run_local(member: Member, ctx: Context, port: int) -> list[CheckResult]:

@@ -12,8 +12,9 @@ from dataclasses import dataclass, field
 
 from clustercheck.checks import registry
 from clustercheck.checks.collectives import COLLECTIVES, LOCAL_PREFIX
-from clustercheck.facts import collect
-from clustercheck.facts.model import NodeFacts
+from clustercheck.checks.gpu import DCGM_DEADLINES
+from clustercheck.facts import collect, parse
+from clustercheck.facts.model import DcgmDiag, NodeFacts
 from clustercheck.inventory import Node
 from clustercheck.model import CheckResult, Status
 from clustercheck.stages import Context, Member, collectives, network, remote
@@ -117,6 +118,8 @@ def run_host(node: Node, transport: Transport, ctx: Context, step) -> HostOutcom
         outcome.results.append(_facts_error(node, f"{node.name}: {exc}"))
         return outcome
     args = [str(max(10.0, config.command_timeout - 15))] + (["--no-torch"] if missing else [])
+    for package in node.packages:
+        args += ["--package", package]
     started = time.monotonic()
     collected = transport.run(remote.command(python, transport.workdir, "facts", *args), timeout=config.command_timeout)
     (host_dir / "facts.json").write_text(collected.stdout)
@@ -140,6 +143,10 @@ def run_host(node: Node, transport: Transport, ctx: Context, step) -> HostOutcom
         clock_uncertainty=uncertainty,
     )
     outcome.facts = facts
+    write_packages(facts, host_dir)
+    if config.dcgm_level and facts.dcgmi and facts.smi is not None:
+        step(f"DCGM diagnostic level {config.dcgm_level}")
+        facts.dcgm = dcgm_diag(facts.dcgmi, config.dcgm_level, transport, host_dir)
     outcome.results.append(
         registry.get("facts").result(
             node.name,
@@ -150,6 +157,32 @@ def run_host(node: Node, transport: Transport, ctx: Context, step) -> HostOutcom
     step("collectives on the node")
     outcome.results += local_collectives(facts, transport, ctx)
     return outcome
+
+
+def dcgm_diag(dcgmi: str, level: int, transport: Transport, host_dir) -> DcgmDiag:
+    """`dcgmi diag -r LEVEL` with the level's deadline; its output kept as hosts/<node>/dcgm-diag.txt."""
+    deadline = DCGM_DEADLINES[level]
+    result = transport.run([dcgmi, "diag", "-r", str(level)], timeout=deadline)
+    (host_dir / "dcgm-diag.txt").write_text(result.stdout + result.stderr)
+    parsed = parse.parse_dcgmi_diag(result.stdout)
+    error = None
+    if result.timed_out:
+        error = f"no verdict within {deadline:.0f} s (stopped)"
+    elif not parsed["tests"]:
+        error = "no test result in its output" if result.ok else result.cause()
+    return DcgmDiag(level, parsed["tests"], parsed["metadata"], error)
+
+
+def write_packages(facts: NodeFacts, host_dir) -> None:
+    """The node's full package lists into the run directory (what consistency.packages compares), in
+    `pip freeze` and `conda list --export` form."""
+    if facts.packages is None:
+        return
+    lines = [f"# {facts.host}: {facts.python} ({facts.packages.prefix})", "# pip"]
+    lines += [f"{name}=={version}" for name, version in sorted(facts.packages.pip.items())]
+    if facts.packages.conda is not None:
+        lines += ["# conda"] + [f"{name}={version}" for name, version in sorted(facts.packages.conda.items())]
+    (host_dir / "packages.txt").write_text("\n".join(lines) + "\n")
 
 
 def _why_not(selection) -> str:

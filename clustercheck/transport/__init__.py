@@ -19,11 +19,16 @@ from __future__ import annotations
 import secrets
 import shlex
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
 RUN_MARKER = "CLUSTERCHECK_RUN"
 UNTIL_MARKER = "CLUSTERCHECK_UNTIL"
+
+# on_output(stream, text): "stdout" or "stderr" and the text as it arrives (not split into lines). A command run
+# with it streams its output there instead of keeping it, so a long job's output never piles up in memory.
+OutputSink = Callable[[str, str], None]
 CLEANUP_TIMEOUT = 15.0
 NODE_GRACE = 30.0  # seconds a command may outlive its deadline on the node (the controller acts first)
 KILL_AFTER = 10  # seconds between the node-side TERM at the deadline and the KILL
@@ -78,7 +83,13 @@ class Transport(Protocol):
     workdir: str
 
     def run(
-        self, command: list[str], *, timeout: float, env: dict[str, str] | None = None, stdin: str | None = None
+        self,
+        command: list[str],
+        *,
+        timeout: float,
+        env: dict[str, str] | None = None,
+        stdin: str | None = None,
+        on_output: OutputSink | None = None,
     ) -> CommandResult: ...
 
     def put(self, local_path: str, remote_path: str) -> None: ...

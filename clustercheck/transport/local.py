@@ -8,12 +8,14 @@ import os
 import shutil
 import signal
 import subprocess
+import threading
 
 from clustercheck.transport import (
     CLEANUP_TIMEOUT,
     RUN_MARKER,
     UNTIL_MARKER,
     CommandResult,
+    OutputSink,
     new_run_id,
     sweep_script,
     until,
@@ -30,7 +32,13 @@ class LocalTransport:
         self.workdir = workdir_for(self.run_id)
 
     def run(
-        self, command: list[str], *, timeout: float, env: dict[str, str] | None = None, stdin: str | None = None
+        self,
+        command: list[str],
+        *,
+        timeout: float,
+        env: dict[str, str] | None = None,
+        stdin: str | None = None,
+        on_output: OutputSink | None = None,
     ) -> CommandResult:
         full_env = {**os.environ, **(env or {}), RUN_MARKER: self.run_id, UNTIL_MARKER: until(timeout)}
         try:
@@ -48,6 +56,8 @@ class LocalTransport:
             code = 127 if exc.errno == errno.ENOENT else 126
             return CommandResult(code, "", f"{command[0]}: {exc.strerror}")
         try:
+            if on_output is not None:
+                return self._stream(proc, stdin, timeout, on_output)
             out, err = proc.communicate(stdin, timeout=timeout)
             return CommandResult(proc.returncode, out, err)
         except subprocess.TimeoutExpired:
@@ -59,6 +69,35 @@ class LocalTransport:
             _kill_group(proc)
             self._sweep()
             raise
+
+    def _stream(self, proc: subprocess.Popen, stdin: str | None, timeout: float, sink: OutputSink) -> CommandResult:
+        """Hand the output to SINK as it arrives; the result keeps none of it."""
+        if stdin is not None and proc.stdin is not None:
+            with contextlib.suppress(BrokenPipeError):
+                proc.stdin.write(stdin)
+            proc.stdin.close()
+
+        def pump(name: str, stream) -> None:
+            for line in iter(stream.readline, ""):
+                sink(name, line)
+
+        readers = [
+            threading.Thread(target=pump, args=("stdout", proc.stdout), daemon=True),
+            threading.Thread(target=pump, args=("stderr", proc.stderr), daemon=True),
+        ]
+        for reader in readers:
+            reader.start()
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            _kill_group(proc)
+            self._sweep()
+            for reader in readers:
+                reader.join(5)
+            return CommandResult(None, "", "", timed_out=True)
+        for reader in readers:
+            reader.join(5)
+        return CommandResult(proc.returncode, "", "")
 
     def put(self, local_path: str, remote_path: str) -> None:
         os.makedirs(os.path.dirname(remote_path) or ".", mode=0o700, exist_ok=True)

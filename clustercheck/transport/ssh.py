@@ -4,6 +4,7 @@ transport.hostkeys."""
 
 from __future__ import annotations
 
+import codecs
 import contextlib
 import os
 import shlex
@@ -16,6 +17,7 @@ from clustercheck.transport import (
     CLEANUP_TIMEOUT,
     CommandResult,
     HostKeyError,
+    OutputSink,
     TransportError,
     hostkeys,
     new_run_id,
@@ -166,11 +168,14 @@ class SSHTransport:
         timeout: float,
         env: dict[str, str] | None = None,
         stdin: str | None = None,
+        on_output: OutputSink | None = None,
     ) -> CommandResult:
         line = remote_command(command, env or {}, self.run_id, timeout)
-        return self._exec(line, timeout, stdin, sweep_on_timeout=True)
+        return self._exec(line, timeout, stdin, sweep_on_timeout=True, on_output=on_output)
 
-    def _exec(self, line: str, timeout: float, stdin: str | None, sweep_on_timeout: bool) -> CommandResult:
+    def _exec(
+        self, line: str, timeout: float, stdin: str | None, sweep_on_timeout: bool, on_output: OutputSink | None = None
+    ) -> CommandResult:
         client = self.connection.client
         transport = client.get_transport() if client else None
         if transport is None or not transport.is_active():
@@ -185,21 +190,29 @@ class SSHTransport:
         except (paramiko.SSHException, OSError) as exc:
             return CommandResult(None, "", f"could not start the command: {exc}")
         out, err = bytearray(), bytearray()
+        decoders = {name: codecs.getincrementaldecoder("utf-8")("replace") for name in ("stdout", "stderr")}
+
+        def take(name: str, buffer: bytearray, data: bytes) -> None:
+            if on_output is None:
+                buffer += data
+            elif data:
+                on_output(name, decoders[name].decode(data))
+
         timed_out = False
         try:
             while True:
                 busy = False
                 while channel.recv_ready():
-                    out += channel.recv(65536)
+                    take("stdout", out, channel.recv(65536))
                     busy = True
                 while channel.recv_stderr_ready():
-                    err += channel.recv_stderr(65536)
+                    take("stderr", err, channel.recv_stderr(65536))
                     busy = True
                 if channel.exit_status_ready() and channel.eof_received:
                     while channel.recv_ready():  # what arrived together with the exit status
-                        out += channel.recv(65536)
+                        take("stdout", out, channel.recv(65536))
                     while channel.recv_stderr_ready():
-                        err += channel.recv_stderr(65536)
+                        take("stderr", err, channel.recv_stderr(65536))
                     break
                 if channel.closed or not transport.is_active():
                     break

@@ -32,6 +32,7 @@ def test_site_applies_the_roles_in_order():
         "cuda_toolkit",
         "nccl",
         "python_env",
+        "monitoring",
         "firewall",
         "ssh_trust",
     ]

@@ -8,11 +8,13 @@ from __future__ import annotations
 import json
 import signal
 import subprocess
+import sys
 import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
+import testcluster
 from harness import (
     CLUSTERCHECK,
     LEFTOVERS,
@@ -264,3 +266,37 @@ def test_ssh_config_with_proxyjump_reaches_a_node_through_another(cluster, tmp_p
     checks = checks_of(proc)
     assert checks[("connect", "behind-node1")]["status"] == "PASS", proc.stderr[-2000:]
     assert checks[("hostname.resolve", "behind-node1")]["data"]["hostname"] == "node2"
+
+
+@pytest.fixture(scope="module")
+def pypi_torchvision() -> Path:
+    """PyPI's torchvision wheel for the nodes' torch release: built against PyPI's CUDA torch, not the CPU build
+    the nodes have, as a user who pip-installs torchvision beside a wheelhouse torch gets it."""
+    target = testcluster.CACHE_DIR / "torchvision"
+    wheels = sorted(target.glob("torchvision-0.28.0-*.whl"))
+    if not wheels:
+        pip = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:", "-d", str(target)]
+        subprocess.run([*pip, "torchvision==0.28.0"], check=True)
+        wheels = sorted(target.glob("torchvision-0.28.0-*.whl"))
+    return wheels[0]
+
+
+def test_a_torchvision_that_does_not_import_is_named_on_its_node(torch_cluster, tmp_path, pypi_torchvision):
+    node2 = torch_cluster.node("node2")
+    with ssh_client(torch_cluster, node2) as client:
+        with client.open_sftp() as sftp:
+            sftp.put(str(pypi_torchvision), f"/tmp/{pypi_torchvision.name}")
+        status, out = ssh_run(client, f"{PYTHON} -m pip install -q --no-deps --no-index /tmp/{pypi_torchvision.name}")
+        assert status == 0, out
+        try:
+            proc = clustercheck(torch_cluster, tmp_path, "--format", "json", "--only", "core", "--skip", "local.*")
+        finally:
+            ssh_run(client, f"{PYTHON} -m pip uninstall -q -y torchvision; rm -f /tmp/{pypi_torchvision.name}")
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    checks = checks_of(proc)
+    result = checks[("torch.import", "node2")]
+    assert result["status"] == "FAIL"
+    assert "torchvision 0.28.0 does not import" in result["message"]
+    assert "operator torchvision::nms does not exist" in result["message"]
+    assert result["remediation"]
+    assert checks[("torch.import", "node1")]["status"] == "PASS"

@@ -168,6 +168,12 @@ def test_junit_output_to_a_file(tmp_path):
     assert root.find(".//testcase[@name='ddp_equivalence']/skipped") is not None
 
 
+def test_a_report_file_in_a_missing_directory_is_a_usage_error_before_anything_runs(tmp_path):
+    proc = run_cli("run", "--hosts", "localhost", "-o", str(tmp_path / "missing" / "report.json"))
+    assert proc.returncode == 4 and proc.stderr.startswith("clustercheck: error: -o "), proc.stderr
+    assert "no such directory" in proc.stderr and "Traceback" not in proc.stderr
+
+
 def test_bad_option_is_a_usage_error():
     proc = run_cli("run", "--hosts", "localhost", "--format", "xml")
     assert proc.returncode == 4

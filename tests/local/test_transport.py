@@ -100,3 +100,18 @@ def test_the_startup_sweep_stops_only_other_runs_past_their_deadline():
     assert [(f["run"], f["command"]) for f in found] == [("old", "sleep 101")], proc.stdout + proc.stderr
     alive = sorted(line.strip() for line in alive.splitlines() if line.strip())
     assert alive == ["sleep 102", "sleep 103"]
+
+
+def test_streamed_output_arrives_while_the_command_runs_and_is_not_kept():
+    transport = LocalTransport()
+    seen: list[tuple[float, str, str]] = []
+    script = "echo first; sleep 0.3; echo oops >&2; sleep 1; echo second"
+    started = time.monotonic()
+    result = transport.run(
+        ["sh", "-c", script], timeout=30, on_output=lambda s, t: seen.append((time.monotonic() - started, s, t))
+    )
+    assert result.ok and result.stdout == result.stderr == ""
+    assert [(s, t) for _, s, t in seen] == [("stdout", "first\n"), ("stderr", "oops\n"), ("stdout", "second\n")]
+    assert seen[0][0] < 1.2 <= seen[2][0]  # the first line came before the command ended
+    timed_out = transport.run(["sh", "-c", "echo a; sleep 30"], timeout=1, on_output=lambda s, t: None)
+    assert timed_out.timed_out and marked_processes(transport.run_id) == []

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
@@ -136,3 +137,28 @@ def test_junit_has_a_suite_per_host_and_a_case_per_check():
     assert suites["n2"].get("failures") == "1" and suites["n2"].get("skipped") == "1"
     assert suites["n2"].find("testcase[@name='gpu.ecc']/failure").text == "n2: ecc\nfix: reset"
     assert root.get("tests") == "4" and root.get("errors") == "1"
+
+
+def test_a_torchvision_built_for_another_torch_fails_torch_import_naming_it():
+    raw = json.loads((Path(__file__).parent / "records" / "facts-torchvision-from-pypi.json").read_text())
+    facts = collect.build(
+        Node(name="n1", address="n1", packages=("numpy",)), raw, python="/opt/venv/bin/python", python_source="x"
+    )
+    result = by_name(facts)["torch.import"]
+    assert result.status is Status.FAIL
+    assert result.message.startswith("n1: numpy does not import with /opt/venv/bin/python: not installed")
+    assert "torchvision" in result.message and result.data["broken"]["torchvision"].endswith(
+        "operator torchvision::nms does not exist"
+    )
+    assert facts.torch_problem is None  # torch itself imports: the torch jobs still run
+
+
+def test_torchvision_of_another_cuda_variant_or_torch_release_is_a_mismatch():
+    from clustercheck.checks.environment import torchvision_mismatch
+    from clustercheck.facts.model import Package
+
+    cu = Package("torchvision", "0.28.0+cu128", None, ("torch (==2.13.0)",))
+    assert "cu128 build" in torchvision_mismatch("2.13.0+cpu", cu)
+    old = Package("torchvision", "0.27.0", None, ("torch (==2.12.0)",))
+    assert "built for torch==2.12.0" in torchvision_mismatch("2.13.0", old)
+    assert torchvision_mismatch("2.13.0+cpu", Package("torchvision", "0.28.0+cpu", None, ("torch==2.13.0",))) is None

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from clustercheck import inventory
 from clustercheck.inventory import InventoryError, from_ansible_list, load, parse_host_list, parse_ssh_options
 
 DATA = Path(__file__).parent / "data"
@@ -104,3 +105,23 @@ def test_ansible_inventory_is_the_documented_json():
     tool = Path(sys.executable).parent / "ansible-inventory"
     live = subprocess.run([str(tool), "-i", str(DATA / "inventory.ini"), "--list"], capture_output=True, text=True)
     assert json.loads(live.stdout) == recorded("ansible-inventory-list.json")
+
+
+def test_the_packages_the_python_env_role_installs_are_read_as_distribution_names():
+    node = inventory.node_from_vars(
+        "gpu01", {"python_env_packages": ["lightning==2.5.1", "numpy >=1.26", "hydra-core[extra]", "{{ pkgs }}"]}
+    )
+    assert node.packages == ("lightning", "numpy", "hydra-core")
+    with pytest.raises(inventory.InventoryError, match="must be a list"):
+        inventory.node_from_vars("gpu01", {"python_env_packages": "lightning"})
+
+
+def test_the_expected_transport_is_read_and_a_wrong_value_is_a_clear_error():
+    from clustercheck.inventory import node_from_vars
+
+    assert node_from_vars("gpu01", {"clustercheck_expect_transport": "IB"}).expect_transport == "ib"
+    assert node_from_vars("gpu01", {}).expect_transport is None
+    with pytest.raises(
+        InventoryError, match="gpu01: clustercheck_expect_transport is 'infiniband', not one of ib, roce, socket"
+    ):
+        node_from_vars("gpu01", {"clustercheck_expect_transport": "infiniband"})

@@ -1,0 +1,107 @@
+"""`clustercheck launch`, `logs` and `stop` on this machine: bad input is one line and exit 4, and a real job on
+localhost streams every rank's output with its node/rank prefix and passes on the job's exit status."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+from harness import CLUSTERCHECK, run_cli
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["launch", "--hosts", "localhost", "--", "--bogus", "t.py"], "--bogus: not a torchrun option"),
+        (["launch", "--hosts", "localhost", "--", "--node-rank=1", "t.py"], "--node-rank=1: not allowed after --"),
+        (["launch", "--hosts", "localhost", "--", "--nnodes", "2", "t.py"], "the inventory has 1 node"),
+        (["launch", "--hosts", "localhost", "--env", "X", "--", "t.py"], "--env X: expected NAME=VALUE"),
+        (["launch", "--hosts", "nosuch/inventory.ini", "--", "t.py"], "no such inventory"),
+        (["launch", "--hosts", "localhost", "--sync", "/usr", "--", "/etc/hostname"], "not inside --sync"),
+        (["logs", "not-a-job"], "not-a-job: not a job id"),
+        (["stop", "0123456789ab"], "no job 0123456789ab recorded on this machine"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_4(args, message, tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    proc = run_cli(*args, timeout=60)
+    assert proc.returncode == 4, proc.stderr
+    assert proc.stderr.count("\n") == 1 and message in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_no_script_is_a_usage_error():
+    proc = run_cli("launch", "--hosts", "localhost", timeout=60)
+    assert proc.returncode == 4 and "Traceback" not in proc.stderr
+
+
+JOB = """
+import os, sys
+import torch.distributed as dist
+dist.init_process_group("gloo")
+print(f"hello from rank {dist.get_rank()} of {dist.get_world_size()}", flush=True)
+print(f"warning from rank {dist.get_rank()}", file=sys.stderr, flush=True)
+dist.barrier()
+dist.destroy_process_group()
+sys.exit(int(sys.argv[1]))
+"""
+
+
+def test_a_job_on_localhost_streams_prefixed_rank_output_and_passes_on_its_exit_status(tmp_path):
+    (tmp_path / "code").mkdir()
+    (tmp_path / "code" / "job.py").write_text(JOB)
+    run = tmp_path / "run"
+    base = ["launch", "--hosts", "localhost", "--no-preflight", "--nproc-per-node", "2", "--master-port", "29641"]
+    proc = run_cli(*base, "--run-dir", str(run), "--sync", str(tmp_path / "code"), "--", "job.py", "0", timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "localhost/0: hello from rank 0 of 2" in proc.stdout.splitlines()
+    assert "localhost/1: hello from rank 1 of 2" in proc.stdout.splitlines()
+    assert "localhost/1: warning from rank 1" in proc.stdout.splitlines()
+    kept = (run / "hosts" / "localhost" / "output.log").read_text()
+    assert "localhost/1: hello from rank 1 of 2" in kept
+    command = (run / "hosts" / "localhost" / "launch.command").read_text()
+    assert "--nnodes=1" in command and "--node-rank=0" in command and "--nproc-per-node=2" in command
+    assert "the job completed on every node" in proc.stderr
+    # The script's own exit status is clustercheck's; torchrun reports a failed rank as exit 1.
+    failed = run_cli(*base, "--sync", str(tmp_path / "code"), "--", "job.py", "3", timeout=240)
+    assert failed.returncode == 1, failed.stderr[-3000:]
+    assert "the job failed on localhost first (exit 1)" in failed.stderr
+
+
+FOREVER = """
+import time
+import torch.distributed as dist
+dist.init_process_group("gloo")
+for tick in range(100000):
+    print(f"rank {dist.get_rank()} tick {tick}", flush=True)
+    time.sleep(0.5)
+"""
+
+
+def test_ctrl_c_stops_every_rank_and_leaves_nothing_running(tmp_path):
+    (tmp_path / "code").mkdir()
+    (tmp_path / "code" / "forever.py").write_text(FOREVER)
+    args = ["launch", "--hosts", "localhost", "--no-preflight", "--nproc-per-node", "2", "--master-port", "29642"]
+    proc = subprocess.Popen(
+        [CLUSTERCHECK, *args, "--run-dir", str(tmp_path / "run"), "--sync", str(tmp_path / "code"), "--", "forever.py"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    seen = set()
+    deadline = time.monotonic() + 180
+    assert proc.stdout is not None
+    while len(seen) < 2 and time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if " tick " in line:
+            seen.add(line.split(":")[0])
+    assert seen == {"localhost/0", "localhost/1"}
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 2, err
+    assert "interrupted; processes started on the nodes were stopped" in err
+    left = subprocess.run(["pgrep", "-af", "[f]orever.py"], capture_output=True, text=True)
+    assert left.stdout == ""
+    assert not list(Path("/tmp").glob("clustercheck-*/code/forever.py"))

@@ -1,0 +1,54 @@
+"""The machine-readable reports of a real `clustercheck run --hosts localhost`: Prometheus metrics for
+node_exporter's textfile collector (checked by promtool), the Markdown summary, and the published schema."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+CLUSTERCHECK = str(Path(sys.executable).parent / "clustercheck")
+
+
+def run_cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run([CLUSTERCHECK, *args], capture_output=True, text=True, timeout=timeout)
+
+
+def test_a_full_run_writes_prometheus_metrics_promtool_accepts(tmp_path):
+    textfile_dir = tmp_path / "node-exporter"
+    textfile_dir.mkdir()
+    out = textfile_dir / "clustercheck.prom"
+    proc = run_cli(
+        "run", "--hosts", "localhost", "--format", "prometheus", "-o", str(out), "--run-dir", str(tmp_path / "run"),
+        "--master-port", "29613",
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == ""  # the report went to the file; the table and verdict to stderr
+    assert [p.name for p in textfile_dir.iterdir()] == ["clustercheck.prom"]  # no temporary file left
+    text = out.read_text()
+    tool = shutil.which("promtool")
+    if not tool:
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail("promtool is not installed (apt-get install prometheus); CI must run this check")
+        pytest.skip("promtool is not installed (apt-get install prometheus)")
+    lint = subprocess.run([tool, "check", "metrics"], input=text, capture_output=True, text=True, timeout=60)
+    assert lint.returncode == 0, lint.stdout + lint.stderr
+    report = json.loads((tmp_path / "run" / "report.json").read_text())  # validated by the schema fixture
+    for check in report["checks"]:
+        assert f'clustercheck_check_status{{check="{check["name"]}",host="{check["host"] or ""}",' in text
+    for name in ("allreduce_busbw_bytes_per_second", "ddp_max_abs_param_diff", "ddp_scaling_efficiency_ratio"):
+        assert f"\nclustercheck_{name}" in text
+    duration = next(line for line in text.splitlines() if line.startswith("clustercheck_run_duration_seconds "))
+    assert 0 < float(duration.split()[1]) < 300
+
+
+def test_markdown_summary_to_stdout(tmp_path):
+    proc = run_cli("run", "--hosts", "localhost", "--only", "core", "--format", "markdown", "--run-dir", str(tmp_path))
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("## clustercheck: READY for multi-node PyTorch")
+    assert "| `torch.import` | PASS |" in proc.stdout

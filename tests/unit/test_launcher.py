@@ -1,0 +1,250 @@
+"""`clustercheck launch`'s pure parts: the user's torchrun command line, the per-node plans, the node/rank prefixes,
+the same-code comparison (the node-side hashing program run here on real directories) and the detached jobs'
+listing."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from clustercheck.launcher import command, detached, output, sameness
+from clustercheck.stages.launch import LaunchError, NodeSpec
+
+
+def nodes(count=3, gpus=0):
+    return [
+        NodeSpec(f"node{i}", f"10.0.0.1{i}", gpus, "/opt/venv/bin/python", f"/tmp/clustercheck-j/{i}")
+        for i in range(1, count + 1)
+    ]
+
+
+def plan(user_argv, count=3, gpus=0, **kw):
+    specs = nodes(count, gpus)
+    return command.plan(
+        specs,
+        command.parse(user_argv),
+        job_id="0123456789ab",
+        master_port=kw.pop("master_port", 29500),
+        interfaces={n.name: "eth0" for n in specs},
+        log_dirs={n.name: f"/tmp/clustercheck-j/ranks-{n.name}" for n in specs},
+        **kw,
+    )
+
+
+def test_static_launch_gives_every_node_its_rank_in_inventory_order_and_the_first_node_as_master():
+    plans = plan(["train.py", "--epochs", "3"])
+    assert [p.node_rank for p in plans] == [0, 1, 2]
+    assert plans[1].command == [
+        "/opt/venv/bin/python",
+        "-m",
+        "torch.distributed.run",
+        "--nnodes=3",
+        "--nproc-per-node=1",
+        "--node-rank=1",
+        "--master-addr=10.0.0.11",
+        "--master-port=29500",
+        "--log-dir=/tmp/clustercheck-j/ranks-node2",
+        "--tee=3",
+        "train.py",
+        "--epochs",
+        "3",
+    ]
+    assert plans[1].env == {"PYTHONUNBUFFERED": "1", "NCCL_SOCKET_IFNAME": "eth0", "GLOO_SOCKET_IFNAME": "eth0"}
+    assert command.first_ranks(plans, elastic=False) == {"node1": 0, "node2": 1, "node3": 2}
+
+
+def test_gpu_nodes_get_one_rank_per_gpu_and_nccl_settings_and_the_users_env_wins():
+    plans = plan(["train.py"], count=2, gpus=4, env={"NCCL_SOCKET_IFNAME": "ib0", "WANDB_MODE": "offline"})
+    assert "--nproc-per-node=4" in plans[0].command
+    assert plans[0].env["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "1"
+    assert plans[0].env["NCCL_SOCKET_IFNAME"] == "ib0" and plans[0].env["WANDB_MODE"] == "offline"
+    assert command.first_ranks(plans, elastic=False) == {"node1": 0, "node2": 4}
+    with pytest.raises(LaunchError, match="node1: 8 ranks per node asked for, but it has 4 GPU"):
+        plan(["train.py"], count=2, gpus=4, nproc_override=8)
+
+
+def test_elastic_options_pass_through_and_the_first_node_is_the_rendezvous_endpoint():
+    user = ["--nnodes", "2:4", "--max_restarts=3", "--rdzv-backend", "c10d", "train.py", "--lr", "0.1"]
+    plans = plan(user)
+    cmd = plans[2].command
+    assert "--nnodes=2:4" in cmd and "--max-restarts=3" in cmd and "--rdzv-backend=c10d" in cmd
+    assert "--rdzv-endpoint=10.0.0.11:29500" in cmd and "--rdzv-id=0123456789ab" in cmd
+    assert not any(a.startswith(("--node-rank", "--master-addr")) for a in cmd)
+    assert cmd.count("--nnodes=2:4") == 1 and "--nnodes=3" not in cmd
+    assert cmd[-3:] == ["train.py", "--lr", "0.1"]
+    assert command.first_ranks(plans, elastic=True) == {"node1": None, "node2": None, "node3": None}
+    # A node range alone means c10d rendezvous; the user's own endpoint and id are kept.
+    cmd = plan(["--nnodes=1:3", "--rdzv-endpoint=head:1234", "--rdzv-id=x", "t.py"])[0].command
+    assert "--rdzv-backend=c10d" in cmd and "--rdzv-endpoint=head:1234" in cmd and "--rdzv-id=x" in cmd
+
+
+def test_module_and_script_arguments_that_look_like_options_belong_to_the_script():
+    user = command.parse(["-m", "trainer.main", "--config", "a.yaml"])
+    assert user.is_module and user.script == "trainer.main" and user.args == ("--config", "a.yaml")
+    cmd = plan(["-m", "trainer.main"])[0].command
+    assert "--module" in cmd and cmd[-1] == "trainer.main"
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        ([], "no script to launch"),
+        (["--max-restarts"], "--max-restarts: needs a value"),
+        (["--node-rank=1", "t.py"], "--node-rank=1: not allowed after -- .clustercheck sets it"),
+        (["--master-port", "1", "t.py"], "use clustercheck launch --master-port"),
+        (["--nproc_per_node=2", "t.py"], "use clustercheck launch --nproc-per-node"),
+        (["--standalone", "t.py"], "--standalone: not allowed"),
+        (["--tee", "3", "t.py"], "streamed with a node/rank prefix"),
+        (["--bogus", "t.py"], "--bogus: not a torchrun option"),
+        (["--module=x", "t.py"], "takes no value"),
+    ],
+)
+def test_bad_torchrun_command_lines_are_one_line_errors(argv, message):
+    with pytest.raises(LaunchError, match=message):
+        command.parse(argv)
+
+
+@pytest.mark.parametrize(
+    ("nnodes", "count", "answer"),
+    [(None, 3, "3"), ("3", 3, "3"), ("2:4", 3, "2:4"), ("3:3", 3, "3:3")],
+)
+def test_nnodes_admits_the_inventory(nnodes, count, answer):
+    argv = (["--nnodes", nnodes] if nnodes else []) + ["t.py"]
+    assert command.check_nnodes(command.parse(argv), count) == answer
+
+
+@pytest.mark.parametrize(
+    ("nnodes", "message"),
+    [("2", "the inventory has 3 node.s.; use MIN:MAX"), ("4:8", "outside 4..8"), ("x", "expected N or MIN:MAX")],
+)
+def test_nnodes_that_cannot_hold_the_inventory_is_refused(nnodes, message):
+    with pytest.raises(LaunchError, match=message):
+        command.check_nnodes(command.parse(["--nnodes", nnodes, "t.py"]), 3)
+
+
+def test_env_pairs():
+    assert command.parse_env(["A=1", "B=x=y", "C="]) == {"A": "1", "B": "x=y", "C": ""}
+    for bad in ("A", "=1", "1A=2", "A B=1"):
+        with pytest.raises(LaunchError, match="expected NAME=VALUE"):
+            command.parse_env([bad])
+
+
+# ---------------------------------------------------------------------------------------- output
+
+
+def test_torchrun_tee_marks_become_node_and_global_rank_prefixes():
+    # What torchrun 2.13's --tee=3 printed for a 2-rank node (captured with tests' torch on this machine).
+    out = output.NodeOutput("node2", first_rank=2)
+    lines = out.feed("stdout", "[default0]:hello from 0\n[default1]:hel")
+    assert lines == ["node2/2: hello from 0"]
+    assert out.feed("stdout", "lo from 1\r\n") == ["node2/3: hello from 1"]
+    assert out.feed("stderr", "W1122 torchrun warning\n[default1]:err line") == ["node2: W1122 torchrun warning"]
+    assert out.flush() == ["node2/3: err line"]
+    assert list(out.tail)[-1] == "node2/3: err line"
+    elastic = output.NodeOutput("node1", first_rank=None)
+    assert elastic.feed("stdout", "[trainer3]:x\n") == ["node1/local3: x"]
+
+
+# ---------------------------------------------------------------------------------------- same code
+
+
+def hashed(directory, script="train.py", cwd=None):
+    proc = subprocess.run(
+        sameness.command(sys.executable, script, str(cwd or directory)), capture_output=True, text=True, check=True
+    )
+    return sameness.parse(proc.stdout)
+
+
+def test_identical_directories_pass_and_a_changed_missing_or_extra_file_is_named(tmp_path):
+    trees = {}
+    for name in ("node1", "node2", "node3"):
+        code = tmp_path / name / "code"
+        (code / "lib" / "__pycache__").mkdir(parents=True)
+        (code / "train.py").write_text("print('train')\n")
+        (code / "lib" / "model.py").write_text("LAYERS = 4\n")
+        (code / "lib" / "__pycache__" / "model.cpython-311.pyc").write_bytes(name.encode())  # not compared
+
+    # Each node's code lives at its own path here; on a cluster it is the same path, so compare by content.
+    def at_one_path(tree):
+        return sameness.Tree("/srv/code/train.py", "/srv/code", tree.files)
+
+    assert sameness.problems({n: at_one_path(hashed(tmp_path / n / "code")) for n in ("node1", "node2", "node3")}) == []
+    (tmp_path / "node2" / "code" / "lib" / "model.py").write_text("LAYERS = 5\n")
+    (tmp_path / "node3" / "code" / "lib" / "model.py").unlink()
+    (tmp_path / "node3" / "code" / "notes.txt").write_text("x")
+    for name in ("node1", "node2", "node3"):
+        trees[name] = at_one_path(hashed(tmp_path / name / "code"))
+    assert sameness.problems(trees) == [
+        "node2: differs: lib/model.py (compared with node1's /srv/code)",
+        "node3: missing: lib/model.py; only there: notes.txt (compared with node1's /srv/code)",
+    ]
+
+
+def test_a_missing_script_and_a_too_large_directory_are_named(tmp_path, monkeypatch):
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a" / "train.py").write_text("x")
+    missing = hashed(tmp_path / "a", script="nope.py")
+    assert missing.error == "no such file"
+    assert sameness.problems({"node1": hashed(tmp_path / "a"), "node2": missing}) == [
+        f"node2: {tmp_path / 'a' / 'nope.py'} does not exist"
+    ]
+    monkeypatch.setattr(sameness, "MAX_FILES", 0)
+    big = hashed(tmp_path / "a")
+    assert big.error == "too large"
+    assert "too much to compare" in sameness.problems({"node1": big})[0]
+    assert sameness.parse("Traceback ...\nboom").error.startswith("could not hash")
+
+
+def test_a_script_at_another_path_is_named(tmp_path):
+    one = sameness.Tree("/home/a/train.py", "/home/a", {"train.py": "1"})
+    two = sameness.Tree("/home/b/train.py", "/home/b", {"train.py": "1"})
+    assert sameness.problems({"node1": one, "node2": two}) == [
+        "node2: the script is /home/b/train.py, on node1 /home/a/train.py"
+    ]
+
+
+# ---------------------------------------------------------------------------------------- detached jobs
+
+
+def test_job_listing_and_its_summary_across_nodes():
+    listed = detached.parse_list(
+        "0123456789ab active - 1763780000\n"
+        "ba9876543210 inactive 0 1763770000\n"
+        "cafecafecafe failed - -\n"
+        "not-a-job active - 1\n"
+    )
+    assert [(j.job, j.state) for j in listed] == [
+        ("0123456789ab", "running"),
+        ("ba9876543210", "exited 0"),
+        ("cafecafecafe", "stopped"),
+    ]
+    assert listed[0].started == 1763780000.0 and listed[2].started is None
+    running = listed[0]
+    assert detached.summary({"node1": running, "node2": running}) == "running on 2/2 node(s)"
+    assert detached.summary({"node1": running, "node2": listed[1], "node3": None}) == (
+        "exited 0 on node2; not there on node3; running on node1"
+    )
+
+
+def test_the_start_command_keeps_the_users_arguments_as_they_are():
+    argv = detached.start_command(
+        "0123456789ab", ["python", "train.py", "--name", "a b", "$HOME"], {"K": "v w"}, None, None
+    )
+    assert argv[:3] == ["sh", "-c", argv[2]] and "systemd-run" in argv[2]
+    assert argv[3:] == ["sh", "0123456789ab", "", "", "env", "K=v w", "python", "train.py", "--name", "a b", "$HOME"]
+
+
+def test_a_job_record_round_trips_and_an_unknown_job_says_how_to_reach_it(tmp_path, monkeypatch):
+    from clustercheck.launcher import records
+
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path))
+    record = records.JobRecord(
+        "0123456789ab", "/srv/inventory.ini", None, ["node1", "node2"], ["train.py"], 1.0, "/runs/x", {"node1": 0}
+    )
+    path = records.save(record)
+    assert path == tmp_path / "clustercheck" / "jobs" / "0123456789ab.json"
+    assert records.load("0123456789ab") == record
+    with pytest.raises(records.RecordError, match="give --hosts INVENTORY"):
+        records.load("ba9876543210")

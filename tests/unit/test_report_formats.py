@@ -1,0 +1,190 @@
+"""The Prometheus and Markdown reports, rendered from check results judged on records of real runs
+(tests/unit/records: a 2x2 gloo collectives job, a 3-rank DDP job, network probes of the Docker test cluster)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+from harness import real_results
+
+from clustercheck import report
+from clustercheck.model import CheckResult, Status
+from clustercheck.report import FORMAT_NAMES, Report, markdown, prometheus
+
+RECORDS = Path(__file__).parent / "records"
+SAMPLE = re.compile(r"^(?P<name>[a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(?P<labels>.*)\})? (?P<value>\S+)$")
+LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
+
+
+def load(name: str):
+    return json.loads((RECORDS / name).read_text())
+
+
+def samples(text: str) -> list[tuple[str, dict[str, str], float]]:
+    """The samples of a text exposition: (name, labels, value)."""
+    out = []
+    for line in text.splitlines():
+        if line.startswith("#") or not line:
+            continue
+        match = SAMPLE.match(line)
+        assert match, f"not a sample line: {line!r}"
+        labels = {k: bytes(v, "utf-8").decode("unicode_escape") for k, v in LABEL.findall(match["labels"] or "")}
+        out.append((match["name"], labels, float(match["value"])))
+    return out
+
+
+def promtool(text: str, tmp_path: Path) -> subprocess.CompletedProcess:
+    """`promtool check metrics` (Debian's prometheus package): the exposition parses and follows the naming
+    conventions. CI installs it (.ci/run); elsewhere a machine without it skips."""
+    tool = shutil.which("promtool")
+    if not tool:
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail("promtool is not installed (apt-get install prometheus); CI must run this check")
+        pytest.skip("promtool is not installed (apt-get install prometheus)")
+    # with the newline the CLI ends every report with
+    return subprocess.run([tool, "check", "metrics"], input=text + "\n", capture_output=True, text=True, timeout=60)
+
+
+def test_every_format_is_offered_and_renders():
+    document = Report(real_results(), ["node1", "node2", "node3"], "abc123", 1_700_000_000.0, 42.5)
+    assert {"markdown", "prometheus"} <= set(FORMAT_NAMES)
+    for fmt in FORMAT_NAMES:
+        assert report.render(document, fmt)
+
+
+def test_prometheus_has_a_status_per_check_and_host_and_the_busbw_per_size(tmp_path):
+    results = real_results()
+    report = Report(results, ["node1", "node2", "node3"], "abc123", 1_700_000_000.0, 42.5)
+    text = prometheus.render(report)
+    proc = promtool(text, tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    got = samples(text)
+
+    status = {(lab["check"], lab["host"]): (lab["status"], v) for n, lab, v in got if n == "clustercheck_check_status"}
+    # node3's firewall drops the probes: node1 and node2 each fail network.tcp towards it, one series each.
+    assert status[("network.tcp", "node1")] == ("FAIL", 3)
+    assert status[("network.tcp", "node2")] == ("FAIL", 3)
+    assert status[("allreduce.bandwidth", "")] == ("PASS", 0)
+    assert status[("ddp_equivalence", "")] == ("PASS", 0)
+    assert {(r.name, r.host or "") for r in results} == set(status)
+    assert ("clustercheck_run_status", {"status": "FAIL"}, 3) in got
+    assert ("clustercheck_run_start_time_seconds", {}, 1_700_000_000.0) in got
+    assert ("clustercheck_run_duration_seconds", {}, 42.5) in got
+
+    sweep = next(r for r in results if r.name == "allreduce.bandwidth").data["sizes"]
+    busbw = {
+        (lab["check"], lab["host"], int(lab["size_bytes"])): v
+        for n, lab, v in got
+        if n == "clustercheck_allreduce_busbw_bytes_per_second"
+    }
+    for row in sweep:
+        assert busbw[("allreduce.bandwidth", "", row["bytes"])] == pytest.approx(row["busbw_gbps"] * 1e9)
+    intra = [r for r in results if r.name == "allreduce.bandwidth.intra_node"]
+    assert intra and all(("allreduce.bandwidth.intra_node", r.host, r.data["peak_bytes"]) in busbw for r in intra)
+    ddp_data = next(r for r in results if r.name == "ddp_equivalence").data
+    assert ("clustercheck_ddp_max_abs_param_diff", {}, ddp_data["max_abs_param_diff"]) in got
+    mtu = {lab["host"]: v for n, lab, v in got if n == "clustercheck_network_mtu_bytes"}
+    assert mtu == {"node1": 1500, "node2": 1500, "node3": 1500}
+
+
+def test_prometheus_gives_an_unknown_check_its_status_only_and_escapes_labels(tmp_path):
+    odd = [
+        CheckResult('gpu.new"check', Status.WARN, "m", host="node\\1\nx", data={"sizes": "not a list"}),
+        CheckResult("allreduce.bandwidth", Status.SKIP, "no bandwidth results: sweep not run"),
+        CheckResult("consistency.clock", Status.SKIP, "one node", data={"offsets_s": {"node1": None}}),
+        CheckResult("ddp_equivalence", Status.ERROR, "rank died", data={"scaling_efficiency": None}),
+        # data of another shape than today's checks write: no measurement, and no crash
+        CheckResult("allreduce.bandwidth.intra_node", Status.PASS, "m", host="node1", data={"sizes": 3}),
+        CheckResult("allreduce.bandwidth", Status.PASS, "m", data={"sizes": [{"bytes": float("nan")}, "x"]}),
+        CheckResult("network.mtu", Status.PASS, "m", data={"mtu": [1500], "interface": "eth0"}),
+        CheckResult("consistency.clock", Status.PASS, "m", data={"offsets_s": "0.1"}),
+    ]
+    text = prometheus.render(Report(odd, ["node1"]))
+    proc = promtool(text, tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    got = samples(text)
+    assert {n for n, _, _ in got} == {
+        "clustercheck_run_status",
+        "clustercheck_run_hosts",
+        "clustercheck_check_status",
+        "clustercheck_checks",
+    }
+    assert ("clustercheck_check_status", {"check": 'gpu.new"check', "host": "node\\1\nx", "status": "WARN"}, 2) in got
+
+
+def test_markdown_puts_the_verdict_and_the_failures_with_their_fixes_first():
+    results = real_results()
+    text = markdown.render(Report(results, ["node1", "node2", "node3"], "abc123", 0.0, 75))
+    lines = text.splitlines()
+    assert lines[0] == "## clustercheck: NOT READY: 2 check(s) failed"
+    assert "3 host(s)" in lines[2] and "took 1m15s" in lines[2]
+    failures = text.index("### Failures")
+    fix = text.index("  - fix: On node3, allow TCP from the cluster network")
+    assert failures < fix < text.index("### Checks")
+    rows = [line for line in lines if line.startswith("| `")]
+    assert len(rows) == len({r.name for r in results})  # one row per check, whatever the host count
+    tcp = next(row for row in rows if row.startswith("| `network.tcp`"))
+    assert "FAIL: node1, node2" in tcp and "\n" not in tcp
+    assert all(row.count(" | ") == 2 for row in rows)  # pipes in messages are escaped
+
+
+README = Path(__file__).resolve().parent.parent.parent / "README.md"
+
+
+def test_the_readme_names_every_metric():
+    readme = README.read_text()
+    names = {
+        n for n, _, _ in samples(prometheus.render(Report(real_results(), ["node1", "node2", "node3"], "x", 1, 2)))
+    }
+    names |= {"clustercheck_clock_offset_seconds"}  # from a consistency.clock result, not in these records
+    assert {n for n in names if f"`{n}`" not in readme} == set()
+
+
+def test_the_readme_query_for_failing_nodes_finds_them(tmp_path):
+    """The README's Grafana query, evaluated by Prometheus' own rule engine (promtool test rules) on the
+    metrics of a run where node3's firewall drops the probes: node1 and node2 fail network.tcp towards it."""
+    lines = README.read_text().splitlines()
+    query = lines[
+        lines.index(
+            "# Nodes failing any check (a table panel: one row per node, the value is how many checks fail there)"
+        )
+        + 1
+    ]
+    text = prometheus.render(Report(real_results(), ["node1", "node2", "node3"], "x", 1, 2))
+    series = [
+        {"series": line.rsplit(" ", 1)[0], "values": line.rsplit(" ", 1)[1]}
+        for line in text.splitlines()
+        if line and not line.startswith("#")
+    ]
+    (tmp_path / "rules.yml").write_text("groups: []\n")
+    tests = {
+        "rule_files": ["rules.yml"],
+        "tests": [
+            {
+                "interval": "1m",
+                "input_series": series,
+                "promql_expr_test": [
+                    {
+                        "expr": query,
+                        "eval_time": "0m",
+                        "exp_samples": [
+                            {"labels": '{host="node1"}', "value": 1},
+                            {"labels": '{host="node2"}', "value": 1},
+                        ],
+                    }
+                ],
+            }
+        ],
+    }
+    (tmp_path / "test.yml").write_text(json.dumps(tests))
+    tool = shutil.which("promtool")
+    if not tool:
+        promtool("", tmp_path)  # fails in CI, skips elsewhere
+    proc = subprocess.run([tool, "test", "rules", "test.yml"], cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stdout + proc.stderr

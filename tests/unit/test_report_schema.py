@@ -1,0 +1,72 @@
+"""The JSON report's published schema: `clustercheck schema` prints it, and it describes what the JSON report
+holds (every report the other tests write is validated against it too: tests/conftest.py)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import subprocess
+import sys
+
+import jsonschema
+import pytest
+from harness import real_results
+
+from clustercheck import report
+from clustercheck.model import CheckResult, Status
+from clustercheck.report import Report
+
+
+def validator() -> jsonschema.Draft202012Validator:
+    return jsonschema.Draft202012Validator(json.loads(report.schema_text()))
+
+
+def document(results=None, **kw) -> dict:
+    kw = {"run_id": "0123abcd", "started_at": 1_700_000_000.25, "duration_s": 12.3456, **kw}
+    return json.loads(report.render(Report(results or real_results(), ["node1", "node2", "node3"], **kw), "json"))
+
+
+def test_clustercheck_schema_prints_the_packaged_schema():
+    proc = subprocess.run(
+        [sys.executable, "-m", "clustercheck", "schema"], capture_output=True, text=True, timeout=60, check=True
+    )
+    schema = json.loads(proc.stdout)
+    jsonschema.Draft202012Validator.check_schema(schema)
+    assert schema == json.loads(report.schema_text())
+    assert schema["properties"]["schema_version"] == {"const": report.SCHEMA_VERSION}
+
+
+def test_a_report_of_real_results_validates_with_its_time_and_duration():
+    doc = document()
+    validator().validate(doc)
+    assert dt.datetime.fromisoformat(doc["started_at"].replace("Z", "+00:00")).timestamp() == 1_700_000_000
+    assert doc["duration_s"] == 12.346
+    minimal = document(run_id=None, started_at=None, duration_s=None)
+    assert {"run_id", "started_at", "duration_s"}.isdisjoint(minimal)
+    validator().validate(minimal)
+
+
+@pytest.mark.parametrize(
+    "spoil",
+    [
+        lambda d: d.pop("status"),
+        lambda d: d.update(schema_version=2),
+        lambda d: d.update(verdict="READY"),
+        lambda d: d["checks"][0].update(status="OK"),
+        lambda d: d["checks"][0].pop("remediation"),
+        lambda d: next(c for c in d["checks"] if c["name"] == "allreduce.bandwidth")["data"]["sizes"][0].update(
+            busbw_gbps="fast"
+        ),
+        lambda d: next(c for c in d["checks"] if c["name"] == "network.mtu")["data"]["mtu"].update(node1="1500"),
+    ],
+    ids=["no-status", "another-version", "unknown-field", "unknown-status", "no-remediation", "busbw", "mtu"],
+)
+def test_the_schema_rejects_what_a_reader_could_not_rely_on(spoil):
+    doc = document()
+    spoil(doc)
+    assert list(validator().iter_errors(doc))
+
+
+def test_a_check_the_schema_does_not_describe_keeps_any_data():
+    odd = CheckResult("gpu.newcheck", Status.WARN, "m", host="node1", data={"anything": [1, {"x": None}]})
+    validator().validate(document([odd]))
