@@ -118,6 +118,8 @@ def run(
     def poll(m: Member) -> None:
         command = launch.progress_command(m.facts.python, m.transport.workdir, stage)
         while not done.wait(min(POLL_INTERVAL, config.stall_timeout / 4)):
+            with lock:
+                dog.polling(m.name, time.monotonic())
             try:  # a node that does not answer within the stall timeout is stopped anyway
                 answer = m.transport.run(command, timeout=config.stall_timeout)
                 beats = launch.parse_progress(answer.stdout) if answer.ok else None

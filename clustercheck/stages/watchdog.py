@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 FRESH = 10.0  # seconds: a heartbeat younger than this shows a live rank (it is rewritten every second)
 ANSWERING = 15.0  # seconds: a node whose last poll answered longer ago than this does not answer
+PENDING = 8.0  # seconds: nor does a node whose poll under way has waited this long for an answer
 
 
 @dataclass
@@ -26,8 +27,11 @@ class NodeState:
     step: int | None = None  # the slowest rank's step (None: no heartbeat seen yet)
     phase: str | None = None
     answered_at: float | None = None  # when a poll of the node last answered
+    polling_since: float | None = None  # when the poll under way began (None: none under way)
 
     def answers(self, now: float) -> bool:
+        if self.polling_since is not None and now - self.polling_since > PENDING:
+            return False
         return self.answered_at is not None and now - self.answered_at <= ANSWERING
 
 
@@ -43,9 +47,14 @@ class Watchdog:
         self.stall_timeout = stall_timeout
         self.nodes = {n: NodeState(alive_at=now, progress_at=now) for n in nodes}
 
+    def polling(self, node: str, now: float) -> None:
+        """A poll of NODE begins at NOW."""
+        self.nodes[node].polling_since = now
+
     def observe(self, node: str, ranks: dict[str, dict] | None, now: float) -> None:
         """A poll of NODE at NOW: rank -> {"step", "phase", "age"}, or None when the node did not answer."""
         state = self.nodes[node]
+        state.polling_since = None
         if ranks is not None:
             state.answered_at = now
         if not ranks:

@@ -24,6 +24,7 @@ NODE_GRACE, KILL_AFTER = 30, 10  # transport's: how long after its deadline a co
 def test_a_frozen_node_is_named_alone_and_ends_its_processes_after_the_deadline(torch_cluster, tmp_path):
     node2 = torch_cluster.node("node2")
     with long_ddp_job(torch_cluster, tmp_path, 29701, TIMEOUT, "--stall-timeout", str(STALL)) as (proc, clients):
+        time.sleep(6)  # a heartbeat poll (every 5 s) has seen node2's ranks
         subprocess.run(["docker", "pause", node2.container], check=True, capture_output=True)
         frozen_at = time.monotonic()
         try:

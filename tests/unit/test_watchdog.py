@@ -85,3 +85,13 @@ def test_a_node_whose_job_ended_is_not_a_straggler():
         dog.observe("node2", beat(t), t)
         dog.observe("node3", beat(t), t)
     assert dog.stall(60) is None
+
+
+def test_a_node_whose_poll_hangs_does_not_answer_even_if_its_last_poll_was_recent():
+    dog = Watchdog(NODES, stall_timeout=20, now=0)
+    run_polls(dog, 0, 5, lambda n, t: beat(int(t)))
+    dog.polling("node2", 6)  # frozen at 6: this poll never answers
+    run_polls(dog, 10, 25, lambda n, t: None if n == "node2" else beat(int(t)))  # (node2's observations: none)
+    dog.nodes["node2"].polling_since = 6  # still under way
+    stall = dog.stall(26)
+    assert stall.nodes == ("node2",) and "its SSH connection does not answer" in stall.message
