@@ -82,6 +82,14 @@ def cli() -> None:
     "or a node's job fails, the job is stopped on every node.",
 )
 @click.option(
+    "--stall-timeout",
+    type=click.FloatRange(min=5),
+    default=60,
+    show_default=True,
+    help="Seconds a node's ranks may make no progress while the others wait for them; the node is then named "
+    "and the job stopped on every node.",
+)
+@click.option(
     "--min-busbw",
     default=None,
     metavar="FAIL[:WARN]",
@@ -165,6 +173,7 @@ def run(
     connect_timeout: float,
     command_timeout: float,
     timeout: float,
+    stall_timeout: float,
     master_port: int,
     accept_new_host_keys: bool,
     known_hosts: tuple[str, ...],
@@ -216,6 +225,7 @@ def run(
         forks=forks,
         command_timeout=command_timeout,
         job_timeout=timeout,
+        stall_timeout=stall_timeout,
         nproc_per_node=nproc_per_node,
         master_port=master_port,
         ssh=SshSettings(
@@ -255,6 +265,8 @@ def run(
         click.echo(report.render(document, fmt))
     text.print_table(results, console)
     console.print(f"[bold]{report.verdict(results)}[/]  (raw output: {run_path})")
+    if outcome.unclean:
+        click.echo(f"clustercheck: {cleanup_message(outcome.unclean)}", err=True)
     if outcome.host_key_error:
         click.echo(
             "clustercheck: error: host key verification failed (see the connect check); nothing was run there",
@@ -616,6 +628,17 @@ class UsageError(click.ClickException):
         self.exit_code = int(code)
 
 
+def cleanup_message(unclean: dict[str, str]) -> str:
+    """What the closing line says about the nodes clustercheck could not clean up."""
+    if not unclean:
+        return "processes started on the nodes were stopped"
+    where = "; ".join(f"{node} ({why})" for node, why in sorted(unclean.items()))
+    return (
+        f"could not stop the processes started on {where}: they end by themselves at their deadline, and the "
+        "next run stops whatever is left"
+    )
+
+
 def _terminate(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
 
@@ -631,8 +654,10 @@ def main() -> None:
         click.echo(f"clustercheck: error: {exc.format_message()}", err=True)
         code = exc.exit_code
         sys.exit(ExitCode.USAGE_ERROR if code == 2 else code)  # click's own usage errors exit 2
-    except (click.exceptions.Abort, KeyboardInterrupt):
-        click.echo("clustercheck: interrupted; processes started on the nodes were stopped", err=True)
+    except (click.exceptions.Abort, KeyboardInterrupt) as exc:
+        cause = exc.__cause__ if isinstance(exc, click.exceptions.Abort) else exc
+        unclean = getattr(cause, "unclean", {})
+        click.echo(f"clustercheck: interrupted; {cleanup_message(unclean)}", err=True)
         sys.exit(ExitCode.INTERRUPTED)
     except Exception as exc:  # a bug: one line, and where to report it
         click.echo(f"clustercheck: internal error: {type(exc).__name__}: {exc}", err=True)

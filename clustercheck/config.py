@@ -37,6 +37,7 @@ class RunConfig:
     network_duration: float = 10.0  # how long the network probe may try
     shared_dir: str | None = None  # --shared-dir: one filesystem on every node (the checkpoint goes there)
     data_paths: tuple[str, ...] = ()  # --data-path, else the inventory's clustercheck_data_paths
+    stall_timeout: float = 60.0  # a torch job's ranks silent this long on one node (while others wait): named
     dcgm_level: int | None = None  # --dcgm-level: run dcgmi diag -r LEVEL on nodes that have it
     expect_transport: str | None = None  # --expect-transport: ib, roce or socket (else each node's inventory var)
 

@@ -164,3 +164,31 @@ def torch_fault_on_node(cluster, node, kind: str):
             yield
         finally:
             ssh_run(client, f"rm -f {site}/clustercheck_test_fault.py {site}/clustercheck_test_fault.pth")
+
+
+# ------------------------------------------------------------------------------------------- the test machine
+
+# Limits of the one kernel all test nodes share, raised for clusters of many nodes. A real node has a kernel of
+# its own; here every container's systemd takes inotify instances (128 by default: about 22 nodes), and every
+# node's ARP entries for every other node count against one neighbour table (gc_thresh3 1024 by default: 64
+# nodes need 64 * 63 entries, and beyond the limit ARP fails, which reads as packets dropped by a firewall).
+MACHINE_LIMITS = {
+    "fs/inotify/max_user_instances": 8192,
+    "net/ipv4/neigh/default/gc_thresh1": 4096,
+    "net/ipv4/neigh/default/gc_thresh2": 16384,
+    "net/ipv4/neigh/default/gc_thresh3": 32768,
+}
+
+
+def raise_machine_limits(limits: dict[str, int] = MACHINE_LIMITS) -> list[str]:
+    """Raise the test machine's kernel limits to at least LIMITS (never lowers one); returns what could not be
+    raised (not root), for the caller to fail with."""
+    problems = []
+    for key, value in limits.items():
+        path = Path("/proc/sys") / key
+        try:
+            if int(path.read_text().split()[0]) < value:
+                path.write_text(f"{value}\n")
+        except OSError as exc:
+            problems.append(f"{key}: {exc.strerror or exc}")
+    return problems

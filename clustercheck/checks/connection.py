@@ -24,3 +24,11 @@ declare(
     proves="clustercheck's own code did not fail on the node (reported only when it did)",
     fix="Report the error with the run directory's report.json.",
 )
+declare(
+    "leftovers",
+    stage="core",
+    scope="node",
+    proves="no process of an earlier clustercheck run is left on the node past its deadline (any found is stopped)",
+    fix="Nothing to do: they were stopped. If it recurs, look for a node that froze or lost its network during "
+    "an earlier run.",
+)

@@ -58,6 +58,29 @@ declare(
     fix="Set the same MTU on every cluster interface (and on the switch ports).",
 )
 
+declare(
+    "network.rtt",
+    stage=STAGE,
+    scope="cluster",
+    proves="no node or node pair has a TCP round trip time far above the cluster's median (measured pair by pair, "
+    "in rounds of disjoint pairs)",
+    fix="Look at the slow node's link: `ethtool IFACE` (speed, duplex), `tc qdisc show`, errors in `ip -s link`, "
+    "its load, and the switch port.",
+)
+declare(
+    "network.throughput",
+    stage=STAGE,
+    scope="cluster",
+    proves="no node sends or receives far slower than the cluster's median TCP throughput, and no node pair is far "
+    "slower than the others (a short transfer each way, in rounds of disjoint pairs)",
+    fix="Look at the slow node's link: `ethtool IFACE` (a link that negotiated a lower speed), a traffic shaper "
+    "(`tc qdisc show dev IFACE`), errors and drops in `ip -s link`, and the switch port.",
+)
+
+NODE_SLOWER = 4.0  # a node whose best pair is this many times slower than the median pair is a straggler
+PAIR_SLOWER = 10.0  # a pair this many times slower than the median (neither node explaining it) is named
+RTT_MARGIN_MS = 1.0  # and a round trip must be at least this much longer: sub-millisecond times vary by nature
+
 CAUSES = {
     # probe result -> (likely cause, explanation)
     "timeout": (
@@ -98,15 +121,152 @@ def evaluate(
     master_port: int,
     errors: dict[str, str] | None = None,
     cidr: str | None = None,
+    not_ready: dict[str, float] | None = None,
+    ready_after: dict[str, float] | None = None,
 ) -> list[CheckResult]:
-    """All network.* checks from the probe records (node name -> record). ERRORS: node -> why no record."""
-    results = probe_checks(records, peers, errors or {})
+    """All network.* checks from the probe records (node name -> record). ERRORS: node -> why no record.
+    NOT_READY: node -> the seconds the controller waited for its probe to listen, in vain; READY_AFTER: node ->
+    seconds until it listened. The connections of a node that was not ready are not the network's fault."""
+    not_ready = not_ready or {}
+    results = probe_checks(records, peers, errors or {}, not_ready, ready_after or {})
     results.append(master_port_check(records.get(master), master, master_port))
     results += busy_ports(records, master, master_port)
-    results += tcp_checks(records, peers, cidr)
+    results += tcp_checks({n: r for n, r in records.items() if n not in not_ready}, peers, cidr)
     results += resolve_checks(records, peers)
     results.append(mtu_check(records))
+    results += perf_checks(records)
     return results
+
+
+def _ms(value: float) -> str:
+    return f"{value * 1000:.0f} µs" if value < 1 else f"{value:.2f} ms"
+
+
+def _median(values: list[float]) -> float:
+    ordered = sorted(values)
+    middle = len(ordered) // 2
+    return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
+
+
+def perf_pairs(records: dict[str, dict]) -> tuple[list[dict], list[dict]]:
+    """(measured pairs, pairs that could not be measured) from the probes' perf rounds. A measured pair:
+    {a, b, rtt_ms, a_to_b, b_to_a} (Mbit/s), A the node that connected."""
+    measured, failed = [], []
+    for name, record in sorted(records.items()):
+        for entry in record.get("perf") or []:
+            if entry.get("served"):
+                continue
+            if "error" in entry:
+                failed.append({"a": name, "b": entry["peer"], "error": entry["error"]})
+            elif entry.get("rtt_ms") is not None:
+                measured.append(
+                    {
+                        "a": name,
+                        "b": entry["peer"],
+                        "rtt_ms": entry["rtt_ms"],
+                        "a_to_b": entry.get("out_mbps"),
+                        "b_to_a": entry.get("in_mbps"),
+                    }
+                )
+    return measured, failed
+
+
+def perf_checks(records: dict[str, dict]) -> list[CheckResult]:
+    """network.rtt and network.throughput: nodes (every pair of theirs slow) and pairs far slower than the
+    median, named with the numbers."""
+    if not any("perf" in r for r in records.values()):
+        why = "one node: no pair to measure" if len(records) == 1 else "the probes did not measure the pairs"
+        return [CheckResult("network.rtt", Status.SKIP, why), CheckResult("network.throughput", Status.SKIP, why)]
+    measured, failed = perf_pairs(records)
+    unmeasured = "; ".join(f"{f['a']} <-> {f['b']} ({f['error']})" for f in failed[:5]) + (
+        f" and {len(failed) - 5} more" if len(failed) > 5 else ""
+    )
+    if not measured:
+        text = f"no pair could be measured: {unmeasured}" if failed else "no pair to measure"
+        status = Status.WARN if failed else Status.SKIP
+        return [CheckResult("network.rtt", status, text), CheckResult("network.throughput", status, text)]
+    return [rtt_check(measured, failed, unmeasured), throughput_check(measured, failed, unmeasured)]
+
+
+def rtt_check(measured: list[dict], failed: list[dict], unmeasured: str) -> CheckResult:
+    median = _median([p["rtt_ms"] for p in measured])
+    best: dict[str, float] = {}
+    for p in measured:
+        for node in (p["a"], p["b"]):
+            best[node] = min(best.get(node, float("inf")), p["rtt_ms"])
+
+    def slow(value: float, factor: float) -> bool:
+        return value > factor * median and value > median + RTT_MARGIN_MS
+
+    nodes = sorted(n for n, v in best.items() if slow(v, NODE_SLOWER))
+    pairs = [p for p in measured if slow(p["rtt_ms"], PAIR_SLOWER) and p["a"] not in nodes and p["b"] not in nodes]
+    data = {"median_ms": median, "best_ms": best, "slow_nodes": nodes, "pairs": measured, "unmeasured": failed}
+    texts = [
+        f"{n}'s round trips are all slow: {best[n]:.2f} ms at best, the median pair takes {median:.2f} ms"
+        for n in nodes
+    ]
+    texts += [f"{p['a']} <-> {p['b']} takes {p['rtt_ms']:.2f} ms, the median pair {median:.2f} ms" for p in pairs[:5]]
+    if failed:
+        texts.append(f"not measured: {unmeasured}")
+    if texts:
+        return CheckResult("network.rtt", Status.WARN, "; ".join(texts), data=data)
+    return CheckResult(
+        "network.rtt",
+        Status.PASS,
+        f"TCP round trip {_ms(median)} (median of {len(measured)} pairs); no node or pair far above it",
+        data=data,
+    )
+
+
+def throughput_check(measured: list[dict], failed: list[dict], unmeasured: str) -> CheckResult:
+    flows = []  # (sender, receiver, Mbit/s)
+    for p in measured:
+        if p["a_to_b"] is not None:
+            flows.append((p["a"], p["b"], p["a_to_b"]))
+        if p["b_to_a"] is not None:
+            flows.append((p["b"], p["a"], p["b_to_a"]))
+    if not flows:
+        return CheckResult("network.throughput", Status.SKIP, "no transfer was measured")
+    median = _median([rate for _, _, rate in flows])
+    best_out: dict[str, float] = {}
+    best_in: dict[str, float] = {}
+    for sender, receiver, rate in flows:
+        best_out[sender] = max(best_out.get(sender, 0.0), rate)
+        best_in[receiver] = max(best_in.get(receiver, 0.0), rate)
+    slow_out = sorted(n for n, v in best_out.items() if v * NODE_SLOWER < median)
+    slow_in = sorted(n for n, v in best_in.items() if v * NODE_SLOWER < median)
+    texts = [
+        f"{n} sends slowly to every node: {best_out[n]:.0f} Mbit/s at best, the median is {median:.0f} Mbit/s"
+        for n in slow_out
+    ]
+    texts += [
+        f"{n} receives slowly from every node: {best_in[n]:.0f} Mbit/s at best, the median is {median:.0f} Mbit/s"
+        for n in slow_in
+    ]
+    slow_pairs = [
+        (s, r, rate) for s, r, rate in flows if rate * PAIR_SLOWER < median and s not in slow_out and r not in slow_in
+    ]
+    texts += [f"{s} -> {r} moves {rate:.0f} Mbit/s, the median is {median:.0f} Mbit/s" for s, r, rate in slow_pairs[:5]]
+    if failed:
+        texts.append(f"not measured: {unmeasured}")
+    data = {
+        "median_mbps": median,
+        "best_out_mbps": best_out,
+        "best_in_mbps": best_in,
+        "slow_senders": slow_out,
+        "slow_receivers": slow_in,
+        "slow_pairs": [{"from": s, "to": r, "mbps": rate} for s, r, rate in slow_pairs],
+        "unmeasured": failed,
+    }
+    if texts:
+        return CheckResult("network.throughput", Status.WARN, "; ".join(texts), data=data)
+    return CheckResult(
+        "network.throughput",
+        Status.PASS,
+        f"TCP throughput {median:.0f} Mbit/s (median of {len(flows)} transfers, {len(measured)} pairs); no node or "
+        "pair far below it",
+        data=data,
+    )
 
 
 def _holders_text(state: dict) -> str:
@@ -147,14 +307,63 @@ def master_port_check(record: dict | None, master: str, port: int) -> CheckResul
     )
 
 
-def probe_checks(records: dict[str, dict], peers: list[Peer], errors: dict[str, str]) -> list[CheckResult]:
-    """network.probe for every node: ERROR where the probe gave no record, PASS where it did."""
+def probe_checks(
+    records: dict[str, dict],
+    peers: list[Peer],
+    errors: dict[str, str],
+    not_ready: dict[str, float] | None = None,
+    ready_after: dict[str, float] | None = None,
+) -> list[CheckResult]:
+    """network.probe for every node: ERROR where the probe gave no record or never listened in time, WARN where
+    it listened only after the others had started connecting, PASS where it ran."""
+    not_ready, ready_after = not_ready or {}, ready_after or {}
     results = []
     names = [p.name for p in peers] + sorted(n for n in errors if n not in {p.name for p in peers})
+    others = sorted(ready_after.values())
+    typical = f"; the other nodes were ready within {others[-1]:.1f} s" if others else ""
+    slow_fix = (
+        "{name} is slow to start python or overloaded (check its load, `uptime`, and its SSH logins); rerun. "
+        "Its connections to and from the others were not judged."
+    )
     for name in names:
-        if name in records:
+        waited = not_ready.get(name)
+        if waited is not None and name in records:
+            results.append(
+                CheckResult(
+                    "network.probe",
+                    Status.WARN,
+                    f"{name}'s probe started late: it was not listening after {waited:.0f} s{typical}; "
+                    "its connections were not judged",
+                    host=name,
+                    remediation=slow_fix.format(name=name),
+                    data={"late": True, "waited": waited},
+                )
+            )
+        elif name in records:
             seconds = records[name].get("seconds")
-            results.append(CheckResult("network.probe", Status.PASS, f"{name}: the probe ran ({seconds} s)", host=name))
+            ready = f", listening after {ready_after[name]:.1f} s" if name in ready_after else ""
+            results.append(
+                CheckResult(
+                    "network.probe",
+                    Status.PASS,
+                    f"{name}: the probe ran ({seconds} s{ready})",
+                    host=name,
+                    data={"ready_after": ready_after.get(name)},
+                )
+            )
+        elif waited is not None:
+            why = errors.get(name, "no record came back")
+            results.append(
+                CheckResult(
+                    "network.probe",
+                    Status.ERROR,
+                    f"{name}'s probe never reported ready (not listening after {waited:.0f} s{typical}): {why}",
+                    host=name,
+                    remediation=f"Check that {name} is reachable over SSH and has python3; "
+                    + slow_fix.format(name=name),
+                    data={"late": True, "waited": waited},
+                )
+            )
         else:
             why = errors.get(name, "no record came back")
             results.append(
@@ -220,7 +429,7 @@ def tcp_checks(records: dict[str, dict], peers: list[Peer], cidr: str | None = N
             tested += 1
             if out["result"] != "ok":
                 failures.setdefault((name, target), []).append(out)
-    ports = sorted({s["port"] for r in records.values() for s in r["listen"]})
+    ports = sorted({s["port"] for r in records.values() for s in r["listen"] if not s.get("perf")})
     if not failures:
         pairs = len(records) * (len(records) - 1)
         port_text = ", ".join(map(str, ports))

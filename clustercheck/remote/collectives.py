@@ -19,7 +19,7 @@ import socket
 import time
 import zlib
 
-from .common import exit_now, rank_identity, run_rank
+from .common import exit_now, progress, rank_identity, run_rank
 from .endpoints import tcp_endpoints
 
 
@@ -35,12 +35,14 @@ def run_checks(torch, dist, device, elements: int) -> dict:
     # all_reduce: rank r contributes (r + 1) * (i % 7 + 1) at index i; the sum is known in closed form.
     pattern = (torch.arange(elements, device=device, dtype=dtype) % 7) + 1
     tensor = pattern * (rank + 1)
+    progress(1, "allreduce")
     dist.all_reduce(tensor)
     results["allreduce"] = {"wrong": count_wrong(tensor, pattern * (world * (world + 1) / 2)), "elements": elements}
 
     # all_gather: slot s must hold rank s's tensor.
     mine = torch.full((elements,), float(rank), device=device, dtype=dtype)
     gathered = [torch.empty_like(mine) for _ in range(world)]
+    progress(2, "allgather")
     dist.all_gather(gathered, mine)
     results["allgather"] = {
         "wrong": sum(count_wrong(t, torch.full_like(t, float(s))) for s, t in enumerate(gathered)),
@@ -50,6 +52,7 @@ def run_checks(torch, dist, device, elements: int) -> dict:
     # broadcast from the last rank: every rank must end with its values.
     src = world - 1
     values = pattern * 3 if rank == src else torch.zeros(elements, device=device, dtype=dtype)
+    progress(3, "broadcast")
     dist.broadcast(values, src=src)
     results["broadcast"] = {"wrong": count_wrong(values, pattern * 3), "elements": elements}
     return results
@@ -80,7 +83,8 @@ def sweep(torch, dist, device, sizes: list[int], warmup: int, iters: int, group=
     """Time all_reduce (sum, float32) per size; every member of GROUP gets the same numbers."""
     n = dist.get_world_size(group)
     results = []
-    for size in sizes:
+    for step, size in enumerate(sizes, 1):
+        progress(step, f"all_reduce sweep{'' if group is None else ' on the node'}, {size} bytes")
         tensor = torch.zeros(size // 4, dtype=torch.float32, device=device)  # sums stay finite over the calls
         for _ in range(warmup):
             dist.all_reduce(tensor, group=group)

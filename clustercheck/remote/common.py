@@ -1,13 +1,29 @@
-"""What the torchrun workers share: who this rank is, and how its record is written and the rank ends."""
+"""What the torchrun workers share: who this rank is, its heartbeat, and how its record is written and the rank ends.
+
+The heartbeat: a small process forked from the rank at its start rewrites OUT_DIR/heartbeat/rank-<rank>.json every
+second with the last step the rank reached (`progress(step, phase)`, called by the worker per step or collective,
+kept in memory shared with it). A process, not a thread: a rank waiting in a torch call that holds the GIL (gloo
+connecting to a peer that froze) still beats, as a waiting rank should. The controller's watchdog reads the
+files: a rank whose file stops changing is frozen (its machine paused, or the rank stopped: the heartbeat stops
+with it); one whose step stops changing makes no progress. The heartbeat also ends the rank when torchrun, its
+parent, is gone, so no rank outlives its job.
+"""
 
 from __future__ import annotations
 
 import json
+import mmap
 import os
+import signal
 import socket
+import struct
 import sys
 import time
 import traceback
+
+BEAT_INTERVAL = 1.0
+_SLOT = struct.Struct("q200s")  # step, phase (utf-8, zero-padded)
+_shared = mmap.mmap(-1, _SLOT.size)  # anonymous and shared: the heartbeat process reads what the rank writes
 
 
 def rank_identity() -> dict:
@@ -19,9 +35,71 @@ def rank_identity() -> dict:
     }
 
 
+def progress(step: int, phase: str | None = None) -> None:
+    """This rank reached STEP (of PHASE): what its next heartbeat says."""
+    if phase is None:
+        phase = _read()[1]
+    _shared[:] = _SLOT.pack(step, phase.encode()[:200])
+
+
+def _read() -> tuple[int, str]:
+    step, phase = _SLOT.unpack(bytes(_shared[:]))
+    return step, phase.rstrip(b"\0").decode(errors="replace")
+
+
+def _stopped(pid: int) -> bool:
+    """Whether PID is gone, or stopped (SIGSTOP, a debugger): no heartbeat for it then."""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] in ("T", "t", "Z", "X")
+    except (OSError, IndexError):
+        return True
+
+
+def _beat(path: str, rank_pid: int, torchrun_pid: int) -> None:
+    """The heartbeat process's loop (it runs the standard library only, and never returns)."""
+    try:
+        while os.getppid() == rank_pid:  # the rank ended: so does its heartbeat
+            if _parent_of(rank_pid) != torchrun_pid:  # torchrun is gone: end the rank too, then stop
+                os.kill(rank_pid, signal.SIGKILL)
+                break
+            if not _stopped(rank_pid):
+                step, phase = _read()
+                with open(path + ".tmp", "w") as fh:
+                    json.dump({"step": step, "phase": phase, "pid": rank_pid}, fh)
+                os.replace(path + ".tmp", path)
+            time.sleep(BEAT_INTERVAL)
+    except BaseException:
+        pass
+    os._exit(0)
+
+
+def _parent_of(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return int(fh.read().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def start_heartbeat(out_dir: str, rank: int) -> None:
+    """Fork the heartbeat process (before torch is imported, so the fork copies nothing of it)."""
+    directory = os.path.join(out_dir, "heartbeat")
+    os.makedirs(directory, exist_ok=True)
+    path = os.path.join(directory, f"rank-{rank}.json")
+    progress(0, "starting")
+    rank_pid, torchrun_pid = os.getpid(), os.getppid()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    if os.fork() == 0:
+        _beat(path, rank_pid, torchrun_pid)
+
+
 def run_rank(out_dir: str, record: dict, work) -> int:
     """Run WORK(record) and write RECORD to OUT_DIR/rank-<rank>.json, with ok, seconds and any error: a rank's
-    error is its result for the controller, not a crash. Returns the rank's exit code."""
+    error is its result for the controller, not a crash. Returns the rank's exit code. The rank's heartbeat
+    runs meanwhile."""
+    start_heartbeat(out_dir, record["rank"])
     record["ok"] = False
     started = time.monotonic()
     try:

@@ -20,7 +20,7 @@ import hashlib
 import os
 import time
 
-from .common import exit_now, rank_identity, run_rank
+from .common import exit_now, progress, rank_identity, run_rank
 
 os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # before CUDA starts: deterministic cuBLAS
 
@@ -64,13 +64,14 @@ def accuracy(torch, model, x, y) -> float:
 
 
 def train(
-    torch, model, loader, sampler, steps: int, lr: float, loss_scale_fn, sync, on_step=None
+    torch, model, loader, sampler, steps: int, lr: float, loss_scale_fn, sync, on_step=None, phase: str = "ddp"
 ) -> tuple[list, list, float]:
     """K SGD steps over LOADER (epochs re-seeded); returns (global loss per step, param hash per step, seconds).
-    ON_STEP(step, optimizer), when given, runs after every step (untimed)."""
+    ON_STEP(step, optimizer), when given, runs after every step (untimed); PHASE names the heartbeat's phase."""
     opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
     losses, hashes = [], []
     step, epoch = 0, 0
+    progress(step, phase)
     sync()
     timed = 0.0
     while step < steps:
@@ -88,6 +89,7 @@ def train(
             losses.append(loss_scale_fn(loss.detach()))
             hashes.append(param_hash(model.module if hasattr(model, "module") else model))
             step += 1
+            progress(step)
             if on_step is not None:
                 on_step(step, opt)
         epoch += 1
@@ -141,7 +143,15 @@ def run(args, rank: int, local_rank: int, world: int) -> dict:
         ref_loader = DataLoader(TensorDataset(x, y), batch_size=args.global_batch, sampler=ref_sampler)
         reference = make_model(torch, args.seed, args.features, args.hidden, args.classes, dtype, device)
         ref_losses, _, ref_seconds = train(
-            torch, reference, ref_loader, ref_sampler, args.steps, args.lr, lambda v: float(v.item()), sync
+            torch,
+            reference,
+            ref_loader,
+            ref_sampler,
+            args.steps,
+            args.lr,
+            lambda v: float(v.item()),
+            sync,
+            phase="reference",
         )
         record["reference"] = {
             "losses": ref_losses,

@@ -9,6 +9,17 @@ cannot be bound, names the process that holds it (pid and command). The listener
 connection with a token naming the node, so a connection that reaches some other service is not taken
 for success. The probe exits by itself: when every connection in and out is done, or at --duration.
 It prints one JSON record on stdout.
+
+With --go-file the probe runs in two phases, so that a node whose probe starts late is never taken for a
+firewall: it binds its listeners (and answers connections from then on), writes --ready-file, and starts
+connecting only when the controller has written --go-file on every node, i.e. once every node is listening.
+The go file holds the number of seconds connection attempts may run from then on (the shared deadline);
+without it within --ready-timeout the probe reports that no go signal came.
+
+    python3 netprobe.py wait-ready FILE [--or GO] --timeout S
+                                                    exit 0 once FILE exists, 1 at the timeout or once GO does
+    python3 netprobe.py go FILE SECONDS                  write the go file atomically
+    python3 netprobe.py free-port                        a port free on 127.0.0.1, for a node-local job
 """
 
 from __future__ import annotations
@@ -29,6 +40,10 @@ import time
 TOKEN = b"clustercheck-netprobe "
 SIOCGIFADDR = 0x8915
 CONNECT_TIMEOUT = 2.0
+# Connections a probe has in flight at once: every node opening all its 2 (N-1) connections at the same instant is
+# a burst of SYNs and ARP requests (64 nodes: 8064 at once) that a switch's flood protection may drop; a few at a
+# time stays far below that and still tries every pair within the connect window.
+IN_FLIGHT = 8
 
 
 # --------------------------------------------------------------------------- who holds a port (pure parsing)
@@ -147,6 +162,12 @@ def open_listener(address: str, port: int) -> tuple[socket.socket | None, dict]:
 
 
 RETRY_AFTER = 0.3
+PERF_SECONDS = 0.2  # seconds of bulk transfer each way per pair
+PINGS = 10
+CHUNK = 65536
+ROUND_WAIT = 10.0  # seconds a node waits for its partner of a round before giving that pair up
+
+
 CONNECT_ERRORS = {
     errno.ECONNREFUSED: "refused",
     errno.EHOSTUNREACH: "host-unreachable",
@@ -233,12 +254,36 @@ class Attempt:
             self.result.update(result="wrong-service", detail=f"answered {self.data[:40]!r}, not clustercheck's probe")
 
 
+def write_atomic(path: str, text: str) -> None:
+    with open(path + ".tmp", "w") as fh:
+        fh.write(text)
+    os.replace(path + ".tmp", path)
+
+
+def read_go(path: str) -> float | None:
+    """The connect window the go file grants, or None while there is no go file."""
+    try:
+        with open(path) as fh:
+            return float(fh.read().strip() or "0")
+    except (OSError, ValueError):
+        return None
+
+
 def mesh(
-    me: str, peers: dict[str, str], ports: list[int], duration: float, hostname: str, hostnames: dict[str, str]
+    me: str,
+    peers: dict[str, str],
+    ports: list[int],
+    duration: float,
+    hostname: str,
+    hostnames: dict[str, str],
+    go_file: str | None = None,
+    ready_file: str | None = None,
+    ready_timeout: float = 60.0,
+    perf_port: int | None = None,
+    perf_seconds: float = PERF_SECONDS,
 ) -> dict:
     address = peers[me]
     started = time.monotonic()
-    deadline = started + duration
     selector = selectors.DefaultSelector()
     listen_states = []
     for port in ports:
@@ -246,23 +291,57 @@ def mesh(
         listen_states.append(state)
         if sock:
             selector.register(sock, selectors.EVENT_READ, "listener")
+    perf_listener = None
+    if perf_port:  # listening before the barrier, like the others; served only once the mesh is done
+        perf_listener, state = open_listener(address, perf_port)
+        listen_states.append({**state, "perf": True})
+    barrier: dict = {}
+    if go_file:
+        # Phase one: listening (and answering) until every node is; the controller then writes the go file.
+        if ready_file:
+            write_atomic(ready_file, json.dumps({"listening": [s["port"] for s in listen_states if s["ok"]]}))
+        barrier = {"ready_after": round(time.monotonic() - started, 3), "go_after": None}
+        give_up = time.monotonic() + ready_timeout
+        window = read_go(go_file)
+        while window is None and time.monotonic() < give_up:
+            for key, _ in selector.select(timeout=0.05):
+                if key.data == "listener":
+                    accept(selector, key.fileobj, hostname)
+                else:
+                    drain(selector, key, peers, me, barrier.setdefault("early_incoming", []))
+            window = read_go(go_file)
+        if window is None:
+            window = 0.0  # no go: the connections out are reported as not tried
+            barrier["no_go"] = True
+        else:
+            barrier["go_after"] = round(time.monotonic() - started, 3)
+        duration = window
+    deadline = time.monotonic() + duration
     # A connection in is counted when the connector closes, after reading the token.
-    expected_in = (len(peers) - 1) * sum(1 for s in listen_states if s["ok"])
-    incoming: list[dict] = []
-    peer_addresses = {addr for name, addr in peers.items() if name != me}
-    attempts = [Attempt(name, peers[name], port, address) for name in peers if name != me for port in ports]
+    expected_in = (len(peers) - 1) * sum(1 for s in listen_states if s["ok"] and not s.get("perf"))
+    incoming: list[dict] = barrier.pop("early_incoming", [])
+    # Each node starts with the peers after it in the list, so the nodes do not all connect to the same one first.
+    names = list(peers)
+    order = names[names.index(me) + 1 :] + names[: names.index(me)]
+    attempts = [Attempt(name, peers[name], port, address) for name in order for port in ports]
+    if barrier.get("no_go"):
+        for attempt in attempts:
+            attempt.result["detail"] = "no go signal from the controller"
 
     while True:
         now = time.monotonic()
         if now >= deadline:
             break
+        in_flight = 0
         for attempt in attempts:
-            if attempt.done:
-                continue
-            if attempt.sock is None and now >= attempt.next_try:
-                attempt.start(selector, now)
-            elif attempt.sock is not None and now - attempt.started > CONNECT_TIMEOUT:
+            if attempt.sock is not None and now - attempt.started > CONNECT_TIMEOUT:
                 attempt.timed_out(selector, now)
+            in_flight += attempt.sock is not None
+        # Attempts never tried come first, so every pair is tried at least once before any is retried.
+        waiting = [a for a in attempts if not a.done and a.sock is None and now >= a.next_try]
+        waiting.sort(key=lambda a: a.result["attempts"])
+        for attempt in waiting[: max(0, IN_FLIGHT - in_flight)]:
+            attempt.start(selector, now)
         # Only connections from peers count: a stray scanner must not end the probe early.
         if all(a.done for a in attempts) and sum(1 for c in incoming if c["peer"]) >= expected_in:
             break
@@ -272,21 +351,17 @@ def mesh(
             elif key.data == "listener":
                 accept(selector, key.fileobj, hostname)
             else:
-                try:
-                    data = key.fileobj.recv(64)
-                except OSError:
-                    data = b""
-                if not data:
-                    selector.unregister(key.fileobj)
-                    key.fileobj.close()
-                    key.data["peer"] = key.data["from"] in peer_addresses
-                    incoming.append(key.data)
+                drain(selector, key, peers, me, incoming)
     for attempt in attempts:
         attempt.close(selector)
         attempt.result.pop("connected", None)
     for key in list(selector.get_map().values()):
         key.fileobj.close()
     selector.close()
+    perf = None
+    if perf_listener is not None:
+        perf = perf_rounds(me, peers, perf_port, perf_listener, perf_seconds)
+        perf_listener.close()
 
     interface = interface_of(address)
     return {
@@ -300,7 +375,182 @@ def mesh(
         "incoming": incoming,
         "resolve": {name: resolve(hostnames.get(name, name)) for name in peers},
         "seconds": round(time.monotonic() - started, 3),
+        **({"barrier": barrier} if go_file else {}),
+        **({"perf": perf} if perf is not None else {}),
     }
+
+
+# --------------------------------------------------------------------------- round trip and throughput
+
+
+def schedule(names: list[str]) -> list[list[tuple[str, str]]]:
+    """Rounds of disjoint pairs covering every pair once (the circle method): N-1 rounds for N nodes (N with a
+    node sitting out each round when N is odd). The same on every node, from the same list."""
+    order = list(names) + ([None] if len(names) % 2 else [])
+    n = len(order)
+    rounds = []
+    for _ in range(n - 1):
+        pairs = [(order[i], order[n - 1 - i]) for i in range(n // 2)]
+        rounds.append([(a, b) for a, b in pairs if a is not None and b is not None])
+        order = [order[0], order[-1], *order[1:-1]]
+    return rounds
+
+
+def _recv_exactly(sock: socket.socket, size: int) -> bytes:
+    data = bytearray()
+    while len(data) < size:
+        chunk = sock.recv(size - len(data))
+        if not chunk:
+            raise ConnectionError("the peer closed the connection")
+        data += chunk
+    return bytes(data)
+
+
+def _readline(sock: socket.socket) -> str:
+    data = bytearray()
+    while not data.endswith(b"\n"):
+        chunk = sock.recv(1)
+        if not chunk:
+            raise ConnectionError("the peer closed the connection")
+        data += chunk
+        if len(data) > 256:
+            raise ConnectionError("not clustercheck's probe")
+    return data.decode(errors="replace").strip()
+
+
+def _send_for(sock: socket.socket, seconds: float) -> int:
+    """Stream CHUNKs (each after a 1 byte flag) for SECONDS, then the end flag; returns the bytes sent."""
+    payload = b"\x01" + os.urandom(CHUNK)
+    sent, end = 0, time.monotonic() + seconds
+    while time.monotonic() < end:
+        sock.sendall(payload)
+        sent += CHUNK
+    sock.sendall(b"\x00")
+    return sent
+
+
+def _receive_stream(sock: socket.socket) -> tuple[int, float]:
+    """Read what _send_for sends: (bytes, seconds from the first chunk's flag to the end flag)."""
+    received, first = 0, None
+    while True:
+        flag = _recv_exactly(sock, 1)
+        if first is None:
+            first = time.monotonic()
+        if flag == b"\x00":
+            return received, time.monotonic() - first
+        _recv_exactly(sock, CHUNK)
+        received += CHUNK
+
+
+def _measure(sock: socket.socket, seconds: float) -> dict:
+    """The client's side of one pair: round trips, then bulk data out and back (the server answers each)."""
+    rtts = []
+    for _ in range(PINGS + 1):
+        t0 = time.monotonic()
+        sock.sendall(b"p")
+        _recv_exactly(sock, 1)
+        rtts.append(time.monotonic() - t0)
+    rtts = sorted(rtts[1:])  # the first one warms the path up
+    _send_for(sock, seconds)
+    got, took = _readline(sock).split()[:2]
+    received, down_seconds = _receive_stream(sock)
+    return {
+        "rtt_ms": round(rtts[len(rtts) // 2] * 1000, 4),
+        "out_mbps": _mbps(int(got), float(took)),
+        "in_mbps": _mbps(received, down_seconds),
+    }
+
+
+def _mbps(size: int, seconds: float) -> float | None:
+    return round(size * 8 / seconds / 1e6, 1) if seconds > 0 else None
+
+
+def _serve(sock: socket.socket, seconds: float) -> None:
+    """The server's side of one pair."""
+    for _ in range(PINGS + 1):
+        sock.sendall(_recv_exactly(sock, 1))
+    received, took = _receive_stream(sock)
+    sock.sendall(f"{received} {took:.6f}\n".encode())
+    _send_for(sock, seconds)
+    sock.recv(1)  # the client closes first
+
+
+def _connect(address: str, port: int, source: str, until: float) -> socket.socket:
+    while True:
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        try:
+            sock.bind((source, 0))
+            sock.settimeout(max(0.5, min(CONNECT_TIMEOUT, until - time.monotonic())))
+            sock.connect((address, port))
+            return sock
+        except OSError:
+            sock.close()
+            if time.monotonic() + RETRY_AFTER >= until:
+                raise
+            time.sleep(RETRY_AFTER)
+
+
+def perf_rounds(me: str, peers: dict[str, str], port: int, listener: socket.socket, seconds: float) -> list[dict]:
+    """Round trip time and throughput with every peer, one peer at a time, in the rounds of schedule(): in each
+    round the first node of a pair connects, the second serves. A node that is ahead waits for its partner
+    (its connection queues at the partner's listener), so no node is ever in two measurements at once."""
+    results: list[dict] = []
+    early: dict[tuple[str, int], socket.socket] = {}  # connections of later rounds that came in first
+    for number, pairs in enumerate(schedule(list(peers))):
+        pair = next((p for p in pairs if me in p), None)
+        if pair is None:
+            continue
+        partner = pair[1] if pair[0] == me else pair[0]
+        entry: dict = {"peer": partner, "round": number}
+        sock = None
+        try:
+            if pair[0] == me:
+                sock = _connect(peers[partner], port, peers[me], time.monotonic() + ROUND_WAIT)
+                sock.settimeout(3 * ROUND_WAIT)  # the partner may still be busy with an earlier round
+                sock.sendall(f"PERF {me} {number}\n".encode())
+                entry.update(_measure(sock, seconds))
+            else:
+                sock = early.pop((partner, number), None)
+                give_up = time.monotonic() + ROUND_WAIT
+                while sock is None and time.monotonic() < give_up:
+                    listener.settimeout(max(0.1, give_up - time.monotonic()))
+                    conn, _ = listener.accept()
+                    conn.settimeout(3 * ROUND_WAIT)
+                    conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                    words = _readline(conn).split()
+                    if len(words) == 3 and words[0] == "PERF" and (words[1], words[2]) == (partner, str(number)):
+                        sock = conn
+                    elif len(words) == 3 and words[0] == "PERF" and words[2].isdigit():
+                        early[(words[1], int(words[2]))] = conn
+                    else:
+                        conn.close()
+                if sock is None:
+                    raise TimeoutError(f"{partner} did not connect within {ROUND_WAIT:.0f} s")
+                _serve(sock, seconds)
+                entry["served"] = True
+        except (OSError, ValueError) as exc:
+            entry["error"] = str(exc) or type(exc).__name__
+        finally:
+            if sock is not None:
+                sock.close()
+        results.append(entry)
+    for conn in early.values():
+        conn.close()
+    return results
+
+
+def drain(selector: selectors.BaseSelector, key, peers: dict[str, str], me: str, incoming: list[dict]) -> None:
+    """Read from an accepted connection; at its end, count it among INCOMING (marked when it came from a peer)."""
+    try:
+        data = key.fileobj.recv(64)
+    except OSError:
+        data = b""
+    if not data:
+        selector.unregister(key.fileobj)
+        key.fileobj.close()
+        key.data["peer"] = key.data["from"] in {addr for name, addr in peers.items() if name != me}
+        incoming.append(key.data)
 
 
 def accept(selector: selectors.BaseSelector, listener, hostname: str) -> None:
@@ -338,9 +588,39 @@ def main(argv: list[str] | None = None) -> int:
     p_mesh.add_argument("--port", action="append", type=int, required=True, help="a TCP port to probe (repeat)")
     p_mesh.add_argument("--duration", type=float, default=10.0, help="seconds before the probe gives up")
     p_mesh.add_argument("--hostname", default=None, help="the name this node answers with (default: its hostname)")
+    p_mesh.add_argument("--perf-port", type=int, default=None, help="measure RTT and throughput on this port")
+    p_mesh.add_argument("--perf-seconds", type=float, default=PERF_SECONDS, help="bulk transfer each way")
+    p_mesh.add_argument("--go-file", default=None, help="connect only once this file exists (it holds the seconds)")
+    p_mesh.add_argument("--ready-file", default=None, help="written once the listeners are up")
+    p_mesh.add_argument("--ready-timeout", type=float, default=60.0, help="seconds to wait for the go file")
     p_holder = sub.add_parser("port-holder", help="name the processes listening on a port")
     p_holder.add_argument("port", type=int)
+    sub.add_parser("free-port", help="print a TCP port free on 127.0.0.1 (for a node-local torch job)")
+    p_wait = sub.add_parser("wait-ready", help="wait until a probe's ready file exists")
+    p_wait.add_argument("file")
+    p_wait.add_argument("--or", dest="other", default=None, help="stop waiting (exit 1) once this file exists")
+    p_wait.add_argument("--timeout", type=float, default=60.0)
+    p_go = sub.add_parser("go", help="let a waiting probe connect for SECONDS")
+    p_go.add_argument("file")
+    p_go.add_argument("seconds", type=float)
     args = parser.parse_args(argv)
+    if args.command == "free-port":
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            print(sock.getsockname()[1])
+        return 0
+    if args.command == "wait-ready":
+        give_up = time.monotonic() + args.timeout
+        while not os.path.exists(args.file):
+            if time.monotonic() >= give_up or (args.other and os.path.exists(args.other)):
+                print(json.dumps({"ready": False}))
+                return 1
+            time.sleep(0.05)
+        print(json.dumps({"ready": True}))
+        return 0
+    if args.command == "go":
+        write_atomic(args.file, f"{args.seconds:g}\n")
+        return 0
     if args.command == "port-holder":
         print(json.dumps({"port": args.port, "holders": port_holders(args.port)}))
         return 0
@@ -348,7 +628,19 @@ def main(argv: list[str] | None = None) -> int:
     if args.me not in peers:
         parser.error(f"--self {args.me} is not among the --peer names")
     hostname = args.hostname or socket.gethostname()
-    record = mesh(args.me, peers, args.port, args.duration, hostname, dict(args.hostname_of))
+    record = mesh(
+        args.me,
+        peers,
+        args.port,
+        args.duration,
+        hostname,
+        dict(args.hostname_of),
+        go_file=args.go_file,
+        ready_file=args.ready_file,
+        ready_timeout=args.ready_timeout,
+        perf_port=args.perf_port,
+        perf_seconds=args.perf_seconds,
+    )
     print(json.dumps(record))
     return 0
 

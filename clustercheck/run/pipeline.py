@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from clustercheck.checks import registry
 from clustercheck.config import RunConfig
@@ -30,6 +30,18 @@ Progress = Callable[[str, str], None]
 class Outcome:
     results: list[CheckResult]
     host_key_error: bool = False
+    unclean: dict[str, str] = field(default_factory=dict)  # node -> why what the run started there was not stopped
+
+
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C or SIGTERM, after every node was cleaned up: UNCLEAN names the nodes that could not be, and why."""
+
+    def __init__(self, unclean: dict[str, str]) -> None:
+        super().__init__()
+        self.unclean = unclean
+
+
+CLEANUP_WAIT = 30.0  # seconds the cleanup of all nodes may take together
 
 
 class Pipeline:
@@ -68,29 +80,39 @@ class Pipeline:
                 reached, self.config, selection.check_selected, "not selected (--skip)"
             )
             results += self._multinode()
-        except BaseException:  # Ctrl-C, SIGTERM or a bug: kill what we started everywhere, then let it propagate
+        except KeyboardInterrupt as exc:  # Ctrl-C or SIGTERM: kill what we started everywhere, then say where not
+            raise Interrupted(self.abort()) from exc
+        except BaseException:  # a bug: kill what we started everywhere, then let it propagate
             self.abort()
             raise
         for node in self.nodes:
             self.progress(node.name, "cleaning up")
-        self.abort()  # the transports stay open for the multi-node stages; now every node is cleaned up
+        unclean = self.abort()  # the transports stay open for the multi-node stages; now every node is cleaned up
         for node in self.nodes:
             self.progress(node.name, "done")
-        return Outcome(results, self._host_key_error)
+        return Outcome(results, self._host_key_error, unclean)
 
-    def abort(self) -> None:
-        """Stop every host: kill this run's processes on every node (in parallel, bounded), then disconnect."""
+    def abort(self) -> dict[str, str]:
+        """Stop every host: kill this run's processes on every node (in parallel, bounded), then disconnect.
+        Returns the nodes that could not be cleaned up: node -> why."""
         self._abort.set()
         with self._lock:
             transports = list(self._transports.values())
+        unclean: dict[str, str] = {}
 
         def finish(transport: Transport) -> None:
-            with contextlib.suppress(Exception):
+            try:
                 transport.cleanup()
+            except Exception as exc:
+                unclean[transport.host] = str(exc).removeprefix(f"{transport.host}: ") or type(exc).__name__
             with contextlib.suppress(Exception):
                 transport.close()
 
-        fanout(finish, transports, timeout=30, name=lambda t: t.host)
+        outcomes = fanout(finish, transports, timeout=CLEANUP_WAIT, name=lambda t: t.host)
+        for i, transport in enumerate(transports):
+            if i not in outcomes:
+                unclean.setdefault(transport.host, f"no answer within {CLEANUP_WAIT:.0f} s")
+        return dict(unclean)
 
     # ------------------------------------------------------------------ the multi-node stages
 

@@ -17,8 +17,8 @@ from clustercheck.facts import collect, parse
 from clustercheck.facts.model import DcgmDiag, NodeFacts
 from clustercheck.inventory import Node
 from clustercheck.model import CheckResult, Status
-from clustercheck.stages import Context, Member, collectives, remote
-from clustercheck.transport import Transport, TransportError
+from clustercheck.stages import Context, Member, collectives, network, remote
+from clustercheck.transport import Transport, TransportError, parse_stale, stale_sweep_script
 
 NAME = "core"
 RECORDED_PYTHON = "/etc/clustercheck/python"
@@ -54,6 +54,30 @@ def measure_clock_offset(transport: Transport, samples: int = 3) -> tuple[float 
     return best if best else (None, None)
 
 
+def stop_leftovers(node: Node, transport: Transport) -> CheckResult:
+    """Stop what earlier runs left on the node past their deadline (a node that froze or was cut off while they
+    ran), and say what it was."""
+    check = registry.get("leftovers")
+    answer = transport.run(["sh", "-c", stale_sweep_script(transport.run_id)], timeout=30)
+    if not answer.ok:
+        return check.result(node.name, registry.Finding(Status.WARN, f"could not look for them: {answer.cause()}"))
+    found = parse_stale(answer.stdout)
+    if not found:
+        return check.result(node.name, registry.passed("no process of an earlier run was left"))
+    runs = sorted({f["run"] for f in found})
+    listing = "; ".join(f"pid {f['pid']} ({f['command'][:80]})" for f in found[:5])
+    more = f" and {len(found) - 5} more" if len(found) > 5 else ""
+    return check.result(
+        node.name,
+        registry.Finding(
+            Status.WARN,
+            f"stopped {len(found)} process(es) left past their deadline by earlier run(s) {', '.join(runs)}: "
+            f"{listing}{more}",
+            data={"stopped": found},
+        ),
+    )
+
+
 def find_python(node: Node, transport: Transport, configured: str | None) -> tuple[str, str, str | None]:
     """(python to run the collector with, where it came from, the configured python when it is missing)."""
     if configured:
@@ -81,6 +105,8 @@ def run_host(node: Node, transport: Transport, ctx: Context, step) -> HostOutcom
     selection = config.selection
     host_dir = config.host_dir(node.name)
     outcome = HostOutcome()
+    step("leftovers")
+    outcome.results.append(stop_leftovers(node, transport))
     step("clock")
     offset, uncertainty = measure_clock_offset(transport)
     step("python")
@@ -190,13 +216,24 @@ def local_collectives(facts: NodeFacts, transport: Transport, ctx: Context) -> l
     if problem:
         return [c.result(name, registry.skip(f"{c.name} skipped: torch does not import")) for c in checks]
     member = Member(facts.node, transport, facts, "127.0.0.1", "lo", None, facts.gpus_for_torch)
-    results = collectives.run_local(member, ctx, ctx.config.master_port)
+    results = collectives.run_local(member, ctx, local_port(transport, facts.python))
     return [
         r
         if selection.check_selected(r.name)
         else registry.get(r.name).result(name, registry.skip(f"{r.name} skipped: {selection.why_not_check(r.name)}"))
         for r in results
     ]
+
+
+def local_port(transport: Transport, python: str) -> int:
+    """A port free on the node's loopback for its node-local job, never the master port: a stale process there is
+    the network stage's finding (network.master_port), not the node-local collectives'."""
+    answer = transport.run(remote.command(python, transport.workdir, "netprobe", "free-port"), timeout=30)
+    with contextlib.suppress(ValueError):
+        port = int(answer.stdout.strip())
+        if answer.ok and 1024 <= port <= 65535:
+            return port
+    return network.pick_ephemeral_port()
 
 
 def members(nodes: list[Node], transports: dict[str, Transport], facts: dict[str, NodeFacts]) -> list[Member]:

@@ -181,6 +181,38 @@ def collect_command(python: str, run_dir: str, stage: str) -> list[str]:
     return [python, "-c", _COLLECT, output_dir(run_dir, stage)]
 
 
+_PROGRESS = (
+    "import glob, json, os, sys, time\n"
+    "beats = {}\n"
+    "for path in glob.glob(os.path.join(sys.argv[1], 'heartbeat', '*.json')):\n"
+    "    try:\n"
+    "        with open(path) as fh:\n"
+    "            beat = json.load(fh)\n"
+    "        beat['age'] = time.time() - os.stat(path).st_mtime\n"
+    "    except (OSError, ValueError):\n"
+    "        continue\n"
+    "    beats[os.path.basename(path)[5:-5]] = beat\n"
+    "print(json.dumps(beats))\n"
+)
+
+
+def progress_command(python: str, run_dir: str, stage: str) -> list[str]:
+    """The command that prints every rank's heartbeat on a node: rank -> {step, phase, age in seconds}, the age
+    measured on the node's own clock."""
+    return [python, "-c", _PROGRESS, output_dir(run_dir, stage)]
+
+
+def parse_progress(stdout: str) -> dict[str, dict] | None:
+    """progress_command's answer, or None when it is not one."""
+    try:
+        beats = json.loads(stdout.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        return None
+    if not isinstance(beats, dict) or not all(isinstance(b, dict) for b in beats.values()):
+        return None
+    return beats
+
+
 def parse_records(stdout: str) -> list[dict]:
     """Rank records from collect_command's output; a truncated record (a rank killed mid-write) is left out,
     so the judge reports that rank as missing."""

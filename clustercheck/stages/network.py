@@ -2,12 +2,22 @@
 
 Every node listens on the master port and an ephemeral port, connects to every other node on both, resolves
 every node's hostname and reads its cluster interface's MTU; checks/network.py judges the records.
+
+After the connections, every pair's round trip time and TCP throughput (both ways) are measured in rounds of
+disjoint pairs (N-1 rounds for N nodes), so a node or a link far slower than the others is named.
+
+A barrier keeps a slow start from looking like a firewall: every probe first binds its listeners and reports
+ready; only once every node is ready (or the wait for the late ones ran out) does the controller write the go
+signal on every node, and connection attempts run until a shared deadline. A node that reported ready late, or
+never, is named as such, and its connections are not judged as the network's.
 """
 
 from __future__ import annotations
 
 import json
 import random
+import threading
+import time
 
 from clustercheck.checks import network
 from clustercheck.model import CheckResult, Status
@@ -17,6 +27,8 @@ from clustercheck.stages import Context, Member, remote
 NAME = "network"
 NEEDS_TORCH = False
 EPHEMERAL_RANGE = (49152, 60999)  # IANA dynamic ports, below Linux's default ip_local_port_range top
+READY_BASE, READY_PER_NODE = 30.0, 1.0  # seconds every probe gets to listen: 30 s, plus 1 s a node
+GO_SLACK = 30.0  # the probe waits this much longer for the go file than the controller waits for ready
 
 
 def pick_ephemeral_port(rng: random.Random | None = None) -> int:
@@ -24,8 +36,10 @@ def pick_ephemeral_port(rng: random.Random | None = None) -> int:
     return (rng or random.SystemRandom()).randint(*EPHEMERAL_RANGE)
 
 
-def mesh_args(me: str, peers: list[network.Peer], ports: list[int], duration: float) -> list[str]:
-    """The probe's arguments on node ME."""
+def mesh_args(
+    me: str, peers: list[network.Peer], ports: list[int], duration: float, barrier: tuple[str, str, float] | None = None
+) -> list[str]:
+    """The probe's arguments on node ME. BARRIER: (ready file, go file, seconds to wait for the go file)."""
     args = ["mesh", "--self", me, "--duration", f"{duration:g}"]
     for peer in peers:
         args += ["--peer", f"{peer.name}={peer.address}"]
@@ -33,21 +47,50 @@ def mesh_args(me: str, peers: list[network.Peer], ports: list[int], duration: fl
             args += ["--hostname-of", f"{peer.name}={peer.hostname}"]
     for port in ports:
         args += ["--port", str(port)]
+    if barrier:
+        ready, go, wait = barrier
+        args += ["--ready-file", ready, "--go-file", go, "--ready-timeout", f"{wait:g}"]
     return args
+
+
+def ready_timeout(nodes: int) -> float:
+    """How long every node's probe gets to start listening: python's start on a loaded node, over SSH."""
+    return READY_BASE + READY_PER_NODE * nodes
+
+
+def connect_window(duration: float, nodes: int) -> float:
+    """The seconds connection attempts may run once every node listens (each node makes 2 (N-1) of them)."""
+    return duration * max(1.0, nodes / 16)
+
+
+def perf_time(nodes: int) -> float:
+    """The longest the RTT and throughput rounds may take: a round per node, each at most its wait for a partner
+    that does not come plus the transfers."""
+    return nodes * 12.0
 
 
 def run(members: list[Member], ctx: Context) -> list[CheckResult]:
     config = ctx.config
     port = pick_ephemeral_port()
+    perf_port = pick_ephemeral_port()
+    while perf_port in (port, config.master_port):
+        perf_port = pick_ephemeral_port()
     peers = [network.Peer(m.name, m.address, m.hostname) for m in members]
     records: dict[str, dict] = {}
     errors: dict[str, str] = {}
+    wait = ready_timeout(len(members))
+    window = connect_window(config.network_duration, len(members))
+
+    def files(m: Member) -> tuple[str, str]:
+        workdir = m.transport.workdir.rstrip("/")
+        return f"{workdir}/netprobe.ready", f"{workdir}/netprobe.go"
 
     def probe(m: Member) -> None:
-        remote.install(m.transport)
-        args = mesh_args(m.name, peers, [config.master_port, port], config.network_duration)
+        ready, go = files(m)
+        args = mesh_args(m.name, peers, [config.master_port, port], window, (ready, go, wait + GO_SLACK))
+        args += ["--perf-port", str(perf_port)]
         command = remote.command(m.facts.python, m.transport.workdir, "netprobe", *args)
-        answer = m.transport.run(command, timeout=config.network_duration + 30)
+        answer = m.transport.run(command, timeout=wait + GO_SLACK + window + perf_time(len(members)) + 30)
         (config.host_dir(m.name) / "network.json").write_text(answer.stdout)
         (config.host_dir(m.name) / "network.stderr").write_text(answer.stderr)
         try:
@@ -55,13 +98,54 @@ def run(members: list[Member], ctx: Context) -> list[CheckResult]:
         except (ValueError, IndexError):
             errors[m.name] = answer.cause()
 
-    outcomes = fanout(probe, members, name=lambda m: m.name)
+    fanout(lambda m: remote.install(m.transport), members, name=lambda m: m.name)
+    # Phase one: every node's probe binds its listeners; phase two starts once every node reported ready (or
+    # the wait ran out), so no connection is tried towards a node that is not listening yet.
+    started = time.monotonic()
+    ready_after: dict[str, float] = {}
+    outcomes: dict = {}
+    probes = threading.Thread(
+        target=lambda: outcomes.update(fanout(probe, members, name=lambda m: m.name)), daemon=True, name="netprobe"
+    )
+    probes.start()
+
+    def await_ready(m: Member) -> None:
+        ready, go = files(m)
+        command = remote.command(m.facts.python, m.transport.workdir, "netprobe", "wait-ready", ready, "--or", go)
+        if m.transport.run([*command, "--timeout", f"{wait:g}"], timeout=wait + 15).ok:
+            ready_after[m.name] = round(time.monotonic() - started, 3)
+
+    waits = threading.Thread(target=fanout, args=(await_ready, members), daemon=True, name="netprobe ready")
+    waits.start()
+    # Go once every node listens, or its probe already ended (it failed: nothing to wait for), or the wait ran out.
+    while waits.is_alive() and time.monotonic() < started + wait + 15:
+        if all(m.name in ready_after or m.name in records or m.name in errors for m in members):
+            break
+        time.sleep(0.1)
+    fanout(
+        lambda m: m.transport.run(
+            remote.command(m.facts.python, m.transport.workdir, "netprobe", "go", files(m)[1], f"{window:g}"),
+            timeout=30,
+        ),
+        members,
+        name=lambda m: m.name,
+    )
+    waits.join(30)  # the go file ends every wait still under way
+    probes.join()
     for i, m in enumerate(members):
         if isinstance(outcomes.get(i), BaseException):  # one node's trouble is that node's network.probe ERROR
             exc = outcomes[i]
             errors[m.name] = f"{type(exc).__name__}: {exc}"
+    not_ready = {m.name: wait for m in members if m.name not in ready_after}
     results = network.evaluate(
-        records, peers, master=members[0].name, master_port=config.master_port, errors=errors, cidr=None
+        records,
+        peers,
+        master=members[0].name,
+        master_port=config.master_port,
+        errors=errors,
+        cidr=None,
+        not_ready=not_ready,
+        ready_after=ready_after,
     )
     if len(members) == 1:  # one node: the ranks meet on 127.0.0.1 whatever the hostname resolves to
         name = members[0].name

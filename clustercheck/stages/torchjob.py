@@ -2,7 +2,9 @@
 one deadline, every node stopped when one fails, the rank records and logs brought back.
 
 When a node's torchrun fails or the deadline passes, every node's processes of the run are killed (the run-marker
-sweep), and the outcome names the first node that failed with its last error lines.
+sweep), and the outcome names the first node that failed with its last error lines. Meanwhile the progress
+watchdog (stages/watchdog.py) polls every node's rank heartbeats: a node whose ranks stop while the others wait
+for them (or a job where no rank moves on) is named within --stall-timeout, and the job is stopped everywhere.
 """
 
 from __future__ import annotations
@@ -16,10 +18,11 @@ from dataclasses import dataclass, field
 
 from clustercheck.model import CheckResult, Status
 from clustercheck.run.fanout import fanout
-from clustercheck.stages import Context, Member, launch, remote
+from clustercheck.stages import Context, Member, launch, remote, watchdog
 from clustercheck.transport import CommandResult, TransportError
 
 FAILURE_GRACE = 5.0  # seconds the other nodes get to report their own failure before they are stopped
+POLL_INTERVAL = 5.0  # seconds between two heartbeat polls of a node (at most a quarter of the stall timeout)
 ERROR_LINES = 6
 
 
@@ -109,12 +112,47 @@ def run(
         if not result.ok:
             failed.set()
 
+    dog = watchdog.Watchdog([m.name for m in members], config.stall_timeout, time.monotonic())
+    done = threading.Event()
+
+    def poll(m: Member) -> None:
+        command = launch.progress_command(m.facts.python, m.transport.workdir, stage)
+        while not done.wait(min(POLL_INTERVAL, config.stall_timeout / 4)):
+            with lock:
+                dog.polling(m.name, time.monotonic())
+            try:  # a node that does not answer within the stall timeout is stopped anyway
+                answer = m.transport.run(command, timeout=config.stall_timeout)
+                beats = launch.parse_progress(answer.stdout) if answer.ok else None
+            except Exception:
+                beats = None
+            with lock:
+                dog.observe(m.name, beats, time.monotonic())
+
     threads = [threading.Thread(target=start, args=(p,), daemon=True, name=p.node.name) for p in plans]
-    for thread in threads:
+    pollers = [threading.Thread(target=poll, args=(m,), daemon=True, name=f"{m.name} watchdog") for m in members]
+    for thread in threads + pollers:
         thread.start()
-    while any(t.is_alive() for t in threads) and not failed.is_set():
-        time.sleep(0.1)
-    if failed.is_set():
+    stall: watchdog.Stall | None = None
+    try:
+        while any(t.is_alive() for t in threads) and not failed.is_set():
+            time.sleep(0.2)
+            now = time.monotonic()
+            with lock:
+                for name in ends:
+                    dog.ended(name, now)
+                stall = dog.stall(now)
+            if stall:
+                failed.set()
+    finally:
+        done.set()
+    silent = {n for n in stall.nodes if not stall.data["progress"][n]["ssh_answers"]} if stall else set()
+    if stall:
+        stopping.set()
+        fanout(lambda m: m.transport.stop(), [m for m in members if m.name not in ends], timeout=60)
+        for thread in threads:
+            if thread.name not in silent:
+                thread.join(30)
+    elif failed.is_set():
         # Give the other nodes a moment to report their own view (a killed rank's node says "Signal 9"),
         # then stop every torchrun still running, on every node.
         grace = time.monotonic() + FAILURE_GRACE
@@ -130,6 +168,8 @@ def run(
         result = ends[m.name][1] if m.name in ends else CommandResult(None, "", "no result")
         target = config.host_dir(m.name)
         (target / f"{stage}.torchrun.log").write_text(result.stdout + result.stderr)
+        if m.name in silent:  # it does not answer: nothing to bring back
+            continue
         _fetch_logs(m, stage, ctx)
         with contextlib.suppress(TransportError, OSError):
             got = m.transport.run(launch.collect_command(m.facts.python, m.transport.workdir, stage), timeout=60)
@@ -139,7 +179,11 @@ def run(
 
     first = first_failure(ends)
     timed_out = [name for name, (_, result, _) in ends.items() if result.timed_out]
-    if first is not None:
+    if stall is not None:
+        outcome.failure = f"{stall.message}; every node's job was stopped (--stall-timeout {config.stall_timeout:g})"
+        outcome.data.update(stall.data)
+        outcome.data["first_failed_node"] = stall.nodes[0] if len(stall.nodes) == 1 else None
+    elif first is not None:
         name, result = first
         lines = _tail(result)
         outcome.failure = (

@@ -7,22 +7,31 @@ session; `cleanup()` kills every process that carries the marker (whatever
 it forked, whatever session it moved to) and removes the run's work
 directory. The pipeline calls it when a host is done, after a timeout, and on
 Ctrl-C, so nothing clustercheck started is left running on any node.
+
+A node the controller cannot reach at the end (frozen, cut off) keeps what it ran; so every command on a remote
+node also ends by itself: it runs under coreutils' `timeout` with the command's own deadline plus NODE_GRACE,
+and carries CLUSTERCHECK_UNTIL=<that deadline, epoch seconds>. A later run's startup sweep (`stale_sweep_script`)
+stops what an earlier run left past its deadline, and names it.
 """
 
 from __future__ import annotations
 
 import secrets
 import shlex
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
 RUN_MARKER = "CLUSTERCHECK_RUN"
+UNTIL_MARKER = "CLUSTERCHECK_UNTIL"
 
 # on_output(stream, text): "stdout" or "stderr" and the text as it arrives (not split into lines). A command run
 # with it streams its output there instead of keeping it, so a long job's output never piles up in memory.
 OutputSink = Callable[[str, str], None]
 CLEANUP_TIMEOUT = 15.0
+NODE_GRACE = 30.0  # seconds a command may outlive its deadline on the node (the controller acts first)
+KILL_AFTER = 10  # seconds between the node-side TERM at the deadline and the KILL
 
 
 def new_run_id() -> str:
@@ -104,7 +113,47 @@ def sweep_script(run_id: str, workdir: str) -> str:
     )
 
 
-def remote_command(command: list[str], env: dict[str, str], run_id: str) -> str:
-    """The shell line that runs COMMAND with the run marker, in a session of its own."""
-    assignments = [f"{RUN_MARKER}={run_id}", *(f"{k}={v}" for k, v in env.items())]
-    return " ".join(shlex.quote(w) for w in ["env", *assignments, "setsid", "-w", *command])
+def stale_sweep_script(run_id: str, now: float | None = None) -> str:
+    """Shell that kills every process of another run whose deadline (CLUSTERCHECK_UNTIL) has passed, printing
+    `pid<TAB>run id<TAB>command line` for each; never this run's processes, nor those of a run still within its
+    deadline (another clustercheck running now)."""
+    now_s = int(now if now is not None else time.time())
+    return (
+        "for d in /proc/[0-9]*; do "
+        f"grep -qsz '^{RUN_MARKER}=' \"$d/environ\" || continue; "
+        f"run=$(tr '\\0' '\\n' < \"$d/environ\" 2>/dev/null | sed -n 's/^{RUN_MARKER}=//p'); "
+        f'[ -n "$run" ] && [ "$run" != {shlex.quote(run_id)} ] || continue; '
+        f"until=$(tr '\\0' '\\n' < \"$d/environ\" 2>/dev/null | sed -n 's/^{UNTIL_MARKER}=//p'); "
+        f'[ -n "$until" ] && [ "$until" -le {now_s} ] || continue; '
+        "cmd=$(tr '\\0' ' ' < \"$d/cmdline\" 2>/dev/null | cut -c1-200); "
+        'kill -KILL "${d#/proc/}" 2>/dev/null && printf \'%s\\t%s\\t%s\\n\' "${d#/proc/}" "$run" "$cmd"; '
+        "done; true"
+    )
+
+
+def parse_stale(stdout: str) -> list[dict]:
+    """stale_sweep_script's output: [{pid, run, command}]."""
+    found = []
+    for line in stdout.splitlines():
+        fields = line.split("\t", 2)
+        if len(fields) == 3 and fields[0].isdigit():
+            found.append({"pid": int(fields[0]), "run": fields[1], "command": fields[2].strip()})
+    return found
+
+
+def until(timeout: float) -> str:
+    """CLUSTERCHECK_UNTIL's value for a command with TIMEOUT: when a later run may stop it as left over."""
+    return str(int(time.time() + timeout + NODE_GRACE) + KILL_AFTER)
+
+
+def remote_command(command: list[str], env: dict[str, str], run_id: str, timeout: float | None = None) -> str:
+    """The shell line that runs COMMAND with the run marker, in a session of its own; with TIMEOUT, it also ends
+    by itself NODE_GRACE seconds after that deadline, whatever becomes of the controller."""
+    assignments = [f"{RUN_MARKER}={run_id}"]
+    limit: list[str] = []
+    if timeout is not None:
+        seconds = int(timeout + NODE_GRACE)
+        assignments.append(f"{UNTIL_MARKER}={until(timeout)}")
+        limit = ["timeout", f"--kill-after={KILL_AFTER}", str(seconds)]
+    assignments += [f"{k}={v}" for k, v in env.items()]
+    return " ".join(shlex.quote(w) for w in ["env", *assignments, "setsid", "-w", *limit, *command])

@@ -13,10 +13,12 @@ import threading
 from clustercheck.transport import (
     CLEANUP_TIMEOUT,
     RUN_MARKER,
+    UNTIL_MARKER,
     CommandResult,
     OutputSink,
     new_run_id,
     sweep_script,
+    until,
     workdir_for,
 )
 
@@ -38,7 +40,7 @@ class LocalTransport:
         stdin: str | None = None,
         on_output: OutputSink | None = None,
     ) -> CommandResult:
-        full_env = {**os.environ, **(env or {}), RUN_MARKER: self.run_id}
+        full_env = {**os.environ, **(env or {}), RUN_MARKER: self.run_id, UNTIL_MARKER: until(timeout)}
         try:
             proc = subprocess.Popen(
                 command,

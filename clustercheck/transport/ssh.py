@@ -170,7 +170,7 @@ class SSHTransport:
         stdin: str | None = None,
         on_output: OutputSink | None = None,
     ) -> CommandResult:
-        line = remote_command(command, env or {}, self.run_id)
+        line = remote_command(command, env or {}, self.run_id, timeout)
         return self._exec(line, timeout, stdin, sweep_on_timeout=True, on_output=on_output)
 
     def _exec(
@@ -277,15 +277,23 @@ class SSHTransport:
 
     def cleanup(self) -> None:
         """Kill every process of this run on the node and remove the work directory; a fresh connection is
-        made when the current one is gone."""
+        made when the current one is gone. Raises TransportError saying why when the node could not be cleaned."""
         if self.connection.client is None:
             return
         if not self.connection.active:
-            with contextlib.suppress(TransportError):
+            try:
                 self._close()
                 self.connection.open()
-        with contextlib.suppress(Exception):
-            self._sweep(self.workdir)
+            except TransportError as exc:
+                raise TransportError(f"{self.host}: could not reconnect: {exc}") from exc
+        try:
+            result = self._sweep(self.workdir)
+        except Exception as exc:
+            raise TransportError(f"{self.host}: {type(exc).__name__}: {exc}") from exc
+        if result.timed_out:
+            raise TransportError(f"{self.host}: no answer within {CLEANUP_TIMEOUT:.0f} s")
+        if not result.ok:
+            raise TransportError(f"{self.host}: the cleanup failed: {result.cause()}")
 
     def _close(self) -> None:
         if self._sftp is not None:

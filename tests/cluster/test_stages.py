@@ -80,11 +80,12 @@ LONG_DDP = str(Path(__file__).parent / "clustercheck_long_ddp.py")
 
 
 @contextlib.contextmanager
-def long_ddp_job(cluster, tmp_path, master_port: int, timeout: int):
-    """`clustercheck run --only ddp` with a DDP job that would run for minutes, yielded once its ranks train
-    on every node, with an SSH client per node; clustercheck is killed at the end if it still runs."""
+def long_ddp_job(cluster, tmp_path, master_port: int, timeout: int, *extra: str):
+    """`clustercheck run --only ddp` (plus EXTRA arguments) with a DDP job that would run for minutes, yielded once
+    its ranks train on every node, with an SSH client per node; clustercheck is killed at the end if it still
+    runs."""
     command = clustercheck_command(
-        cluster, tmp_path, *DDP_ONLY, "--timeout", str(timeout), "--master-port", str(master_port)
+        cluster, tmp_path, *DDP_ONLY, "--timeout", str(timeout), "--master-port", str(master_port), *extra
     )
     # clustercheck's own command line, with a DDP job that would run for minutes unless something stops it.
     command = [sys.executable, LONG_DDP, "1000000", *command[1:]]

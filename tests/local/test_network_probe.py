@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -129,3 +130,99 @@ def test_bad_peer_argument_is_a_usage_error():
     )
     assert proc.returncode == 2
     assert "NAME=ADDRESS" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def start_barrier_probe(name: str, peers, ports: list[int], workdir: str, window: float) -> subprocess.Popen:
+    probe = remote.write(workdir)
+    barrier = (f"{workdir}/{name}.ready", f"{workdir}/{name}.go", 30.0)
+    return subprocess.Popen(
+        [sys.executable, probe, "netprobe", *stage.mesh_args(name, peers, ports, window, barrier)],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+
+
+def test_probes_connect_only_after_the_go_signal_so_a_late_node_is_not_a_firewall():
+    """Two probes listen and wait; the third starts 3 s later (longer than the connect window). Once all three
+    are ready the go signal is given: every pair connects, where a probe without the barrier would time out."""
+    workdir = tmp_dir()
+    ports = [free_port(), free_port()]
+    peers = [network.Peer(n, a) for n, a in LOOPBACK.items()]
+    procs = {n: start_barrier_probe(n, peers, ports, workdir, window=2) for n in ("localhost", "n2")}
+    time.sleep(3)
+    assert not any(os.path.exists(f"{workdir}/{n}.go") for n in LOOPBACK)
+    procs["n3"] = start_barrier_probe("n3", peers, ports, workdir, window=2)
+    for name in LOOPBACK:  # the controller's two phases: wait for every node's ready file, then go everywhere
+        wait = subprocess.run(
+            [sys.executable, f"{workdir}/{remote.FILE}", "netprobe", "wait-ready", f"{workdir}/{name}.ready"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        assert wait.returncode == 0, wait.stdout
+    for name in LOOPBACK:
+        subprocess.run(
+            [sys.executable, f"{workdir}/{remote.FILE}", "netprobe", "go", f"{workdir}/{name}.go", "2"], check=True
+        )
+    records = {n: json.loads(p.communicate(timeout=30)[0]) for n, p in procs.items()}
+    assert records["localhost"]["barrier"]["go_after"] >= 3  # it waited, listening, for the late node
+    results = network.evaluate(records, peers, master="localhost", master_port=ports[0])
+    (tcp,) = [r for r in results if r.name == "network.tcp"]
+    assert tcp.status is Status.PASS, tcp.message
+    assert tcp.data["connections"] == 12
+
+
+def test_a_probe_that_gets_no_go_signal_says_so_and_ends():
+    workdir = tmp_dir()
+    ports = [free_port(), free_port()]
+    peers = [network.Peer(n, a) for n, a in LOOPBACK.items()]
+    probe = remote.write(workdir)
+    barrier = (f"{workdir}/r", f"{workdir}/g", 1.0)
+    out = subprocess.run(
+        [sys.executable, probe, "netprobe", *stage.mesh_args("localhost", peers, ports, 2, barrier)],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    record = json.loads(out.stdout)
+    assert record["barrier"]["no_go"] is True
+    assert {o["detail"] for o in record["outgoing"]} == {"no go signal from the controller"}
+    assert os.path.exists(f"{workdir}/r")
+
+
+def test_probes_measure_round_trips_and_throughput_of_every_pair_in_rounds():
+    workdir = tmp_dir()
+    ports = [free_port(), free_port()]
+    perf_port = free_port()
+    peers = [network.Peer(n, a) for n, a in LOOPBACK.items()]
+    probe = remote.write(workdir)
+    procs = {
+        n: subprocess.Popen(
+            [sys.executable, probe, "netprobe", *stage.mesh_args(n, peers, ports, 5), "--perf-port", str(perf_port)],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for n in LOOPBACK
+    }
+    records = {n: json.loads(p.communicate(timeout=60)[0]) for n, p in procs.items()}
+    measured, failed = network.perf_pairs(records)
+    assert failed == []
+    assert sorted(tuple(sorted((p["a"], p["b"]))) for p in measured) == [
+        ("localhost", "n2"),
+        ("localhost", "n3"),
+        ("n2", "n3"),
+    ]
+    assert all(p["rtt_ms"] > 0 and p["a_to_b"] > 0 and p["b_to_a"] > 0 for p in measured)
+    assert [r.status for r in network.perf_checks(records)] == [Status.PASS, Status.PASS]
+
+
+def test_the_rounds_cover_every_pair_once_with_no_node_twice_in_a_round():
+    for n in (2, 3, 4, 7, 64):
+        names = [f"node{i}" for i in range(n)]
+        rounds = netprobe.schedule(names)
+        assert len(rounds) == (n - 1 if n % 2 == 0 else n)
+        pairs = [frozenset(p) for r in rounds for p in r]
+        assert len(pairs) == len(set(pairs)) == n * (n - 1) // 2
+        for r in rounds:
+            members = [x for p in r for x in p]
+            assert len(members) == len(set(members))

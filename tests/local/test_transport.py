@@ -3,9 +3,14 @@
 from __future__ import annotations
 
 import os
+import shutil
+import subprocess
 import time
 from pathlib import Path
 
+import pytest
+
+from clustercheck import transport
 from clustercheck.transport import RUN_MARKER, remote_command
 from clustercheck.transport.local import LocalTransport
 
@@ -56,6 +61,45 @@ def test_a_missing_program_is_exit_127_not_a_crash():
 def test_remote_commands_are_quoted_and_marked():
     line = remote_command(["python3", "-c", "print('a b')"], {"OMP_NUM_THREADS": "1"}, "abc123")
     assert line == "env CLUSTERCHECK_RUN=abc123 OMP_NUM_THREADS=1 setsid -w python3 -c 'print('\"'\"'a b'\"'\"')'"
+
+
+def test_a_remote_command_ends_by_itself_at_its_deadline_with_what_it_forked(monkeypatch):
+    """The line an SSH node runs, run here: the controller is gone (nobody kills it), the command and its
+    background child end at the deadline all the same."""
+    monkeypatch.setattr(transport, "NODE_GRACE", 0)
+    monkeypatch.setattr(transport, "KILL_AFTER", 1)
+    marker = f"deadline-test-{os.getpid()}"
+    line = remote_command(["sh", "-c", "sleep 120 & sleep 121; true"], {}, marker, timeout=1)
+    started = time.monotonic()
+    proc = subprocess.run(["sh", "-c", line], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 124  # coreutils timeout: the deadline passed
+    assert time.monotonic() - started < 10
+    time.sleep(0.5)
+    assert not marked_processes(marker)
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("unshare"), reason="needs root for a PID namespace")
+def test_the_startup_sweep_stops_only_other_runs_past_their_deadline():
+    """In a PID namespace of its own (so it can never touch this machine's other processes): a process of an
+    earlier run past its deadline is stopped and named; one still within its deadline, and one of this run, are
+    left alone."""
+    now = int(time.time())
+    script = (
+        f"env {RUN_MARKER}=old {transport.UNTIL_MARKER}={now - 5} sleep 101 & "
+        f"env {RUN_MARKER}=busy {transport.UNTIL_MARKER}={now + 600} sleep 102 & "
+        f"env {RUN_MARKER}=mine {transport.UNTIL_MARKER}={now - 5} sleep 103 & "
+        "sleep 0.5; " + transport.stale_sweep_script("mine", now) + "; echo ---; "
+        "for p in /proc/[0-9]*; do [ \"$(cat $p/comm)\" = sleep ] && tr '\\0' ' ' < $p/cmdline && echo; done; "
+        "kill $(jobs -p) 2>/dev/null; true"
+    )
+    proc = subprocess.run(
+        ["unshare", "--pid", "--fork", "--mount-proc", "sh", "-c", script], capture_output=True, text=True, timeout=60
+    )
+    swept, _, alive = proc.stdout.partition("---")
+    found = transport.parse_stale(swept)
+    assert [(f["run"], f["command"]) for f in found] == [("old", "sleep 101")], proc.stdout + proc.stderr
+    alive = sorted(line.strip() for line in alive.splitlines() if line.strip())
+    assert alive == ["sleep 102", "sleep 103"]
 
 
 def test_streamed_output_arrives_while_the_command_runs_and_is_not_kept():

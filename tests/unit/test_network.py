@@ -116,7 +116,7 @@ def test_resolution_failures_name_the_resolver_and_the_name():
     failures = {r.host: r for r in named(evaluate(records), "network.resolve") if r.status is Status.FAIL}
     assert "node2 does not resolve" in failures["node1"].message
     assert "node2 resolves to loopback 127.0.1.1" in failures["node2"].message
-    assert "node1 resolves to 10.9.9.9, other nodes get 172.30.82.11" in failures["node3"].message
+    assert "node1 resolves to 10.9.9.9, other nodes get 172.30.80.11" in failures["node3"].message
 
 
 def test_a_name_resolving_to_another_address_everywhere_warns():
@@ -125,7 +125,7 @@ def test_a_name_resolving_to_another_address_everywhere_warns():
         record["resolve"]["node3"] = {"addresses": ["10.0.0.3"]}
     results = named(evaluate(records), "network.resolve")
     assert {r.status for r in results} == {Status.WARN}
-    assert "not its cluster address 172.30.82.13" in results[0].message
+    assert "not its cluster address 172.30.80.13" in results[0].message
 
 
 def test_an_mtu_mismatch_names_the_odd_node():
@@ -170,3 +170,71 @@ def test_records_are_not_modified():
     before = copy.deepcopy(records)
     evaluate(records)
     assert records == before
+
+
+def test_a_node_whose_probe_never_listened_is_named_as_late_not_as_a_firewall():
+    healthy = load("netprobe-healthy.json")
+    records = {n: r for n, r in healthy.items() if n != "node3"}
+    for record in records.values():  # node3 never listened: every connection to it was refused
+        for out in record["outgoing"]:
+            if out["to"] == "node3":
+                out.update(result="refused", detail="Connection refused")
+    results = network.evaluate(
+        records,
+        peers(healthy),
+        master="node1",
+        master_port=29500,
+        errors={"node3": "timed out"},
+        not_ready={"node3": 33.0},
+        ready_after={"node1": 1.2, "node2": 1.4},
+    )
+    probe = {r.host: r for r in results if r.name == "network.probe"}
+    assert probe["node3"].status is Status.ERROR
+    assert "node3's probe never reported ready (not listening after 33 s" in probe["node3"].message
+    assert "the other nodes were ready within 1.4 s" in probe["node3"].message
+    (tcp,) = [r for r in results if r.name == "network.tcp"]
+    assert tcp.status is Status.PASS  # no pair is called a firewall problem
+
+
+def test_a_probe_that_listened_late_is_a_warning_and_its_pairs_are_not_judged():
+    records = load("netprobe-healthy.json")
+    for out in records["node1"]["outgoing"]:
+        if out["to"] == "node2":
+            out.update(result="timeout", detail="no answer within 2 s")
+    results = evaluate(records, not_ready={"node2": 33.0})
+    probe = {r.host: r for r in results if r.name == "network.probe"}
+    assert probe["node2"].status is Status.WARN
+    assert probe["node2"].message.startswith("node2's probe started late")
+    assert [r.status for r in results if r.name == "network.tcp"] == [Status.PASS]
+
+
+def test_round_trips_and_throughput_of_a_healthy_cluster_pass_with_the_medians():
+    rtt, throughput = network.perf_checks(load("netprobe-healthy.json"))
+    assert rtt.status is Status.PASS and "median of 3 pairs" in rtt.message
+    assert throughput.status is Status.PASS and "median of 6 transfers, 3 pairs" in throughput.message
+    assert throughput.data["median_mbps"] > 500
+
+
+def test_a_node_whose_link_is_rate_limited_is_the_one_named_with_the_numbers():
+    rtt, throughput = network.perf_checks(load("netprobe-node2-tbf.json"))
+    assert throughput.status is Status.WARN
+    assert throughput.data["slow_senders"] == ["node2"] and throughput.data["slow_receivers"] == []
+    assert throughput.data["slow_pairs"] == []  # node2 explains its pairs: they are not named again
+    assert throughput.message.startswith("node2 sends slowly to every node: 50 Mbit/s at best, the median is")
+    assert rtt.status is Status.PASS
+
+
+def test_a_pair_that_could_not_be_measured_is_named():
+    records = load("netprobe-healthy.json")
+    entry = next(e for e in records["node1"]["perf"] if not e.get("served"))
+    entry.clear()
+    entry.update(peer="node3", round=1, error="node3 did not connect within 10 s")
+    rtt, throughput = network.perf_checks(records)
+    assert rtt.status is Status.WARN and "not measured: node1 <-> node3 (node3 did not connect" in rtt.message
+    assert throughput.status is Status.WARN
+
+
+def test_one_node_has_no_pair_to_measure():
+    one = {"node1": load("netprobe-healthy.json")["node1"]}
+    one["node1"].pop("perf")
+    assert [r.status for r in network.perf_checks(one)] == [Status.SKIP, Status.SKIP]

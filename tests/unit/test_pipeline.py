@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from clustercheck import cli
 from clustercheck.checks import registry
 from clustercheck.config import RunConfig
 from clustercheck.inventory import Node
@@ -55,6 +56,8 @@ class FakeTransport:
         text = " ".join(command)
         if command[:2] == ["date", "+%s.%N"]:
             return CommandResult(0, f"{time.time():.9f}\n", "")
+        if command[:2] == ["sh", "-c"] and "CLUSTERCHECK_UNTIL" in command[2]:
+            return CommandResult(0, "", "")  # the startup sweep: nothing left by earlier runs
         if command[:2] == ["cat", "/etc/clustercheck/python"]:
             return CommandResult(0, "/opt/venv/bin/python\n", "")
         if command[1:3] == ["-c", "import sys; print(sys.executable)"]:
@@ -236,3 +239,80 @@ def test_a_data_path_that_differs_fails_the_data_stage_and_the_torch_stages_stil
     assert "/srv/ds differs on node3" in results[("data.paths", None)].message
     assert results[("data.shared_dir", None)].status is Status.SKIP  # no --shared-dir
     assert results[("ddp_equivalence", None)].status is Status.PASS  # data does not gate the torch stages
+
+
+def test_the_node_local_collectives_meet_on_a_free_port_of_their_own_not_the_master_port(tmp_path):
+    def free_port(transport, command, timeout):
+        if command[2:4] == ["netprobe", "free-port"]:
+            return CommandResult(0, "41234\n", "")
+        return None
+
+    cluster = Cluster(behaviour={n: free_port for n in NAMES})
+    cluster.run(tmp_path)
+    for transport in cluster.transports.values():
+        local = [c for c in transport.commands if "torch.distributed.run" in c and "local-collectives" in " ".join(c)]
+        multi = [c for c in transport.commands if "torch.distributed.run" in c and c not in local]
+        assert local and multi
+        assert all("--master-port=41234" in c for c in local)
+        assert all("--master-port=29500" in c for c in multi)
+
+
+def test_a_node_whose_ranks_freeze_is_named_within_the_stall_timeout_and_the_job_is_stopped(tmp_path):
+    """node2 freezes during the DDP job: its torchrun and its heartbeat poll never answer; the other nodes'
+    ranks are alive, waiting at step 3. The job deadline is far away: the watchdog names node2 alone."""
+    frozen = threading.Event()
+
+    def node(transport, command, timeout):
+        text = " ".join(command)
+        if "torch.distributed.run" in command and "ddp" in command:
+            deadline, stops = time.monotonic() + timeout, transport.stopped
+            while transport.stopped == stops and time.monotonic() < deadline:
+                time.sleep(0.05)
+            return CommandResult(None, "", "", timed_out=transport.stopped == stops)
+        if "heartbeat" in text:
+            if transport.host == "node2":
+                frozen.wait(timeout)  # a paused machine: no answer
+                return CommandResult(None, "", "", timed_out=True)
+            return CommandResult(0, json.dumps({"0": {"step": 3, "phase": "ddp", "age": 0.4}}) + "\n", "")
+        return None
+
+    cluster = Cluster(behaviour=dict.fromkeys(NAMES, node))
+    started = time.monotonic()
+    try:
+        outcome = cluster.run(
+            tmp_path, selection=Selection(only=("ddp",), skip=("local.*",)), job_timeout=120, stall_timeout=5
+        )
+    finally:
+        frozen.set()
+    assert time.monotonic() - started < 30
+    ddp = by_key(outcome.results)[("ddp_equivalence", None)]
+    assert ddp.status is Status.FAIL
+    assert "node node2 stopped making progress before its ranks reported any step" in ddp.message
+    assert "its SSH connection does not answer" in ddp.message
+    assert "node1" not in ddp.message.split("; the other nodes")[0]
+    assert ddp.data["stalled_nodes"] == ["node2"]
+    assert all(t.stopped >= 2 for t in cluster.transports.values())  # after the core stage, and the stall
+
+
+def test_a_node_that_cannot_be_cleaned_up_is_named_with_the_reason(tmp_path):
+    cluster = Cluster()
+    original = cluster.factory
+
+    def factory(node, run_id, register):
+        connected = original(node, run_id, register)
+        if node.name == "node2":
+
+            def cleanup():
+                raise TransportError("node2: no answer within 15 s")
+
+            connected.transport.cleanup = cleanup
+        return connected
+
+    cluster.factory = factory
+    outcome = cluster.run(tmp_path, selection=Selection(only=("network",), skip=("local.*",)))
+    assert outcome.unclean == {"node2": "no answer within 15 s"}
+    assert cli.cleanup_message(outcome.unclean) == (
+        "could not stop the processes started on node2 (no answer within 15 s): they end by themselves at their "
+        "deadline, and the next run stops whatever is left"
+    )
+    assert cli.cleanup_message({}) == "processes started on the nodes were stopped"

@@ -1,0 +1,131 @@
+"""The progress watchdog of a torch job (pure logic; torchjob.py polls the nodes and feeds it).
+
+Every rank rewrites a heartbeat file every second with the last step it reached (remote/common.py). A poll of
+a node gives, per rank, that step and the heartbeat's age on the node's own clock, or nothing when the node does
+not answer. A node is *alive* while some rank's heartbeat is fresh, and *progressing* while its slowest rank's
+step changes. Two kinds of stall are named:
+
+- a node not alive for the stall timeout while another node is: its ranks are frozen (a paused machine, a
+  stopped process, a node that does not answer) and the others wait for it in a collective;
+- no node progressing for the stall timeout: a hang; the nodes whose slowest rank is behind the others are named,
+  or none when every node waits at the same step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+FRESH = 10.0  # seconds: a heartbeat younger than this shows a live rank (it is rewritten every second)
+ANSWERING = 15.0  # seconds: a node whose last poll answered longer ago than this does not answer
+PENDING = 8.0  # seconds: nor does a node whose poll under way has waited this long for an answer
+
+
+@dataclass
+class NodeState:
+    alive_at: float  # when a poll last showed a fresh heartbeat (controller clock)
+    progress_at: float  # when the node's slowest rank last moved on
+    step: int | None = None  # the slowest rank's step (None: no heartbeat seen yet)
+    phase: str | None = None
+    answered_at: float | None = None  # when a poll of the node last answered
+    polling_since: float | None = None  # when the poll under way began (None: none under way)
+
+    def answers(self, now: float) -> bool:
+        if self.polling_since is not None and now - self.polling_since > PENDING:
+            return False
+        return self.answered_at is not None and now - self.answered_at <= ANSWERING
+
+
+@dataclass(frozen=True)
+class Stall:
+    nodes: tuple[str, ...]  # the nodes named (empty: a hang no single node explains)
+    message: str
+    data: dict = field(default_factory=dict)
+
+
+class Watchdog:
+    def __init__(self, nodes: list[str], stall_timeout: float, now: float) -> None:
+        self.stall_timeout = stall_timeout
+        self.nodes = {n: NodeState(alive_at=now, progress_at=now) for n in nodes}
+
+    def polling(self, node: str, now: float) -> None:
+        """A poll of NODE begins at NOW."""
+        self.nodes[node].polling_since = now
+
+    def observe(self, node: str, ranks: dict[str, dict] | None, now: float) -> None:
+        """A poll of NODE at NOW: rank -> {"step", "phase", "age"}, or None when the node did not answer."""
+        state = self.nodes[node]
+        state.polling_since = None
+        if ranks is not None:
+            state.answered_at = now
+        if not ranks:
+            return
+        ages = [r.get("age", FRESH) for r in ranks.values()]
+        if min(ages) < FRESH:
+            state.alive_at = max(state.alive_at, now - min(ages))
+        slowest = min(ranks.values(), key=lambda r: (r.get("step", 0), r.get("phase") or ""))
+        if (slowest.get("step"), slowest.get("phase")) != (state.step, state.phase):
+            state.step, state.phase = slowest.get("step"), slowest.get("phase")
+            state.progress_at = now
+
+    def ended(self, node: str, now: float) -> None:
+        """NODE's job ended: it waits for nobody and nobody waits for it."""
+        state = self.nodes[node]
+        state.alive_at = state.progress_at = state.answered_at = now
+
+    def stall(self, now: float) -> Stall | None:
+        """The stall to report at NOW, or None while the job makes progress (or every node is silent alike)."""
+        limit = self.stall_timeout
+        frozen = sorted(n for n, s in self.nodes.items() if now - s.alive_at > limit)
+        alive = [n for n in self.nodes if n not in frozen]
+        if frozen and alive:
+            texts = []
+            for name in frozen:
+                s = self.nodes[name]
+                where = "before its ranks reported any step" if s.step is None else f"at step {s.step}"
+                if s.phase:
+                    where += f" ({s.phase})"
+                answers = "answers" if s.answers(now) else "does not answer"
+                texts.append(
+                    f"node {name} stopped making progress {where} (last seen {now - s.alive_at:.0f} s ago); "
+                    f"its SSH connection {answers}"
+                )
+            return Stall(
+                tuple(frozen),
+                "; ".join(texts) + f"; the other nodes ({', '.join(alive)}) were waiting for it",
+                self._data(frozen, now),
+            )
+        if all(now - s.progress_at > limit for s in self.nodes.values()) and any(
+            s.step is not None for s in self.nodes.values()
+        ):
+            steps = {n: -1 if s.step is None else s.step for n, s in self.nodes.items()}  # -1: no step yet
+            lowest = min(steps.values())
+            behind = sorted(n for n, step in steps.items() if step == lowest)
+            if len(behind) < len(self.nodes):
+                where = "before its ranks reported any step" if lowest < 0 else f"at step {lowest}"
+                return Stall(
+                    tuple(behind),
+                    f"no node made progress for {limit:.0f} s: {', '.join(f'node {n}' for n in behind)} stopped "
+                    f"{where} while the others reached a later step and wait for it",
+                    self._data(behind, now),
+                )
+            return Stall(
+                (),
+                f"no node made progress for {limit:.0f} s: every node waits at step {lowest} "
+                f"({self.nodes[behind[0]].phase or 'unknown phase'}), a hang no single node explains",
+                self._data([], now),
+            )
+        return None
+
+    def _data(self, named: list[str], now: float) -> dict:
+        return {
+            "stalled_nodes": list(named),
+            "progress": {
+                n: {
+                    "step": s.step,
+                    "phase": s.phase,
+                    "last_seen_s": round(now - s.alive_at, 1),
+                    "ssh_answers": s.answers(now),
+                }
+                for n, s in self.nodes.items()
+            },
+        }

@@ -1,0 +1,97 @@
+"""The progress watchdog's judgement, fed polls as torchjob.py feeds it (rank -> heartbeat with its age)."""
+
+from __future__ import annotations
+
+from clustercheck.stages.watchdog import Watchdog
+
+NODES = ["node1", "node2", "node3"]
+
+
+def beat(step: int, age: float = 0.5, phase: str = "ddp") -> dict:
+    return {"0": {"step": step, "phase": phase, "age": age}}
+
+
+def run_polls(dog: Watchdog, start: float, end: float, answers) -> None:
+    """Poll every node every 5 s from START to END; ANSWERS(node, t) gives its answer."""
+    t = start
+    while t <= end:
+        for node in NODES:
+            dog.observe(node, answers(node, t), t)
+        t += 5
+
+
+def test_a_node_that_stops_answering_while_the_others_wait_is_named_alone():
+    dog = Watchdog(NODES, stall_timeout=20, now=0)
+
+    def answers(node, t):
+        if node == "node2" and t >= 30:  # frozen at t=30: no answer at all (a paused machine)
+            return None
+        step = min(int(t), 30)  # the others advance to step 30, then wait in the next collective
+        return beat(step)
+
+    run_polls(dog, 0, 40, answers)
+    assert dog.stall(40) is None  # last seen at the poll of t=25: not yet
+    run_polls(dog, 45, 45, answers)
+    stall = dog.stall(45)
+    assert stall is not None and stall.nodes == ("node2",)
+    assert "node node2 stopped making progress at step 25 (ddp) (last seen 20 s ago)" in stall.message
+    assert "its SSH connection does not answer" in stall.message
+    assert "the other nodes (node1, node3) were waiting for it" in stall.message
+    assert stall.data["progress"]["node1"]["ssh_answers"] is True
+
+
+def test_a_node_whose_ranks_are_stopped_but_whose_ssh_answers_says_so():
+    dog = Watchdog(NODES, stall_timeout=20, now=0)
+    # node3's rank is stopped at step 7: its heartbeat file ages on the node's clock, SSH still answers.
+    run_polls(dog, 0, 60, lambda n, t: beat(7, age=t - 7) if n == "node3" and t > 7 else beat(min(int(t), 8)))
+    stall = dog.stall(60)
+    assert stall.nodes == ("node3",)
+    assert "its SSH connection answers" in stall.message
+
+
+def test_a_job_that_keeps_stepping_is_never_a_stall():
+    dog = Watchdog(NODES, stall_timeout=20, now=0)
+    run_polls(dog, 0, 300, lambda n, t: beat(int(t)))
+    assert dog.stall(300) is None
+
+
+def test_slow_start_before_any_heartbeat_is_not_a_stall_while_nothing_is_known():
+    dog = Watchdog(NODES, stall_timeout=20, now=0)
+    run_polls(dog, 0, 15, lambda n, t: {})  # torchrun starting: no heartbeat file yet
+    assert dog.stall(15) is None
+
+
+def test_a_hang_where_every_rank_is_alive_names_the_node_behind():
+    dog = Watchdog(NODES, stall_timeout=20, now=0)
+    run_polls(dog, 0, 60, lambda n, t: beat(min(int(t), 4 if n == "node1" else 5)))
+    stall = dog.stall(60)
+    assert stall.nodes == ("node1",)
+    assert "node node1 stopped at step 4 while the others reached a later step" in stall.message
+
+
+def test_a_hang_at_the_same_step_everywhere_names_no_node():
+    dog = Watchdog(NODES, stall_timeout=20, now=0)
+    run_polls(dog, 0, 60, lambda n, t: beat(min(int(t), 5), phase="allreduce"))
+    stall = dog.stall(60)
+    assert stall.nodes == ()
+    assert "every node waits at step 5 (allreduce), a hang no single node explains" in stall.message
+
+
+def test_a_node_whose_job_ended_is_not_a_straggler():
+    dog = Watchdog(NODES, stall_timeout=20, now=0)
+    run_polls(dog, 0, 10, lambda n, t: beat(int(t)))
+    for t in range(15, 60, 5):  # node1's torchrun ended at t=10: its heartbeats age, the others still step
+        dog.ended("node1", t)
+        dog.observe("node2", beat(t), t)
+        dog.observe("node3", beat(t), t)
+    assert dog.stall(60) is None
+
+
+def test_a_node_whose_poll_hangs_does_not_answer_even_if_its_last_poll_was_recent():
+    dog = Watchdog(NODES, stall_timeout=20, now=0)
+    run_polls(dog, 0, 5, lambda n, t: beat(int(t)))
+    dog.polling("node2", 6)  # frozen at 6: this poll never answers
+    run_polls(dog, 10, 25, lambda n, t: None if n == "node2" else beat(int(t)))  # (node2's observations: none)
+    dog.nodes["node2"].polling_since = 6  # still under way
+    stall = dog.stall(26)
+    assert stall.nodes == ("node2",) and "its SSH connection does not answer" in stall.message
