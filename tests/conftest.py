@@ -33,15 +33,16 @@ def _need_docker() -> None:
 
 
 @contextlib.contextmanager
-def own_cluster(size: int, what: str, suffix: str = ""):
+def own_cluster(size: int, what: str, suffix: str = "", os_name=testcluster.DEFAULT_OS, user: str = "root"):
     """SIZE fresh nodes under the name TESTCLUSTER_NAME (default cc) + SUFFIX, removed afterwards.
 
-    TESTCLUSTER_NAME names the cluster, so separate checkouts can test side by side.
+    TESTCLUSTER_NAME names the cluster, so separate checkouts can test side by side. OS_NAME and USER as
+    for testcluster.up: one OS or one per node; the login user (passwordless sudo) when not root.
     """
     _need_docker()
     name = os.environ.get("TESTCLUSTER_NAME", testcluster.DEFAULT_NAME) + suffix
     try:
-        up = testcluster.up(size, name=name)
+        up = testcluster.up(size, name=name, os_name=os_name, user=user)
     except testcluster.ClusterError as exc:
         pytest.fail(f"{what} did not come up: {exc}")
     try:
@@ -54,6 +55,18 @@ def own_cluster(size: int, what: str, suffix: str = ""):
 def cluster():
     """Three fresh Debian 12 nodes on a private network, reached over SSH; removed afterwards."""
     with own_cluster(3, "test cluster") as up:
+        yield up
+
+
+UBUNTU_RELEASES = ["ubuntu20.04", "ubuntu22.04", "ubuntu24.04"]
+UBUNTU_USER = "ops"
+
+
+@pytest.fixture(scope="session")
+def ubuntu_cluster():
+    """One node of each Ubuntu release (node1: 20.04, node2: 22.04, node3: 24.04), reached as the
+    non-root user `ops` with passwordless sudo, the way cloud images are; removed afterwards."""
+    with own_cluster(3, "Ubuntu test cluster", "-ubuntu", os_name=UBUNTU_RELEASES, user=UBUNTU_USER) as up:
         yield up
 
 
