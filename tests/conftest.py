@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
 
 sys.path.insert(0, str(Path(__file__).parent / "cluster"))
 import testcluster
@@ -95,6 +96,30 @@ def wheelhouse() -> Path:
 
 ACCEPTANCE_DIR = REPO / "tests" / "acceptance"
 TEST_VARS = REPO / "tests" / "ansible" / "testcluster-vars.yml"
+UBUNTU_HOST_VARS = REPO / "tests" / "ansible" / "testcluster-ubuntu-hostvars.yml"
+
+
+def write_ubuntu_host_vars(cluster, wheelhouse: Path) -> None:
+    """host_vars/<node>.yml beside CLUSTER's inventory from testcluster-ubuntu-hostvars.yml, by each node's
+    release: Ansible and the acceptance suite (through ansible-inventory) read the same values."""
+    by_release = yaml.safe_load(UBUNTU_HOST_VARS.read_text())
+    pure = str(pure_wheelhouse(wheelhouse))
+    host_vars = Path(cluster.inventory).parent / "host_vars"
+    host_vars.mkdir(exist_ok=True)
+    for node in cluster.nodes:
+        values = {k: pure if v == "PURE_WHEELHOUSE" else v for k, v in by_release.get(node.os, {}).items()}
+        (host_vars / f"{node.name}.yml").write_text(yaml.safe_dump(values, sort_keys=True))
+
+
+def pure_wheelhouse(wheelhouse: Path) -> Path:
+    """A wheelhouse with only pure-Python wheels (mpmath, filelock) from WHEELHOUSE: for the Ubuntu nodes whose
+    Python no torch wheel here fits."""
+    target = wheelhouse.parent / "wheelhouse-pure"
+    target.mkdir(exist_ok=True)
+    for wheel in [*wheelhouse.glob("mpmath-*-py3-none-any.whl"), *wheelhouse.glob("filelock-*-py3-none-any.whl")]:
+        if not (target / wheel.name).exists():
+            shutil.copy2(wheel, target / wheel.name)
+    return target
 
 
 def pytest_ignore_collect(collection_path, config):
@@ -106,20 +131,16 @@ def pytest_ignore_collect(collection_path, config):
 
 def ansible_playbook(cluster, wheelhouse: Path, *args: str, timeout: float = 1500) -> subprocess.CompletedProcess:
     """Run site.yml (or the playbook in ARGS) against CLUSTER with the test variables: venv + wheelhouse,
-    time served by node1 inside the test network."""
-    cmd = [
-        str(Path(sys.executable).parent / "ansible-playbook"),
-        "-i",
-        cluster.inventory,
-        "-e",
-        f"@{TEST_VARS}",
-        "-e",
-        f"pytorch_wheelhouse={wheelhouse}",
-        *args,
-    ]
+    time served by node1 inside the test network; on Ubuntu nodes also testcluster-ubuntu-vars.yml."""
+    if any(testcluster.distro(n.os).ubuntu for n in cluster.nodes):
+        write_ubuntu_host_vars(cluster, wheelhouse)
+    cmd = [str(Path(sys.executable).parent / "ansible-playbook"), "-i", cluster.inventory, "-e", f"@{TEST_VARS}"]
+    cmd += ["-e", f"pytorch_wheelhouse={wheelhouse}", *args]
     if not any(a.endswith(".yml") and not a.startswith("@") for a in args):
         cmd.append(str(REPO / "site.yml"))
     env = {**os.environ, "ANSIBLE_FORCE_COLOR": "0", "ANSIBLE_NOCOLOR": "1", "ANSIBLE_STDOUT_CALLBACK": "default"}
+    # A busy 2-core machine can take more than Ansible's default 10 s to answer a new SSH connection.
+    env.setdefault("ANSIBLE_TIMEOUT", "60")
     return subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout, env=env)
 
 
@@ -139,6 +160,20 @@ def converged_cluster(cluster, wheelhouse):
             f"site.yml failed on the test cluster (exit {proc.returncode}):\n{proc.stdout[-6000:]}\n{proc.stderr}"
         )
     return cluster
+
+
+@pytest.fixture(scope="session")
+def converged_ubuntu_cluster(ubuntu_cluster, wheelhouse):
+    """The Ubuntu cluster (20.04, 22.04, 24.04, user `ops` with become) after one run of site.yml; output and
+    duration as on `converged_cluster`."""
+    started = time.monotonic()
+    proc = ansible_playbook(ubuntu_cluster, wheelhouse)
+    ubuntu_cluster.converge_seconds = time.monotonic() - started
+    ubuntu_cluster.converge_output = proc.stdout
+    if proc.returncode != 0:
+        out = f"{proc.stdout[-6000:]}\n{proc.stderr}"
+        pytest.fail(f"site.yml failed on the Ubuntu test cluster (exit {proc.returncode}):\n{out}")
+    return ubuntu_cluster
 
 
 @pytest.fixture(scope="session")
