@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import testcluster
 import torchenv
+import yaml
 
 REPO = Path(__file__).resolve().parent.parent
 IN_CI = os.environ.get("CI", "").lower() == "true"
@@ -31,15 +32,16 @@ def _need_docker() -> None:
 
 
 @contextlib.contextmanager
-def own_cluster(size: int, what: str, suffix: str = ""):
+def own_cluster(size: int, what: str, suffix: str = "", os_name=testcluster.DEFAULT_OS, user: str = "root"):
     """SIZE fresh nodes under the name TESTCLUSTER_NAME (default cc) + SUFFIX, removed afterwards.
 
-    TESTCLUSTER_NAME names the cluster, so separate checkouts can test side by side.
+    TESTCLUSTER_NAME names the cluster, so separate checkouts can test side by side. OS_NAME and USER as
+    for testcluster.up: one OS or one per node; the login user (passwordless sudo) when not root.
     """
     _need_docker()
     name = os.environ.get("TESTCLUSTER_NAME", testcluster.DEFAULT_NAME) + suffix
     try:
-        up = testcluster.up(size, name=name)
+        up = testcluster.up(size, name=name, os_name=os_name, user=user)
     except testcluster.ClusterError as exc:
         pytest.fail(f"{what} did not come up: {exc}")
     try:
@@ -52,6 +54,18 @@ def own_cluster(size: int, what: str, suffix: str = ""):
 def cluster():
     """Three fresh Debian 12 nodes on a private network, reached over SSH; removed afterwards."""
     with own_cluster(3, "test cluster") as up:
+        yield up
+
+
+UBUNTU_RELEASES = ["ubuntu20.04", "ubuntu22.04", "ubuntu24.04"]
+UBUNTU_USER = "ops"
+
+
+@pytest.fixture(scope="session")
+def ubuntu_cluster():
+    """One node of each Ubuntu release (node1: 20.04, node2: 22.04, node3: 24.04), reached as the
+    non-root user `ops` with passwordless sudo, the way cloud images are; removed afterwards."""
+    with own_cluster(3, "Ubuntu test cluster", "-ubuntu", os_name=UBUNTU_RELEASES, user=UBUNTU_USER) as up:
         yield up
 
 
@@ -104,6 +118,30 @@ def lightning_wheelhouse(wheelhouse) -> Path:
 
 ACCEPTANCE_DIR = REPO / "tests" / "acceptance"
 TEST_VARS = REPO / "tests" / "ansible" / "testcluster-vars.yml"
+UBUNTU_HOST_VARS = REPO / "tests" / "ansible" / "testcluster-ubuntu-hostvars.yml"
+
+
+def write_ubuntu_host_vars(cluster, wheelhouse: Path) -> None:
+    """host_vars/<node>.yml beside CLUSTER's inventory from testcluster-ubuntu-hostvars.yml, by each node's
+    release: Ansible and the acceptance suite (through ansible-inventory) read the same values."""
+    by_release = yaml.safe_load(UBUNTU_HOST_VARS.read_text())
+    pure = str(pure_wheelhouse(wheelhouse))
+    host_vars = Path(cluster.inventory).parent / "host_vars"
+    host_vars.mkdir(exist_ok=True)
+    for node in cluster.nodes:
+        values = {k: pure if v == "PURE_WHEELHOUSE" else v for k, v in by_release.get(node.os, {}).items()}
+        (host_vars / f"{node.name}.yml").write_text(yaml.safe_dump(values, sort_keys=True))
+
+
+def pure_wheelhouse(wheelhouse: Path) -> Path:
+    """A wheelhouse with only pure-Python wheels (mpmath, filelock) from WHEELHOUSE: for the Ubuntu nodes whose
+    Python no torch wheel here fits."""
+    target = wheelhouse.parent / "wheelhouse-pure"
+    target.mkdir(exist_ok=True)
+    for wheel in [*wheelhouse.glob("mpmath-*-py3-none-any.whl"), *wheelhouse.glob("filelock-*-py3-none-any.whl")]:
+        if not (target / wheel.name).exists():
+            shutil.copy2(wheel, target / wheel.name)
+    return target
 
 
 def pytest_ignore_collect(collection_path, config):
@@ -115,20 +153,16 @@ def pytest_ignore_collect(collection_path, config):
 
 def ansible_playbook(cluster, wheelhouse: Path, *args: str, timeout: float = 1500) -> subprocess.CompletedProcess:
     """Run site.yml (or the playbook in ARGS) against CLUSTER with the test variables: venv + wheelhouse,
-    time served by node1 inside the test network."""
-    cmd = [
-        str(Path(sys.executable).parent / "ansible-playbook"),
-        "-i",
-        cluster.inventory,
-        "-e",
-        f"@{TEST_VARS}",
-        "-e",
-        f"pytorch_wheelhouse={wheelhouse}",
-        *args,
-    ]
+    time served by node1 inside the test network; on Ubuntu nodes also testcluster-ubuntu-vars.yml."""
+    if any(testcluster.distro(n.os).ubuntu for n in cluster.nodes):
+        write_ubuntu_host_vars(cluster, wheelhouse)
+    cmd = [str(Path(sys.executable).parent / "ansible-playbook"), "-i", cluster.inventory, "-e", f"@{TEST_VARS}"]
+    cmd += ["-e", f"pytorch_wheelhouse={wheelhouse}", *args]
     if not any(a.endswith(".yml") and not a.startswith("@") for a in args):
         cmd.append(str(REPO / "site.yml"))
     env = {**os.environ, "ANSIBLE_FORCE_COLOR": "0", "ANSIBLE_NOCOLOR": "1", "ANSIBLE_STDOUT_CALLBACK": "default"}
+    # A busy 2-core machine can take more than Ansible's default 10 s to answer a new SSH connection.
+    env.setdefault("ANSIBLE_TIMEOUT", "60")
     return subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout, env=env)
 
 
@@ -148,6 +182,20 @@ def converged_cluster(cluster, wheelhouse):
             f"site.yml failed on the test cluster (exit {proc.returncode}):\n{proc.stdout[-6000:]}\n{proc.stderr}"
         )
     return cluster
+
+
+@pytest.fixture(scope="session")
+def converged_ubuntu_cluster(ubuntu_cluster, wheelhouse):
+    """The Ubuntu cluster (20.04, 22.04, 24.04, user `ops` with become) after one run of site.yml; output and
+    duration as on `converged_cluster`."""
+    started = time.monotonic()
+    proc = ansible_playbook(ubuntu_cluster, wheelhouse)
+    ubuntu_cluster.converge_seconds = time.monotonic() - started
+    ubuntu_cluster.converge_output = proc.stdout
+    if proc.returncode != 0:
+        out = f"{proc.stdout[-6000:]}\n{proc.stderr}"
+        pytest.fail(f"site.yml failed on the Ubuntu test cluster (exit {proc.returncode}):\n{out}")
+    return ubuntu_cluster
 
 
 @pytest.fixture(scope="session")

@@ -4,6 +4,7 @@ the address filters decide right, the conda checksum script parses what Miniforg
 from __future__ import annotations
 
 import importlib.util
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -22,21 +23,25 @@ def _load(path: Path, name: str):
     return module
 
 
-def test_site_applies_the_roles_in_order():
+def test_site_applies_every_role_with_its_own_tag_and_the_readme_says_the_order():
+    """The order is written once, in playbooks/nodes.yml; the README's sentence follows it."""
+    role_docs = _load(REPO / "scripts" / "role_docs.py", "role_docs")
     plays = yaml.safe_load((REPO / "playbooks" / "nodes.yml").read_text())
-    roles = [r["role"] for r in plays[1]["roles"]]
-    assert roles == [
-        "base",
-        "cluster_hosts",
-        "nvidia_driver",
-        "cuda_toolkit",
-        "nccl",
-        "python_env",
-        "monitoring",
-        "firewall",
-        "ssh_trust",
-    ]
-    assert all(r["tags"] == [r["role"]] for r in plays[1]["roles"])
+    entries = [r for play in plays for r in play.get("roles", [])]
+    assert all(r["tags"] == [r["role"]] for r in entries)
+    order = role_docs.site_roles()
+    # every role is applied, or used by one that is (nvidia_repo, by the NVIDIA roles)
+    assert set(ROLES) - set(order) == {"nvidia_repo"}
+    sentence = (REPO / "README.md").read_text().split("applies the roles in this order", 1)[1].split(".", 1)[0]
+    assert [w.strip("`") for w in re.findall(r"`(\w+)`", sentence) if w != "nvidia_repo"] == order
+
+
+def test_no_linked_roles_or_plugins():
+    """ansible.cfg says where the roles and the shared filters are; no directory links to them."""
+    links = [p for p in REPO.rglob("*") if p.is_symlink() and ".venv" not in p.parts and ".git" not in p.parts]
+    assert links == []
+    cfg = (REPO / "ansible.cfg").read_text()
+    assert "roles_path = roles" in cfg and "filter_plugins = filter_plugins" in cfg
 
 
 @pytest.mark.parametrize("role", ROLES)
@@ -53,9 +58,33 @@ def test_argument_specs_cover_every_default(role):
             assert option["default"] == defaults[name], f"{name}: spec default differs from defaults/main.yml"
     for required in ("meta/main.yml", "tasks/main.yml"):
         assert (REPO / "roles" / role / required).exists()
+
+
+ROLES_WITH_CHOICES = {
+    "python_env": {"python_env_manager": ["conda", "venv"]},
+    "firewall": {"firewall_logging": ["off", "low", "medium", "high", "full"]},
+}
+
+
+@pytest.mark.parametrize("role", sorted(ROLES_WITH_CHOICES))
+def test_fixed_value_sets_are_choices_in_the_argument_specs(role):
+    options = yaml.safe_load((REPO / "roles" / role / "meta" / "argument_specs.yml").read_text())["argument_specs"][
+        "main"
+    ]["options"]
+    for name, choices in ROLES_WITH_CHOICES[role].items():
+        assert [str(c) for c in options[name].get("choices", [])] == choices, name
+
+
+@pytest.mark.parametrize("role", ["base", "cluster_hosts", "firewall", "python_env", "ssh_trust"])
+def test_a_vars_file_only_where_a_distribution_differs(role):
+    """vars/<distribution>[-<version>].yml exists only where it says something vars/default.yml does not."""
     vars_dir = REPO / "roles" / role / "vars"
-    for distro in ("Ubuntu-20.04", "Ubuntu-22.04", "Ubuntu-24.04", "Debian-12"):
-        assert (vars_dir / f"{distro}.yml").exists(), f"{role} has no vars for {distro}"
+    default = vars_dir / "default.yml"
+    for path in vars_dir.glob("*.yml"):
+        if path.name in ("main.yml", "default.yml"):
+            continue
+        assert default.exists(), f"{path} without a vars/default.yml to differ from"
+        assert yaml.safe_load(path.read_text()) != yaml.safe_load(default.read_text()), f"{path} equals default.yml"
 
 
 def test_readme_role_variables_are_generated_and_current():
@@ -73,7 +102,7 @@ def test_role_docs_render_every_option():
 
 
 def test_address_filters():
-    net = _load(REPO / "roles" / "cluster_hosts" / "filter_plugins" / "clustercheck_net.py", "clustercheck_net")
+    net = _load(REPO / "filter_plugins" / "clustercheck_net.py", "clustercheck_net")
     assert net.in_cidr("10.0.0.5", "10.0.0.0/24")
     assert not net.in_cidr("10.0.1.5", "10.0.0.0/24")
     assert net.in_cidr("192.0.2.1", "any")
@@ -93,3 +122,27 @@ def test_conda_checksum_table_parser():
     assert script.installer_names("24.11.3-0")[0] == "Miniforge3-24.11.3-0-Linux-x86_64.sh"
     defaults = yaml.safe_load((REPO / "roles" / "python_env" / "defaults" / "main.yml").read_text())
     assert defaults["python_env_conda_installer_sha256"]["Miniforge3-24.11.3-0-Linux-x86_64.sh"] == digest
+
+
+def test_wheelhouse_check_reads_real_wheel_names():
+    """python_env's wheel check on the wheel names pip downloads for torch 2.13.0 CPU (CPython 3.11, x86_64)."""
+    wheels = _load(REPO / "roles" / "python_env" / "filter_plugins" / "python_env_wheels.py", "python_env_wheels")
+    names = [
+        "torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl",
+        "markupsafe-3.0.4-cp311-cp311-manylinux2014_x86_64.manylinux_2_17_x86_64.manylinux_2_28_x86_64.whl",
+        "mpmath-1.3.0-py3-none-any.whl",
+    ]
+    assert wheels.wheelhouse_mismatch(names, {"torch": "2.13.0"}, "3.11", "x86_64") == ""
+    assert wheels.wheelhouse_mismatch(names, {"torch": "", "mpmath": "1.3.0"}, "3.8", "x86_64") == ""
+    assert wheels.wheelhouse_mismatch(names, {"torch": "2.13.0"}, "3.12", "x86_64", "gpu01") == (
+        "gpu01 has Python 3.12 on x86_64, but the wheelhouse's torch==2.13.0 wheels are for "
+        "cp311-cp311-manylinux_2_28_x86_64; build a wheelhouse for it with: pip download -d wheelhouse "
+        "--only-binary=:all: --python-version 3.12 --platform manylinux_2_28_x86_64 torch==2.13.0"
+    )
+    assert "--platform manylinux_2_28_aarch64" in wheels.wheelhouse_mismatch(
+        names, {"torch": "2.13.0"}, "3.11", "aarch64"
+    )
+    assert wheels.wheelhouse_mismatch(names, {"torchvision": "0.28.0"}, "3.11", "x86_64").startswith(
+        "the wheelhouse has no torchvision==0.28.0 wheel"
+    )
+    assert wheels.python_too_old("3.8", "3.10") and not wheels.python_too_old("3.12", "3.10")

@@ -27,12 +27,18 @@ def inventory_hosts(path: str) -> dict[str, str]:
     return {name: hostvars[name]["ansible_host"] for name in data["gpu_nodes"]["hosts"]}
 
 
-def ssh(address: str, known_hosts: str, key_file: str) -> paramiko.SSHClient:
+def ssh(address: str, known_hosts: str, key_file: str, user: str = "root") -> paramiko.SSHClient:
     client = paramiko.SSHClient()
     client.load_host_keys(known_hosts)
     client.set_missing_host_key_policy(paramiko.RejectPolicy())
-    client.connect(address, username="root", key_filename=key_file, timeout=10, allow_agent=False, look_for_keys=False)
+    client.connect(address, username=user, key_filename=key_file, timeout=10, allow_agent=False, look_for_keys=False)
     return client
+
+
+def run_on(client: paramiko.SSHClient, command: str) -> tuple[int, str]:
+    _, stdout, stderr = client.exec_command(command, timeout=300)
+    out = stdout.read().decode() + stderr.read().decode()
+    return stdout.channel.recv_exit_status(), out
 
 
 def test_every_node_answers_over_ssh_with_host_key_checking(cluster):
@@ -88,3 +94,52 @@ def test_up_replaces_leftovers_of_an_earlier_run(cluster):
     finally:
         testcluster.down(name)
     assert testcluster._resources(name) == ([], [])
+
+
+def test_ubuntu_nodes_run_the_release_asked_for_reached_as_a_sudo_user(ubuntu_cluster):
+    """Real Ubuntu root file systems (debootstrap from Ubuntu's archive), one per release, each reached as
+    the login user with passwordless sudo; root accepts no key, as on a cloud image."""
+    expected = {"node1": ("20.04", "focal"), "node2": ("22.04", "jammy"), "node3": ("24.04", "noble")}
+    assert {n.name: n.os for n in ubuntu_cluster.nodes} == {
+        "node1": "ubuntu20.04",
+        "node2": "ubuntu22.04",
+        "node3": "ubuntu24.04",
+    }
+    for node in ubuntu_cluster.nodes:
+        with ssh(node.address, ubuntu_cluster.known_hosts, ubuntu_cluster.key_file, user="ops") as client:
+            status, out = run_on(
+                client, ". /etc/os-release && echo $ID $VERSION_ID $VERSION_CODENAME && whoami && sudo -n id -u"
+            )
+            assert status == 0, out
+            assert out.split() == ["ubuntu", *expected[node.name], "ops", "0"]
+        with pytest.raises(paramiko.AuthenticationException):
+            ssh(node.address, ubuntu_cluster.known_hosts, ubuntu_cluster.key_file, user="root")
+
+
+def test_ubuntu_nodes_install_from_the_archive_through_the_apt_cache(ubuntu_cluster):
+    """apt on an Ubuntu node trusts the archive (signed by the key checked when the image was built) and
+    fetches through the control machine's apt-cacher-ng."""
+    assert ubuntu_cluster.apt_proxy.endswith(":3142")
+    node = ubuntu_cluster.node("node2")
+    with ssh(node.address, ubuntu_cluster.known_hosts, ubuntu_cluster.key_file, user="ops") as client:
+        status, out = run_on(client, "apt-config dump Acquire::http::Proxy && sudo apt-get update 2>&1")
+    assert status == 0, out
+    assert ubuntu_cluster.apt_proxy in out
+    assert "jammy-updates InRelease" in out and "NO_PUBKEY" not in out
+
+
+def test_ubuntu_archive_key_is_trusted_only_with_its_fingerprint(tmp_path):
+    """The keyring debootstrap verifies Ubuntu's Release files with holds the archive key with the published
+    fingerprint and nothing else; a keyring without that key (Debian's) would not be taken."""
+    keyring = testcluster.ubuntu_keyring()
+    assert testcluster.fingerprints(keyring) == ["F6ECB3762474EDA9D21B7022871920D1991BC93C"]
+    debian = Path("/usr/share/keyrings/debian-archive-keyring.gpg")
+    if debian.exists():
+        assert testcluster.UBUNTU_ARCHIVE_KEY not in testcluster.fingerprints(debian)
+
+
+def test_up_refuses_an_unknown_os_and_a_count_mismatch():
+    with pytest.raises(testcluster.ClusterError, match=r"unknown OS 'ubuntu18\.04'"):
+        testcluster.up(1, name="never", os_name="ubuntu18.04")
+    with pytest.raises(testcluster.ClusterError, match=r"2 node\(s\) but 3 OS name"):
+        testcluster.up(2, name="never", os_name=["focal", "jammy", "noble"])

@@ -1,18 +1,30 @@
-"""A real multi-node test cluster: Debian 12 nodes in Docker, reached over SSH.
+"""A real multi-node test cluster: Debian 12 and Ubuntu 20.04/22.04/24.04 nodes in Docker, reached over SSH.
 
 Usage:
-    testcluster up N [--name NAME]     start N nodes (replacing leftovers of NAME)
+    testcluster up N [--name NAME] [--os OS[,OS...]] [--user USER]
+                                       start N nodes (replacing leftovers of NAME)
     testcluster down [--name NAME]     remove the nodes, network and state of NAME
     testcluster inventory [--name NAME]  print the path of NAME's Ansible inventory
-    testcluster image                  build (or reuse) the node image only
+    testcluster image [--os OS]        build (or reuse) the node image only
+    testcluster apt-cache              start (or find) the apt cache and print its URL
 
-The node image is built with debootstrap from Debian's packages and imported
-into Docker; it is cached (as an image, and as a root-file-system tarball so a
-wiped Docker data directory costs an import, not a rebuild). Each node runs
-systemd as PID 1 with its own SSH host keys, generated at first start, and
-accepts key-only root login. The host keys are read through `docker exec`, an
-out-of-band channel, and written to a known_hosts file, so clients connect with
-host-key checking on from the first connection.
+OS is debian12 (the default), ubuntu20.04, ubuntu22.04 or ubuntu24.04 (or the
+suite names bookworm, focal, jammy, noble); one OS for every node, or one per
+node. Each node image is built with debootstrap from the distribution's own
+archive and imported into Docker; it is cached (as an image, and as a
+root-file-system tarball so a wiped Docker data directory costs an import, not a
+rebuild). The Ubuntu archive key is taken from Ubuntu's ubuntu-keyring package
+and trusted only after its fingerprint is checked. Each node runs systemd as
+PID 1 with its own SSH host keys, generated at first start, and accepts key-only
+login: as root, or with --user as that user (passwordless sudo; root then has
+no key), the way cloud images are reached. The host keys are read through
+`docker exec`, an out-of-band channel, and written to a known_hosts file, so
+clients connect with host-key checking on from the first connection.
+
+Ubuntu nodes fetch packages through an apt cache on this machine (apt-cacher-ng,
+started when it is installed and not running), so clusters of the same release
+do not download the same packages again; without apt-cacher-ng they use the
+archive directly.
 
 Docker is only the way to make and break nodes; tests reach nodes over SSH.
 Standard library only, so the script runs before any virtual environment exists.
@@ -26,23 +38,34 @@ import hashlib
 import ipaddress
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 LABEL = "io.clustercheck.testcluster"
 DEFAULT_NAME = "cc"
+DEFAULT_OS = "debian12"
 SUITE = "bookworm"
 MIRROR = os.environ.get("TESTCLUSTER_MIRROR", "http://deb.debian.org/debian")
 SECURITY_MIRROR = os.environ.get("TESTCLUSTER_SECURITY_MIRROR", "http://deb.debian.org/debian-security")
+UBUNTU_MIRROR = os.environ.get("TESTCLUSTER_UBUNTU_MIRROR", "http://archive.ubuntu.com/ubuntu")
 CACHE_DIR = Path(os.environ.get("TESTCLUSTER_CACHE", Path.home() / ".cache" / "clustercheck-testcluster"))
 STATE_DIR = Path(os.environ.get("TESTCLUSTER_STATE", CACHE_DIR / "clusters"))
 
+# Ubuntu's archive keyring comes from its ubuntu-keyring package (the noble release's build, a file
+# that never changes in the pool); only the key with this fingerprint is trusted: "Ubuntu Archive
+# Automatic Signing Key (2018)", which signs the Release files of every supported suite.
+UBUNTU_KEYRING_DEB = "pool/main/u/ubuntu-keyring/ubuntu-keyring_2023.11.28.1_all.deb"
+UBUNTU_ARCHIVE_KEY = "F6ECB3762474EDA9D21B7022871920D1991BC93C"
+# apt-cacher-ng on this machine, as the nodes' apt proxy (its Debian package's default port).
+APT_CACHE_PORT = int(os.environ.get("TESTCLUSTER_APT_CACHE_PORT", "3142"))
 # What a bare Ubuntu server has that the product relies on being there:
 # systemd, sshd, Python for Ansible, apt bindings for Ansible's apt module.
 PACKAGES = [
@@ -115,6 +138,75 @@ Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg
 """
 
 
+def _ubuntu_sources_list(suite: str) -> str:
+    """/etc/apt/sources.list as Ubuntu 20.04 and 22.04 server images ship it (one-line format)."""
+    return "".join(
+        f"deb {UBUNTU_MIRROR} {pocket} main restricted universe\n"
+        for pocket in (suite, f"{suite}-updates", f"{suite}-security")
+    )
+
+
+def _ubuntu_sources_deb822(suite: str) -> str:
+    """/etc/apt/sources.list.d/ubuntu.sources as Ubuntu 24.04 images ship it (deb822)."""
+    return (
+        f"Types: deb\nURIs: {UBUNTU_MIRROR}\nSuites: {suite} {suite}-updates {suite}-security\n"
+        "Components: main restricted universe\nSigned-By: /usr/share/keyrings/ubuntu-archive-keyring.gpg\n"
+    )
+
+
+@dataclass(frozen=True)
+class Distro:
+    """How to build a node image of one distribution release."""
+
+    os: str  # the name `up --os` takes
+    suite: str
+    mirror: str
+    sources_path: str  # relative to the root file system
+    sources: str
+    ubuntu: bool = False
+    # debootstrap has no script for newer Ubuntu suites: they all use the gutsy script.
+    script: str = ""
+    aliases: tuple[str, ...] = ()
+
+
+DISTROS = {
+    d.os: d
+    for d in (
+        Distro("debian12", SUITE, MIRROR, "etc/apt/sources.list.d/debian.sources", SOURCES, aliases=("bookworm",)),
+        Distro(
+            "ubuntu20.04",
+            "focal",
+            UBUNTU_MIRROR,
+            "etc/apt/sources.list",
+            _ubuntu_sources_list("focal"),
+            ubuntu=True,
+            script="gutsy",
+            aliases=("focal", "20.04"),
+        ),
+        Distro(
+            "ubuntu22.04",
+            "jammy",
+            UBUNTU_MIRROR,
+            "etc/apt/sources.list",
+            _ubuntu_sources_list("jammy"),
+            ubuntu=True,
+            script="gutsy",
+            aliases=("jammy", "22.04"),
+        ),
+        Distro(
+            "ubuntu24.04",
+            "noble",
+            UBUNTU_MIRROR,
+            "etc/apt/sources.list.d/ubuntu.sources",
+            _ubuntu_sources_deb822("noble"),
+            ubuntu=True,
+            script="gutsy",
+            aliases=("noble", "24.04"),
+        ),
+    )
+}
+
+
 class ClusterError(RuntimeError):
     """A failure the user can act on; printed as one line."""
 
@@ -185,35 +277,157 @@ def ensure_docker(start: bool = True) -> None:
     raise ClusterError(f"dockerd did not answer within 90 s; see {CACHE_DIR / 'dockerd.log'}")
 
 
+# --------------------------------------------------------------------------- apt cache
+
+
+def _apt_cache_answers() -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", APT_CACHE_PORT), timeout=2) as sock:
+            sock.sendall(b"GET /acng-report.html HTTP/1.0\r\n\r\n")
+            return sock.recv(16).startswith(b"HTTP/")
+    except OSError:
+        return False
+
+
+def ensure_apt_cache() -> int | None:
+    """The port of apt-cacher-ng on this machine, started when installed and not running; None without it.
+
+    Its cache lives beside the images, so it survives between test sessions like they do.
+    """
+    if _apt_cache_answers():
+        return APT_CACHE_PORT
+    binary = shutil.which("apt-cacher-ng") or shutil.which("apt-cacher-ng", path="/usr/sbin:/usr/local/sbin")
+    if not binary:
+        log("apt-cacher-ng is not installed (apt-get install apt-cacher-ng): nodes fetch packages directly")
+        return None
+    home = CACHE_DIR / "apt-cacher-ng"
+    for sub in ("cache", "log"):
+        (home / sub).mkdir(parents=True, exist_ok=True)
+    log(f"starting apt-cacher-ng on port {APT_CACHE_PORT} (cache: {home / 'cache'})")
+    subprocess.Popen(
+        [
+            binary,
+            "-c",
+            "/etc/apt-cacher-ng",
+            "ForeGround=1",
+            f"Port={APT_CACHE_PORT}",
+            f"CacheDir={home / 'cache'}",
+            f"LogDir={home / 'log'}",
+            f"PidFile={home / 'pid'}",
+            f"SocketPath={home / 'socket'}",
+        ],
+        stdout=open(home / "log" / "daemon.log", "ab"),  # noqa: SIM115 - handed to the daemon
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        if _apt_cache_answers():
+            return APT_CACHE_PORT
+        time.sleep(0.5)
+    raise ClusterError(f"apt-cacher-ng did not answer on port {APT_CACHE_PORT}; see {home / 'log'}")
+
+
 # --------------------------------------------------------------------------- image
 
 
-def recipe_hash() -> str:
-    recipe = json.dumps([SUITE, MIRROR, SECURITY_MIRROR, PACKAGES, MASKED_UNITS, HOSTKEY_UNIT, SSHD_CONFIG, SOURCES, 3])
-    return hashlib.sha256(recipe.encode()).hexdigest()[:12]
+def distro(os_name: str) -> Distro:
+    """The Distro for an OS name or suite (`ubuntu22.04`, `jammy`, `22.04`, `debian12`, `bookworm`)."""
+    for d in DISTROS.values():
+        if os_name == d.os or os_name in d.aliases:
+            return d
+    raise ClusterError(f"unknown OS {os_name!r}; choose from {', '.join(DISTROS)}")
 
 
-def image_tag() -> str:
-    return f"clustercheck-testnode:{SUITE}-{recipe_hash()}"
+def recipe_hash(d: Distro | None = None) -> str:
+    d = d or DISTROS[DEFAULT_OS]
+    if d.ubuntu:
+        recipe = [d.suite, d.mirror, d.sources_path, d.sources, UBUNTU_ARCHIVE_KEY, d.script]
+        recipe += [PACKAGES, MASKED_UNITS, HOSTKEY_UNIT, SSHD_CONFIG, 1]
+    else:  # unchanged since Debian was the only OS, so cached Debian images stay valid
+        recipe = [SUITE, MIRROR, SECURITY_MIRROR, PACKAGES, MASKED_UNITS, HOSTKEY_UNIT, SSHD_CONFIG, SOURCES, 3]
+    return hashlib.sha256(json.dumps(recipe).encode()).hexdigest()[:12]
+
+
+def image_tag(d: Distro | None = None) -> str:
+    d = d or DISTROS[DEFAULT_OS]
+    return f"clustercheck-testnode:{d.suite}-{recipe_hash(d)}"
 
 
 def image_exists(tag: str) -> bool:
     return docker("image", "inspect", tag, check=False).returncode == 0
 
 
-def build_rootfs(tarball: Path) -> None:
+def fingerprints(keyring: Path) -> list[str]:
+    """The primary-key fingerprints in an OpenPGP keyring file, read without importing it anywhere."""
+    out = run(["gpg", "--batch", "--with-colons", "--show-keys", str(keyring)]).stdout
+    found, primary = [], False
+    for line in out.splitlines():
+        fields = line.split(":")
+        if fields[0] == "pub":
+            primary = True
+        elif fields[0] == "sub":
+            primary = False
+        elif fields[0] == "fpr" and primary:
+            found.append(fields[9])
+            primary = False
+    return found
+
+
+def ubuntu_keyring() -> Path:
+    """A keyring holding only Ubuntu's archive signing key, taken from ubuntu-keyring after its fingerprint is
+    checked; cached."""
+    trusted = CACHE_DIR / "keyrings" / f"ubuntu-archive-{UBUNTU_ARCHIVE_KEY[-16:]}.gpg"
+    if trusted.exists():
+        return trusted
+    trusted.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="ubuntu-keyring-", dir=trusted.parent) as tmp:
+        work = Path(tmp)
+        deb = work / "ubuntu-keyring.deb"
+        log(f"fetching {UBUNTU_MIRROR}/{UBUNTU_KEYRING_DEB}")
+        run(["curl", "-fsSL", "--retry", "3", "-o", str(deb), f"{UBUNTU_MIRROR}/{UBUNTU_KEYRING_DEB}"], timeout=120)
+        run(["dpkg-deb", "-x", str(deb), str(work / "root")])
+        keyring = work / "root/usr/share/keyrings/ubuntu-archive-keyring.gpg"
+        if not keyring.exists() or UBUNTU_ARCHIVE_KEY not in fingerprints(keyring):
+            raise ClusterError(f"ubuntu-keyring lacks the Ubuntu archive key {UBUNTU_ARCHIVE_KEY}; not trusting it")
+        home = work / "gnupg"
+        home.mkdir(mode=0o700)
+        gpg = ["gpg", "--batch", "--quiet", "--homedir", str(home)]
+        run([*gpg, "--import", str(keyring)])
+        run([*gpg, "--export", "--output", str(work / "trusted.gpg"), UBUNTU_ARCHIVE_KEY])
+        if fingerprints(work / "trusted.gpg") != [UBUNTU_ARCHIVE_KEY]:
+            raise ClusterError("exporting the Ubuntu archive key gave an unexpected keyring")
+        (work / "trusted.gpg").rename(trusted)
+    return trusted
+
+
+def build_rootfs(tarball: Path, d: Distro | None = None) -> None:
+    d = d or DISTROS[DEFAULT_OS]
     if not shutil.which("debootstrap"):
         raise ClusterError("debootstrap is not installed (apt-get install debootstrap)")
-    workdir = Path(tempfile.mkdtemp(prefix="testnode-", dir=tarball.parent))
+    workdir = Path(tempfile.mkdtemp(prefix=f"testnode-{d.suite}-", dir=tarball.parent))
     root = workdir / "rootfs"
+    cmd = ["debootstrap", "--variant=minbase", f"--include={','.join(PACKAGES)}"]
+    env = dict(os.environ)
+    if d.ubuntu:
+        cmd.append(f"--keyring={ubuntu_keyring()}")
+        port = ensure_apt_cache()
+        if port:  # debootstrap downloads with wget, which honours http_proxy
+            env["http_proxy"] = f"http://127.0.0.1:{port}/"
+    cmd += [d.suite, str(root), d.mirror]
+    if d.script:
+        cmd.append(f"/usr/share/debootstrap/scripts/{d.script}")
     try:
-        log(f"debootstrap {SUITE} from {MIRROR} (a few minutes, once)")
-        run(
-            ["debootstrap", "--variant=minbase", f"--include={','.join(PACKAGES)}", SUITE, str(root), MIRROR],
-            timeout=1800,
-        )
+        log(f"debootstrap {d.suite} from {d.mirror} (a few minutes, once)")
+        proc = subprocess.run(cmd, env=env, text=True, capture_output=True, timeout=1800, check=False)
+        if proc.returncode != 0:
+            log_file = root / "debootstrap/debootstrap.log"
+            detail = log_file.read_text()[-1500:] if log_file.exists() else ""
+            raise ClusterError(f"debootstrap {d.suite} failed (exit {proc.returncode}): {proc.stderr[-500:]} {detail}")
         (root / "etc/apt/sources.list").unlink(missing_ok=True)
-        (root / "etc/apt/sources.list.d/debian.sources").write_text(SOURCES)
+        (root / d.sources_path).parent.mkdir(parents=True, exist_ok=True)
+        (root / d.sources_path).write_text(d.sources)
         # Each node makes its own host keys and machine id at first start.
         for key in (root / "etc/ssh").glob("ssh_host_*"):
             key.unlink()
@@ -222,7 +436,9 @@ def build_rootfs(tarball: Path) -> None:
         (root / "etc/systemd/system/ssh-hostkeys.service").write_text(HOSTKEY_UNIT)
         wants = root / "etc/systemd/system/multi-user.target.wants"
         wants.mkdir(parents=True, exist_ok=True)
+        (wants / "ssh-hostkeys.service").unlink(missing_ok=True)
         (wants / "ssh-hostkeys.service").symlink_to("/etc/systemd/system/ssh-hostkeys.service")
+        (root / "etc/ssh/sshd_config.d").mkdir(parents=True, exist_ok=True)
         (root / "etc/ssh/sshd_config.d/10-testcluster.conf").write_text(SSHD_CONFIG)
         for unit in MASKED_UNITS:
             target = root / "etc/systemd/system" / unit
@@ -242,20 +458,21 @@ def build_rootfs(tarball: Path) -> None:
         shutil.rmtree(workdir, ignore_errors=True)
 
 
-def ensure_image() -> str:
-    """Return the tag of the node image, building and importing it only when it is missing."""
-    tag = image_tag()
+def ensure_image(os_name: str = DEFAULT_OS) -> str:
+    """Return the tag of the node image for OS, building and importing it only when it is missing."""
+    d = distro(os_name)
+    tag = image_tag(d)
     if image_exists(tag):
         return tag
     images = CACHE_DIR / "images"
     images.mkdir(parents=True, exist_ok=True)
-    with open(images / ".lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # one builder at a time
+    with open(images / f".lock-{d.suite}", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # one builder per image at a time
         if image_exists(tag):
             return tag
         tarball = images / f"{tag.replace(':', '_')}.tar"
         if not tarball.exists():
-            build_rootfs(tarball)
+            build_rootfs(tarball, d)
         log(f"importing {tag}")
         docker(
             "import",
@@ -270,6 +487,14 @@ def ensure_image() -> str:
     return tag
 
 
+def ensure_images(os_names: list[str]) -> dict[str, str]:
+    """OS name -> image tag for every OS named, building the missing images side by side."""
+    wanted = sorted({distro(o).os for o in os_names})
+    with ThreadPoolExecutor(max_workers=len(wanted) or 1) as pool:
+        tags = dict(zip(wanted, pool.map(ensure_image, wanted), strict=True))
+    return tags
+
+
 # --------------------------------------------------------------------------- cluster
 
 
@@ -278,6 +503,7 @@ class Node:
     name: str
     container: str
     address: str
+    os: str = DEFAULT_OS
 
 
 @dataclass
@@ -288,6 +514,10 @@ class Cluster:
     image: str
     state_dir: str
     nodes: list[Node] = field(default_factory=list)
+    # The login user (passwordless sudo) when not root; Ansible then connects as it with become.
+    user: str = "root"
+    # The apt proxy the Ubuntu nodes use (the control machine's apt-cacher-ng), or "".
+    apt_proxy: str = ""
 
     @property
     def key_file(self) -> str:
@@ -388,10 +618,10 @@ def _wait_for_sshd(node: Node, deadline: float) -> None:
 def _write_inventory(cluster: Cluster) -> None:
     lines = ["# Written by tests/cluster/testcluster for the test cluster; do not edit.", "[gpu_nodes]"]
     lines += [f"{n.name} ansible_host={n.address}" for n in cluster.nodes]
+    lines += ["", "[all:vars]", f"ansible_user={cluster.user}"]
+    if cluster.user != "root":
+        lines.append("ansible_become=true")
     lines += [
-        "",
-        "[all:vars]",
-        "ansible_user=root",
         "ansible_python_interpreter=/usr/bin/python3",
         f"ansible_ssh_private_key_file={cluster.key_file}",
         f"ansible_ssh_common_args='-o UserKnownHostsFile={cluster.known_hosts} -o StrictHostKeyChecking=yes'",
@@ -401,12 +631,56 @@ def _write_inventory(cluster: Cluster) -> None:
     Path(cluster.inventory).write_text("\n".join(lines))
 
 
-def up(count: int, name: str = DEFAULT_NAME, timeout: float = 180) -> Cluster:
-    """Start COUNT nodes named node1..nodeN on a private network; replaces leftovers of NAME."""
+def _node_setup_script(user: str, apt_proxy: str) -> str:
+    """Shell run on a fresh node through `docker exec`: the login user's key and sudo, the apt proxy."""
+    home = "/root" if user == "root" else f"/home/{user}"
+    script = ["set -e"]
+    if user != "root":
+        script += [
+            f"id -u {user} >/dev/null 2>&1 || useradd --create-home --shell /bin/bash --groups sudo {user}",
+            f"echo '{user} ALL=(ALL) NOPASSWD:ALL' > /etc/sudoers.d/90-{user}",
+            f"chmod 0440 /etc/sudoers.d/90-{user}",
+            # A container may not lower RLIMIT_CORE, and sudo warns on every call where it tries.
+            "grep -qs '^Set disable_coredump' /etc/sudo.conf || echo 'Set disable_coredump false' >> /etc/sudo.conf",
+        ]
+    script += [
+        f"install -d -m 0700 -o {user} -g {user} {home}/.ssh",
+        f"cat > {home}/.ssh/authorized_keys",
+        f"chown {user}:{user} {home}/.ssh/authorized_keys && chmod 0600 {home}/.ssh/authorized_keys",
+    ]
+    if apt_proxy:
+        script.append(f"echo 'Acquire::http::Proxy \"{apt_proxy}\";' > /etc/apt/apt.conf.d/01testcluster-proxy")
+    return "\n".join(script)
+
+
+def _gateway(network: str, subnet: ipaddress.IPv4Network) -> str:
+    out = docker("network", "inspect", "--format", "{{range .IPAM.Config}}{{.Gateway}}{{end}}", network).stdout
+    return out.strip() or str(next(subnet.hosts()))
+
+
+def up(
+    count: int,
+    name: str = DEFAULT_NAME,
+    timeout: float = 180,
+    os_name: str | list[str] = DEFAULT_OS,
+    user: str = "root",
+) -> Cluster:
+    """Start COUNT nodes named node1..nodeN on a private network; replaces leftovers of NAME.
+
+    OS_NAME: one OS for every node, or a list with one per node. USER: the login user; anyone but root gets
+    passwordless sudo and root gets no key.
+    """
     if count < 1:
         raise ClusterError("a cluster needs at least one node")
+    node_os = [os_name] * count if isinstance(os_name, str) else list(os_name)
+    if len(node_os) != count:
+        raise ClusterError(f"{count} node(s) but {len(node_os)} OS name(s): give one, or one per node")
+    node_os = [distro(o).os for o in node_os]
+    if not re.fullmatch(r"[a-z_][a-z0-9_-]{0,31}", user):
+        raise ClusterError(f"{user!r} is not a valid user name")
     ensure_docker()
-    image = ensure_image()
+    images = ensure_images(node_os)
+    port = ensure_apt_cache()
     down(name)
     state = STATE_DIR / name
     state.mkdir(parents=True, mode=0o700)
@@ -433,10 +707,19 @@ def up(count: int, name: str = DEFAULT_NAME, timeout: float = 180) -> Cluster:
         if attempt == 4:
             raise ClusterError(f"docker network create {network} failed: {created.stderr.strip()}")
         time.sleep(1)
-    cluster = Cluster(name=name, network=network, subnet=str(subnet), image=image, state_dir=str(state))
+    apt_proxy = f"http://{_gateway(network, subnet)}:{port}" if port else ""
+    cluster = Cluster(
+        name=name,
+        network=network,
+        subnet=str(subnet),
+        image=images[node_os[0]],
+        state_dir=str(state),
+        user=user,
+        apt_proxy=apt_proxy,
+    )
     hosts = list(subnet.hosts())
     for i in range(1, count + 1):
-        node = Node(name=f"node{i}", container=f"{name}-node{i}", address=str(hosts[i + 9]))
+        node = Node(name=f"node{i}", container=f"{name}-node{i}", address=str(hosts[i + 9]), os=node_os[i - 1])
         docker(
             "run",
             "-d",
@@ -462,7 +745,7 @@ def up(count: int, name: str = DEFAULT_NAME, timeout: float = 180) -> Cluster:
             "/sys/fs/cgroup:/sys/fs/cgroup:ro",
             "--shm-size",
             "1g",
-            image,
+            images[node.os],
         )
         cluster.nodes.append(node)
     cluster.save()
@@ -472,20 +755,13 @@ def up(count: int, name: str = DEFAULT_NAME, timeout: float = 180) -> Cluster:
     for node in cluster.nodes:
         keys = _wait_for_host_keys(node, deadline)
         known_hosts += [f"{node.name},{node.address} {key}" for key in keys]
-        docker(
-            "exec",
-            "-i",
-            node.container,
-            "sh",
-            "-c",
-            "umask 077 && mkdir -p /root/.ssh && cat > /root/.ssh/authorized_keys",
-            input=public_key + "\n",
-        )
+        setup = _node_setup_script(user, apt_proxy if distro(node.os).ubuntu else "")
+        docker("exec", "-i", node.container, "sh", "-c", setup, input=public_key + "\n")
     Path(cluster.known_hosts).write_text("\n".join(known_hosts) + "\n")
     for node in cluster.nodes:
         _wait_for_sshd(node, deadline)
     _write_inventory(cluster)
-    log(f"{count} node(s) up on {subnet}; inventory: {cluster.inventory}")
+    log(f"{count} node(s) up on {subnet} ({', '.join(node_os)}); inventory: {cluster.inventory}")
     return cluster
 
 
@@ -495,16 +771,21 @@ def main(argv: list[str] | None = None) -> int:
     p_up = sub.add_parser("up", help="start N nodes")
     p_up.add_argument("count", type=int)
     p_up.add_argument("--name", default=DEFAULT_NAME)
+    p_up.add_argument("--os", default=DEFAULT_OS, help=f"OS of every node, or one per node: {', '.join(DISTROS)}")
+    p_up.add_argument("--user", default="root", help="login user (passwordless sudo) instead of root")
     p_down = sub.add_parser("down", help="remove the cluster")
     p_down.add_argument("--name", default=DEFAULT_NAME)
     p_inv = sub.add_parser("inventory", help="print the inventory path")
     p_inv.add_argument("--name", default=DEFAULT_NAME)
     p_inv.add_argument("--cat", action="store_true", help="print the inventory itself")
-    sub.add_parser("image", help="build or reuse the node image")
+    p_image = sub.add_parser("image", help="build or reuse the node image")
+    p_image.add_argument("--os", default=DEFAULT_OS)
+    sub.add_parser("apt-cache", help="start (or find) the apt cache and print its URL")
     args = parser.parse_args(argv)
     try:
         if args.command == "up":
-            print(up(args.count, args.name).inventory)
+            os_name = args.os.split(",") if "," in args.os else args.os
+            print(up(args.count, args.name, os_name=os_name, user=args.user).inventory)
         elif args.command == "down":
             down(args.name)
         elif args.command == "inventory":
@@ -512,7 +793,12 @@ def main(argv: list[str] | None = None) -> int:
             print(Path(cluster.inventory).read_text() if args.cat else cluster.inventory, end="" if args.cat else "\n")
         elif args.command == "image":
             ensure_docker()
-            print(ensure_image())
+            print(ensure_image(args.os))
+        elif args.command == "apt-cache":
+            port = ensure_apt_cache()
+            if port is None:
+                return 1
+            print(f"http://127.0.0.1:{port}")
     except (ClusterError, subprocess.TimeoutExpired) as exc:
         log(f"error: {exc}")
         return 1

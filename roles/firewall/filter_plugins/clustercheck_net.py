@@ -1,1 +1,0 @@
-../../cluster_hosts/filter_plugins/clustercheck_net.py
