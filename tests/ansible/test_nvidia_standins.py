@@ -72,6 +72,9 @@ def served(cluster, distro: str):
     server = http.server.ThreadingHTTPServer((gateway, 0), handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     repo.url = f"http://{gateway}:{server.server_address[1]}/{distro}/x86_64"
+    # Nodes that reach their distribution through the control machine's apt cache fetch this one directly.
+    direct = f'Acquire::http::Proxy::{gateway} "DIRECT";'
+    docker_sh(cluster, f"echo '{direct}' > /etc/apt/apt.conf.d/99clustercheck-standin")
     try:
         yield repo
     finally:
