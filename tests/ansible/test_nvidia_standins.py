@@ -1,25 +1,32 @@
 """The NVIDIA roles (cuda_repo source) against a signed local repository of TEST DOUBLE packages.
 
 No GPU and no access to NVIDIA's repository here: a one-node cluster of its own (so the shared
-session cluster never sees stand-in drivers) gets the repository over HTTP from the control machine,
-on its Docker network's gateway address, with GPU detection forced. Repository setup, key check,
-version pins, holds and services run for real.
+session cluster never sees stand-in drivers) gets the stand-in repository (tests/ansible/standins,
+shapes and sources in SOURCES.md) over HTTP from the control machine, on its Docker network's
+gateway address. The node's /sys is modelled in a directory the roles read instead
+(nvidia_gpu_sysfs_root): an HGX B200-like board with GPUs, an NVSwitch and an NVLink-5 switch
+management port, and, once the test "reboots" the node, the loaded module's version. Repository
+setup, key check, package choice, pins, holds, the persistenced override and the services run for real.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import http.server
 import ipaddress
 import os
+import shlex
+import shutil
 import subprocess
 import sys
+import tempfile
 import threading
 from pathlib import Path
 
 import pytest
 from conftest import REPO, own_cluster
-from test_site_playbook import recap
+from test_site_playbook import changed_tasks, recap
 
 sys.path.insert(0, str(Path(__file__).parent / "standins"))
 import build_repo
@@ -27,12 +34,26 @@ import build_repo
 pytestmark = pytest.mark.cluster
 HERE = Path(__file__).resolve().parent
 SB_VAR = "/root/SecureBoot-standin"
+SYSFS = "/root/sysfs-standin"
+# PCI class codes as sysfs shows them: 0x0302 3D controller (an SXM GPU), 0x0680 bridge (NVSwitch);
+# an NVLink-5 switch management port is an InfiniBand device whose VPD says SMDL=SW_MNG.
+MODEL_SYSFS = f"""
+set -e
+mkdir -p {SYSFS}/bus/pci/devices {SYSFS}/class/infiniband/mlx5_0/device {SYSFS}/module
+for i in 0 1; do
+  d={SYSFS}/bus/pci/devices/0000:1$i:00.0; mkdir -p $d; echo 0x10de > $d/vendor; echo 0x030200 > $d/class
+done
+d={SYSFS}/bus/pci/devices/0000:05:00.0; mkdir -p $d; echo 0x10de > $d/vendor; echo 0x068000 > $d/class
+d={SYSFS}/bus/pci/devices/0000:00:1f.0; mkdir -p $d; echo 0x8086 > $d/vendor; echo 0x060100 > $d/class
+printf 'PN=stand-in\\nSMDL=SW_MNG\\n' > {SYSFS}/class/infiniband/mlx5_0/device/vpd
+"""
 
 
 @pytest.fixture(scope="module")
 def nv_node():
-    """A one-node cluster of its own, removed afterwards."""
+    """A one-node cluster of its own with a modelled /sys, removed afterwards."""
     with own_cluster(1, "stand-in test node", suffix="-nv") as cluster:
+        docker_sh(cluster, MODEL_SYSFS)
         yield cluster
 
 
@@ -41,30 +62,48 @@ class _QuietHandler(http.server.SimpleHTTPRequestHandler):
         pass
 
 
-@pytest.fixture(scope="module")
-def standin_repo(nv_node, tmp_path_factory):
-    """The stand-in repository, served on the node network's gateway (reachable from the node only)."""
-    repo = build_repo.build(tmp_path_factory.mktemp("standin-repo"))
-    gateway = str(next(ipaddress.ip_network(nv_node.subnet).hosts()))  # Docker's bridge address on the host
+@contextlib.contextmanager
+def served(cluster, distro: str):
+    """The stand-in repository, served on the node network's gateway (reachable from the nodes only);
+    its url names DISTRO's repository, as nvidia_repo_url would."""
+    repo = build_repo.build(Path(tempfile.mkdtemp(prefix="standin-repo-")))
+    gateway = str(next(ipaddress.ip_network(cluster.subnet).hosts()))  # Docker's bridge address on the host
     handler = functools.partial(_QuietHandler, directory=str(repo.path))
     server = http.server.ThreadingHTTPServer((gateway, 0), handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
-    repo.url = f"http://{gateway}:{server.server_address[1]}"
-    yield repo
-    server.shutdown()
-    server.server_close()
+    repo.url = f"http://{gateway}:{server.server_address[1]}/{distro}/x86_64"
+    # Nodes that reach their distribution through the control machine's apt cache fetch this one directly.
+    direct = f'Acquire::http::Proxy::{gateway} "DIRECT";'
+    docker_sh(cluster, f"echo '{direct}' > /etc/apt/apt.conf.d/99clustercheck-standin")
+    try:
+        yield repo
+    finally:
+        server.shutdown()
+        server.server_close()
+        shutil.rmtree(repo.path, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def standin_repo(nv_node):
+    with served(nv_node, "debian12") as repo:
+        yield repo
 
 
 def play(cluster, repo, playbook: str, *args: str) -> subprocess.CompletedProcess:
     cmd = [str(Path(sys.executable).parent / "ansible-playbook"), "-i", cluster.inventory, str(HERE / playbook)]
-    cmd += ["-e", "nvidia_driver_force_gpu=true", "-e", "nvidia_driver_fabricmanager=true"]
+    cmd += ["-e", f"nvidia_gpu_sysfs_root={SYSFS}"]
     cmd += ["-e", f"nvidia_repo_url={repo.url}", "-e", f"nvidia_repo_key_fingerprint={repo.fingerprint}"]
     cmd += ["-e", f"nvidia_repo_keyring_sha256={repo.keyring_sha256}", *args]
     env = {**os.environ, "ANSIBLE_NOCOLOR": "1"}
-    return subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=900, env=env)
+    return subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=1800, env=env)
+
+
+def docker_sh(cluster, script: str) -> None:
+    subprocess.run(["docker", "exec", cluster.nodes[0].container, "sh", "-c", script], check=True)
 
 
 def ssh(cluster, command: str) -> str:
+    """COMMAND on the cluster's node, as root (through sudo when the cluster's login user is not root)."""
     node = cluster.nodes[0]
     options = [
         "-o",
@@ -74,8 +113,9 @@ def ssh(cluster, command: str) -> str:
         "-o",
         "BatchMode=yes",
     ]
+    remote = command if cluster.user == "root" else f"sudo sh -c {shlex.quote(command)}"
     proc = subprocess.run(
-        ["ssh", "-i", cluster.key_file, *options, f"root@{node.address}", command],
+        ["ssh", "-i", cluster.key_file, *options, f"{cluster.user}@{node.address}", remote],
         capture_output=True,
         text=True,
         timeout=120,
@@ -84,60 +124,97 @@ def ssh(cluster, command: str) -> str:
     return proc.stdout
 
 
+def installed(cluster) -> dict[str, str]:
+    out = ssh(cluster, "dpkg-query -W -f '${Package} ${Version} ${db:Status-Abbrev}\\n'")
+    return {p[0]: p[1] for p in (line.split() for line in out.splitlines()) if len(p) >= 3 and p[2][1:2] == "i"}
+
+
+def unchanged(proc: subprocess.CompletedProcess) -> None:
+    assert proc.returncode == 0, proc.stdout[-4000:]
+    assert recap(proc.stdout)["node1"]["changed"] == 0, "\n".join(changed_tasks(proc.stdout))
+
+
 def test_secure_boot_on_stops_the_driver_role(nv_node, standin_repo):
-    node = nv_node.nodes[0]
     # An EFI variable as the firmware writes it: 4 attribute bytes, then 1 (Secure Boot on).
-    subprocess.run(
-        ["docker", "exec", node.container, "sh", "-c", f"printf '\\007\\000\\000\\000\\001' > {SB_VAR}"], check=True
-    )
+    docker_sh(nv_node, f"printf '\\007\\000\\000\\000\\001' > {SB_VAR}")
     proc = play(nv_node, standin_repo, "nvidia-standins.yml", "-e", f"nvidia_driver_secure_boot_efivar={SB_VAR}")
     assert proc.returncode != 0
     assert "Secure Boot is on" in proc.stdout and "nvidia_driver_secure_boot_ok" in proc.stdout, proc.stdout[-3000:]
-    assert "nvidia-open-580" not in ssh(nv_node, "dpkg-query -W -f '${Package}\\n' 'nvidia-*' 2>/dev/null; true")
+    assert "2 NVIDIA GPU(s), 1 NVSwitch(es) on the PCI bus, 1 NVLink-5 switch management port(s)" in proc.stdout
+    assert "nvidia-open-580" not in installed(nv_node)
 
 
-def test_converge_installs_pinned_held_stack(nv_node, standin_repo):
+def test_converge_installs_the_stack_and_starts_no_gpu_service_before_the_reboot(nv_node, standin_repo):
     proc = play(nv_node, standin_repo, "nvidia-standins.yml")
     assert proc.returncode == 0, proc.stdout[-5000:]
-    assert "GPU presence forced by nvidia_driver_force_gpu" in proc.stdout
-    versions = dict(
-        line.split() for line in ssh(nv_node, "dpkg-query -W -f '${Package} ${Version}\\n'").splitlines() if " " in line
-    )
-    # The branch's newest driver, fabricmanager at exactly its version, NCCL and CUDA at their pins
-    # although newer packages are in the repository.
-    assert versions["nvidia-open-580"] == "580.105.08-1"
-    assert versions["nvidia-fabricmanager-580"] == versions["nvidia-open-580"]
-    assert versions["libnccl2"] == versions["libnccl-dev"] == "2.27.3-1+cuda12.8"
-    assert versions["cuda-toolkit-12-8"] == "12.8.1-1"
-    assert versions["cudnn9-cuda-12"] == "9.10.2.21-1"
+    assert "node1 NEEDS A REBOOT: driver 580.105.08 is installed, the running nvidia module is none" in proc.stdout
+    versions = installed(nv_node)
+    # The branch's newest driver; fabric manager and NSCQ of its release although their revision differs
+    # (580.105.08-1ubuntu1 vs -1); the real package, not the virtual nvidia-fabricmanager-580.
+    assert versions["nvidia-open-580"] == versions["libnvidia-compute-580"] == "580.105.08-1ubuntu1"
+    assert versions["nvidia-fabricmanager"] == versions["libnvidia-nscq"] == "580.105.08-1"
+    assert "nvlsm" in versions  # the NVLink-5 switch port asks for the NVLink subnet manager
+    # NCCL: no 2.27.7 build for CUDA 12.8, so the 12.4 build, and the choice is printed.
+    assert versions["libnccl2"] == versions["libnccl-dev"] == "2.27.7-1+cuda12.4"
+    assert "NCCL 2.27.7-1+cuda12.4 for CUDA 12.8" in proc.stdout
+    assert versions["cuda-toolkit-12-8"] == "12.8.1-1" and versions["cudnn9-cuda-12"] == "9.10.2.21-1"
     held = set(ssh(nv_node, "apt-mark showhold").split())
-    want = {
-        "nvidia-open-580",
-        "libnvidia-compute-580",
-        "nvidia-fabricmanager-580",
-        "cuda-toolkit-12-8",
-        "cudnn9-cuda-12",
-    }
-    assert want | {"libnccl2", "libnccl-dev"} <= held
+    want = {"nvidia-open-580", "libnvidia-compute-580", "nvidia-utils-580", "nvidia-fabricmanager", "libnvidia-nscq"}
+    assert want | {"nvlsm", "cuda-toolkit-12-8", "cudnn9-cuda-12", "libnccl2", "libnccl-dev"} <= held
     upgrade = ssh(nv_node, "apt-get -s -o Debug::NoLocking=1 dist-upgrade")
-    assert "Inst libnccl2" not in upgrade, upgrade
+    assert "Inst libnccl2" not in upgrade and "Inst nvidia-fabricmanager" not in upgrade, upgrade
     source = ssh(nv_node, "cat /etc/apt/sources.list.d/cuda.sources")
     assert (
         f"URIs: {standin_repo.url}/" in source and "Signed-By: /usr/share/keyrings/cuda-archive-keyring.gpg" in source
     )
     assert not ssh(nv_node, "ls /etc/apt/sources.list.d/ | grep '\\.list$'; true").strip(), (
-        "cuda-keyring's list file remains"
+        "cuda-keyring's list remains"
     )
+    # Nothing GPU-related started before the reboot; both come up at boot.
+    states = ssh(nv_node, "systemctl is-active nvidia-persistenced nvidia-fabricmanager; true").split()
+    assert states == ["inactive", "inactive"], states
+    assert ssh(nv_node, "systemctl is-enabled nvidia-fabricmanager").strip() == "enabled"
+    assert ssh(nv_node, "readlink /etc/systemd/system/multi-user.target.wants/nvidia-persistenced.service").strip()
+    assert "ib_umad" in ssh(nv_node, "cat /etc/modules-load.d/clustercheck-nvlsm.conf")
+    exec_start = ssh(nv_node, "systemctl show -p ExecStart --value nvidia-persistenced")
+    assert "--persistence-mode" in exec_start and "--no-persistence-mode" not in exec_start, exec_start
+
+
+def test_skipping_another_role_keeps_gpu_detection(nv_node, standin_repo):
+    """Once, --skip-tags python_env skipped the detection the driver role needs:
+    "'nvidia_driver_gpu_count' is undefined"."""
+    proc = play(nv_node, standin_repo, "nvidia-standins.yml", "--check", "--skip-tags", "python_env,cuda_toolkit")
+    assert proc.returncode == 0, proc.stdout[-4000:]
+    assert "installing the NVIDIA driver (branch 580, from cuda_repo)" in proc.stdout
+
+
+def test_second_run_before_the_reboot_changes_nothing(nv_node, standin_repo):
+    proc = play(nv_node, standin_repo, "nvidia-standins.yml")
+    unchanged(proc)
+    assert "NEEDS A REBOOT" in proc.stdout
+
+
+def test_after_the_reboot_the_gpu_services_run_with_persistence_mode(nv_node, standin_repo):
+    # The reboot, as the roles can see it: the installed module is loaded, and ib_umad with it.
+    docker_sh(
+        nv_node,
+        f"mkdir -p {SYSFS}/module/nvidia {SYSFS}/module/ib_umad && echo 580.105.08 > {SYSFS}/module/nvidia/version",
+    )
+    proc = play(nv_node, standin_repo, "nvidia-standins.yml")
+    assert proc.returncode == 0, proc.stdout[-5000:]
+    assert "NEEDS A REBOOT" not in proc.stdout and "TEST DOUBLE GPU" in proc.stdout
     assert ssh(nv_node, "systemctl is-active nvidia-persistenced nvidia-fabricmanager").split() == ["active", "active"]
-    assert "TEST DOUBLE GPU" in ssh(nv_node, "nvidia-smi -L")
-    assert "/usr/local/cuda-12.8/bin" in ssh(nv_node, "bash -lc 'echo $PATH'")
+    # The daemon runs with the packaged arguments, persistence mode switched on.
+    args = ssh(nv_node, "cat /var/run/nvidia-persistenced/args").split()
+    assert args == ["--user", "nvidia-persistenced", "--persistence-mode", "--verbose"], args
+    unchanged(play(nv_node, standin_repo, "nvidia-standins.yml", "--check"))
 
 
-def test_second_run_changes_nothing_and_check_mode_is_clean(nv_node, standin_repo):
-    for args in ((), ("--check",)):
-        proc = play(nv_node, standin_repo, "nvidia-standins.yml", *args)
-        assert proc.returncode == 0, proc.stdout[-4000:]
-        assert recap(proc.stdout)["node1"]["changed"] == 0, proc.stdout[-4000:]
+def test_no_nccl_build_for_the_cuda_version_fails_with_the_list(nv_node, standin_repo):
+    proc = play(nv_node, standin_repo, "nvidia-standins.yml", "--tags", "nccl", "-e", "nccl_cuda_version=12.3")
+    assert proc.returncode != 0
+    assert "no NCCL build of 2.27.7-1 for CUDA 12.3" in proc.stdout, proc.stdout[-3000:]
+    assert "2.26.2-1+cuda12.8, 2.27.3-1+cuda12.4" in proc.stdout
 
 
 def test_keyring_with_another_key_is_refused(nv_node, standin_repo):

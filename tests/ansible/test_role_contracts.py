@@ -30,8 +30,8 @@ def test_site_applies_every_role_with_its_own_tag_and_the_readme_says_the_order(
     entries = [r for play in plays for r in play.get("roles", [])]
     assert all(r["tags"] == [r["role"]] for r in entries)
     order = role_docs.site_roles()
-    # every role is applied, or used by one that is (nvidia_repo, by the NVIDIA roles)
-    assert set(ROLES) - set(order) == {"nvidia_repo"}
+    # every role is applied, or used by one that is (nvidia_repo and nvidia_gpu, by the NVIDIA roles)
+    assert set(ROLES) - set(order) == {"nvidia_repo", "nvidia_gpu"}
     sentence = (REPO / "README.md").read_text().split("applies the roles in this order", 1)[1].split(".", 1)[0]
     assert [w.strip("`") for w in re.findall(r"`(\w+)`", sentence) if w != "nvidia_repo"] == order
 
@@ -58,6 +58,11 @@ def test_argument_specs_cover_every_default(role):
             assert option["default"] == defaults[name], f"{name}: spec default differs from defaults/main.yml"
     for required in ("meta/main.yml", "tasks/main.yml"):
         assert (REPO / "roles" / role / required).exists()
+    # A vars/<distro>.yml only where the distribution really differs: a role that loads them by
+    # first_found also has the default.yml they fall back to.
+    vars_dir = REPO / "roles" / role / "vars"
+    if any(vars_dir.glob("*-*.yml")):
+        assert (vars_dir / "default.yml").exists(), f"{role} has distribution vars but no vars/default.yml"
 
 
 ROLES_WITH_CHOICES = {
@@ -75,7 +80,7 @@ def test_fixed_value_sets_are_choices_in_the_argument_specs(role):
         assert [str(c) for c in options[name].get("choices", [])] == choices, name
 
 
-@pytest.mark.parametrize("role", ["base", "cluster_hosts", "firewall", "python_env", "ssh_trust"])
+@pytest.mark.parametrize("role", ROLES)
 def test_a_vars_file_only_where_a_distribution_differs(role):
     """vars/<distribution>[-<version>].yml exists only where it says something vars/default.yml does not."""
     vars_dir = REPO / "roles" / role / "vars"
