@@ -130,6 +130,8 @@ def _measurements(results: list[CheckResult]) -> Iterator[Family]:
     )
     clock = Family(PREFIX + "clock_offset_seconds", "A node's clock minus the control machine's clock.")
     mtu = Family(PREFIX + "network_mtu_bytes", "MTU of the node's cluster interface.")
+    rtt = Family(PREFIX + "network_rtt_seconds", "TCP round trip time between two nodes (host and peer).")
+    throughput = Family(PREFIX + "network_throughput_bytes_per_second", "TCP throughput measured from host to peer.")
     seen: set[tuple] = set()
 
     def once(family: Family, value, **labels: str) -> None:
@@ -159,7 +161,15 @@ def _measurements(results: list[CheckResult]) -> Iterator[Family]:
             interfaces = _mapping(data.get("interface"))
             for node, value in sorted(_mapping(data.get("mtu")).items()):
                 once(mtu, value, host=str(node), interface=str(interfaces.get(node) or ""))
-    yield from (f for f in (busbw, peak, param, efficiency, clock, mtu) if f.samples)
+        elif r.name == "network.rtt":
+            for pair in _rows(data.get("pairs")):
+                a, b = str(pair.get("a") or ""), str(pair.get("b") or "")
+                ms = _number(pair.get("rtt_ms"))
+                once(rtt, None if ms is None else ms / 1000, host=a, peer=b)
+                for sender, receiver, key in ((a, b, "a_to_b"), (b, a, "b_to_a")):
+                    mbps = _number(pair.get(key))
+                    once(throughput, None if mbps is None else mbps * 1e6 / 8, host=sender, peer=receiver)
+    yield from (f for f in (busbw, peak, param, efficiency, clock, mtu, rtt, throughput) if f.samples)
 
 
 def render(report: Report) -> str:

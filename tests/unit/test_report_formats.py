@@ -14,6 +14,7 @@ import pytest
 from harness import real_results
 
 from clustercheck import report
+from clustercheck.checks import network
 from clustercheck.model import CheckResult, Status
 from clustercheck.report import FORMAT_NAMES, Report, markdown, prometheus
 
@@ -137,12 +138,28 @@ def test_markdown_puts_the_verdict_and_the_failures_with_their_fixes_first():
 README = Path(__file__).resolve().parent.parent.parent / "README.md"
 
 
+def test_every_pair_s_round_trip_and_throughput_are_metrics():
+    records = json.loads((Path(__file__).parent / "records" / "netprobe-node2-tbf.json").read_text())
+    peers = [network.Peer(n, r["address"]) for n, r in sorted(records.items())]
+    results = network.evaluate(records, peers, "node1", 29500)
+    got = samples(prometheus.render(Report(results, sorted(records), "x", 1, 2)))
+    rtt = {(lab["host"], lab["peer"]): v for n, lab, v in got if n == "clustercheck_network_rtt_seconds"}
+    rate = {
+        (lab["host"], lab["peer"]): v for n, lab, v in got if n == "clustercheck_network_throughput_bytes_per_second"
+    }
+    assert len(rtt) == 3 and all(0 < v < 1 for v in rtt.values())  # three pairs, in seconds
+    assert len(rate) == 6  # both directions of every pair
+    slowest = min(rate, key=rate.get)
+    assert slowest[0] == "node2"  # the node whose link was rate-limited sends slowest
+
+
 def test_the_readme_names_every_metric():
     readme = README.read_text()
     names = {
         n for n, _, _ in samples(prometheus.render(Report(real_results(), ["node1", "node2", "node3"], "x", 1, 2)))
     }
     names |= {"clustercheck_clock_offset_seconds"}  # from a consistency.clock result, not in these records
+    names |= {"clustercheck_network_rtt_seconds", "clustercheck_network_throughput_bytes_per_second"}
     assert {n for n in names if f"`{n}`" not in readme} == set()
 
 
