@@ -329,14 +329,14 @@ def kernel_modules():
 def main():
     """facts TIMEOUT [--no-torch] [--package DIST ...]"""
     torch_timeout = float(sys.argv[1]) if len(sys.argv) > 1 else 120
-    packages = [sys.argv[i + 1] for i, word in enumerate(sys.argv[:-1]) if word == "--package"]
+    wanted = [sys.argv[i + 1] for i, word in enumerate(sys.argv[:-1]) if word == "--package"]
     facts = {
         "collector": 1,
         "python": {"executable": sys.executable, "version": platform.python_version()},
         "os": probe(os_facts),
         "torch": {"error": "the environment's python does not exist"}
         if "--no-torch" in sys.argv
-        else probe(lambda: torch_facts(torch_timeout, packages)),
+        else probe(lambda: torch_facts(torch_timeout, wanted)),
         "shm": probe(lambda: disk_free("/dev/shm")),
         "disk_root": probe(lambda: disk_free("/")),
         "disk_tmp": probe(lambda: disk_free(tempfile.gettempdir())),
