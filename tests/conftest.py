@@ -75,6 +75,11 @@ def wheelhouse() -> Path:
 
     Nodes cannot reach PyPI, like an air-gapped site: they install from this directory with --no-index.
     """
+    return build_wheelhouse()
+
+
+def build_wheelhouse() -> Path:
+    """The torch wheelhouse (the `wheelhouse` fixture), built once and shared by test sessions and benchmarks."""
     target = testcluster.CACHE_DIR / "wheelhouse"
     stamp = target / ".complete"
     target.parent.mkdir(parents=True, exist_ok=True)
