@@ -1,0 +1,142 @@
+"""Overhead of the DDP stage: clustercheck's DDP stage against the same torchrun job started by hand over SSH.
+
+clustercheck side: a run selecting the DDP stage only (`clustercheck run --only ddp`, driven through the same
+Pipeline the command line builds), timed from the moment the stage starts to the moment it hands back its results
+(the pipeline's progress callback: the stage's start, then the cleanup's start). That is everything the stage does:
+the torchrun lines, the job, the progress watchdog, the rank logs and records brought back, the judging.
+
+By hand: the torchrun line clustercheck recorded for each node (hosts/<node>/ddp.command in its run directory: the
+same node-side DDP program, world size, steps, backend, interfaces and environment), its work directory replaced by
+one of the benchmark's, where the same node-side bundle was put beforehand; started on every node at once with
+`ssh node '<line>'`, timed until the last node's torchrun returned. Nothing is fetched afterwards: a person would
+look at the output.
+
+The runs alternate (clustercheck first, then by hand first), --repeat pairs; the ratio is stage / by hand per pair,
+and the median of the pairs is the figure. Goal: 1.2 or less.
+
+    python benchmarks/ddp_overhead.py [--hosts INVENTORY] [--repeat N] [--json FILE]
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import _shared
+from _shared import BenchmarkError, say
+
+from clustercheck.checks import ddp
+from clustercheck.config import RunConfig, SshSettings
+from clustercheck.model import Status
+from clustercheck.run.pipeline import Pipeline
+from clustercheck.run.selection import Selection
+from clustercheck.stages import remote
+from clustercheck.transport import factory
+from clustercheck.transport.params import load_config
+
+BY_HAND_DIR = "/tmp/ccbench-ddp"  # not /tmp/clustercheck-*: clustercheck's leftover sweep would take it for its own
+WORKDIR = re.compile(r"/tmp/clustercheck-[A-Za-z0-9_.-]+")
+
+
+def clustercheck_ddp(nodes: _shared.Nodes, run_dir: Path) -> dict:
+    """One `clustercheck run --only ddp`: the DDP stage's wall time, the whole run's, the verdict, and the torchrun
+    line it recorded for every node."""
+    marks: dict[str, float] = {}
+    lock = threading.Lock()
+
+    def progress(host: str, what: str) -> None:
+        now = time.monotonic()
+        with lock:
+            marks.setdefault(what, now)
+
+    config = RunConfig(
+        run_dir=run_dir, selection=Selection(only=("ddp",)), ssh=SshSettings(config=load_config(nodes.ssh_config))
+    )
+    started = time.monotonic()
+    outcome = Pipeline(nodes.nodes, config, factory.default(config.ssh), progress).run()
+    total = time.monotonic() - started
+    verdict = [r for r in outcome.results if r.name == ddp.NAME]
+    if not verdict or verdict[0].status is not Status.PASS or "ddp" not in marks:
+        why = verdict[0].message if verdict else "; ".join(r.message for r in outcome.results if r.status.is_problem)
+        raise BenchmarkError(f"clustercheck's DDP stage did not pass: {why}")
+    commands = {n.name: (run_dir / "hosts" / n.name / "ddp.command").read_text().strip() for n in nodes.nodes}
+    return {"stage": marks["cleaning up"] - marks["ddp"], "total": total, "commands": commands}
+
+
+def by_hand_commands(recorded: dict[str, str]) -> dict[str, str]:
+    """clustercheck's torchrun lines with its (removed) work directory replaced by the benchmark's."""
+    out = {}
+    for name, line in recorded.items():
+        if not WORKDIR.search(line):
+            raise BenchmarkError(f"{name}: no work directory in the recorded torchrun line: {line}")
+        out[name] = WORKDIR.sub(BY_HAND_DIR, line)
+    return out
+
+
+def prepare_by_hand(nodes: _shared.Nodes) -> None:
+    """The node-side bundle into the benchmark's directory on every node (not timed: a person copies it once)."""
+    for node in nodes.nodes:
+        _shared.ssh(node, f"rm -rf {BY_HAND_DIR}")
+        _shared.put(node, remote.bundle(), remote.path(BY_HAND_DIR))
+
+
+def by_hand(nodes: _shared.Nodes, commands: dict[str, str]) -> float:
+    for node in nodes.nodes:  # the previous job's outputs, out of the way (not timed)
+        _shared.ssh(node, f"rm -rf {shlex.quote(BY_HAND_DIR)}/ddp {BY_HAND_DIR}/nccl-*.log")
+    return _shared.on_every_node(nodes.nodes, commands)
+
+
+def main() -> int:
+    args = _shared.parser(__doc__.split("\n\n")[0], repeat=5).parse_args()
+    doc: dict = {"benchmark": "ddp_overhead", "machine": _shared.machine(), "pairs": []}
+    try:
+        with _shared.torch_nodes(args) as nodes, tempfile.TemporaryDirectory(prefix="ddp-bench-") as tmp:
+            doc["nodes"] = [n.name for n in nodes.nodes]
+            prepare_by_hand(nodes)
+            commands: dict[str, str] = {}
+            for i in range(args.repeat):
+                pair: dict = {}
+                order = ("clustercheck", "by hand") if i % 2 == 0 or not commands else ("by hand", "clustercheck")
+                for side in order:
+                    if side == "clustercheck":
+                        cc = clustercheck_ddp(nodes, Path(tmp) / f"run-{i}")
+                        commands = commands or by_hand_commands(cc["commands"])
+                        pair.update(stage_s=round(cc["stage"], 3), run_s=round(cc["total"], 3))
+                    else:
+                        pair["by_hand_s"] = round(by_hand(nodes, commands), 3)
+                pair["ratio"] = round(pair["stage_s"] / pair["by_hand_s"], 3)
+                pair["order"] = " first, ".join(order) + " second"
+                pair["loadavg"] = _shared.machine()["loadavg"]
+                say(f"pair {i + 1}: {pair}")
+                doc["pairs"].append(pair)
+            doc["by_hand_commands"] = commands
+            for node in nodes.nodes:
+                _shared.ssh(node, f"rm -rf {BY_HAND_DIR}")
+    except BenchmarkError as exc:
+        print(f"ddp_overhead: error: {exc}", file=sys.stderr)
+        return 1
+    pairs = doc["pairs"]
+    doc["median"] = {k: _shared.median([p[k] for p in pairs]) for k in ("stage_s", "run_s", "by_hand_s", "ratio")}
+    doc["machine_after"] = _shared.machine()
+    med = doc["median"]
+    print(f"machine: {doc['machine']}")
+    print(f"nodes: {', '.join(doc['nodes'])}")
+    print("pair  clustercheck DDP stage  (whole run)  by hand over ssh  ratio")
+    for i, p in enumerate(pairs, 1):
+        print(f"{i:4}  {p['stage_s']:20.2f} s  ({p['run_s']:6.2f} s)  {p['by_hand_s']:14.2f} s  {p['ratio']:.3f}")
+    verdict = "meets" if med["ratio"] <= 1.2 else "misses"
+    print(
+        f"median: stage {med['stage_s']:.2f} s, by hand {med['by_hand_s']:.2f} s, ratio {med['ratio']:.3f} "
+        f"(goal 1.2 or less: {verdict} it)"
+    )
+    _shared.write_json(args.json, doc)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
