@@ -46,11 +46,11 @@ WORKDIR = re.compile(r"/tmp/clustercheck-[A-Za-z0-9_.-]+")
 def clustercheck_ddp(nodes: _shared.Nodes, run_dir: Path) -> dict:
     """One `clustercheck run --only ddp`: the DDP stage's wall time, the whole run's, the verdict, and the torchrun
     line it recorded for every node."""
-    marks: dict[str, float] = {}
+    marks: dict[str, float] = {}  # wall-clock times, comparable with the run directory's file times
     lock = threading.Lock()
 
     def progress(host: str, what: str) -> None:
-        now = time.monotonic()
+        now = time.time()
         with lock:
             marks.setdefault(what, now)
 
@@ -64,8 +64,21 @@ def clustercheck_ddp(nodes: _shared.Nodes, run_dir: Path) -> dict:
     if not verdict or verdict[0].status is not Status.PASS or "ddp" not in marks:
         why = verdict[0].message if verdict else "; ".join(r.message for r in outcome.results if r.status.is_problem)
         raise BenchmarkError(f"clustercheck's DDP stage did not pass: {why}")
+    hosts = [run_dir / "hosts" / n.name for n in nodes.nodes]
     commands = {n.name: (run_dir / "hosts" / n.name / "ddp.command").read_text().strip() for n in nodes.nodes}
-    return {"stage": marks["cleaning up"] - marks["ddp"], "total": total, "commands": commands}
+    # Where the stage's time goes, from when it wrote each node's torchrun line (just before starting the jobs)
+    # and each node's torchrun log (as it brings back the results, node after node).
+    lines_written = max((h / "ddp.command").stat().st_mtime for h in hosts)
+    first_log = min((h / "ddp.torchrun.log").stat().st_mtime for h in hosts)
+    end = marks["cleaning up"]
+    return {
+        "stage": end - marks["ddp"],
+        "total": total,
+        "before_jobs": lines_written - marks["ddp"],
+        "jobs": first_log - lines_written,
+        "after_jobs": end - first_log,
+        "commands": commands,
+    }
 
 
 def by_hand_commands(recorded: dict[str, str]) -> dict[str, str]:
@@ -106,7 +119,8 @@ def main() -> int:
                     if side == "clustercheck":
                         cc = clustercheck_ddp(nodes, Path(tmp) / f"run-{i}")
                         commands = commands or by_hand_commands(cc["commands"])
-                        pair.update(stage_s=round(cc["stage"], 3), run_s=round(cc["total"], 3))
+                        pair.update({f"{k}_s": round(cc[k], 3) for k in ("stage", "before_jobs", "jobs", "after_jobs")})
+                        pair["run_s"] = round(cc["total"], 3)
                     else:
                         pair["by_hand_s"] = round(by_hand(nodes, commands), 3)
                 pair["ratio"] = round(pair["stage_s"] / pair["by_hand_s"], 3)
@@ -121,7 +135,8 @@ def main() -> int:
         print(f"ddp_overhead: error: {exc}", file=sys.stderr)
         return 1
     pairs = doc["pairs"]
-    doc["median"] = {k: _shared.median([p[k] for p in pairs]) for k in ("stage_s", "run_s", "by_hand_s", "ratio")}
+    keys = ("stage_s", "before_jobs_s", "jobs_s", "after_jobs_s", "run_s", "by_hand_s", "ratio")
+    doc["median"] = {k: _shared.median([p[k] for p in pairs]) for k in keys}
     doc["machine_after"] = _shared.machine()
     med = doc["median"]
     print(f"machine: {doc['machine']}")
@@ -129,6 +144,10 @@ def main() -> int:
     print("pair  clustercheck DDP stage  (whole run)  by hand over ssh  ratio")
     for i, p in enumerate(pairs, 1):
         print(f"{i:4}  {p['stage_s']:20.2f} s  ({p['run_s']:6.2f} s)  {p['by_hand_s']:14.2f} s  {p['ratio']:.3f}")
+    print(
+        f"the stage's median time: {med['before_jobs_s']:.2f} s before the jobs start, {med['jobs_s']:.2f} s of jobs, "
+        f"{med['after_jobs_s']:.2f} s bringing back logs and records"
+    )
     verdict = "meets" if med["ratio"] <= 1.2 else "misses"
     print(
         f"median: stage {med['stage_s']:.2f} s, by hand {med['by_hand_s']:.2f} s, ratio {med['ratio']:.3f} "
