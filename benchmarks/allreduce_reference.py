@@ -9,7 +9,8 @@ busbw = algbw * 2(n-1)/n over n ranks. GB/s are 1e9 bytes per second, as nccl-te
 
     torchrun ... allreduce_reference.py --sizes 65536,131072 --warmup 2 --iters 5 --backend gloo --out FILE
 
-Rank 0 writes the rows to FILE as JSON: [{"bytes", "time_us", "algbw_gbps", "busbw_gbps"}, ...].
+Rank 0 writes the rows to FILE as JSON: [{"bytes", "time_us", "algbw_gbps", "busbw_gbps"}, ...], and beside
+them the busbw from the slowest rank's time (all_reduce_perf's `-a 3`), to tell that choice from other differences.
 """
 
 from __future__ import annotations
@@ -68,11 +69,19 @@ def main() -> int:
         synchronize()
         mine = (time.perf_counter() - start) / args.iters
         total = torch.tensor([mine], dtype=torch.float64, device=device)
+        slowest = total.clone()
         dist.all_reduce(total)  # sum over ranks, then the average
+        dist.all_reduce(slowest, op=dist.ReduceOp.MAX)  # all_reduce_perf -a 3, for comparison
         seconds = total.item() / ranks
         bw = algbw(size, seconds)
         rows.append(
-            {"bytes": size, "time_us": seconds * 1e6, "algbw_gbps": bw, "busbw_gbps": allreduce_busbw(bw, ranks)}
+            {
+                "bytes": size,
+                "time_us": seconds * 1e6,
+                "algbw_gbps": bw,
+                "busbw_gbps": allreduce_busbw(bw, ranks),
+                "busbw_slowest_rank_gbps": allreduce_busbw(algbw(size, slowest.item()), ranks),
+            }
         )
     if dist.get_rank() == 0:
         with open(args.out, "w") as fh:

@@ -35,6 +35,7 @@ CLUSTERCHECK = str(Path(sys.executable).parent / "clustercheck")
 REF_DIR = "/tmp/ccbench-busbw"  # not /tmp/clustercheck-*: clustercheck's leftover sweep would take it for its own
 REF_SCRIPT = f"{REF_DIR}/allreduce_reference.py"
 REF_OUT = f"{REF_DIR}/rows.json"
+MEDIANS = ("clustercheck", "reference", "ratio", "reference_slowest_rank", "ratio_slowest_rank")
 WORKDIR = re.compile(r"/tmp/clustercheck-[A-Za-z0-9_.-]+")
 
 
@@ -111,7 +112,11 @@ def main() -> int:
                     else:
                         ref = reference(nodes, commands)
                         pair["reference"] = {r["bytes"]: r["busbw_gbps"] for r in ref["rows"]}
+                        pair["reference_slowest_rank"] = {r["bytes"]: r["busbw_slowest_rank_gbps"] for r in ref["rows"]}
                 pair["ratio"] = {s: pair["clustercheck"][s] / pair["reference"][s] for s in pair["clustercheck"]}
+                pair["ratio_slowest_rank"] = {
+                    s: pair["clustercheck"][s] / pair["reference_slowest_rank"][s] for s in pair["clustercheck"]
+                }
                 pair["loadavg"] = _shared.machine()["loadavg"]
                 say(f"pair {i + 1} ({' first, '.join(order)} second): " + _row(pair["ratio"]))
                 doc["pairs"].append(pair)
@@ -122,17 +127,23 @@ def main() -> int:
         return 1
     pairs = doc["pairs"]
     sizes = sorted(pairs[0]["ratio"])
-    doc["median"] = {
-        s: {k: _shared.median([p[k][s] for p in pairs]) for k in ("clustercheck", "reference", "ratio")} for s in sizes
-    }
+    doc["median"] = {s: {k: _shared.median([p[k][s] for p in pairs]) for k in MEDIANS} for s in sizes}
     doc["machine_after"] = _shared.machine()
     print(f"machine: {doc['machine']}")
     print(f"nodes: {', '.join(doc['nodes'])}; {doc['ranks']} ranks, {doc['backend']}, {doc['warmup']} warm-up and ")
     print(f"{doc['iters']} timed calls per size; medians of {len(pairs)} pairs")
-    print("      size  clustercheck busbw  reference busbw   ratio")
+    print("      size  clustercheck busbw  reference busbw   ratio  (reference, slowest rank's time: busbw, ratio)")
     for s in sizes:
         m = doc["median"][s]
-        print(f"{s:10}  {m['clustercheck']:13.4f} GB/s  {m['reference']:10.4f} GB/s  {m['ratio']:6.3f}")
+        print(
+            f"{s:10}  {m['clustercheck']:13.4f} GB/s  {m['reference']:10.4f} GB/s  {m['ratio']:6.3f}"
+            f"  ({m['reference_slowest_rank']:.4f} GB/s, {m['ratio_slowest_rank']:.3f})"
+        )
+    print("run-to-run spread of each measurement over the pairs (highest / lowest busbw):")
+    for s in sizes:
+        cc, ref = ([p[k][s] for p in pairs] for k in ("clustercheck", "reference"))
+        doc["median"][s]["spread"] = {"clustercheck": max(cc) / min(cc), "reference": max(ref) / min(ref)}
+        print(f"{s:10}  clustercheck {max(cc) / min(cc):5.2f}x  reference {max(ref) / min(ref):5.2f}x")
     outside = [s for s in sizes if not 0.9 <= doc["median"][s]["ratio"] <= 1.1]
     print("goal 0.9 to 1.1 at every size: " + ("met" if not outside else f"missed at {outside}"))
     _shared.write_json(args.json, {**doc, "pairs": [{k: _jsonable(v) for k, v in p.items()} for p in pairs]})
