@@ -163,19 +163,28 @@ def run(
         for thread in threads:
             thread.join(30)
 
-    outcome = JobOutcome([], world, backend, data={"world_size": world, "backend": backend})
-    for m in members:
+    def bring_back(m: Member) -> list[dict]:
+        """The node's torchrun output into the run directory; its rank logs and rank records brought back."""
         result = ends[m.name][1] if m.name in ends else CommandResult(None, "", "no result")
-        target = config.host_dir(m.name)
-        (target / f"{stage}.torchrun.log").write_text(result.stdout + result.stderr)
+        (config.host_dir(m.name) / f"{stage}.torchrun.log").write_text(result.stdout + result.stderr)
         if m.name in silent:  # it does not answer: nothing to bring back
-            continue
+            return []
         _fetch_logs(m, stage, ctx)
+        records = []
         with contextlib.suppress(TransportError, OSError):
             got = m.transport.run(launch.collect_command(m.facts.python, m.transport.workdir, stage), timeout=60)
             for record in launch.parse_records(got.stdout):
                 record["node"] = m.name  # the inventory name (the record's host is the node's hostname)
-                outcome.records.append(record)
+                records.append(record)
+        return records
+
+    outcome = JobOutcome([], world, backend, data={"world_size": world, "backend": backend})
+    # Every node at once: one node after the other, bringing results back grew with the node count.
+    brought = fanout(bring_back, members, name=lambda m: m.name)
+    for i in range(len(members)):
+        if isinstance(brought[i], BaseException):
+            raise brought[i]
+        outcome.records += brought[i]
 
     first = first_failure(ends)
     timed_out = [name for name, (_, result, _) in ends.items() if result.timed_out]
