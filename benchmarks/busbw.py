@@ -130,8 +130,8 @@ def main() -> int:
     doc["median"] = {s: {k: _shared.median([p[k][s] for p in pairs]) for k in MEDIANS} for s in sizes}
     doc["machine_after"] = _shared.machine()
     print(f"machine: {doc['machine']}")
-    print(f"nodes: {', '.join(doc['nodes'])}; {doc['ranks']} ranks, {doc['backend']}, {doc['warmup']} warm-up and ")
-    print(f"{doc['iters']} timed calls per size; medians of {len(pairs)} pairs")
+    print(f"nodes: {', '.join(doc['nodes'])}; {doc['ranks']} ranks over {doc['backend']}")
+    print(f"{doc['warmup']} warm-up and {doc['iters']} timed calls per size; medians of {len(pairs)} pairs")
     print("      size  clustercheck busbw  reference busbw   ratio  (reference, slowest rank's time: busbw, ratio)")
     for s in sizes:
         m = doc["median"][s]
