@@ -88,7 +88,7 @@ def reference(nodes: _shared.Nodes, commands: dict[str, str]) -> dict:
 
 
 def main() -> int:
-    args = _shared.parser(__doc__.split("\n\n")[0], repeat=5).parse_args()
+    args = _shared.parser(__doc__.split("\n\n")[0], repeat=7).parse_args()
     doc: dict = {"benchmark": "busbw", "machine": _shared.machine(), "pairs": []}
     try:
         with _shared.torch_nodes(args) as nodes, tempfile.TemporaryDirectory(prefix="busbw-bench-") as tmp:

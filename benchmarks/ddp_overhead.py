@@ -114,7 +114,7 @@ def by_hand(nodes: _shared.Nodes, commands: dict[str, str]) -> tuple[float, floa
 
 
 def main() -> int:
-    args = _shared.parser(__doc__.split("\n\n")[0], repeat=5).parse_args()
+    args = _shared.parser(__doc__.split("\n\n")[0], repeat=7).parse_args()
     doc: dict = {"benchmark": "ddp_overhead", "machine": _shared.machine(), "pairs": []}
     try:
         with _shared.torch_nodes(args) as nodes, tempfile.TemporaryDirectory(prefix="ddp-bench-") as tmp:

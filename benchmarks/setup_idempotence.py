@@ -117,7 +117,7 @@ def report(doc: dict) -> None:
 
 
 def main() -> int:
-    p = _shared.parser(__doc__.split("\n\n")[0], repeat=2)
+    p = _shared.parser(__doc__.split("\n\n")[0], repeat=3)
     p.add_argument("--os", choices=["ubuntu", "debian12"], default="ubuntu", help="the test nodes' OS (default ubuntu)")
     args = p.parse_args()
     doc = {"benchmark": "setup_idempotence", "machine": _shared.machine()}
