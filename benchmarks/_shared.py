@@ -4,7 +4,7 @@ the machine's description, medians, and the JSON output.
 
 The test cluster comes from the test suite's own machinery (tests/cluster/testcluster.py, tests/cluster/torchenv.py,
 tests/conftest.py), under the name TESTCLUSTER_NAME (default "bench") plus a suffix per kind of cluster; it is
-removed afterwards unless --keep-cluster is given, and reused when it is already up.
+removed afterwards unless --keep is given, and with --reuse the one already up is measured.
 """
 
 from __future__ import annotations
@@ -39,9 +39,12 @@ def parser(description: str, repeat: int) -> argparse.ArgumentParser:
     """The options every benchmark takes."""
     p = argparse.ArgumentParser(description=description)
     p.add_argument("--hosts", metavar="INVENTORY", help="your own nodes (an Ansible inventory); default: test nodes")
-    p.add_argument("--repeat", type=int, default=repeat, help=f"repetitions; medians are reported (default {repeat})")
+    p.add_argument(
+        "--rounds", dest="repeat", metavar="N", type=int, default=repeat, help=f"rounds; medians (default {repeat})"
+    )
     p.add_argument("--json", metavar="FILE", help="also write the figures as JSON to FILE")
-    p.add_argument("--keep-cluster", action="store_true", help="leave the test cluster up afterwards")
+    p.add_argument("--keep", dest="keep_cluster", action="store_true", help="leave the test cluster up")
+    p.add_argument("--reuse", action="store_true", help="measure the test cluster already up under the same name")
     return p
 
 
@@ -98,15 +101,15 @@ def _cluster_name(suffix: str) -> str:
 def test_cluster(
     args, size: int, suffix: str = "", os_name="debian12", user: str = "root", reuse: bool = True
 ) -> Iterator[object]:
-    """SIZE test nodes under TESTCLUSTER_NAME + SUFFIX: reused when up with the same shape (and REUSE), else
-    started afresh; removed at the end unless --keep-cluster."""
+    """SIZE test nodes under TESTCLUSTER_NAME + SUFFIX: with --reuse (and REUSE) the ones already up with the same
+    shape, else started afresh; removed at the end unless --keep."""
     import testcluster
 
     name = _cluster_name(suffix)
     wanted = [os_name] * size if isinstance(os_name, str) else list(os_name)
     cluster = None
     with contextlib.suppress(testcluster.ClusterError, OSError, ValueError):
-        if not reuse:
+        if not (reuse and args.reuse):
             raise ValueError("start afresh")
         found = testcluster.Cluster.load(name)
         running = testcluster.docker("ps", "-q", "--filter", f"label={testcluster.LABEL}={name}").stdout.split()

@@ -9,10 +9,10 @@ with clustercheck), started under torchrun by hand over ssh on every node with t
 recorded for its collectives job (hosts/<node>/collectives.command: same nodes, ranks, backend, interfaces and
 environment), only the program and its arguments replaced: the same sizes and call counts.
 
-The runs alternate (clustercheck first, then the reference first), --repeat pairs; per size the ratio is
+The runs alternate (clustercheck first, then the reference first), --rounds pairs; per size the ratio is
 clustercheck / reference per pair, median over the pairs. Goal: every size within 0.9 to 1.1.
 
-    python benchmarks/busbw.py [--hosts INVENTORY] [--repeat N] [--json FILE]
+    .venv/bin/python benchmarks/busbw.py [--hosts INVENTORY] [--rounds N] [--json FILE]
 """
 
 from __future__ import annotations

@@ -11,10 +11,10 @@ one of the benchmark's, where the same node-side bundle was put beforehand; star
 `ssh node '<line>'`, timed until the last node's torchrun returned. Nothing is fetched afterwards: a person would
 look at the output.
 
-The runs alternate (clustercheck first, then by hand first), --repeat pairs; the ratio is stage / by hand per pair,
+The runs alternate (clustercheck first, then by hand first), --rounds pairs; the ratio is stage / by hand per pair,
 and the median of the pairs is the figure. Goal: 1.2 or less.
 
-    python benchmarks/ddp_overhead.py [--hosts INVENTORY] [--repeat N] [--json FILE]
+    .venv/bin/python benchmarks/ddp_overhead.py [--hosts INVENTORY] [--rounds N] [--json FILE]
 """
 
 from __future__ import annotations

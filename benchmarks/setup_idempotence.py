@@ -1,4 +1,4 @@
-"""Setup idempotence: `ansible-playbook site.yml` on fresh nodes, then again (--repeat times) on the same nodes.
+"""Setup idempotence: `ansible-playbook site.yml` on fresh nodes, then again (--rounds times) on the same nodes.
 
 Every second run must report changed=0 on every node; the figure is the ratio of the second run's wall time
 (median over the repeats) to the first's, goal 0.3 or less. Ansible's own junit callback records every task's
@@ -11,7 +11,7 @@ ansible_playbook, as tests/ansible/test_ubuntu_nodes.py runs it); `--os debian12
 instead. With --hosts INVENTORY: `ansible-playbook -i INVENTORY site.yml` on your own nodes as they are (so the
 "first" run there is only a first run on fresh nodes).
 
-    python benchmarks/setup_idempotence.py [--os ubuntu|debian12] [--repeat N] [--json FILE]
+    .venv/bin/python benchmarks/setup_idempotence.py [--os ubuntu|debian12] [--rounds N] [--json FILE]
 """
 
 from __future__ import annotations
