@@ -8,6 +8,7 @@ import contextlib
 import json
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from clustercheck.checks import registry
@@ -105,15 +106,19 @@ def run_host(node: Node, transport: Transport, ctx: Context, step) -> HostOutcom
     selection = config.selection
     host_dir = config.host_dir(node.name)
     outcome = HostOutcome()
-    step("leftovers")
-    outcome.results.append(stop_leftovers(node, transport))
-    step("clock")
-    offset, uncertainty = measure_clock_offset(transport)
-    step("python")
-    python, source, missing = find_python(node, transport, config.python)
+    # The steps before the facts need nothing of each other, and each is a round trip or more: they run at once,
+    # over the node's one connection.
+    step("leftovers, clock, python, upload")
+    with ThreadPoolExecutor(max_workers=3, thread_name_prefix=f"{node.name}-core") as pool:
+        leftovers = pool.submit(stop_leftovers, node, transport)
+        clock = pool.submit(measure_clock_offset, transport)
+        upload = pool.submit(remote.install, transport)
+        python, source, missing = find_python(node, transport, config.python)
+    outcome.results.append(leftovers.result())
+    offset, uncertainty = clock.result()
     step("facts")
     try:
-        remote.install(transport)
+        upload.result()
     except (TransportError, OSError) as exc:
         outcome.results.append(_facts_error(node, f"{node.name}: {exc}"))
         return outcome

@@ -103,13 +103,19 @@ class Transport(Protocol):
     def close(self) -> None: ...
 
 
+# One grep over every process's environment (not a process per process: a GPU node runs hundreds), printing
+# "/proc/PID/environ:VARIABLE=value" for each marker variable found.
+MARKED = "grep -sz -H -e '^{run}=' -e '^{until}=' /proc/[0-9]*/environ | tr '\\0' '\\n'"
+
+
 def sweep_script(run_id: str, workdir: str) -> str:
     """Shell that kills every process carrying this run's marker, then removes the work directory."""
     marker = f"^{RUN_MARKER}={run_id}$"
     return (
-        "for d in /proc/[0-9]*; do "
-        f'if grep -qsz {shlex.quote(marker)} "$d/environ"; then kill -KILL "${{d#/proc/}}" 2>/dev/null; fi; '
-        f"done; rm -rf {shlex.quote(workdir)}; true"
+        f"pids=$(grep -lsz {shlex.quote(marker)} /proc/[0-9]*/environ | "
+        "sed -n 's|^/proc/\\([0-9]*\\)/environ$|\\1|p'); "
+        '[ -z "$pids" ] || kill -KILL $pids 2>/dev/null; '
+        f"rm -rf {shlex.quote(workdir)}; true"
     )
 
 
@@ -118,15 +124,19 @@ def stale_sweep_script(run_id: str, now: float | None = None) -> str:
     `pid<TAB>run id<TAB>command line` for each; never this run's processes, nor those of a run still within its
     deadline (another clustercheck running now)."""
     now_s = int(now if now is not None else time.time())
+    pick = (  # pid<TAB>run of every process of another run past its deadline
+        "{ split($1, p, \"/\"); pid = p[3]; kv = substr($0, length($1) + 2); "
+        f'if (index(kv, "{RUN_MARKER}=") == 1) run[pid] = substr(kv, {len(RUN_MARKER) + 2}); '
+        f'else if (index(kv, "{UNTIL_MARKER}=") == 1) until[pid] = substr(kv, {len(UNTIL_MARKER) + 2}) }} '
+        "END { for (pid in run) if (run[pid] != \"\" && run[pid] != me && until[pid] != \"\" && until[pid] + 0 <= now) "
+        'print pid "\\t" run[pid] }'
+    )
     return (
-        "for d in /proc/[0-9]*; do "
-        f"grep -qsz '^{RUN_MARKER}=' \"$d/environ\" || continue; "
-        f"run=$(tr '\\0' '\\n' < \"$d/environ\" 2>/dev/null | sed -n 's/^{RUN_MARKER}=//p'); "
-        f'[ -n "$run" ] && [ "$run" != {shlex.quote(run_id)} ] || continue; '
-        f"until=$(tr '\\0' '\\n' < \"$d/environ\" 2>/dev/null | sed -n 's/^{UNTIL_MARKER}=//p'); "
-        f'[ -n "$until" ] && [ "$until" -le {now_s} ] || continue; '
-        "cmd=$(tr '\\0' ' ' < \"$d/cmdline\" 2>/dev/null | cut -c1-200); "
-        'kill -KILL "${d#/proc/}" 2>/dev/null && printf \'%s\\t%s\\t%s\\n\' "${d#/proc/}" "$run" "$cmd"; '
+        MARKED.format(run=RUN_MARKER, until=UNTIL_MARKER)
+        + f" | awk -F: -v me={shlex.quote(run_id)} -v now={now_s} {shlex.quote(pick)}"
+        + " | while IFS='\t' read -r pid run; do "
+        "cmd=$(tr '\\0' ' ' < \"/proc/$pid/cmdline\" 2>/dev/null | cut -c1-200); "
+        'kill -KILL "$pid" 2>/dev/null && printf \'%s\\t%s\\t%s\\n\' "$pid" "$run" "$cmd"; '
         "done; true"
     )
 
