@@ -247,7 +247,7 @@ def reached_every_node(timing: Timing, names: list[str]) -> str | None:
     ok = {(c["name"], c["host"]) for c in checks if c["status"] == "PASS"}
     missing = [n for n in names if ("connect", n) not in ok or ("facts", n) not in ok]
     if missing:
-        messages = {c["host"]: c["message"] for c in checks if c["name"] in ("connect", "facts") and c["host"] in missing}
+        messages = {c["host"]: c["message"] for c in checks if c["name"] in ("connect", "facts")}
         return "not reached or no facts: " + "; ".join(f"{n}: {messages.get(n, '?')}" for n in missing)
     return None
 

@@ -22,7 +22,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import common  # noqa: E402
+import common
 
 
 def measure(nodes: common.Nodes, sizes: list[int], rounds: int, extra: list[str]) -> dict:
@@ -63,7 +63,8 @@ def measure(nodes: common.Nodes, sizes: list[int], rounds: int, extra: list[str]
 
 def report(result: dict, info: dict) -> None:
     print(f"Fan-out: clustercheck run --only core, median of {result['rounds']} rounds; {common.describe(info)}")
-    print(f"{'nodes':>5}  {'wall s':>7}  {'ratio':>5}  {'clustercheck CPU s':>18}  {'nodes CPU s':>11}  {'CPU floor s':>11}")
+    head = f"{'nodes':>5}  {'wall s':>7}  {'ratio':>5}  {'clustercheck CPU s':>18}  {'nodes CPU s':>11}"
+    print(f"{head}  {'CPU floor s':>11}")
     sizes = result["sizes"]
     base = min(sizes)
     for size, f in sizes.items():
@@ -75,7 +76,9 @@ def report(result: dict, info: dict) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog="Arguments after -- go to clustercheck run.")
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], epilog="Arguments after -- go to clustercheck run."
+    )
     parser.add_argument("--hosts", metavar="INVENTORY", help="your own nodes (default: the Docker test cluster)")
     parser.add_argument("--limit", metavar="PATTERN", help="with --hosts: only these nodes")
     parser.add_argument("--sizes", default="2,4,8,16,64", help="node counts, smallest first (default %(default)s)")
@@ -100,7 +103,8 @@ def main(argv: list[str] | None = None) -> int:
         with common.test_cluster(sizes[-1], "-fanout", args.reuse, args.keep) as nodes:
             result = measure(nodes, sizes, args.rounds, extra)
     info = common.machine()
-    result = {"benchmark": "fanout", "rounds": args.rounds, "machine": info, "hosts": args.hosts or "test cluster", **result}
+    hosts = args.hosts or "test cluster"
+    result = {"benchmark": "fanout", "rounds": args.rounds, "machine": info, "hosts": hosts, **result}
     report(result, info)
     common.write_json(args.json, result)
     return 0

@@ -25,7 +25,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import common  # noqa: E402
+import common
 
 TORCH_NODES = 3
 PLAIN_NODES = 16
@@ -54,9 +54,7 @@ def measure(nodes: common.Nodes, names: list[str], rounds: int, label: str) -> d
     with tempfile.TemporaryDirectory(prefix="clustercheck-preflight-") as tmp:
         for round_ in range(rounds + 1):  # round 0 warms up and is not counted
             run_dir = Path(tmp) / f"run-{round_}"
-            check = common.timed(
-                common.core_stage(nodes, names, run_dir, "--skip", "local.*"), cpu=cpu, names=names
-            )
+            check = common.timed(common.core_stage(nodes, names, run_dir, "--skip", "local.*"), cpu=cpu, names=names)
             problem = common.reached_every_node(check, names)
             if problem:
                 raise SystemExit(f"benchmark: the core stage did not get through: {problem}")
@@ -68,7 +66,7 @@ def measure(nodes: common.Nodes, names: list[str], rounds: int, label: str) -> d
                 warm = common.timed(ansible, cpu=cpu, names=names, env=round_env, cwd=common.REPO)
             finally:
                 close_masters(str(control))
-            for what, timing in (("ansible", cold), ("ansible_warm", warm)):
+            for timing in (cold, warm):
                 if timing.returncode != 0:
                     raise SystemExit(f"benchmark: {' '.join(ansible)} failed: {(timing.stdout + timing.stderr)[-500:]}")
             head = "warm-up" if round_ == 0 else f"round {round_}/{rounds}"

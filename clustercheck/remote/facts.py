@@ -148,7 +148,7 @@ def package_metadata(wanted):
         return packages
     with contextlib.suppress(Exception):
         metadata.version("torchvision")
-        wanted = list(wanted) + ["torchvision"]
+        wanted = [*wanted, "torchvision"]
     for name in dict.fromkeys(wanted):
         info = {}
         packages[name] = info

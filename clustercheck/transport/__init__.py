@@ -125,10 +125,10 @@ def stale_sweep_script(run_id: str, now: float | None = None) -> str:
     deadline (another clustercheck running now)."""
     now_s = int(now if now is not None else time.time())
     pick = (  # pid<TAB>run of every process of another run past its deadline
-        "{ split($1, p, \"/\"); pid = p[3]; kv = substr($0, length($1) + 2); "
+        '{ split($1, p, "/"); pid = p[3]; kv = substr($0, length($1) + 2); '
         f'if (index(kv, "{RUN_MARKER}=") == 1) run[pid] = substr(kv, {len(RUN_MARKER) + 2}); '
         f'else if (index(kv, "{UNTIL_MARKER}=") == 1) until[pid] = substr(kv, {len(UNTIL_MARKER) + 2}) }} '
-        "END { for (pid in run) if (run[pid] != \"\" && run[pid] != me && until[pid] != \"\" && until[pid] + 0 <= now) "
+        'END { for (pid in run) if (run[pid] != "" && run[pid] != me && until[pid] != "" && until[pid] + 0 <= now) '
         'print pid "\\t" run[pid] }'
     )
     return (
