@@ -62,7 +62,11 @@ def measure(nodes: common.Nodes, sizes: list[int], rounds: int, extra: list[str]
 
 
 def report(result: dict, info: dict) -> None:
-    print(f"Fan-out: clustercheck run --only core, median of {result['rounds']} rounds; {common.describe(info)}")
+    start = result.get("load_average_at_start", info["load_average"])[0]
+    print(
+        f"Fan-out: clustercheck run --only core, median of {result['rounds']} rounds; {common.describe(info)} "
+        f"(at the start: {start:.2f})"
+    )
     head = f"{'nodes':>5}  {'wall s':>7}  {'ratio':>5}  {'clustercheck CPU s':>18}  {'nodes CPU s':>11}"
     print(f"{head}  {'CPU floor s':>11}")
     sizes = result["sizes"]
@@ -87,6 +91,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--reuse", action="store_true", help="use the test cluster already up under the same name")
     parser.add_argument("--keep", action="store_true", help="leave the test cluster up afterwards")
     args, extra = parser.parse_known_args(argv)
+    at_start = common.machine()
     extra = [a for a in extra if a != "--"]
     try:
         sizes = sorted({int(s) for s in args.sizes.split(",")})
@@ -104,7 +109,14 @@ def main(argv: list[str] | None = None) -> int:
             result = measure(nodes, sizes, args.rounds, extra)
     info = common.machine()
     hosts = args.hosts or "test cluster"
-    result = {"benchmark": "fanout", "rounds": args.rounds, "machine": info, "hosts": hosts, **result}
+    result = {
+        "benchmark": "fanout",
+        "rounds": args.rounds,
+        "machine": info,
+        "load_average_at_start": at_start["load_average"],
+        "hosts": hosts,
+        **result,
+    }
     report(result, info)
     common.write_json(args.json, result)
     return 0

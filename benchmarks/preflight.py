@@ -97,16 +97,23 @@ def measure(nodes: common.Nodes, names: list[str], rounds: int, label: str) -> d
 def report(result: dict) -> None:
     print(
         f"Preflight against Ansible's fact gathering, median of {result['rounds']} rounds; "
-        f"{common.describe(result['machine'])}"
+        f"{common.describe(result['machine'])} (at the start: {result['load_average_at_start'][0]:.2f})"
     )
-    print(f"{'nodes':<28}  {'clustercheck s':>14}  {'ansible -m setup s':>18}  {'(warm) s':>8}  {'ratio':>5}")
+    print(f"{'nodes':<28}  {'clustercheck s':>14}  {'ansible -m setup s':>18}  {'(warm) s':>8}  {'ratio':>5}  CPU s")
     for phase in result["phases"]:
         f = phase["figures"]
         print(
             f"{phase['label']:<28}  {f['clustercheck']['median_wall_s']:14.2f}  {f['ansible']['median_wall_s']:18.2f}  "
-            f"{f['ansible_warm']['median_wall_s']:8.2f}  {phase['ratio_clustercheck_to_ansible']:5.2f}"
+            f"{f['ansible_warm']['median_wall_s']:8.2f}  {phase['ratio_clustercheck_to_ansible']:5.2f}  "
+            f"clustercheck {_cpu(f['clustercheck'])}, ansible {_cpu(f['ansible'])}"
         )
     print("ratio: clustercheck's wall time / ansible -m setup's (cold); below 1 is faster than Ansible")
+    print("CPU s: the command's own + the nodes' (test cluster only), medians")
+
+
+def _cpu(figures: dict) -> str:
+    nodes = figures.get("median_node_cpu_s")
+    return f"{figures['median_cpu_s']:.2f}" + ("" if nodes is None else f" + {nodes:.2f}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -118,10 +125,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--reuse", action="store_true", help="use the test cluster already up under the same name")
     parser.add_argument("--keep", action="store_true", help="leave the test cluster up afterwards")
     args = parser.parse_args(argv)
+    at_start = common.machine()
     phases = []
     if args.hosts:
         nodes = common.own_nodes(args.hosts, args.limit)
-        phases.append(measure(nodes, nodes.names, args.rounds, f"{len(nodes.names)} nodes of {args.hosts}"))
+        label = f"{len(nodes.names)} node(s) of {Path(args.hosts).name}"
+        phases.append(measure(nodes, nodes.names, args.rounds, label))
     else:
         # One cluster: torch on the first 3 nodes, the next 16 without it.
         with common.test_cluster(TORCH_NODES + PLAIN_NODES, "-preflight", args.reuse, args.keep) as nodes:
@@ -134,6 +143,7 @@ def main(argv: list[str] | None = None) -> int:
         "benchmark": "preflight",
         "rounds": args.rounds,
         "machine": common.machine(),
+        "load_average_at_start": at_start["load_average"],
         "hosts": args.hosts or "test cluster",
         "phases": phases,
     }
