@@ -14,6 +14,7 @@ from clustercheck.transport import (
     CLEANUP_TIMEOUT,
     RUN_MARKER,
     UNTIL_MARKER,
+    record_until,
     CommandResult,
     OutputSink,
     new_run_id,
@@ -40,7 +41,9 @@ class LocalTransport:
         stdin: str | None = None,
         on_output: OutputSink | None = None,
     ) -> CommandResult:
-        full_env = {**os.environ, **(env or {}), RUN_MARKER: self.run_id, UNTIL_MARKER: until(timeout)}
+        deadline = until(timeout)
+        full_env = {**os.environ, **(env or {}), RUN_MARKER: self.run_id, UNTIL_MARKER: deadline}
+        record_until(self.workdir, deadline)
         try:
             proc = subprocess.Popen(
                 command,
