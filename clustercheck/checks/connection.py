@@ -30,6 +30,6 @@ declare(
     scope="node",
     proves="nothing of an earlier clustercheck run is left on the node past its deadline: its processes are "
     "stopped, its work directory removed",
-    fix="Nothing to do: they were stopped and removed. If it recurs, look for a node that froze or lost its network during "
-    "an earlier run.",
+    fix="Nothing to do: they were stopped and removed. If it recurs, look for a node that froze or lost its "
+    "network during an earlier run.",
 )

@@ -371,6 +371,23 @@ def parse_nvlink_status(text: str) -> dict[str, dict[str, Any]]:
     return gpus
 
 
+NVLINK_COUNTER = re.compile(r"^\s+Link (?P<link>\d+): (?P<counter>[A-Za-z][A-Za-z ]*?): (?P<value>\d+)\s*$")
+
+
+def parse_nvlink_errors(text: str) -> dict[str, dict[str, Any]]:
+    """`nvidia-smi nvlink -e` -> {GPU index: {name, uuid, links: {link: {"Replay Errors": 0, ...}}}}; lines that
+    are no counter (blank, an elision) are passed over."""
+    gpus: dict[str, dict[str, Any]] = {}
+    current: dict[str, Any] | None = None
+    for line in text.splitlines():
+        if match := NVLINK_GPU.match(line):
+            current = {"name": match["name"], "uuid": match["uuid"], "links": {}}
+            gpus[match["index"]] = current
+        elif (match := NVLINK_COUNTER.match(line)) and current is not None:
+            current["links"].setdefault(match["link"], {})[match["counter"]] = int(match["value"])
+    return gpus
+
+
 ACS_FLAGS = ("SrcValid", "TransBlk", "ReqRedir", "CmpltRedir", "UpstreamFwd", "EgressCtrl", "DirectTrans")
 
 

@@ -153,7 +153,7 @@ def stale_sweep_script(run_id: str, now: float | None = None, prefix: str = WORK
         f'u=$(cat "$w/{UNTIL_FILE}" 2>/dev/null); '
         'case "$u" in ""|*[!0-9]*) u=$(( $(stat -c %Y "$w") + 3600 )) ;; esac; '
         f'[ "$u" -le {now_s} ] || continue; '
-        "rm -rf \"$w\" && printf 'dir\\t%s\\t%s\\n' \"$run\" \"$w\"; "
+        'rm -rf "$w" && printf \'dir\\t%s\\t%s\\n\' "$run" "$w"; '
         "done; true"
     )
 
@@ -209,10 +209,8 @@ def record_until(workdir: str, deadline: str) -> None:
     path = os.path.join(workdir, UNTIL_FILE)
     if not os.path.isdir(workdir):
         return
-    with contextlib.suppress(OSError, ValueError):
-        with open(path) as f:
-            if int(f.read().strip() or 0) >= int(deadline):
-                return
-    with contextlib.suppress(OSError):
-        with open(path, "w") as f:
-            f.write(deadline + "\n")
+    with contextlib.suppress(OSError, ValueError), open(path) as f:
+        if int(f.read().strip() or 0) >= int(deadline):
+            return
+    with contextlib.suppress(OSError), open(path, "w") as f:
+        f.write(deadline + "\n")
