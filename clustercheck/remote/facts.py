@@ -75,6 +75,7 @@ COMMANDS = {
     "ip_addr": ["ip", "-o", "addr", "show"],
     "ip_route": ["ip", "-o", "route", "get", "1.1.1.1"],
     "nvlink": ["nvidia-smi", "nvlink", "-s"],
+    "nvlink_errors": ["nvidia-smi", "nvlink", "-e"],
     "virt": ["systemd-detect-virt", "--vm"],  # "none" on bare metal and in containers
 }
 OUTPUT_LIMIT = 200_000

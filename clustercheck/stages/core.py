@@ -62,19 +62,23 @@ def stop_leftovers(node: Node, transport: Transport) -> CheckResult:
     answer = transport.run(["sh", "-c", stale_sweep_script(transport.run_id)], timeout=30)
     if not answer.ok:
         return check.result(node.name, registry.Finding(Status.WARN, f"could not look for them: {answer.cause()}"))
-    found = parse_stale(answer.stdout)
-    if not found:
-        return check.result(node.name, registry.passed("no process of an earlier run was left"))
-    runs = sorted({f["run"] for f in found})
-    listing = "; ".join(f"pid {f['pid']} ({f['command'][:80]})" for f in found[:5])
-    more = f" and {len(found) - 5} more" if len(found) > 5 else ""
+    processes, directories = parse_stale(answer.stdout)
+    if not processes and not directories:
+        return check.result(node.name, registry.passed("nothing of an earlier run was left"))
+    runs = sorted({f["run"] for f in processes + directories})
+    parts = []
+    if processes:
+        listing = "; ".join(f"pid {f['pid']} ({f['command'][:80]})" for f in processes[:5])
+        more = f" and {len(processes) - 5} more" if len(processes) > 5 else ""
+        parts.append(f"stopped {len(processes)} process(es) left past their deadline: {listing}{more}")
+    if directories:
+        parts.append(f"removed {len(directories)} work directory(ies): {', '.join(d['path'] for d in directories)}")
     return check.result(
         node.name,
         registry.Finding(
             Status.WARN,
-            f"stopped {len(found)} process(es) left past their deadline by earlier run(s) {', '.join(runs)}: "
-            f"{listing}{more}",
-            data={"stopped": found},
+            f"earlier run(s) {', '.join(runs)} left: {'; '.join(parts)}",
+            data={"stopped": processes, "removed": directories},
         ),
     )
 

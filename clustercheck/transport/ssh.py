@@ -171,7 +171,7 @@ class SSHTransport:
         stdin: str | None = None,
         on_output: OutputSink | None = None,
     ) -> CommandResult:
-        line = remote_command(command, env or {}, self.run_id, timeout)
+        line = remote_command(command, env or {}, self.run_id, timeout, self.workdir)
         return self._exec(line, timeout, stdin, sweep_on_timeout=True, on_output=on_output)
 
     def _exec(
