@@ -25,7 +25,7 @@ import time
 # on this machine (CUDA devices; NCCL and cuDNN as loaded), which distributed backends it was built with, and
 # whether each package users' jobs import beside torch imports (a torchvision built for another torch fails here).
 # Versions come from the packages' metadata, read without an import (torch_metadata, package_metadata).
-# argv: "torch" or "no-torch" (import torch or not), then a JSON object: distribution -> its top-level modules.
+# argv: "torch" or "no-torch" (import torch or not), then a JSON object mapping each distribution to its modules.
 IMPORT_PROBE = r"""
 import importlib, json, sys
 facts = {}
