@@ -223,7 +223,7 @@ class TorchProbe:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.communicate()
-            return {"error": f"importing torch took more than {self.timeout:g} s"}
+            return {"error": f"importing torch took more than {self.timeout} s"}
         lines = out.strip().splitlines()
         if self.proc.returncode != 0 or not lines:
             return {"error": (err.strip().splitlines() or [f"exit {self.proc.returncode}"])[-1]}
