@@ -121,22 +121,23 @@ def parse_torch_version_file(text):
 
 
 def torch_metadata():
-    """torch's version and the CUDA version it was built for, from its installed files, without an import; None
-    when torch is not on this python's path at all."""
+    """torch's version and the CUDA version it was built for, from its installed files, without an import: its
+    version.py (where torch.__version__ and torch.version.cuda come from), else its dist-info; None when torch is
+    not on this python's path at all."""
     import importlib.util
 
     spec = importlib.util.find_spec("torch")
     if spec is None:
         return None
     found = {}
-    for directory in spec.submodule_search_locations or []:
-        with contextlib.suppress(OSError):
-            found = parse_torch_version_file(read_text(os.path.join(directory, "version.py")))
-            break
     metadata = _metadata()
     if metadata is not None:
         with contextlib.suppress(Exception):
             found["version"] = metadata.version("torch")
+    for directory in spec.submodule_search_locations or []:
+        with contextlib.suppress(OSError):
+            found.update(parse_torch_version_file(read_text(os.path.join(directory, "version.py"))))
+            break
     return found
 
 
