@@ -197,23 +197,12 @@ def run(
         selection = Selection(only=only, skip=skip)
     except SelectionError as exc:
         raise UsageError(str(exc)) from exc
-    try:
-        nodes = inventory.load(hosts, limit)
-    except inventory.InventoryError as exc:
-        raise UsageError(str(exc)) from exc
-    if not nodes:
-        raise UsageError(f"no host matched --hosts {hosts}" + (f" --limit {limit}" if limit else ""), ExitCode.NO_HOSTS)
+    nodes, ssh = _nodes_and_ssh(hosts, limit, ssh_config, known_hosts, accept_new_host_keys, connect_timeout)
     for option, path in [("--shared-dir", shared_dir), *(("--data-path", p) for p in data_paths)]:
         if path is not None and not path.startswith("/"):
             raise UsageError(f"{option} {path}: give an absolute path (it is a path on the nodes)")
-    if ssh_config and not Path(ssh_config).exists():
-        raise UsageError(f"--ssh-config {ssh_config}: no such file")
     if output and not Path(output).resolve().parent.is_dir():
         raise UsageError(f"-o {output}: no such directory {Path(output).resolve().parent}")
-    try:
-        config = load_config(ssh_config) if any(not n.is_local for n in nodes) else None
-    except TransportError as exc:
-        raise UsageError(str(exc)) from exc
     run_path = Path(run_dir or Path("clustercheck-runs") / dt.datetime.now().strftime("%Y%m%d-%H%M%S"))
     run_path.mkdir(parents=True, exist_ok=True)
     machine = fmt != "text"
@@ -228,12 +217,7 @@ def run(
         stall_timeout=stall_timeout,
         nproc_per_node=nproc_per_node,
         master_port=master_port,
-        ssh=SshSettings(
-            timeouts=Timeouts(connect=connect_timeout, banner=connect_timeout + 5, auth=connect_timeout + 5),
-            accept_new_host_keys=accept_new_host_keys,
-            known_hosts=known_hosts,
-            config=config,
-        ),
+        ssh=ssh,
         clock_bound=max_clock_offset,
         min_busbw=min_busbw or next((n.min_busbw for n in nodes if n.min_busbw), None),
         shared_dir=shared_dir,

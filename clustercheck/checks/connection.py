@@ -28,7 +28,8 @@ declare(
     "leftovers",
     stage="core",
     scope="node",
-    proves="no process of an earlier clustercheck run is left on the node past its deadline (any found is stopped)",
-    fix="Nothing to do: they were stopped. If it recurs, look for a node that froze or lost its network during "
-    "an earlier run.",
+    proves="nothing of an earlier clustercheck run is left on the node past its deadline: its processes are "
+    "stopped, its work directory removed",
+    fix="Nothing to do: they were stopped and removed. If it recurs, look for a node that froze or lost its "
+    "network during an earlier run.",
 )

@@ -69,35 +69,82 @@ def disagreeing_ranks(records: list[dict]) -> tuple[list[int], int | None]:
     return odd, None
 
 
-def _hosts(records: list[dict], ranks: list[int]) -> str:
-    by_rank = {r["rank"]: r.get("host", "?") for r in records}
+def where(record: dict) -> str:
+    """The node of RECORD's rank."""
+    return record.get("node") or record.get("host", "?")
+
+
+def hosts(records: list[dict], ranks: list[int]) -> str:
+    by_rank = {r["rank"]: where(r) for r in records}
     return ", ".join(f"rank {r} ({by_rank.get(r, '?')})" for r in ranks)
 
 
-def evaluate(records: list[dict], world_size: int) -> CheckResult:
-    failed = [r for r in records if not r.get("ok")]
+def incomplete(records: list[dict], world_size: int) -> tuple[str, dict] | None:
+    """Why a training job's rank RECORDS are not a complete run (the first failed rank's error, or the ranks that
+    sent nothing), with the check data saying so; None when every rank finished."""
+    failed = sorted((r for r in records if not r.get("ok")), key=lambda r: r["rank"])
     missing = sorted(set(range(world_size)) - {r["rank"] for r in records})
-    if failed or missing:
-        first = min(failed, key=lambda r: r["rank"]) if failed else None
-        cause = (
-            f"rank {first['rank']} on {first.get('host', '?')}: {first.get('error', 'unknown error')}"
-            if first
-            else f"no result from rank(s) {', '.join(map(str, missing))}"
+    if not failed and not missing:
+        return None
+    cause = (
+        f"rank {failed[0]['rank']} on {where(failed[0])}: {failed[0].get('error', 'unknown error')}"
+        if failed
+        else f"no result from rank(s) {', '.join(map(str, missing))}"
+    )
+    return cause, {"world_size": world_size, "failed_ranks": [r["rank"] for r in failed], "missing_ranks": missing}
+
+
+def tolerance_of(rank0: dict) -> Tolerance:
+    return TOLERANCES.get(rank0.get("dtype", "float64"), TOLERANCES["float32"])
+
+
+def against_reference(records: list[dict], rank0: dict, label: str, reference_name: str) -> tuple[list[str], dict]:
+    """What every "trains like one process" judgement compares, for the DDP and the Lightning stage alike: ranks
+    that end with other parameters (and the step they part), rank 0's loss curve against the single-process
+    reference's, and the final parameters against the reference's, within the dtype's tolerances. LABEL names
+    the distributed run and REFERENCE_NAME the reference in the messages. Returns (problems, check data)."""
+    reference, tol = rank0["reference"], tolerance_of(rank0)
+    problems: list[str] = []
+    odd, rank_step = disagreeing_ranks(records)
+    data: dict = {"tolerance": asdict(tol), "disagreeing_ranks": odd, "ranks_part_at_step": rank_step}
+    if odd:
+        part = f" from step {rank_step}" if rank_step else ""
+        problems.append(f"{hosts(records, odd)} end(s) with parameters different from the other ranks{part}")
+    loss_step = first_parting_step(rank0["losses"], reference["losses"], tol.loss)
+    data["curves_part_at_step"] = loss_step
+    if loss_step:
+        i = loss_step - 1
+        mine = rank0["losses"][i] if i < len(rank0["losses"]) else None
+        ref = reference["losses"][i] if i < len(reference["losses"]) else None
+        problems.append(
+            f"the {label} loss curve parts from the {reference_name} at step {loss_step} "
+            f"({label} {mine}, single process {ref})"
         )
+    if rank0["max_abs_param_diff"] > tol.param_abs or rank0["max_rel_param_diff"] > tol.param_rel:
+        problems.append(
+            f"final parameters differ from the {reference_name} by {rank0['max_abs_param_diff']:.3g} abs / "
+            f"{rank0['max_rel_param_diff']:.3g} rel (tolerance {tol.param_abs:g} / {tol.param_rel:g})"
+        )
+    return problems, data
+
+
+def evaluate(records: list[dict], world_size: int) -> CheckResult:
+    if stopped := incomplete(records, world_size):
+        cause, data = stopped
         return CheckResult(
             NAME,
             Status.FAIL,
             f"DDP run did not complete: {cause}",
             remediation="Read the rank's output in the run directory (torchrun-logs); the collectives stage shows "
             "whether the ranks can talk at all.",
-            data={"world_size": world_size, "failed_ranks": [r["rank"] for r in failed], "missing_ranks": missing},
+            data=data,
         )
     rank0 = next(r for r in records if r["rank"] == 0)
     reference = rank0["reference"]
-    tol = TOLERANCES.get(rank0.get("dtype", "float64"), TOLERANCES["float32"])
     ref_sps = reference.get("samples_per_s")
     ddp_sps = rank0["ddp"].get("samples_per_s")
     efficiency = ddp_sps / (world_size * ref_sps) if ref_sps and ddp_sps else None
+    problems, compared = against_reference(records, rank0, "DDP", "single-process reference")
     data = {
         "max_abs_param_diff": rank0["max_abs_param_diff"],
         "max_rel_param_diff": rank0["max_rel_param_diff"],
@@ -111,40 +158,18 @@ def evaluate(records: list[dict], world_size: int) -> CheckResult:
         "reference_samples_per_s": ref_sps,
         "ddp_samples_per_s": ddp_sps,
         "scaling_efficiency": efficiency,
-        "tolerance": asdict(tol),
         "reference_losses": reference["losses"],
         "ddp_losses": rank0["losses"],
+        **compared,
     }
-
-    problems = []
-    odd, rank_step = disagreeing_ranks(records)
-    data["disagreeing_ranks"] = odd
-    data["ranks_part_at_step"] = rank_step
-    if odd:
-        where = f" from step {rank_step}" if rank_step else ""
-        problems.append(f"{_hosts(records, odd)} end(s) with parameters different from the other ranks{where}")
     data_hashes = Counter(r.get("data_hash") for r in records)
     if len(data_hashes) > 1:
         usual = rank0["data_hash"] if data_hashes[rank0["data_hash"]] >= max(data_hashes.values()) else None
         usual = usual or data_hashes.most_common(1)[0][0]
         odd_data = sorted(r["rank"] for r in records if r.get("data_hash") != usual)
         data["ranks_with_different_data"] = odd_data
-        problems.append(f"{_hosts(records, odd_data)} generated different training data from the same seed")
-    loss_step = first_parting_step(rank0["losses"], reference["losses"], tol.loss)
-    data["curves_part_at_step"] = loss_step
-    if loss_step:
-        i = loss_step - 1
-        ddp_loss = rank0["losses"][i] if i < len(rank0["losses"]) else None
-        ref_loss = reference["losses"][i] if i < len(reference["losses"]) else None
-        problems.append(
-            f"the DDP loss curve parts from the single-process reference at step {loss_step} "
-            f"(DDP {ddp_loss}, reference {ref_loss})"
-        )
-    if rank0["max_abs_param_diff"] > tol.param_abs or rank0["max_rel_param_diff"] > tol.param_rel:
-        problems.append(
-            f"final parameters differ from the reference by {rank0['max_abs_param_diff']:.3g} abs / "
-            f"{rank0['max_rel_param_diff']:.3g} rel (tolerance {tol.param_abs:g} / {tol.param_rel:g})"
-        )
+        problems.append(f"{hosts(records, odd_data)} generated different training data from the same seed")
+    tol = tolerance_of(rank0)
     accuracy_gap = abs(rank0["ddp"]["accuracy"] - reference["accuracy"])
     if accuracy_gap > tol.accuracy:
         problems.append(
@@ -226,7 +251,7 @@ def evaluate_checkpoint(records: list[dict], world_size: int) -> CheckResult:
     data["ranks_failing_to_load"] = unloaded
     for r in mine:
         if r["rank"] in unloaded:
-            problems.append(f"{_hosts(records, [r['rank']])} could not load it: {r['checkpoint']['load_error']}")
+            problems.append(f"{hosts(records, [r['rank']])} could not load it: {r['checkpoint']['load_error']}")
     odd_load = sorted(
         r["rank"]
         for r in mine
@@ -234,7 +259,7 @@ def evaluate_checkpoint(records: list[dict], world_size: int) -> CheckResult:
     )
     data["ranks_loading_other_state"] = odd_load
     if odd_load:
-        problems.append(f"{_hosts(records, odd_load)} loaded state different from what rank 0 saved")
+        problems.append(f"{hosts(records, odd_load)} loaded state different from what rank 0 saved")
     odd_resume = []
     for r in mine if not unloaded else []:
         resumed = r["checkpoint"]
@@ -254,7 +279,7 @@ def evaluate_checkpoint(records: list[dict], world_size: int) -> CheckResult:
             None,
         )
         at = f" from step {parted}" if parted else ""
-        problems.append(f"{_hosts(records, odd_resume)} resumed differently from the uninterrupted run{at}")
+        problems.append(f"{hosts(records, odd_resume)} resumed differently from the uninterrupted run{at}")
     kib = (data["bytes"] or 0) / 1024
     how = (
         f"{kib:.1f} KiB saved by rank 0 at step {step} of {data['steps']} in {data['save_seconds']:.3f} s, "

@@ -261,6 +261,40 @@ def gpu_nvlink(facts: NodeFacts) -> Finding:
     return passed(f"{links} NVLink(s) active on {len(gpus)} GPU(s) ({', '.join(speeds)})", **data)
 
 
+@node_check(
+    "gpu.nvlink_errors",
+    proves="no NVLink of any GPU has counted replay, recovery or CRC errors (nvidia-smi nvlink -e); a link that "
+    "has is named with its counters",
+    fix="NVLink error counters count since the driver loaded: CRC errors and the replays that correct them mean a "
+    "marginal link, recovery errors a link that dropped and retrained. Run the collectives stage again and "
+    "compare the counters: if they grow under load, drain the node, reset the GPU or reboot, and have the board or "
+    "NVSwitch tray serviced if they keep growing.",
+    reads=("nvlink_errors",),
+    needs_gpu=True,
+)
+def gpu_nvlink_errors(facts: NodeFacts) -> Finding:
+    assert facts.nvlink_errors is not None
+    gpus = facts.nvlink_errors
+    links = sum(len(g["links"]) for g in gpus.values())
+    if not links:
+        return skip("no NVLink on this node's GPUs")
+    errors = {
+        index: {link: counters for link, counters in g["links"].items() if any(counters.values())}
+        for index, g in gpus.items()
+    }
+    errors = {index: links for index, links in errors.items() if links}
+    data = {"errors": errors}
+    if not errors:
+        return passed(f"no error counted on {links} NVLink(s) of {len(gpus)} GPU(s)", **data)
+    detail = "; ".join(
+        f"GPU {index} ({gpus[index]['name']}) link {link}: "
+        + ", ".join(f"{count} {name.lower()}" for name, count in counters.items() if count)
+        for index, links_with_errors in errors.items()
+        for link, counters in sorted(links_with_errors.items(), key=lambda item: int(item[0]))
+    )
+    return warn(detail, **data)
+
+
 DCGM_DEADLINES = {1: 120.0, 2: 900.0, 3: 3600.0}  # seconds dcgmi diag may take per level
 
 

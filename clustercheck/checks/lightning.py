@@ -9,9 +9,8 @@ world size, node count, ranks and cluster environment (torchrun's) that the laun
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import asdict
 
-from clustercheck.checks.ddp import TOLERANCES, disagreeing_ranks, first_parting_step
+from clustercheck.checks.ddp import against_reference, incomplete, where
 from clustercheck.checks.registry import Finding, declare, fail, passed, skip
 from clustercheck.model import CheckResult, Status
 
@@ -79,36 +78,19 @@ def expected_view(record: dict, world_size: int, num_nodes: int) -> dict:
     }
 
 
-def _where(record: dict) -> str:
-    return record.get("node") or record.get("host", "?")
-
-
-def _hosts(records: list[dict], ranks: list[int]) -> str:
-    by_rank = {r["rank"]: _where(r) for r in records}
-    return ", ".join(f"rank {r} ({by_rank.get(r, '?')})" for r in ranks)
-
-
 def evaluate(records: list[dict], world_size: int, num_nodes: int) -> CheckResult:
-    failed = sorted((r for r in records if not r.get("ok")), key=lambda r: r["rank"])
-    missing = sorted(set(range(world_size)) - {r["rank"] for r in records})
-    if failed or missing:
-        cause = (
-            f"{_where(failed[0])} (rank {failed[0]['rank']}): {failed[0].get('error', 'unknown error')}"
-            if failed
-            else f"no result from rank(s) {', '.join(map(str, missing))}"
-        )
+    if stopped := incomplete(records, world_size):
+        cause, data = stopped
         return CheckResult(
             NAME,
             Status.FAIL,
             f"the Lightning run did not complete: {cause}",
             remediation="Read the rank's output in the run directory (hosts/<node>/lightning/); "
             "the ddp stage shows whether plain DDP works.",
-            data={"world_size": world_size, "failed_ranks": [r["rank"] for r in failed], "missing_ranks": missing},
+            data=data,
         )
     rank0 = next(r for r in records if r["rank"] == 0)
     reference = rank0["reference"]
-    tol = TOLERANCES.get(rank0.get("dtype", "float64"), TOLERANCES["float32"])
-    problems = []
     data: dict = {
         "world_size": world_size,
         "num_nodes": num_nodes,
@@ -118,44 +100,26 @@ def evaluate(records: list[dict], world_size: int, num_nodes: int) -> CheckResul
         "steps": rank0.get("steps"),
         "max_abs_param_diff": rank0["max_abs_param_diff"],
         "max_rel_param_diff": rank0["max_rel_param_diff"],
-        "tolerance": asdict(tol),
         "reference_losses": reference["losses"],
         "lightning_losses": rank0["losses"],
         "seen": {r["rank"]: r.get("seen") for r in records},
     }
 
     # What Lightning saw, per node: every rank's view against torchrun's.
+    problems = []
     wrong: dict[str, list[str]] = defaultdict(list)
     for r in sorted(records, key=lambda r: r["rank"]):
         seen, expected = r.get("seen") or {}, expected_view(r, world_size, num_nodes)
         for key, label in SEEN:
             if seen.get(key) != expected[key]:
-                wrong[_where(r)].append(f"rank {r['rank']} saw {label} {seen.get(key)} (torchrun: {expected[key]})")
+                wrong[where(r)].append(f"rank {r['rank']} saw {label} {seen.get(key)} (torchrun: {expected[key]})")
     data["nodes_seeing_otherwise"] = sorted(wrong)
     for node, what in wrong.items():
         problems.append(f"on {node} Lightning saw otherwise: " + ", ".join(what))
 
-    odd, rank_step = disagreeing_ranks(records)
-    data["disagreeing_ranks"] = odd
-    data["ranks_part_at_step"] = rank_step
-    if odd:
-        where = f" from step {rank_step}" if rank_step else ""
-        problems.append(f"{_hosts(records, odd)} end(s) with parameters different from the other ranks{where}")
-    loss_step = first_parting_step(rank0["losses"], reference["losses"], tol.loss)
-    data["curves_part_at_step"] = loss_step
-    if loss_step:
-        i = loss_step - 1
-        mine = rank0["losses"][i] if i < len(rank0["losses"]) else None
-        ref = reference["losses"][i] if i < len(reference["losses"]) else None
-        problems.append(
-            f"the loss curve parts from the single-process Lightning run at step {loss_step} "
-            f"(Lightning DDP {mine}, single process {ref})"
-        )
-    if rank0["max_abs_param_diff"] > tol.param_abs or rank0["max_rel_param_diff"] > tol.param_rel:
-        problems.append(
-            f"final parameters differ from the single-process run by {rank0['max_abs_param_diff']:.3g} abs / "
-            f"{rank0['max_rel_param_diff']:.3g} rel (tolerance {tol.param_abs:g} / {tol.param_rel:g})"
-        )
+    compared_problems, compared = against_reference(records, rank0, "Lightning DDP", "single-process Lightning run")
+    problems += compared_problems
+    data.update(compared)
     version = rank0.get("lightning") or {}
     per_node = world_size // num_nodes if num_nodes else world_size
     setting = (

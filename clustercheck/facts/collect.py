@@ -193,11 +193,12 @@ def _hardware_and_environment(facts: NodeFacts, section) -> None:
         facts.modules = [str(m) for m in modules]
     else:
         facts.missing["modules"] = _why(modules)
-    nvlink = (raw.get("commands") or {}).get("nvlink") or {}
-    if nvlink.get("rc") == 0:
-        facts.nvlink = parse.parse_nvlink_status(nvlink.get("out", ""))
-    else:
-        facts.missing["nvlink"] = nvlink.get("error") or _last_line(nvlink) or COULD_NOT_COLLECT
+    for name, parser in (("nvlink", parse.parse_nvlink_status), ("nvlink_errors", parse.parse_nvlink_errors)):
+        answer = (raw.get("commands") or {}).get(name) or {}
+        if answer.get("rc") == 0:
+            setattr(facts, name, parser(answer.get("out", "")))
+        else:
+            facts.missing[name] = answer.get("error") or _last_line(answer) or COULD_NOT_COLLECT
     bridges = raw.get("gpu_bridges")
     if isinstance(bridges, dict) and isinstance(bridges.get("gpus"), dict):
         facts.gpu_bridges = {str(k): [str(b) for b in v] for k, v in bridges["gpus"].items()}

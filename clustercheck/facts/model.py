@@ -187,6 +187,7 @@ class NodeFacts:
     modules: list[str] | None = None  # loaded kernel modules
     cmdline: str | None = None  # /proc/cmdline
     nvlink: dict[str, dict[str, Any]] | None = None  # nvidia-smi nvlink -s, parsed (parse.parse_nvlink_status)
+    nvlink_errors: dict[str, dict[str, Any]] | None = None  # nvidia-smi nvlink -e (parse.parse_nvlink_errors)
     gpu_bridges: dict[str, list[str]] | None = None  # GPU BDF -> the bridges above it, root complex first
     gpu_iommu: dict[str, str] = field(default_factory=dict)  # GPU BDF -> IOMMU domain type (identity, DMA, ...)
     acs: dict[str, Any] = field(default_factory=dict)  # bridge BDF -> parse.parse_acs_control of its lspci -vvv

@@ -355,20 +355,39 @@ def iommu_mode(cmdline: str) -> str:
 
 NVLINK_GPU = re.compile(r"^GPU (?P<index>\d+): (?P<name>.*?)(?: \(UUID: (?P<uuid>[^)]*)\))?\s*$")
 NVLINK_LINK = re.compile(r"^\s+Link (?P<link>\d+): (?P<state>.*?)\s*$")
+NVLINK_COUNTER = re.compile(r"^\s+Link (?P<link>\d+): (?P<counter>[A-Za-z][A-Za-z ]*?): (?P<value>\d+)\s*$")
 
 
-def parse_nvlink_status(text: str) -> dict[str, dict[str, Any]]:
-    """`nvidia-smi nvlink -s` -> {GPU index: {name, uuid, links: {link: "25.781 GB/s" or None when inactive}}}."""
+def _nvlink_per_gpu(text: str, line_pattern: re.Pattern, add) -> dict[str, dict[str, Any]]:
+    """An `nvidia-smi nvlink` listing -> {GPU index: {name, uuid, links}}, ADD(links, match) taking each line of
+    LINE_PATTERN under a GPU; other lines (blank, an elision) are passed over."""
     gpus: dict[str, dict[str, Any]] = {}
     current: dict[str, Any] | None = None
     for line in text.splitlines():
         if match := NVLINK_GPU.match(line):
             current = {"name": match["name"], "uuid": match["uuid"], "links": {}}
             gpus[match["index"]] = current
-        elif (match := NVLINK_LINK.match(line)) and current is not None:
-            state = match["state"]
-            current["links"][match["link"]] = None if "inactive" in state.lower() else state
+        elif (match := line_pattern.match(line)) and current is not None:
+            add(current["links"], match)
     return gpus
+
+
+def parse_nvlink_status(text: str) -> dict[str, dict[str, Any]]:
+    """`nvidia-smi nvlink -s` -> {GPU index: {name, uuid, links: {link: "25.781 GB/s" or None when inactive}}}."""
+
+    def add(links: dict, match: re.Match) -> None:
+        links[match["link"]] = None if "inactive" in match["state"].lower() else match["state"]
+
+    return _nvlink_per_gpu(text, NVLINK_LINK, add)
+
+
+def parse_nvlink_errors(text: str) -> dict[str, dict[str, Any]]:
+    """`nvidia-smi nvlink -e` -> {GPU index: {name, uuid, links: {link: {"Replay Errors": 0, ...}}}}."""
+
+    def add(links: dict, match: re.Match) -> None:
+        links.setdefault(match["link"], {})[match["counter"]] = int(match["value"])
+
+    return _nvlink_per_gpu(text, NVLINK_COUNTER, add)
 
 
 ACS_FLAGS = ("SrcValid", "TransBlk", "ReqRedir", "CmpltRedir", "UpstreamFwd", "EgressCtrl", "DirectTrans")

@@ -20,6 +20,7 @@ from pathlib import Path
 from clustercheck import report
 from clustercheck.config import RunConfig, SshSettings
 from clustercheck.facts import collect
+from clustercheck.facts.model import NodeFacts
 from clustercheck.inventory import Node
 from clustercheck.launcher import command as cmd
 from clustercheck.launcher import detached, output, sameness
@@ -115,6 +116,7 @@ class Launch:
         self.members: list[Member] = []
         self.plans: list[NodeLaunch] = []
         self.homes: dict[str, str] = {}
+        self.preflight_facts: dict[str, NodeFacts] = {}  # what the preflight collected, not collected again
         self.cwd: str | None = None
         self._lock = threading.Lock()
 
@@ -138,6 +140,7 @@ class Launch:
             outcome.results, [n.name for n in self.nodes], pipeline.run_id, started, time.time() - started
         )
         (o.run_dir / "preflight" / "report.json").write_text(report.render(document, "json") + "\n")
+        self.preflight_facts = outcome.facts
         if outcome.host_key_error:
             raise HostKeysRefused(_first_problem(outcome.results) or "host key verification failed")
         problems = [r for r in outcome.results if r.status.is_problem]
@@ -152,7 +155,8 @@ class Launch:
         self.say(f"preflight passed ({len(outcome.results)} checks, {warned} warning(s))")
 
     def connect(self) -> None:
-        """Connect to every node, find its environment python and its cluster address (the facts collector)."""
+        """Connect to every node, find its environment python and its cluster address (the facts collector, unless
+        the preflight collected them)."""
         answers = fanout(self._connect_one, self.nodes, name=lambda n: n.name)
         for i, node in enumerate(self.nodes):
             answer = answers.get(i, NotStarted(f"{node.name}: no answer"))
@@ -171,12 +175,14 @@ class Launch:
                 self.transports[node.name] = transport
 
         transport = self.factory(node, self.job_id, register).transport
-        python, source, missing = core.find_python(node, transport, self.options.python)
-        if missing:
-            raise NotStarted(f"{node.name}: the environment python {missing} ({source}) does not run")
         home = transport.run(["sh", "-c", 'echo "$HOME"'], timeout=30).stdout.strip()
         with self._lock:
             self.homes[node.name] = home or "/tmp"
+        if node.name in self.preflight_facts:
+            return self.preflight_facts[node.name]
+        python, source, missing = core.find_python(node, transport, self.options.python)
+        if missing:
+            raise NotStarted(f"{node.name}: the environment python {missing} ({source}) does not run")
         remote.install(transport)
         timeout = self.options.facts_timeout
         got = transport.run(

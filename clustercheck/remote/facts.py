@@ -18,67 +18,49 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
+import time
 
-TORCH_PROBE = r"""
+# What only an import can tell, in a child process beside the other probes: whether torch imports, what it finds
+# on this machine (CUDA devices; NCCL and cuDNN as loaded), which distributed backends it was built with, and
+# whether each package users' jobs import beside torch imports (a torchvision built for another torch fails here).
+# Versions come from the packages' metadata, read without an import (torch_metadata, package_metadata).
+# argv: "torch" or "no-torch" (import torch or not), then a JSON object mapping each distribution to its modules.
+IMPORT_PROBE = r"""
 import importlib, json, sys
 facts = {}
-try:
-    import torch
-    facts["version"] = torch.__version__
-    facts["cuda"] = torch.version.cuda
-    facts["cuda_available"] = bool(torch.cuda.is_available())
-    facts["device_count"] = torch.cuda.device_count() if facts["cuda_available"] else 0
+if sys.argv[1] == "torch":
     try:
-        facts["nccl"] = ".".join(map(str, torch.cuda.nccl.version())) if facts["cuda_available"] else None
+        import torch
+        facts["version"] = torch.__version__
+        facts["cuda"] = torch.version.cuda
+        facts["cuda_available"] = bool(torch.cuda.is_available())
+        facts["device_count"] = torch.cuda.device_count() if facts["cuda_available"] else 0
+        try:
+            facts["nccl"] = ".".join(map(str, torch.cuda.nccl.version())) if facts["cuda_available"] else None
+        except Exception as exc:
+            facts["nccl_error"] = f"{type(exc).__name__}: {exc}"
+        try:
+            facts["cudnn"] = torch.backends.cudnn.version() if facts["cuda_available"] else None
+        except Exception as exc:
+            facts["cudnn_error"] = f"{type(exc).__name__}: {exc}"
+        facts["distributed"] = bool(torch.distributed.is_available())
+        facts["gloo"] = bool(torch.distributed.is_available() and torch.distributed.is_gloo_available())
+        facts["nccl_backend"] = bool(torch.distributed.is_available() and torch.distributed.is_nccl_available())
     except Exception as exc:
-        facts["nccl_error"] = f"{type(exc).__name__}: {exc}"
-    try:
-        facts["cudnn"] = torch.backends.cudnn.version() if facts["cuda_available"] else None
-    except Exception as exc:
-        facts["cudnn_error"] = f"{type(exc).__name__}: {exc}"
-    facts["distributed"] = bool(torch.distributed.is_available())
-    facts["gloo"] = bool(torch.distributed.is_available() and torch.distributed.is_gloo_available())
-    facts["nccl_backend"] = bool(torch.distributed.is_available() and torch.distributed.is_nccl_available())
-except Exception as exc:
-    facts["error"] = f"{type(exc).__name__}: {exc}"
-
-# The packages users' jobs import beside torch (argv: distribution names), and torchvision when installed:
-# each one's version, and whether it imports (a torchvision built for another torch fails here).
-try:
-    from importlib import metadata
-except ImportError:  # Python < 3.8
-    metadata = None
-wanted = list(sys.argv[1:])
-packages = {}
-if metadata is not None:
-    try:
-        metadata.version("torchvision")
-        wanted.append("torchvision")
-    except Exception:
-        pass
-for name in dict.fromkeys(wanted):
-    info = {}
-    packages[name] = info
-    try:
-        info["version"] = metadata.version(name)
-    except Exception:
-        info["error"] = "not installed"
-        continue
-    try:
-        top = (metadata.distribution(name).read_text("top_level.txt") or "").split()
-    except Exception:
-        top = []
-    info["modules"] = [m for m in top if not m.startswith("_")] or [name.replace("-", "_").lower()]
-    info["requires_torch"] = [r for r in (metadata.requires(name) or []) if r.split(";")[0].startswith("torch")]
-    for module in info["modules"][:3]:
+        facts["error"] = f"{type(exc).__name__}: {exc}"
+errors = {}
+for name, modules in json.loads(sys.argv[2]).items():
+    for module in modules[:3]:
         try:
             importlib.import_module(module)
         except BaseException as exc:
-            info["error"] = f"import {module}: {type(exc).__name__}: {exc}"
+            errors[name] = f"import {module}: {type(exc).__name__}: {exc}"
             break
-facts["packages"] = packages
+facts["import_errors"] = errors
 print(json.dumps(facts))
 """
+TORCH_VERSION_FILE = re.compile(r"""^(__version__|cuda)\b[^=]*=\s*(?:'([^']*)'|"([^"]*)"|None)\s*$""", re.M)
 
 COMMANDS = {
     "nvidia_smi_q": ["nvidia-smi", "-q"],
@@ -93,6 +75,7 @@ COMMANDS = {
     "ip_addr": ["ip", "-o", "addr", "show"],
     "ip_route": ["ip", "-o", "route", "get", "1.1.1.1"],
     "nvlink": ["nvidia-smi", "nvlink", "-s"],
+    "nvlink_errors": ["nvidia-smi", "nvlink", "-e"],
     "virt": ["systemd-detect-virt", "--vm"],  # "none" on bare metal and in containers
 }
 OUTPUT_LIMIT = 200_000
@@ -118,22 +101,137 @@ def probe(function):
         return {"error": f"{type(exc).__name__}: {exc}"}
 
 
-def torch_facts(timeout, packages):
+def _metadata():
     try:
-        proc = subprocess.run(
-            [sys.executable, "-c", TORCH_PROBE, *packages],
-            capture_output=True,
-            text=True,
-            errors="replace",
-            timeout=timeout,
-        )
-    except subprocess.TimeoutExpired:
-        return {"error": f"importing torch took more than {timeout} s"}
-    lines = proc.stdout.strip().splitlines()
-    if proc.returncode != 0 or not lines:
-        tail = (proc.stderr.strip().splitlines() or [f"exit {proc.returncode}"])[-1]
-        return {"error": tail}
-    return json.loads(lines[-1])
+        from importlib import metadata
+    except ImportError:  # Python < 3.8
+        return None
+    return metadata
+
+
+def parse_torch_version_file(text):
+    """torch/version.py as the build writes it (`__version__ = '2.13.0+cpu'`, `cuda: Optional[str] = '12.8'`):
+    {"version": ..., "cuda": ...} without importing torch."""
+    found = {}
+    for match in TORCH_VERSION_FILE.finditer(text):
+        key = "version" if match.group(1) == "__version__" else "cuda"
+        value = match.group(2) if match.group(2) is not None else match.group(3)
+        found[key] = value
+    return found
+
+
+def torch_metadata():
+    """torch's version and the CUDA version it was built for, from its installed files, without an import: its
+    version.py (where torch.__version__ and torch.version.cuda come from), else its dist-info; None when torch is
+    not on this python's path at all."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("torch")
+    if spec is None:
+        return None
+    found = {}
+    metadata = _metadata()
+    if metadata is not None:
+        with contextlib.suppress(Exception):
+            found["version"] = metadata.version("torch")
+    for directory in spec.submodule_search_locations or []:
+        with contextlib.suppress(OSError):
+            found.update(parse_torch_version_file(read_text(os.path.join(directory, "version.py"))))
+            break
+    return found
+
+
+def package_metadata(wanted):
+    """Each distribution's version, top-level modules and torch requirement, from its metadata; torchvision
+    too when it is installed."""
+    metadata = _metadata()
+    packages = {}
+    if metadata is None:
+        return packages
+    with contextlib.suppress(Exception):
+        metadata.version("torchvision")
+        wanted = [*wanted, "torchvision"]
+    for name in dict.fromkeys(wanted):
+        info = {}
+        packages[name] = info
+        try:
+            info["version"] = metadata.version(name)
+        except Exception:
+            info["error"] = "not installed"
+            continue
+        try:
+            top = (metadata.distribution(name).read_text("top_level.txt") or "").split()
+        except Exception:
+            top = []
+        info["modules"] = [m for m in top if not m.startswith("_")] or [name.replace("-", "_").lower()]
+        info["requires_torch"] = [r for r in (metadata.requires(name) or []) if r.split(";")[0].startswith("torch")]
+    return packages
+
+
+class TorchProbe:
+    """torch and the packages beside it: their versions from metadata at once; the import in a child process,
+    started at once and read when the other probes are done."""
+
+    def __init__(self, timeout, wanted):
+        self.timeout = timeout
+        self.started = time.monotonic()
+        self.versions = probe(torch_metadata)  # None: torch is not on this python's path
+        self.packages = probe(lambda: package_metadata(wanted))
+        if "error" in self.packages:
+            self.packages = {}
+        importable = {n: i["modules"] for n, i in self.packages.items() if "modules" in i}
+        self.proc = None
+        self.failed = None
+        if self.versions is None and not importable:
+            return
+        argv = [sys.executable, "-c", IMPORT_PROBE, "no-torch" if self.versions is None else "torch"]
+        try:
+            self.proc = subprocess.Popen(
+                [*argv, json.dumps(importable)],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+                errors="replace",
+            )
+        except OSError as exc:
+            self.failed = {"error": f"{sys.executable}: {exc}"}
+
+    def result(self):
+        imported = self._imported()
+        if "import_errors" not in imported:  # the child itself failed (crashed, timed out): nothing is known
+            return {"error": imported.get("error", "the import probe did not answer")}
+        if self.versions is None:
+            facts = {"error": "ModuleNotFoundError: No module named 'torch'"}  # what the import says
+        elif "error" in imported:
+            facts = {"error": imported["error"]}
+        else:
+            facts = {k: v for k, v in imported.items() if k != "import_errors"}
+            if "error" not in self.versions:
+                facts.update(self.versions)  # the metadata's versions; the import's where it has none
+        for name, error in imported["import_errors"].items():
+            self.packages[name]["error"] = error
+        facts["packages"] = self.packages
+        return facts
+
+    def _imported(self):
+        if self.failed:
+            return self.failed
+        if self.proc is None:
+            return {"import_errors": {}}
+        left = max(0.0, self.timeout - (time.monotonic() - self.started))
+        try:
+            out, err = self.proc.communicate(timeout=left)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.communicate()
+            return {"error": f"importing torch took more than {self.timeout} s"}
+        lines = out.strip().splitlines()
+        if self.proc.returncode != 0 or not lines:
+            return {"error": (err.strip().splitlines() or [f"exit {self.proc.returncode}"])[-1]}
+        try:
+            return json.loads(lines[-1])
+        except ValueError:
+            return {"error": f"the import probe printed no JSON: {lines[-1][:200]}"}
 
 
 def os_facts():
@@ -326,17 +424,37 @@ def kernel_modules():
         return sorted(line.split()[0] for line in fh if line.strip())
 
 
+def run_all(commands):
+    """Every probe command at once, each in a thread of its own (they wait on their programs, not on a CPU)."""
+    results = {}
+
+    def one(name, command):
+        results[name] = run(command)
+
+    threads = [threading.Thread(target=one, args=item, daemon=True) for item in commands.items()]
+    for thread in threads:
+        thread.start()
+
+    def wait():
+        for thread in threads:
+            thread.join()
+        return {name: results[name] for name in commands}
+
+    return wait
+
+
 def main():
     """facts TIMEOUT [--no-torch] [--package DIST ...]"""
     torch_timeout = float(sys.argv[1]) if len(sys.argv) > 1 else 120
     wanted = [sys.argv[i + 1] for i, word in enumerate(sys.argv[:-1]) if word == "--package"]
+    # The slow probes first, each in the background: torch's import in a child process, the commands in
+    # threads; the quick reads of /proc and /sys meanwhile.
+    torch = None if "--no-torch" in sys.argv else TorchProbe(torch_timeout, wanted)
+    commands = run_all(COMMANDS)
     facts = {
         "collector": 1,
         "python": {"executable": sys.executable, "version": platform.python_version()},
         "os": probe(os_facts),
-        "torch": {"error": "the environment's python does not exist"}
-        if "--no-torch" in sys.argv
-        else probe(lambda: torch_facts(torch_timeout, wanted)),
         "shm": probe(lambda: disk_free("/dev/shm")),
         "disk_root": probe(lambda: disk_free("/")),
         "disk_tmp": probe(lambda: disk_free(tempfile.gettempdir())),
@@ -352,7 +470,8 @@ def main():
         "cmdline": probe(lambda: read_text("/proc/cmdline").strip()),
         "gpu_bridges": probe(gpu_bridges),
         "dcgmi": shutil.which("dcgmi"),
-        "commands": {name: run(command) for name, command in COMMANDS.items()},
+        "commands": commands(),
+        "torch": {"error": "the environment's python does not exist"} if torch is None else probe(torch.result),
     }
     json.dump(facts, sys.stdout)
     sys.stdout.write("\n")

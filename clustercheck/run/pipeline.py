@@ -31,6 +31,7 @@ class Outcome:
     results: list[CheckResult]
     host_key_error: bool = False
     unclean: dict[str, str] = field(default_factory=dict)  # node -> why what the run started there was not stopped
+    facts: dict[str, NodeFacts] = field(default_factory=dict)  # node -> its facts, for every node collected
 
 
 class Interrupted(KeyboardInterrupt):
@@ -90,7 +91,7 @@ class Pipeline:
         unclean = self.abort()  # the transports stay open for the multi-node stages; now every node is cleaned up
         for node in self.nodes:
             self.progress(node.name, "done")
-        return Outcome(results, self._host_key_error, unclean)
+        return Outcome(results, self._host_key_error, unclean, dict(self._facts))
 
     def abort(self) -> dict[str, str]:
         """Stop every host: kill this run's processes on every node (in parallel, bounded), then disconnect.

@@ -8,6 +8,7 @@ import contextlib
 import json
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from clustercheck.checks import registry
@@ -61,19 +62,23 @@ def stop_leftovers(node: Node, transport: Transport) -> CheckResult:
     answer = transport.run(["sh", "-c", stale_sweep_script(transport.run_id)], timeout=30)
     if not answer.ok:
         return check.result(node.name, registry.Finding(Status.WARN, f"could not look for them: {answer.cause()}"))
-    found = parse_stale(answer.stdout)
-    if not found:
-        return check.result(node.name, registry.passed("no process of an earlier run was left"))
-    runs = sorted({f["run"] for f in found})
-    listing = "; ".join(f"pid {f['pid']} ({f['command'][:80]})" for f in found[:5])
-    more = f" and {len(found) - 5} more" if len(found) > 5 else ""
+    processes, directories = parse_stale(answer.stdout)
+    if not processes and not directories:
+        return check.result(node.name, registry.passed("nothing of an earlier run was left"))
+    runs = sorted({f["run"] for f in processes + directories})
+    parts = []
+    if processes:
+        listing = "; ".join(f"pid {f['pid']} ({f['command'][:80]})" for f in processes[:5])
+        more = f" and {len(processes) - 5} more" if len(processes) > 5 else ""
+        parts.append(f"stopped {len(processes)} process(es) left past their deadline: {listing}{more}")
+    if directories:
+        parts.append(f"removed {len(directories)} work directory(ies): {', '.join(d['path'] for d in directories)}")
     return check.result(
         node.name,
         registry.Finding(
             Status.WARN,
-            f"stopped {len(found)} process(es) left past their deadline by earlier run(s) {', '.join(runs)}: "
-            f"{listing}{more}",
-            data={"stopped": found},
+            f"earlier run(s) {', '.join(runs)} left: {'; '.join(parts)}",
+            data={"stopped": processes, "removed": directories},
         ),
     )
 
@@ -105,15 +110,19 @@ def run_host(node: Node, transport: Transport, ctx: Context, step) -> HostOutcom
     selection = config.selection
     host_dir = config.host_dir(node.name)
     outcome = HostOutcome()
-    step("leftovers")
-    outcome.results.append(stop_leftovers(node, transport))
-    step("clock")
-    offset, uncertainty = measure_clock_offset(transport)
-    step("python")
-    python, source, missing = find_python(node, transport, config.python)
+    # The steps before the facts need nothing of each other, and each is a round trip or more: they run at once,
+    # over the node's one connection.
+    step("leftovers, clock, python, upload")
+    with ThreadPoolExecutor(max_workers=3, thread_name_prefix=f"{node.name}-core") as pool:
+        leftovers = pool.submit(stop_leftovers, node, transport)
+        clock = pool.submit(measure_clock_offset, transport)
+        upload = pool.submit(remote.install, transport)
+        python, source, missing = find_python(node, transport, config.python)
+    outcome.results.append(leftovers.result())
+    offset, uncertainty = clock.result()
     step("facts")
     try:
-        remote.install(transport)
+        upload.result()
     except (TransportError, OSError) as exc:
         outcome.results.append(_facts_error(node, f"{node.name}: {exc}"))
         return outcome

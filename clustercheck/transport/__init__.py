@@ -10,12 +10,17 @@ Ctrl-C, so nothing clustercheck started is left running on any node.
 
 A node the controller cannot reach at the end (frozen, cut off) keeps what it ran; so every command on a remote
 node also ends by itself: it runs under coreutils' `timeout` with the command's own deadline plus NODE_GRACE,
-and carries CLUSTERCHECK_UNTIL=<that deadline, epoch seconds>. A later run's startup sweep (`stale_sweep_script`)
-stops what an earlier run left past its deadline, and names it.
+and carries CLUSTERCHECK_UNTIL=<that deadline, epoch seconds>; the latest such deadline is also written into the
+run's work directory (UNTIL_FILE). A later run's startup sweep (`stale_sweep_script`) stops what an earlier run left
+past its deadline, removes an earlier run's work directory once none of its processes is left and its deadline has
+passed, and names both. Processes of clustercheck versions that set no deadline are stopped once they are older
+than NO_DEADLINE_AGE.
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
 import secrets
 import shlex
 import time
@@ -32,14 +37,19 @@ OutputSink = Callable[[str, str], None]
 CLEANUP_TIMEOUT = 15.0
 NODE_GRACE = 30.0  # seconds a command may outlive its deadline on the node (the controller acts first)
 KILL_AFTER = 10  # seconds between the node-side TERM at the deadline and the KILL
+UNTIL_FILE = ".until"  # in the work directory: the latest CLUSTERCHECK_UNTIL of the run's commands there
+NO_DEADLINE_AGE = 3600  # seconds after which a marked process without a deadline (older versions) is left over
 
 
 def new_run_id() -> str:
     return secrets.token_hex(6)
 
 
+WORKDIR_PREFIX = "/tmp/clustercheck-"
+
+
 def workdir_for(run_id: str) -> str:
-    return f"/tmp/clustercheck-{run_id}"
+    return f"{WORKDIR_PREFIX}{run_id}"
 
 
 @dataclass
@@ -107,38 +117,61 @@ def sweep_script(run_id: str, workdir: str) -> str:
     """Shell that kills every process carrying this run's marker, then removes the work directory."""
     marker = f"^{RUN_MARKER}={run_id}$"
     return (
-        "for d in /proc/[0-9]*; do "
-        f'if grep -qsz {shlex.quote(marker)} "$d/environ"; then kill -KILL "${{d#/proc/}}" 2>/dev/null; fi; '
-        f"done; rm -rf {shlex.quote(workdir)}; true"
+        f"pids=$(grep -lsz {shlex.quote(marker)} /proc/[0-9]*/environ | "
+        "sed -n 's|^/proc/\\([0-9]*\\)/environ$|\\1|p'); "
+        '[ -z "$pids" ] || kill -KILL $pids 2>/dev/null; '
+        f"rm -rf {shlex.quote(workdir)}; true"
     )
 
 
-def stale_sweep_script(run_id: str, now: float | None = None) -> str:
-    """Shell that kills every process of another run whose deadline (CLUSTERCHECK_UNTIL) has passed, printing
-    `pid<TAB>run id<TAB>command line` for each; never this run's processes, nor those of a run still within its
-    deadline (another clustercheck running now)."""
+def stale_sweep_script(run_id: str, now: float | None = None, prefix: str = WORKDIR_PREFIX) -> str:
+    """Shell that stops what other runs left on the node, printing one tab-separated line for each:
+    `pid<TAB>run id<TAB>command line` for a process killed because its deadline (CLUSTERCHECK_UNTIL) has passed,
+    or, without a deadline, because it is older than NO_DEADLINE_AGE; `dir<TAB>run id<TAB>path` for a work
+    directory (PREFIX<run id>) removed because no process of its run is left and the run's deadline (UNTIL_FILE;
+    without it, an hour after the directory was last changed) has passed. Never this run's processes or
+    directory, nor those of a run still within its deadline (another clustercheck running now)."""
     now_s = int(now if now is not None else time.time())
+    mine = shlex.quote(run_id)
     return (
-        "for d in /proc/[0-9]*; do "
-        f"grep -qsz '^{RUN_MARKER}=' \"$d/environ\" || continue; "
+        # Only the processes that carry a run marker, found with one grep (not one per process: a GPU node runs
+        # hundreds).
+        f"for d in $(grep -lsz '^{RUN_MARKER}=' /proc/[0-9]*/environ | sed -n 's|/environ$||p'); do "
         f"run=$(tr '\\0' '\\n' < \"$d/environ\" 2>/dev/null | sed -n 's/^{RUN_MARKER}=//p'); "
-        f'[ -n "$run" ] && [ "$run" != {shlex.quote(run_id)} ] || continue; '
+        f'[ -n "$run" ] && [ "$run" != {mine} ] || continue; '
         f"until=$(tr '\\0' '\\n' < \"$d/environ\" 2>/dev/null | sed -n 's/^{UNTIL_MARKER}=//p'); "
-        f'[ -n "$until" ] && [ "$until" -le {now_s} ] || continue; '
+        f'if [ -n "$until" ]; then [ "$until" -le {now_s} ] || continue; '
+        "else age=$(ps -o etimes= -p \"${d#/proc/}\" 2>/dev/null | tr -d ' '); "
+        f'[ -n "$age" ] && [ "$age" -ge {NO_DEADLINE_AGE} ] || continue; fi; '
         "cmd=$(tr '\\0' ' ' < \"$d/cmdline\" 2>/dev/null | cut -c1-200); "
-        'kill -KILL "${d#/proc/}" 2>/dev/null && printf \'%s\\t%s\\t%s\\n\' "${d#/proc/}" "$run" "$cmd"; '
+        'kill -KILL "${d#/proc/}" 2>/dev/null && killed=1 && '
+        'printf \'%s\\t%s\\t%s\\n\' "${d#/proc/}" "$run" "$cmd"; '
+        'done; [ -z "$killed" ] || sleep 0.5; '
+        f"for w in {shlex.quote(prefix)}*; do "
+        '[ -d "$w" ] && [ ! -L "$w" ] && [ -O "$w" ] || continue; '
+        f'run=${{w#{shlex.quote(prefix)}}}; [ "$run" != {mine} ] || continue; '
+        'case "$run" in ""|*[!0-9A-Za-z]*) continue ;; esac; '
+        f'grep -qsz "^{RUN_MARKER}=$run\\$" /proc/[0-9]*/environ && continue; '
+        f'u=$(cat "$w/{UNTIL_FILE}" 2>/dev/null); '
+        'case "$u" in ""|*[!0-9]*) u=$(( $(stat -c %Y "$w") + 3600 )) ;; esac; '
+        f'[ "$u" -le {now_s} ] || continue; '
+        'rm -rf "$w" && printf \'dir\\t%s\\t%s\\n\' "$run" "$w"; '
         "done; true"
     )
 
 
-def parse_stale(stdout: str) -> list[dict]:
-    """stale_sweep_script's output: [{pid, run, command}]."""
-    found = []
+def parse_stale(stdout: str) -> tuple[list[dict], list[dict]]:
+    """stale_sweep_script's output: ([{pid, run, command}] of the processes, [{run, path}] of the directories)."""
+    processes, directories = [], []
     for line in stdout.splitlines():
         fields = line.split("\t", 2)
-        if len(fields) == 3 and fields[0].isdigit():
-            found.append({"pid": int(fields[0]), "run": fields[1], "command": fields[2].strip()})
-    return found
+        if len(fields) != 3:
+            continue
+        if fields[0].isdigit():
+            processes.append({"pid": int(fields[0]), "run": fields[1], "command": fields[2].strip()})
+        elif fields[0] == "dir":
+            directories.append({"run": fields[1], "path": fields[2].strip()})
+    return processes, directories
 
 
 def until(timeout: float) -> str:
@@ -146,14 +179,40 @@ def until(timeout: float) -> str:
     return str(int(time.time() + timeout + NODE_GRACE) + KILL_AFTER)
 
 
-def remote_command(command: list[str], env: dict[str, str], run_id: str, timeout: float | None = None) -> str:
+def remote_command(
+    command: list[str], env: dict[str, str], run_id: str, timeout: float | None = None, workdir: str | None = None
+) -> str:
     """The shell line that runs COMMAND with the run marker, in a session of its own; with TIMEOUT, it also ends
-    by itself NODE_GRACE seconds after that deadline, whatever becomes of the controller."""
+    by itself NODE_GRACE seconds after that deadline, whatever becomes of the controller, and the deadline is
+    recorded in WORKDIR (when it exists) for a later run's sweep."""
     assignments = [f"{RUN_MARKER}={run_id}"]
     limit: list[str] = []
+    record = ""
     if timeout is not None:
         seconds = int(timeout + NODE_GRACE)
-        assignments.append(f"{UNTIL_MARKER}={until(timeout)}")
+        deadline = until(timeout)
+        assignments.append(f"{UNTIL_MARKER}={deadline}")
         limit = ["timeout", f"--kill-after={KILL_AFTER}", str(seconds)]
+        if workdir:
+            record = " ".join(shlex.quote(w) for w in ["sh", "-c", RECORD_UNTIL, "sh", workdir, deadline]) + "; "
     assignments += [f"{k}={v}" for k, v in env.items()]
-    return " ".join(shlex.quote(w) for w in ["env", *assignments, "setsid", "-w", *limit, *command])
+    return record + " ".join(shlex.quote(w) for w in ["env", *assignments, "setsid", "-w", *limit, *command])
+
+
+# sh -c RECORD_UNTIL sh WORKDIR DEADLINE: keep the latest deadline in WORKDIR/UNTIL_FILE, if WORKDIR exists.
+RECORD_UNTIL = (
+    f'[ -d "$1" ] || exit 0; old=$(cat "$1/{UNTIL_FILE}" 2>/dev/null); '
+    f'[ "${{old:-0}}" -ge "$2" ] 2>/dev/null || echo "$2" > "$1/{UNTIL_FILE}"; true'
+)
+
+
+def record_until(workdir: str, deadline: str) -> None:
+    """RECORD_UNTIL for a work directory on this machine."""
+    path = os.path.join(workdir, UNTIL_FILE)
+    if not os.path.isdir(workdir):
+        return
+    with contextlib.suppress(OSError, ValueError), open(path) as f:
+        if int(f.read().strip() or 0) >= int(deadline):
+            return
+    with contextlib.suppress(OSError), open(path, "w") as f:
+        f.write(deadline + "\n")

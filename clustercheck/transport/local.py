@@ -17,6 +17,7 @@ from clustercheck.transport import (
     CommandResult,
     OutputSink,
     new_run_id,
+    record_until,
     sweep_script,
     until,
     workdir_for,
@@ -40,7 +41,9 @@ class LocalTransport:
         stdin: str | None = None,
         on_output: OutputSink | None = None,
     ) -> CommandResult:
-        full_env = {**os.environ, **(env or {}), RUN_MARKER: self.run_id, UNTIL_MARKER: until(timeout)}
+        deadline = until(timeout)
+        full_env = {**os.environ, **(env or {}), RUN_MARKER: self.run_id, UNTIL_MARKER: deadline}
+        record_until(self.workdir, deadline)
         try:
             proc = subprocess.Popen(
                 command,

@@ -7,6 +7,7 @@ from __future__ import annotations
 import codecs
 import contextlib
 import os
+import select
 import shlex
 import time
 from pathlib import Path
@@ -170,7 +171,7 @@ class SSHTransport:
         stdin: str | None = None,
         on_output: OutputSink | None = None,
     ) -> CommandResult:
-        line = remote_command(command, env or {}, self.run_id, timeout)
+        line = remote_command(command, env or {}, self.run_id, timeout, self.workdir)
         return self._exec(line, timeout, stdin, sweep_on_timeout=True, on_output=on_output)
 
     def _exec(
@@ -220,7 +221,12 @@ class SSHTransport:
                     timed_out = True
                     break
                 if not busy:
-                    channel.status_event.wait(0.02)
+                    # Sleep until output, end of output or the exit status arrives (no polling: hundreds of
+                    # commands wait at once on a large cluster, and each wake-up costs the controller CPU).
+                    if channel.eof_received:
+                        channel.status_event.wait(0.25)
+                    else:
+                        select.select([channel], [], [], 0.25)
         except BaseException:  # Ctrl-C: the caller cleans up; close the channel so nothing waits on it
             channel.close()
             raise

@@ -46,29 +46,38 @@ def test_recap_parser():
     assert recap(out) == {"node1": {"ok": 3, "changed": 1, "unreachable": 0, "failed": 0}}
 
 
-def test_converge_succeeds_on_every_node(converged_cluster):
-    counts = recap(converged_cluster.converge_output)
-    assert set(counts) == {n.name for n in converged_cluster.nodes}
+def converged(cluster) -> dict[str, dict[str, int]]:
+    """The contract of a first site.yml run: every node of CLUSTER converged, none failed or unreachable."""
+    counts = recap(cluster.converge_output)
+    assert set(counts) == {n.name for n in cluster.nodes}
     assert all(c["failed"] == 0 and c["unreachable"] == 0 for c in counts.values()), counts
-    print(f"converge: {converged_cluster.converge_seconds:.0f}s")
+    print(f"converge: {cluster.converge_seconds:.0f}s")
+    return counts
+
+
+def changes_nothing(cluster, wheelhouse, *args: str) -> None:
+    """The contract of a second site.yml run (or one in --check mode): no failure and no change on any node;
+    a change is reported with the task that made it."""
+    started = time.monotonic()
+    proc = ansible_playbook(cluster, wheelhouse, *args)
+    print(f"site.yml {' '.join(args) or 'again'}: {time.monotonic() - started:.0f}s")
+    assert proc.returncode == 0, proc.stdout[-4000:]
+    counts = recap(proc.stdout)
+    assert counts and all(c["failed"] == 0 and c["changed"] == 0 for c in counts.values()), "\n".join(
+        changed_tasks(proc.stdout)
+    )
+
+
+def test_converge_succeeds_on_every_node(converged_cluster):
+    converged(converged_cluster)
 
 
 def test_second_run_changes_nothing(converged_cluster, wheelhouse):
-    started = time.monotonic()
-    proc = ansible_playbook(converged_cluster, wheelhouse)
-    print(f"idempotence run: {time.monotonic() - started:.0f}s")
-    assert proc.returncode == 0, proc.stdout[-4000:]
-    counts = recap(proc.stdout)
-    assert counts and all(c["changed"] == 0 for c in counts.values()), "\n".join(changed_tasks(proc.stdout))
+    changes_nothing(converged_cluster, wheelhouse)
 
 
 def test_check_mode_runs_clean(converged_cluster, wheelhouse):
-    started = time.monotonic()
-    proc = ansible_playbook(converged_cluster, wheelhouse, "--check")
-    print(f"check-mode run: {time.monotonic() - started:.0f}s")
-    assert proc.returncode == 0, proc.stdout[-4000:]
-    counts = recap(proc.stdout)
-    assert counts and all(c["failed"] == 0 and c["changed"] == 0 for c in counts.values()), counts
+    changes_nothing(converged_cluster, wheelhouse, "--check")
 
 
 def acceptance(cluster, *args: str) -> subprocess.CompletedProcess:

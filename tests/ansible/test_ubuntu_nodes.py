@@ -14,11 +14,10 @@ import os
 import re
 import shutil
 import subprocess
-import time
 
 import pytest
 from conftest import REPO, UBUNTU_USER, ansible_playbook, own_cluster
-from test_site_playbook import acceptance, changed_tasks, recap
+from test_site_playbook import acceptance, changes_nothing, converged, recap
 
 pytestmark = pytest.mark.cluster
 
@@ -30,10 +29,7 @@ def on_node(node, command: str, check: bool = True) -> subprocess.CompletedProce
 
 
 def test_converge_succeeds_on_every_ubuntu_release(converged_ubuntu_cluster):
-    counts = recap(converged_ubuntu_cluster.converge_output)
-    assert set(counts) == {"node1", "node2", "node3"}
-    assert all(c["failed"] == 0 and c["unreachable"] == 0 for c in counts.values()), counts
-    print(f"Ubuntu converge: {converged_ubuntu_cluster.converge_seconds:.0f}s")
+    converged(converged_ubuntu_cluster)
     releases = {
         n.name: on_node(n, ". /etc/os-release && echo $VERSION_ID").stdout.strip()
         for n in converged_ubuntu_cluster.nodes
@@ -42,19 +38,11 @@ def test_converge_succeeds_on_every_ubuntu_release(converged_ubuntu_cluster):
 
 
 def test_second_run_changes_nothing_on_ubuntu(converged_ubuntu_cluster, wheelhouse):
-    started = time.monotonic()
-    proc = ansible_playbook(converged_ubuntu_cluster, wheelhouse)
-    print(f"Ubuntu idempotence run: {time.monotonic() - started:.0f}s")
-    assert proc.returncode == 0, proc.stdout[-4000:]
-    counts = recap(proc.stdout)
-    assert counts and all(c["changed"] == 0 for c in counts.values()), "\n".join(changed_tasks(proc.stdout))
+    changes_nothing(converged_ubuntu_cluster, wheelhouse)
 
 
 def test_check_mode_runs_clean_on_ubuntu(converged_ubuntu_cluster, wheelhouse):
-    proc = ansible_playbook(converged_ubuntu_cluster, wheelhouse, "--check")
-    assert proc.returncode == 0, proc.stdout[-4000:]
-    counts = recap(proc.stdout)
-    assert counts and all(c["failed"] == 0 and c["changed"] == 0 for c in counts.values()), counts
+    changes_nothing(converged_ubuntu_cluster, wheelhouse, "--check")
 
 
 def test_acceptance_suite_passes_on_ubuntu(converged_ubuntu_cluster):

@@ -173,35 +173,23 @@ DISTROS = {
     d.os: d
     for d in (
         Distro("debian12", SUITE, MIRROR, "etc/apt/sources.list.d/debian.sources", SOURCES, aliases=("bookworm",)),
-        Distro(
-            "ubuntu20.04",
-            "focal",
-            UBUNTU_MIRROR,
-            "etc/apt/sources.list",
-            _ubuntu_sources_list("focal"),
-            ubuntu=True,
-            script="gutsy",
-            aliases=("focal", "20.04"),
-        ),
-        Distro(
-            "ubuntu22.04",
-            "jammy",
-            UBUNTU_MIRROR,
-            "etc/apt/sources.list",
-            _ubuntu_sources_list("jammy"),
-            ubuntu=True,
-            script="gutsy",
-            aliases=("jammy", "22.04"),
-        ),
-        Distro(
-            "ubuntu24.04",
-            "noble",
-            UBUNTU_MIRROR,
-            "etc/apt/sources.list.d/ubuntu.sources",
-            _ubuntu_sources_deb822("noble"),
-            ubuntu=True,
-            script="gutsy",
-            aliases=("noble", "24.04"),
+        *(
+            Distro(
+                f"ubuntu{version}",
+                suite,
+                UBUNTU_MIRROR,
+                "etc/apt/sources.list.d/ubuntu.sources" if deb822 else "etc/apt/sources.list",
+                _ubuntu_sources_deb822(suite) if deb822 else _ubuntu_sources_list(suite),
+                ubuntu=True,
+                script="gutsy",
+                aliases=(suite, version),
+            )
+            # 24.04 ships its sources in deb822 form, the earlier releases in sources.list
+            for version, suite, deb822 in (
+                ("20.04", "focal", False),
+                ("22.04", "jammy", False),
+                ("24.04", "noble", True),
+            )
         ),
     )
 }

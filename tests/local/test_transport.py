@@ -78,28 +78,102 @@ def test_a_remote_command_ends_by_itself_at_its_deadline_with_what_it_forked(mon
     assert not marked_processes(marker)
 
 
-@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("unshare"), reason="needs root for a PID namespace")
-def test_the_startup_sweep_stops_only_other_runs_past_their_deadline():
-    """In a PID namespace of its own (so it can never touch this machine's other processes): a process of an
-    earlier run past its deadline is stopped and named; one still within its deadline, and one of this run, are
-    left alone."""
+def in_own_pid_namespace(script: str) -> str:
+    """SCRIPT's output, run in a PID namespace of its own, so a sweep can never touch this machine's processes."""
+    proc = subprocess.run(
+        ["unshare", "--pid", "--fork", "--mount-proc", "sh", "-c", script], capture_output=True, text=True, timeout=60
+    )
+    return proc.stdout + proc.stderr
+
+
+needs_pid_namespace = pytest.mark.skipif(
+    os.geteuid() != 0 or not shutil.which("unshare"), reason="needs root for a PID namespace"
+)
+
+
+@needs_pid_namespace
+def test_the_startup_sweep_stops_only_other_runs_past_their_deadline(tmp_path):
+    """A process of an earlier run past its deadline is stopped and named; one still within its deadline, and one
+    of this run, are left alone."""
     now = int(time.time())
     script = (
         f"env {RUN_MARKER}=old {transport.UNTIL_MARKER}={now - 5} sleep 101 & "
         f"env {RUN_MARKER}=busy {transport.UNTIL_MARKER}={now + 600} sleep 102 & "
         f"env {RUN_MARKER}=mine {transport.UNTIL_MARKER}={now - 5} sleep 103 & "
-        "sleep 0.5; " + transport.stale_sweep_script("mine", now) + "; echo ---; "
+        "sleep 0.5; " + transport.stale_sweep_script("mine", now, prefix=f"{tmp_path}/clustercheck-") + "; echo ---; "
         "for p in /proc/[0-9]*; do [ \"$(cat $p/comm)\" = sleep ] && tr '\\0' ' ' < $p/cmdline && echo; done; "
         "kill $(jobs -p) 2>/dev/null; true"
     )
-    proc = subprocess.run(
-        ["unshare", "--pid", "--fork", "--mount-proc", "sh", "-c", script], capture_output=True, text=True, timeout=60
-    )
-    swept, _, alive = proc.stdout.partition("---")
-    found = transport.parse_stale(swept)
-    assert [(f["run"], f["command"]) for f in found] == [("old", "sleep 101")], proc.stdout + proc.stderr
+    output = in_own_pid_namespace(script)
+    swept, _, alive = output.partition("---")
+    processes, directories = transport.parse_stale(swept)
+    assert [(f["run"], f["command"]) for f in processes] == [("old", "sleep 101")], output
+    assert directories == []
     alive = sorted(line.strip() for line in alive.splitlines() if line.strip())
     assert alive == ["sleep 102", "sleep 103"]
+
+
+@needs_pid_namespace
+def test_the_startup_sweep_stops_a_process_without_deadline_only_when_it_is_old(tmp_path, monkeypatch):
+    """Versions of clustercheck before the deadline marker left marked processes with none: they are stopped once
+    older than NO_DEADLINE_AGE, never younger."""
+    monkeypatch.setattr(transport, "NO_DEADLINE_AGE", 2)
+    sweep = transport.stale_sweep_script("mine", prefix=f"{tmp_path}/clustercheck-")
+    script = (
+        f"env {RUN_MARKER}=ancient sleep 104 & sleep 3; env {RUN_MARKER}=young sleep 105 & sleep 0.3; "
+        + sweep
+        + "; echo ---; for p in /proc/[0-9]*; do [ \"$(cat $p/comm)\" = sleep ] && tr '\\0' ' ' < $p/cmdline && echo; "
+        "done; kill $(jobs -p) 2>/dev/null; true"
+    )
+    output = in_own_pid_namespace(script)
+    swept, _, alive = output.partition("---")
+    processes, _ = transport.parse_stale(swept)
+    assert [(f["run"], f["command"]) for f in processes] == [("ancient", "sleep 104")], output
+    assert [line.strip() for line in alive.splitlines() if line.strip()] == ["sleep 105"]
+
+
+@needs_pid_namespace
+def test_the_startup_sweep_removes_an_earlier_runs_work_directory_once_nothing_of_it_runs(tmp_path):
+    """A node that froze keeps its run's work directory after its processes ended at their deadline: the next run
+    removes it, but never the directory of a run with a process left, or one still within its recorded deadline
+    (another clustercheck running now, between two commands), or its own."""
+    now = int(time.time())
+    prefix = f"{tmp_path}/clustercheck-"
+    for run, until in (("frozen", now - 5), ("between", now + 600), ("running", now - 5), ("mine", now - 5)):
+        Path(prefix + run).mkdir()
+        (Path(prefix + run) / transport.UNTIL_FILE).write_text(f"{until}\n")
+    script = (
+        f"env {RUN_MARKER}=running {transport.UNTIL_MARKER}={now + 600} sleep 106 & sleep 0.3; "
+        + transport.stale_sweep_script("mine", now, prefix=prefix)
+        + "; kill $(jobs -p) 2>/dev/null; true"
+    )
+    _, directories = transport.parse_stale(in_own_pid_namespace(script))
+    assert directories == [{"run": "frozen", "path": prefix + "frozen"}]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "clustercheck-between",
+        "clustercheck-mine",
+        "clustercheck-running",
+    ]
+
+
+def test_every_command_with_a_deadline_records_it_in_the_work_directory(tmp_path):
+    """What the next run's sweep reads: the latest deadline of the run's commands, a shorter later one never
+    lowering it; nothing is created when the work directory does not exist yet."""
+    workdir = tmp_path / "clustercheck-abc"
+    line = remote_command(["true"], {}, "abc", timeout=5, workdir=str(workdir))
+    assert subprocess.run(["sh", "-c", line], timeout=60).returncode == 0
+    assert not workdir.exists()
+    workdir.mkdir()
+    long = remote_command(["true"], {}, "abc", timeout=500, workdir=str(workdir))
+    subprocess.run(["sh", "-c", long], timeout=60, check=True)
+    recorded = int((workdir / transport.UNTIL_FILE).read_text())
+    assert time.time() + 500 <= recorded <= time.time() + 500 + transport.NODE_GRACE + transport.KILL_AFTER + 5
+    subprocess.run(["sh", "-c", line], timeout=60, check=True)
+    assert int((workdir / transport.UNTIL_FILE).read_text()) == recorded
+    local = LocalTransport(run_id="abc")
+    local.workdir = str(workdir)
+    assert local.run(["true"], timeout=1000).ok
+    assert int((workdir / transport.UNTIL_FILE).read_text()) > recorded
 
 
 def test_streamed_output_arrives_while_the_command_runs_and_is_not_kept():

@@ -105,3 +105,15 @@ def test_firewall_state():
     assert facts.firewall_state(missing, missing, missing)["collected"]  # no tool at all: no firewall
     denied = {"rc": 1, "out": "", "err": "netlink: Error: Operation not permitted"}
     assert not facts.firewall_state(missing, denied, denied)["collected"]
+
+
+def test_torch_and_its_cuda_version_are_read_from_torch_version_py_without_an_import():
+    from clustercheck.remote.facts import parse_torch_version_file
+
+    def read(name: str) -> dict:
+        return parse_torch_version_file((DATA / "torch-version" / name).read_text())
+
+    assert read("2.13.0-cpu-wheel.txt") == {"version": "2.13.0+cpu", "cuda": None}  # a CPU build
+    assert read("2.7.1-cuda-12.9-source-build.txt") == {"version": "2.7.1-700", "cuda": "12.9"}
+    assert read("1.3.1-cuda-10.1.txt") == {"version": "1.3.1", "cuda": "10.1"}  # the form without a type
+    assert parse_torch_version_file("") == {}  # nothing known: the import tells

@@ -301,6 +301,27 @@ def test_inactive_nvlinks_are_named():
     assert pcie_only.status is Status.SKIP
 
 
+def test_nvlink_error_counters_are_read_and_a_link_that_counted_errors_is_named():
+    """Both recordings count no error (PASS, the elided links passed over); a link with errors is derived from the
+    H100 recording by editing two of its counter lines."""
+    h100 = (DATA / "nvlink-e-h100-ml-engineering.txt").read_text()
+    gb300 = (DATA / "nvlink-e-gb300-srt-slurm-307.txt").read_text()
+    result = by_name(facts(smi=H800, commands=_with(nvlink_errors={"rc": 0, "out": h100})))["gpu.nvlink_errors"]
+    assert result.status is Status.PASS
+    assert result.message == "node1: no error counted on 3 NVLink(s) of 1 GPU(s)"
+    result = by_name(facts(smi=H800, commands=_with(nvlink_errors={"rc": 0, "out": gb300})))["gpu.nvlink_errors"]
+    assert result.status is Status.PASS and "1 NVLink(s) of 1 GPU(s)" in result.message
+    failing = h100.replace("Link 1: Replay Errors: 0", "Link 1: Replay Errors: 42").replace(
+        "Link 1: Recovery Errors: 0", "Link 1: Recovery Errors: 3"
+    )
+    result = by_name(facts(smi=H800, commands=_with(nvlink_errors={"rc": 0, "out": failing})))["gpu.nvlink_errors"]
+    assert result.status is Status.WARN
+    assert result.message == "node1: GPU 0 (NVIDIA H100 80GB HBM3) link 1: 42 replay errors, 3 recovery errors"
+    assert result.data["errors"] == {"0": {"1": {"Replay Errors": 42, "Recovery Errors": 3, "CRC Errors": 0}}}
+    no_nvlink = by_name(facts(smi=H800, commands=_with(nvlink_errors={"rc": 0, "out": ""})))["gpu.nvlink_errors"]
+    assert no_nvlink.status is Status.SKIP
+
+
 def _with(**commands):
     route = "1.1.1.1 via 10.0.0.1 dev eth0 src 10.0.0.5 uid 0"
     return {"ip_addr": {"rc": 0, "out": IP_ADDR}, "ip_route": {"rc": 0, "out": route}, **commands}

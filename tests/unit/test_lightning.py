@@ -55,7 +55,7 @@ def test_a_failed_rank_names_its_node_and_error():
     records[2].update(ok=False, error="ModuleNotFoundError: No module named 'lightning'", node="node3")
     result = lightning.evaluate(records, world_size=3, num_nodes=3)
     assert result.status is Status.FAIL
-    assert "node3 (rank 2): ModuleNotFoundError" in result.message
+    assert "rank 2 on node3: ModuleNotFoundError" in result.message
 
 
 def test_lightning_that_does_not_import_is_skip_unless_asked_for():
