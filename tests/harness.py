@@ -12,6 +12,7 @@ import json
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 from torchenv import PYTHON, VENV, ssh_client, ssh_run
@@ -101,6 +102,38 @@ def _record(name: str):
 
 
 # ------------------------------------------------------------------------------------------- faults
+
+# Only the multi-node DDP stage, one rank per node, JSON on stdout.
+DDP_ONLY = ("--format", "json", "--skip", "local.*", "--only", "ddp", "--nproc-per-node", "1")
+LONG_DDP = str(Path(__file__).parent / "cluster" / "clustercheck_long_ddp.py")
+
+
+@contextlib.contextmanager
+def long_ddp_job(cluster, tmp_path: Path, master_port: int, timeout: int, *extra: str):
+    """`clustercheck run --only ddp` (plus EXTRA arguments) with a DDP job that would run for minutes, yielded once
+    its ranks train on every node, with an SSH client per node; clustercheck is killed at the end if it still
+    runs."""
+    command = clustercheck_command(
+        cluster, tmp_path, *DDP_ONLY, "--timeout", str(timeout), "--master-port", str(master_port), *extra
+    )
+    # clustercheck's own command line, with a DDP job that would run for minutes unless something stops it.
+    command = [sys.executable, LONG_DDP, "1000000", *command[1:]]
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    clients = {node.name: ssh_client(cluster, node) for node in cluster.nodes}
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and proc.poll() is None:
+            if all(ssh_run(client, DDP_RANKS, timeout=30)[1].strip() for client in clients.values()):
+                break
+            time.sleep(0.3)
+        assert proc.poll() is None, "clustercheck ended before the DDP ranks ran on every node"
+        time.sleep(2)  # well inside the training loop
+        yield proc, clients
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        for client in clients.values():
+            client.close()
 
 
 def diverging_torch(kind: str, rank: int | None = None) -> str:
