@@ -163,10 +163,14 @@ def docker(*args: str, check: bool = True) -> str:
     return proc.stdout
 
 
-def on_node(node, script: str, check: bool = True) -> str:
+def on_node(node, script: str, check: bool = True, input: str | None = None) -> str:
     """SCRIPT as root on NODE, through Docker (works whatever state its sshd is in)."""
     proc = subprocess.run(
-        ["docker", "exec", node.container, "sh", "-c", script], capture_output=True, text=True, timeout=300
+        ["docker", "exec", "-i", node.container, "sh", "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        input=input or "",
     )
     assert not check or proc.returncode == 0, f"{node.name}: {script}: {proc.stdout}{proc.stderr}"
     return proc.stdout
@@ -203,11 +207,13 @@ def checks(verdict: Verdict) -> dict[tuple[str, str | None], dict]:
 @injects("node-down")
 def node_down(cluster, tmp_path, row):
     node2 = cluster.node("node2")
+    hosts = on_node(node2, "cat /etc/hosts")  # Docker writes its own at start: the playbook's entries come back
     docker("kill", node2.container)
     try:
         verdict = run(cluster, tmp_path, row)
     finally:
         docker("start", node2.container)
+        on_node(node2, "cat > /etc/hosts", input=hosts)  # in place: Docker bind-mounts it
         on_node(node2, "systemctl reset-failed ssh; systemctl start ssh", check=False)
         wait_for_ssh(cluster, node2)
     found = checks(verdict)
