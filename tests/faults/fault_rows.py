@@ -2,7 +2,8 @@
 answer. Pure data (no Docker, no SSH): test_faults.py injects and asserts each row, scripts/faults_docs.py renders
 docs/faults.md from these rows and the suite's recorded results, and test_faults_doc.py keeps the two equal.
 
-`check` is the check that must FAIL (or ERROR) and `where` the node (or "A -> B" pair, or "cluster") it names;
+`check` is the check that must FAIL (or ERROR) and `where` the node (or "A -> B" pair, or "cluster") it names,
+`node` the node the fault is on when `where` is not that node: every other node's results must pass;
 `cause` is a regular expression the first line of its message must match; `deadline` the seconds within which the
 verdict must come: from the start of the run for a fault put on before it, from the moment of the fault for one
 made mid-run (a killed rank, a frozen node, Ctrl-C). `args` are the run's options beside --hosts: the stages and
@@ -31,6 +32,11 @@ class Fault:
     deadline: float  # seconds to the verdict
     args: tuple[str, ...] = ()
     mid_run: bool = False  # timed from the fault, not from the start of the run
+    node: str = ""  # the node the fault is on, where `where` does not say ("all": every node)
+
+    @property
+    def faulty(self) -> str:
+        return self.node or self.where
 
 
 ROWS = [
@@ -88,6 +94,7 @@ ROWS = [
         r"^node1 -> node3\b.*firewall",
         120,
         ("--skip", "local.*", "--only", "network"),
+        node="node3",
     ),
     Fault(
         "hostname-loopback",
@@ -110,6 +117,7 @@ ROWS = [
         r"^torch version differs: node3 has 2\.12\.0\+cpu",
         45,
         CORE,
+        node="node3",
     ),
     Fault(
         "rank-killed",
@@ -121,6 +129,7 @@ ROWS = [
         r"torchrun failed on node2 first",
         45,
         mid_run=True,
+        node="node2",
     ),
     Fault(
         "ddp-divergence",
@@ -132,6 +141,7 @@ ROWS = [
         r"rank 2 \(node3\)",
         180,
         (*DDP, "--master-port", "29671"),
+        node="node3",
     ),
     Fault(
         "chrony-stopped",
@@ -176,6 +186,7 @@ ROWS = [
         r"node node2 stopped making progress at step \d+ .*its SSH connection does not answer",
         110,
         mid_run=True,
+        node="node2",
     ),
     Fault(
         "package-version",
@@ -187,6 +198,7 @@ ROWS = [
         r"^1 package\(s\) differ between nodes: mpmath: node2 has 0\.0\.1, the others ",
         45,
         CORE,
+        node="node2",
     ),
     Fault(
         "ctrl-c",
@@ -209,5 +221,6 @@ ROWS = [
         r"^node1: 1 GPU\(s\) expected, but nvidia-smi does not answer",
         45,
         CORE,
+        node="all",
     ),
 ]

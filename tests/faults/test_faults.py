@@ -104,13 +104,16 @@ def _assert_contract(row: Fault, verdict: Verdict, cluster) -> str:
     said = finding["message"].splitlines()[0]
     assert re.search(row.cause, said), f"{said!r} does not match {row.cause!r}"
     assert finding["remediation"], f"{row.check} gives no fix: {finding}"
-    faulty = {n.name for n in cluster.nodes} if row.id == "gpus-missing" else {row.where}
     for node in cluster.nodes:  # the other nodes' results are kept, and pass
-        if node.name in faulty:
+        if row.faulty in ("all", node.name):
             continue
         theirs = [c for c in report["checks"] if c["host"] == node.name]
         assert any(c["name"] == "connect" and c["status"] == "PASS" for c in theirs), f"{node.name}: {theirs[:3]}"
-        failed = [f"{c['name']}: {c['message']}" for c in theirs if c["status"] in FAILED]
+        failed = [
+            f"{c['name']}: {c['message']}"
+            for c in theirs
+            if c["status"] in FAILED and not (c["name"] == row.check and row.faulty in c["message"])
+        ]
         assert not failed, f"{node.name} has no fault, yet: {failed}"
     return said
 
@@ -302,9 +305,12 @@ def firewall(cluster, tmp_path, row):
         on_node(node3, f"iptables -D INPUT -j {CHAIN}; iptables -F {CHAIN}; iptables -X {CHAIN}", check=False)
     assert CHAIN not in on_node(node3, "iptables -S")  # restored
     failures = [c for c in verdict.report["checks"] if c["name"] == "network.tcp" and c["status"] == "FAIL"]
-    assert sorted((c["data"]["from"], c["data"]["to"]) for c in failures) == [("node1", "node3"), ("node2", "node3")]
+    # Every pair with node3, both ways (its replies are dropped too), and no other pair.
+    pairs = [("node1", "node3"), ("node2", "node3"), ("node3", "node1"), ("node3", "node2")]
+    assert sorted((c["data"]["from"], c["data"]["to"]) for c in failures) == pairs
     for c in failures:
-        assert c["message"].startswith(f"{c['data']['from']} -> node3") and c["data"]["cause"] == "firewall"
+        assert c["message"].startswith(f"{c['data']['from']} -> {c['data']['to']}") and c["data"]["cause"] == "firewall"
+    assert "no node reaches node3" in _finding(verdict.report, row)["message"]
     for node in cluster.nodes:  # no torchrun was started anywhere: no command, no log came back
         host_dir = tmp_path / "run" / "hosts" / node.name
         assert (host_dir / "network.json").exists()
