@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 import subprocess
 import sys
 import textwrap
@@ -108,6 +109,15 @@ DDP_ONLY = ("--format", "json", "--skip", "local.*", "--only", "ddp", "--nproc-p
 LONG_DDP = str(Path(__file__).parent / "cluster" / "clustercheck_long_ddp.py")
 
 
+HEARTBEATS = "cat $(find /tmp/clustercheck-* -path '*/ddp/heartbeat/rank-*.json' 2>/dev/null) 2>/dev/null; true"
+
+
+def _training(client) -> bool:
+    """Whether a rank of the DDP job on CLIENT's node has reported a training step (its heartbeat file)."""
+    out = ssh_run(client, HEARTBEATS, timeout=30)[1]
+    return any(int(step) >= 1 for step in re.findall(r'"step": (\d+)', out))
+
+
 @contextlib.contextmanager
 def long_ddp_job(cluster, tmp_path: Path, master_port: int, timeout: int, *extra: str):
     """`clustercheck run --only ddp` (plus EXTRA arguments) with a DDP job that would run for minutes, yielded once
@@ -121,13 +131,15 @@ def long_ddp_job(cluster, tmp_path: Path, master_port: int, timeout: int, *extra
     proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     clients = {node.name: ssh_client(cluster, node) for node in cluster.nodes}
     try:
-        deadline = time.monotonic() + 120
+        # Training, not starting: every node's ranks have reported a step (their heartbeat files), so a fault made
+        # now is one in the training loop, however long torch took to import on a busy machine.
+        deadline = time.monotonic() + 180
         while time.monotonic() < deadline and proc.poll() is None:
-            if all(ssh_run(client, DDP_RANKS, timeout=30)[1].strip() for client in clients.values()):
+            if all(_training(client) for client in clients.values()):
                 break
-            time.sleep(0.3)
-        assert proc.poll() is None, "clustercheck ended before the DDP ranks ran on every node"
-        time.sleep(2)  # well inside the training loop
+            time.sleep(0.5)
+        assert proc.poll() is None, "clustercheck ended before the DDP ranks trained on every node"
+        assert all(_training(client) for client in clients.values()), "the DDP ranks did not train within 180 s"
         yield proc, clients
     finally:
         if proc.poll() is None:

@@ -424,7 +424,7 @@ def tmp_small(cluster, tmp_path, row):
 
 
 STALL = 20  # --stall-timeout
-DDP_DEADLINE = 60  # --timeout: the DDP job's deadline
+DDP_DEADLINE = 90  # --timeout: the DDP job's deadline (its start on a busy machine included)
 # What a node keeps running of clustercheck's (LEFTOVERS without the work directory, which only a later run or the
 # operator removes from a node that could not be reached).
 PROCESSES = LEFTOVERS.replace("ls -d /tmp/clustercheck-* 2>/dev/null; ", "")
@@ -439,7 +439,7 @@ def node_frozen(cluster, tmp_path, row):
     node2 = cluster.node("node2")
     extra = ("--stall-timeout", str(STALL))
     with long_ddp_job(cluster, tmp_path, 29701, DDP_DEADLINE, *extra) as (proc, clients):
-        time.sleep(6)  # a heartbeat poll (every 5 s) has seen node2's ranks
+        time.sleep(6)  # a heartbeat poll (every 5 s) has seen node2's ranks train
         docker("pause", node2.container)
         frozen_at = time.monotonic()
         try:
