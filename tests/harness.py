@@ -109,13 +109,28 @@ DDP_ONLY = ("--format", "json", "--skip", "local.*", "--only", "ddp", "--nproc-p
 LONG_DDP = str(Path(__file__).parent / "cluster" / "clustercheck_long_ddp.py")
 
 
-HEARTBEATS = "cat $(find /tmp/clustercheck-* -path '*/ddp/heartbeat/rank-*.json' 2>/dev/null) 2>/dev/null; true"
+# The heartbeat files of the DDP ranks running now (their --out directory), not those an earlier run left.
+HEARTBEATS = (
+    f"for p in $({DDP_RANKS}); do "
+    "d=$(tr '\\0' '\\n' < /proc/$p/cmdline | grep -x -A1 -e --out | tail -n 1); "
+    'cat "$d"/heartbeat/rank-*.json; echo; done 2>/dev/null; true'
+)
 
 
-def _training(client) -> bool:
-    """Whether a rank of the DDP job on CLIENT's node has reported a training step (its heartbeat file)."""
-    out = ssh_run(client, HEARTBEATS, timeout=30)[1]
-    return any(int(step) >= 1 for step in re.findall(r'"step": (\d+)', out))
+def _heartbeat_steps(client) -> list[int]:
+    """The steps the DDP job's ranks on CLIENT's node last reported (their heartbeat files); [] before they beat."""
+    try:
+        out = ssh_run(client, HEARTBEATS, timeout=60)[1]
+    except TimeoutError:  # a busy machine: ask again
+        return []
+    return [int(step) for step in re.findall(r'"step": (\d+)', out)]
+
+
+def _running(clients) -> bool:
+    """Every node's ranks beat, and the job is past its start: rank 0 trains its single-process reference first (its
+    steps count), while the other ranks wait for it."""
+    steps = [_heartbeat_steps(client) for client in clients.values()]
+    return all(steps) and max(max(s) for s in steps) >= 1
 
 
 @contextlib.contextmanager
@@ -131,15 +146,13 @@ def long_ddp_job(cluster, tmp_path: Path, master_port: int, timeout: int, *extra
     proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     clients = {node.name: ssh_client(cluster, node) for node in cluster.nodes}
     try:
-        # Training, not starting: every node's ranks have reported a step (their heartbeat files), so a fault made
-        # now is one in the training loop, however long torch took to import on a busy machine.
+        # Running, not starting: every node's ranks beat and the job reports steps, so a fault made now is one in
+        # the middle of the job, however long torch took to import on a busy machine.
         deadline = time.monotonic() + 180
-        while time.monotonic() < deadline and proc.poll() is None:
-            if all(_training(client) for client in clients.values()):
-                break
+        while time.monotonic() < deadline and proc.poll() is None and not _running(clients):
             time.sleep(0.5)
-        assert proc.poll() is None, "clustercheck ended before the DDP ranks trained on every node"
-        assert all(_training(client) for client in clients.values()), "the DDP ranks did not train within 180 s"
+        assert proc.poll() is None, "clustercheck ended before the DDP job ran on every node"
+        assert time.monotonic() < deadline, "the DDP job did not run on every node within 180 s"
         yield proc, clients
     finally:
         if proc.poll() is None:

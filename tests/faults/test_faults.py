@@ -423,7 +423,7 @@ def tmp_small(cluster, tmp_path, row):
     return verdict
 
 
-STALL = 20  # --stall-timeout
+STALL = 30  # --stall-timeout: a rank's start on a busy 2-core machine can go 20 s without a heartbeat
 DDP_DEADLINE = 90  # --timeout: the DDP job's deadline (its start on a busy machine included)
 # What a node keeps running of clustercheck's (LEFTOVERS without the work directory, which only a later run or the
 # operator removes from a node that could not be reached).
