@@ -44,11 +44,12 @@ def render(results: dict[str, dict]) -> str:
     missing = [r.id for r in ROWS if r.id not in results]
     if missing:
         raise SystemExit(f"no recorded result for row(s) {', '.join(missing)}: run pytest tests/faults first")
-    recorded = sorted(results[r.id]["recorded_at"] for r in ROWS)
+    days = sorted({results[r.id]["recorded_at"][:10] for r in ROWS})
     lines = [
         INTRO,
-        f"Recorded {recorded[0][:10]} to {recorded[-1][:10]} on 3 Debian 12 nodes (containers on one shared 2-core "
-        "machine) after `site.yml`, torch 2.13.0 (CPU build), gloo, one rank per node for the DDP rows.",
+        f"Recorded {' to '.join(days[:: max(len(days) - 1, 1)])} by `pytest tests/faults` on 3 Debian 12 nodes "
+        "(containers on one shared 2-core machine) after `site.yml`, torch 2.13.0 (CPU build), gloo, one rank per "
+        "node for the DDP rows.",
         "",
         HEADER,
         "| --- | --- | --- | --- | --- | --- | --- |",

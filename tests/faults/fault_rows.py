@@ -122,7 +122,7 @@ ROWS = [
     Fault(
         "rank-killed",
         "a rank is killed mid-DDP",
-        "`kill -9` of node2's DDP rank during training",
+        "`kill -9` of node2's DDP rank while the DDP job runs",
         ExitCode.CHECK_FAILED,
         "ddp_equivalence",
         "cluster",
@@ -179,7 +179,7 @@ ROWS = [
     Fault(
         "node-frozen",
         "a node freezes mid-run",
-        "`docker pause` of node2 during DDP training; unpaused after the verdict",
+        "`docker pause` of node2 while the DDP job runs; unpaused after the verdict",
         ExitCode.CHECK_FAILED,
         "ddp_equivalence",
         "cluster",
@@ -203,7 +203,7 @@ ROWS = [
     Fault(
         "ctrl-c",
         "Ctrl-C during the DDP stage",
-        "SIGINT to clustercheck while every node's DDP ranks train",
+        "SIGINT to clustercheck while the DDP job runs on every node",
         ExitCode.INTERRUPTED,
         "",
         "cluster",
