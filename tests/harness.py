@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 from torchenv import PYTHON, VENV, ssh_client, ssh_run
@@ -101,6 +103,62 @@ def _record(name: str):
 
 
 # ------------------------------------------------------------------------------------------- faults
+
+# Only the multi-node DDP stage, one rank per node, JSON on stdout.
+DDP_ONLY = ("--format", "json", "--skip", "local.*", "--only", "ddp", "--nproc-per-node", "1")
+LONG_DDP = str(Path(__file__).parent / "cluster" / "clustercheck_long_ddp.py")
+
+
+# The heartbeat files of the DDP ranks running now (their --out directory), not those an earlier run left.
+HEARTBEATS = (
+    f"for p in $({DDP_RANKS}); do "
+    "d=$(tr '\\0' '\\n' < /proc/$p/cmdline | grep -x -A1 -e --out | tail -n 1); "
+    'cat "$d"/heartbeat/rank-*.json; echo; done 2>/dev/null; true'
+)
+
+
+def _heartbeat_steps(client) -> list[int]:
+    """The steps the DDP job's ranks on CLIENT's node last reported (their heartbeat files); [] before they beat."""
+    try:
+        out = ssh_run(client, HEARTBEATS, timeout=60)[1]
+    except TimeoutError:  # a busy machine: ask again
+        return []
+    return [int(step) for step in re.findall(r'"step": (\d+)', out)]
+
+
+def _running(clients) -> bool:
+    """Every node's ranks beat, and the job is past its start: rank 0 trains its single-process reference first (its
+    steps count), while the other ranks wait for it."""
+    steps = [_heartbeat_steps(client) for client in clients.values()]
+    return all(steps) and max(max(s) for s in steps) >= 1
+
+
+@contextlib.contextmanager
+def long_ddp_job(cluster, tmp_path: Path, master_port: int, timeout: int, *extra: str):
+    """`clustercheck run --only ddp` (plus EXTRA arguments) with a DDP job that would run for minutes, yielded once
+    its ranks train on every node, with an SSH client per node; clustercheck is killed at the end if it still
+    runs."""
+    command = clustercheck_command(
+        cluster, tmp_path, *DDP_ONLY, "--timeout", str(timeout), "--master-port", str(master_port), *extra
+    )
+    # clustercheck's own command line, with a DDP job that would run for minutes unless something stops it.
+    command = [sys.executable, LONG_DDP, "1000000", *command[1:]]
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    clients = {node.name: ssh_client(cluster, node) for node in cluster.nodes}
+    try:
+        # Running, not starting: every node's ranks beat and the job reports steps, so a fault made now is one in
+        # the middle of the job, however long torch took to import on a busy machine.
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline and proc.poll() is None and not _running(clients):
+            time.sleep(0.5)
+        assert proc.poll() is None, "clustercheck ended before the DDP job ran on every node"
+        assert time.monotonic() < deadline, "the DDP job did not run on every node within 180 s"
+        yield proc, clients
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        for client in clients.values():
+            client.close()
 
 
 def diverging_torch(kind: str, rank: int | None = None) -> str:

@@ -163,7 +163,7 @@ def packages(nodes: list[NodeFacts], config: Any) -> Finding:
     if len(lists) < 2:
         return skip(f"package lists: known on {len(lists)} node(s), nothing to compare", **data)
     names = sorted({name for entries in lists.values() for name in entries})
-    drift = []
+    drift, versions = [], []  # versions: packages every node has, at more than one version
     for name in names:
         values = {host: entries.get(name) for host, entries in lists.items()}
         counts = Counter(values.values())
@@ -173,12 +173,19 @@ def packages(nodes: list[NodeFacts], config: Any) -> Finding:
         tie = bool(rest) and rest[0][1] == top
         differ = {h: v for h, v in values.items() if tie or v != majority}
         drift.append({"package": name, "majority": None if tie else majority, "tie": tie, "nodes": differ})
+        if None not in counts:
+            versions.append(drift[-1])
     data["differ"] = drift
     if not drift:
         return passed(f"{len(names)} package(s) at the same versions on {len(lists)} node(s)", **data)
+    # A package at another version on some node runs other code on that node's ranks: a failure. A package that
+    # some nodes lack (an extra tool, a missing import) is a warning: a missing one fails loudly when imported.
+    drift = versions + [d for d in drift if d not in versions]
     shown = [_drift_text(d) for d in drift[:PACKAGE_LIST_LIMIT]]
     more = f"; and {len(drift) - PACKAGE_LIST_LIMIT} more" if len(drift) > PACKAGE_LIST_LIMIT else ""
-    return warn(f"{len(drift)} package(s) differ between nodes: " + "; ".join(shown) + more, **data)
+    message = f"{len(drift)} package(s) differ between nodes: " + "; ".join(shown) + more
+    data["differ"] = drift
+    return (fail if versions else warn)(message, **data)
 
 
 def _drift_text(d: dict[str, Any]) -> str:

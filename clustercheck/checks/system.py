@@ -6,8 +6,12 @@ from clustercheck.checks.registry import Finding, fail, node_check, passed, warn
 from clustercheck.facts.model import COULD_NOT_COLLECT, NodeFacts
 from clustercheck.model import Status
 
+MIB = 1 << 20
 GIB = 1 << 30
 SHM_MINIMUM = 1 * GIB
+# Docker's default /dev/shm is 64 MiB: NCCL crashes creating its shared-memory segments (ncclShmOpen) and DataLoader
+# workers die with bus errors there (PyTorch's own CI runs its containers with --shm-size=2gb for that reason).
+SHM_FAIL_BELOW = 256 * MIB
 DISK_WARN_BELOW = 10 * GIB
 DISK_FAIL_BELOW = 1 * GIB
 
@@ -32,6 +36,12 @@ def os_info(facts: NodeFacts) -> Finding:
 def shm_size(facts: NodeFacts) -> Finding:
     assert facts.shm is not None
     total = facts.shm.total_bytes
+    if total < SHM_FAIL_BELOW:
+        return fail(
+            f"/dev/shm is {total / MIB:.0f} MiB, less than {SHM_FAIL_BELOW / MIB:.0f} MiB: NCCL's shared-memory "
+            "transport and DataLoader workers fail there",
+            total_bytes=total,
+        )
     if total < SHM_MINIMUM:
         return warn(
             f"/dev/shm is {total / GIB:.2f} GiB, less than {SHM_MINIMUM / GIB:.0f} GiB",
@@ -58,19 +68,28 @@ def ulimit_memlock(facts: NodeFacts) -> Finding:
 @node_check(
     "disk.free",
     proves="the root and temporary file systems have free space for checkpoints, caches and logs",
-    fix="Free space on that file system (checkpoints, caches and core dumps fill it).",
+    fix="Free space on that file system (checkpoints, caches and core dumps fill it); a small tmpfs on /tmp: "
+    "enlarge it (size= in /etc/fstab or tmp.mount) or point TMPDIR at a larger file system.",
     reads=("disks",),
 )
 def disk_free(facts: NodeFacts) -> Finding:
     assert facts.disks is not None
-    lowest = min(facts.disks, key=lambda s: s.free_bytes)
     free = {s.path: s.free_bytes for s in facts.disks}
-    text = ", ".join(f"{path} {n / GIB:.1f} GiB" for path, n in free.items())
-    if lowest.free_bytes < DISK_FAIL_BELOW:
-        return fail(f"low free disk: {text}", free_bytes=free)
-    if lowest.free_bytes < DISK_WARN_BELOW:
-        return warn(f"low free disk: {text}", free_bytes=free)
+    text = ", ".join(f"{path} {_size(n)}" for path, n in free.items())
+    short = [s for s in facts.disks if s.free_bytes < DISK_FAIL_BELOW]
+    if short:
+        # The file system that is short comes first, with its size: a small tmpfs on /tmp reads as such.
+        named = ", ".join(f"{s.path} has {_size(s.free_bytes)} free of {_size(s.total_bytes)}" for s in short)
+        return fail(f"low free disk: {named}, less than {_size(DISK_FAIL_BELOW)}", free_bytes=free)
+    low = [s for s in facts.disks if s.free_bytes < DISK_WARN_BELOW]
+    if low:
+        named = ", ".join(f"{s.path} has {_size(s.free_bytes)} free" for s in low)
+        return warn(f"low free disk: {named}, less than {_size(DISK_WARN_BELOW)}", free_bytes=free)
     return passed(f"free: {text}", free_bytes=free)
+
+
+def _size(n: int) -> str:
+    return f"{n / GIB:.1f} GiB" if n >= GIB else f"{n / MIB:.0f} MiB"
 
 
 @node_check(
@@ -92,6 +111,16 @@ def time_sync(facts: NodeFacts) -> Finding:
         return warn(
             f"time sync state: {COULD_NOT_COLLECT} (no timedatectl or chronyc answer)",
             "Install and enable chrony (the setup playbook does).",
+        )
+    if not state.synchronized and state.chrony_error:
+        # chrony is installed but its daemon does not answer: the node's time service is down, and its clock drifts
+        # away from its peers'. On one node that is a warning; across nodes it breaks what compares timestamps.
+        status = Status.FAIL if facts.cluster_size > 1 else Status.WARN
+        return Finding(
+            status,
+            f"the clock is not synchronized: chronyd does not answer ({state.chrony_error})",
+            "Start the time service and keep it enabled: systemctl enable --now chrony, then check chronyc tracking.",
+            data,
         )
     if not state.synchronized:
         return warn("the clock is not synchronized to NTP", **data)

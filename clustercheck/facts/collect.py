@@ -263,10 +263,15 @@ def _time(timedatectl: dict[str, Any], chronyc: dict[str, Any]) -> TimeSync:
     if timedatectl.get("rc") == 0:
         shown = parse.parse_timedatectl(timedatectl.get("out", ""))
         synced = shown.get("NTPSynchronized") == "yes"
+    chrony_error = None
     if chronyc.get("rc") == 0:
         chrony = parse.parse_chronyc_tracking(chronyc.get("out", ""))
         synced = synced or chrony.get("leap_status") == "Normal"
-    return TimeSync(synced, shown, chrony)
+    elif chronyc.get("rc") is not None:  # installed, but the daemon did not answer ("506 Cannot talk to daemon")
+        said = (chronyc.get("err") or "").strip() or (chronyc.get("out") or "").strip()
+        chrony_error = said.splitlines()[-1] if said else f"chronyc exited {chronyc['rc']}"
+        synced = bool(synced)
+    return TimeSync(synced, shown, chrony, chrony_error)
 
 
 def cluster_interface(facts: NodeFacts) -> tuple[str | None, str]:

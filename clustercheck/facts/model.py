@@ -82,6 +82,7 @@ class TimeSync:
     synchronized: bool | None  # None: neither timedatectl nor chronyc answered
     timedatectl: dict[str, str]
     chrony: dict[str, Any] | None
+    chrony_error: str | None = None  # chronyc is installed but chronyd did not answer: its message
 
 
 @dataclass(frozen=True)

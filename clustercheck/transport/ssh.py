@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import codecs
 import contextlib
+import logging
 import os
 import select
 import shlex
@@ -27,6 +28,10 @@ from clustercheck.transport import (
     workdir_for,
 )
 from clustercheck.transport.params import ConnectParams, Timeouts, jump_host, resolve
+
+# paramiko's transport thread logs a traceback when a connection fails (an sshd that sends no banner, a reset): with
+# no handler, Python prints it to stderr. clustercheck reports every such failure itself, as one line per node.
+logging.getLogger("paramiko").addHandler(logging.NullHandler())
 
 
 class Connection:
@@ -85,7 +90,14 @@ class Connection:
             client.close()
             raise TransportError(f"{where}: unreachable: timed out after {self.timeouts.connect:.0f} s") from exc
         except paramiko.SSHException as exc:
+            transport = client.get_transport()
+            silent = transport is not None and not transport.remote_version  # TCP connected, no "SSH-2.0-..." line
             client.close()
+            if silent:
+                raise TransportError(
+                    f"{where}: unreachable: sshd accepted the connection but sent no SSH banner within "
+                    f"{self.timeouts.banner:.0f} s (sshd hung or overloaded, or no SSH server on that port)"
+                ) from exc
             raise TransportError(f"{where}: unreachable: SSH failed: {exc}") from exc
         except OSError as exc:
             client.close()

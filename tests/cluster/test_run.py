@@ -1,15 +1,14 @@
 """`clustercheck run` against the 3-node test cluster, over SSH, as a user runs it.
 
-Destructive tests (a changed torch label, a paused node) restore the shared session cluster at the end.
+Destructive tests (a torchvision that does not import) restore the shared session cluster at the end; the faults
+clustercheck must name (a node down, a changed host key, Ctrl-C, ...) are tests/faults/'s rows.
 """
 
 from __future__ import annotations
 
 import json
-import signal
 import subprocess
 import sys
-import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
@@ -17,11 +16,9 @@ import pytest
 import testcluster
 from harness import (
     CLUSTERCHECK,
-    LEFTOVERS,
     PYTHON,
     checks_of,
     clustercheck,
-    clustercheck_command,
     leftovers,
     ssh_client,
     ssh_run,
@@ -83,38 +80,6 @@ def test_every_check_runs_over_ssh_on_every_node(torch_cluster, tmp_path):
     assert not leftovers(torch_cluster)
 
 
-def test_a_node_with_another_torch_version_is_inconsistent(torch_cluster, tmp_path):
-    """node3's torch is relabelled 2.12.0 (torch/version.py edited, the build itself unchanged); restored after."""
-    node3 = torch_cluster.node("node3")
-    locate = f"{PYTHON} -c 'import torch, os; print(\"DIR=\" + os.path.dirname(torch.__file__))'"
-    with ssh_client(torch_cluster, node3) as client:
-        status, out = ssh_run(client, locate)
-        assert status == 0, out
-        torch_dir = next(ln[4:] for ln in out.splitlines() if ln.startswith("DIR="))
-        version_py = f"{torch_dir}/version.py"
-        # The label changes, not its length: drop the bytecode so Python cannot reuse a stale copy.
-        no_pyc = f"rm -f {torch_dir}/__pycache__/version.*.pyc"
-        status, out = ssh_run(
-            client,
-            f"cp -p {version_py} {version_py}.orig && sed -i 's/2\\.13\\.0+cpu/2.12.0+cpu/' {version_py} && {no_pyc}",
-        )
-        assert status == 0, out
-        try:
-            proc = clustercheck(torch_cluster, tmp_path, "--format", "json", "--skip", "local.*", "--only", "core")
-        finally:
-            ssh_run(client, f"mv {version_py}.orig {version_py} && {no_pyc}")
-        _, restored = ssh_run(client, f"{PYTHON} -c 'import torch; print(\"VERSION=\" + torch.__version__)'")
-    restored = next(ln[8:] for ln in restored.splitlines() if ln.startswith("VERSION="))
-    assert restored.strip() == "2.13.0+cpu"
-    assert proc.returncode == 1, proc.stderr[-2000:]
-    result = checks_of(proc)[("consistency.torch", None)]
-    assert result["status"] == "FAIL"
-    assert result["message"] == "torch version differs: node3 has 2.12.0+cpu, where the other 2 node(s) have 2.13.0+cpu"
-    assert result["data"]["differ"] == ["node3"]
-    assert result["remediation"]
-    assert "NOT READY" in proc.stderr
-
-
 def test_an_unknown_host_key_is_refused(cluster, tmp_path):
     empty = tmp_path / "known_hosts"
     empty.write_text("")
@@ -129,7 +94,7 @@ def test_an_unknown_host_key_is_refused(cluster, tmp_path):
     assert empty.read_text() == ""
 
 
-def test_accept_new_records_unknown_keys_and_a_changed_key_is_always_refused(cluster, tmp_path):
+def test_accept_new_records_unknown_keys(cluster, tmp_path):
     new = tmp_path / "known_hosts"
     new.write_text("")
     args = ["--limit", "node1", "--only", "core", "--skip", "local.*", "--known-hosts", str(new), "--format", "json"]
@@ -139,18 +104,6 @@ def test_accept_new_records_unknown_keys_and_a_changed_key_is_always_refused(clu
     recorded = new.read_text()
     assert recorded.startswith(cluster.node("node1").address + " ")
     assert checks_of(clustercheck(cluster, tmp_path, *args))[("connect", "node1")]["status"] == "PASS"
-
-    # node2's key under node1's address: what a man in the middle (or a reinstalled node) looks like.
-    node2_keys = [
-        ln.split(None, 1)[1] for ln in Path(cluster.known_hosts).read_text().splitlines() if ln.startswith("node2,")
-    ]
-    changed = tmp_path / "changed_known_hosts"
-    changed.write_text("".join(f"{cluster.node('node1').address} {key}\n" for key in node2_keys))
-    proc = clustercheck(
-        cluster, tmp_path, *args[:-4], "--known-hosts", str(changed), "--format", "json", "--accept-new-host-keys"
-    )
-    assert proc.returncode == 4
-    assert "HOST KEY CHANGED" in checks_of(proc)[("connect", "node1")]["message"]
 
 
 def test_hashed_known_hosts_entries_are_understood(cluster, tmp_path):
@@ -163,65 +116,6 @@ def test_hashed_known_hosts_entries_are_understood(cluster, tmp_path):
     )
     assert proc.returncode != 4, proc.stderr
     assert all(checks_of(proc)[("connect", n.name)]["status"] == "PASS" for n in cluster.nodes)
-
-
-def test_a_stopped_node_is_unreachable_within_the_timeout_and_the_others_still_report(torch_cluster, tmp_path):
-    node2 = torch_cluster.node("node2")
-    subprocess.run(["docker", "pause", node2.container], check=True, capture_output=True)
-    try:
-        started = time.monotonic()
-        proc = clustercheck(
-            torch_cluster, tmp_path, "--skip", "local.*", "--connect-timeout", "3", "--format", "json", timeout=120
-        )
-        elapsed = time.monotonic() - started
-    finally:
-        subprocess.run(["docker", "unpause", node2.container], check=True, capture_output=True)
-    assert proc.returncode == 1, proc.stderr[-2000:]
-    checks = checks_of(proc)
-    connect = checks[("connect", "node2")]
-    assert connect["status"] == "FAIL" and "unreachable" in connect["message"], connect
-    assert elapsed < 45, f"a paused node held the run for {elapsed:.0f} s"
-    for name in ("node1", "node3"):
-        assert checks[("facts", name)]["status"] == "PASS"
-        assert checks[("torch.import", name)]["status"] == "PASS"
-    assert checks[("consistency.torch", None)]["status"] == "PASS"  # compared over the nodes that answered
-    for name in ("network.tcp", "allreduce", "ddp_equivalence"):  # no multi-node job without every node
-        skipped = checks[(name, None)]
-        assert skipped["status"] == "SKIP" and "node2: not reached" in skipped["message"], skipped
-    with ssh_client(torch_cluster, node2) as client:  # restored for the tests after this one
-        assert ssh_run(client, "hostname")[1].strip() == "node2"
-
-
-def test_ctrl_c_leaves_no_process_on_any_node(torch_cluster, tmp_path):
-    command = clustercheck_command(
-        torch_cluster,
-        tmp_path,
-        "--master-port",
-        "29631",
-        "--nproc-per-node",
-        "6",  # six ranks on two cores: a torch job that is still starting when Ctrl-C comes
-    )
-    clients = [ssh_client(torch_cluster, node) for node in torch_cluster.nodes]
-    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        # Wait until the torch job's workers run on every node: the moment with the most to clean up.
-        deadline = time.monotonic() + 180
-        while time.monotonic() < deadline and proc.poll() is None:
-            running = [ssh_run(client, LEFTOVERS, timeout=60)[1] for client in clients]
-            if all("clustercheck-remote.pyz collectives" in out for out in running):
-                break
-            time.sleep(0.2)
-        assert proc.poll() is None, "clustercheck finished before the torch job ran on every node"
-        proc.send_signal(signal.SIGINT)
-        _, stderr = proc.communicate(timeout=90)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        for client in clients:
-            client.close()
-    assert proc.returncode == 2, stderr[-2000:]
-    assert "interrupted" in stderr and "Traceback" not in stderr
-    assert leftovers(torch_cluster) == {}
 
 
 def test_a_timed_out_torch_job_is_killed_on_every_node(torch_cluster, tmp_path):

@@ -189,3 +189,20 @@ def test_streamed_output_arrives_while_the_command_runs_and_is_not_kept():
     assert seen[0][0] < 1.2 <= seen[2][0]  # the first line came before the command ended
     timed_out = transport.run(["sh", "-c", "echo a; sleep 30"], timeout=1, on_output=lambda s, t: None)
     assert timed_out.timed_out and marked_processes(transport.run_id) == []
+
+
+def test_an_sshd_that_sends_no_banner_is_named_as_such_without_a_traceback(capfd):
+    """A listener that accepts TCP connections (the kernel's backlog) and never speaks, as a hung sshd does."""
+    import socket
+
+    from clustercheck.transport.params import ConnectParams, Timeouts
+    from clustercheck.transport.ssh import Connection
+
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen(1)
+        params = ConnectParams("127.0.0.1", port=server.getsockname()[1], user="nobody")
+        connection = Connection("silent", params, timeouts=Timeouts(connect=2, banner=2, auth=2))
+        with pytest.raises(transport.TransportError, match="accepted the connection but sent no SSH banner within 2 s"):
+            connection.open()
+    assert "Traceback" not in capfd.readouterr().err

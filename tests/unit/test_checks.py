@@ -162,3 +162,39 @@ def test_torchvision_of_another_cuda_variant_or_torch_release_is_a_mismatch():
     old = Package("torchvision", "0.27.0", None, ("torch (==2.12.0)",))
     assert "built for torch==2.12.0" in torchvision_mismatch("2.13.0", old)
     assert torchvision_mismatch("2.13.0+cpu", Package("torchvision", "0.28.0+cpu", None, ("torch==2.13.0",))) is None
+
+
+def recorded_node(name: str, cluster_size: int = 3) -> NodeFacts:
+    raw = json.loads((Path(__file__).parent / "records" / name).read_text())
+    return collect.build(
+        Node(name="node3", address="node3"),
+        raw,
+        python="/opt/clustercheck/venv/bin/python",
+        python_source="/etc/clustercheck/python",
+        cluster_size=cluster_size,
+    )
+
+
+def test_a_small_shm_a_small_tmp_and_a_stopped_chrony_fail_with_their_causes():
+    """Recorded on a test node with /dev/shm remounted at 64 MiB, a 32 MiB tmpfs on /tmp and chrony stopped."""
+    results = by_name(recorded_node("facts-node3-shm-tmp-chrony.json"))
+    shm = results["shm.size"]
+    assert shm.status is Status.FAIL and shm.message.startswith("node3: /dev/shm is 64 MiB, less than 256 MiB")
+    disk = results["disk.free"]
+    assert disk.status is Status.FAIL
+    assert disk.message.startswith("node3: low free disk: /tmp has 32 MiB free of 32 MiB, less than 1.0 GiB")
+    assert "/ has" not in disk.message  # the root file system has room: only /tmp is named
+    clock = results["time.sync"]
+    assert clock.status is Status.FAIL and "chronyd does not answer (506 Cannot talk to daemon)" in clock.message
+    assert "systemctl enable --now chrony" in clock.remediation
+    # On one node a stopped chrony is a warning, as an unsynchronized clock is.
+    alone = by_name(recorded_node("facts-node3-shm-tmp-chrony.json", cluster_size=1))["time.sync"]
+    assert alone.status is Status.WARN
+
+
+def test_shm_between_the_failure_and_the_recommended_size_warns():
+    facts = recorded_node("facts-node3-shm-tmp-chrony.json")
+    half = 512 << 20
+    facts.shm = type(facts.shm)("/dev/shm", half, half)
+    result = by_name(facts)["shm.size"]
+    assert result.status is Status.WARN and "0.50 GiB, less than 1 GiB" in result.message

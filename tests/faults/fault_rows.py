@@ -1,0 +1,226 @@
+"""The fault table: one row per fault the suite puts on the 3-node test cluster, with what `clustercheck run` must
+answer. Pure data (no Docker, no SSH): test_faults.py injects and asserts each row, scripts/faults_docs.py renders
+docs/faults.md from these rows and the suite's recorded results, and test_faults_doc.py keeps the two equal.
+
+`check` is the check that must FAIL (or ERROR) and `where` the node (or "A -> B" pair, or "cluster") it names,
+`node` the node the fault is on when `where` is not that node: every other node's results must pass;
+`cause` is a regular expression the first line of its message must match; `deadline` the seconds within which the
+verdict must come: from the start of the run for a fault put on before it, from the moment of the fault for one
+made mid-run (a killed rank, a frozen node, Ctrl-C). `args` are the run's options beside --hosts: the stages and
+timeouts that make each row quick.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from clustercheck.exitcodes import ExitCode
+
+CORE = ("--only", "core", "--skip", "local.*")
+DDP = ("--only", "ddp", "--skip", "local.*", "--nproc-per-node", "1")
+
+
+@dataclass(frozen=True)
+class Fault:
+    id: str
+    fault: str  # what is wrong, as an operator would say it
+    injection: str  # how the suite makes it happen, for real, on the node
+    exit_code: int
+    check: str  # the check that says so ("" when the run is interrupted and no report is written)
+    where: str  # the node, the pair ("A -> B"), or "cluster"
+    cause: str  # regular expression for the first line of what clustercheck said
+    deadline: float  # seconds to the verdict
+    args: tuple[str, ...] = ()
+    mid_run: bool = False  # timed from the fault, not from the start of the run
+    node: str = ""  # the node the fault is on, where `where` does not say ("all": every node)
+
+    @property
+    def faulty(self) -> str:
+        return self.node or self.where
+
+
+ROWS = [
+    Fault(
+        "node-down",
+        "a node is down",
+        "`docker kill` of node2's container (powered off); started again afterwards",
+        ExitCode.CHECK_FAILED,
+        "connect",
+        "node2",
+        r"^node2\b.*unreachable",
+        45,
+        ("--skip", "local.*", "--connect-timeout", "3"),
+    ),
+    Fault(
+        "sshd-hung",
+        "sshd does not answer on one node",
+        "node2's sshd listener stopped with SIGSTOP: TCP connects, no SSH banner comes",
+        ExitCode.CHECK_FAILED,
+        "connect",
+        "node2",
+        r"^node2\b.*sent no SSH banner",
+        45,
+        (*CORE, "--connect-timeout", "3"),
+    ),
+    Fault(
+        "key-refused",
+        "the SSH key is refused on one node",
+        "node2's /root/.ssh/authorized_keys moved away",
+        ExitCode.CHECK_FAILED,
+        "connect",
+        "node2",
+        r"^node2\b.*authentication failed",
+        45,
+        CORE,
+    ),
+    Fault(
+        "host-key-changed",
+        "a node's host key changed",
+        "node2's SSH host keys regenerated (ssh-keygen -A, sshd restarted), as on a reinstalled node",
+        ExitCode.USAGE_ERROR,
+        "connect",
+        "node2",
+        r"^node2: HOST KEY CHANGED",
+        45,
+        (*CORE, "--accept-new-host-keys"),
+    ),
+    Fault(
+        "firewall",
+        "one node's firewall drops all cluster traffic",
+        "iptables on node3: every packet from the other nodes dropped except SSH",
+        ExitCode.CHECK_FAILED,
+        "network.tcp",
+        "node1 -> node3",
+        r"^node1 -> node3\b.*firewall",
+        120,
+        ("--skip", "local.*", "--only", "network"),
+        node="node3",
+    ),
+    Fault(
+        "hostname-loopback",
+        "a node's hostname maps to 127.0.1.1",
+        "node2's /etc/hosts line for node2 rewritten to 127.0.1.1 (in place)",
+        ExitCode.CHECK_FAILED,
+        "hostname.resolve",
+        "node2",
+        r"^node2: hostname node2 resolves only to loopback \(127\.0\.1\.1\)",
+        45,
+        CORE,
+    ),
+    Fault(
+        "torch-version",
+        "torch at another version on one node",
+        "node3's torch/version.py relabelled 2.12.0+cpu",
+        ExitCode.CHECK_FAILED,
+        "consistency.torch",
+        "cluster",
+        r"^torch version differs: node3 has 2\.12\.0\+cpu",
+        45,
+        CORE,
+        node="node3",
+    ),
+    Fault(
+        "rank-killed",
+        "a rank is killed mid-DDP",
+        "`kill -9` of node2's DDP rank while the DDP job runs",
+        ExitCode.CHECK_FAILED,
+        "ddp_equivalence",
+        "cluster",
+        r"torchrun failed on node2 first",
+        45,
+        mid_run=True,
+        node="node2",
+    ),
+    Fault(
+        "ddp-divergence",
+        "DDP diverges on one rank",
+        "a module in node3's torch environment makes SGD's learning rate 10% larger in its ranks",
+        ExitCode.CHECK_FAILED,
+        "ddp_equivalence",
+        "cluster",
+        r"rank 2 \(node3\)",
+        180,
+        (*DDP, "--master-port", "29671"),
+        node="node3",
+    ),
+    Fault(
+        "chrony-stopped",
+        "chrony stopped on one node",
+        "`systemctl stop chrony` on node2 (the setup playbook's chrony, node1 serving the others)",
+        ExitCode.CHECK_FAILED,
+        "time.sync",
+        "node2",
+        r"^node2: the clock is not synchronized: chronyd does not answer",
+        45,
+        CORE,
+    ),
+    Fault(
+        "shm-64m",
+        "/dev/shm of 64 MiB on one node",
+        "node3's /dev/shm remounted with size=64m (root in the node's mount namespace)",
+        ExitCode.CHECK_FAILED,
+        "shm.size",
+        "node3",
+        r"^node3: /dev/shm is 64 MiB, less than 256 MiB",
+        45,
+        CORE,
+    ),
+    Fault(
+        "tmp-small",
+        "a node short of disk in its temporary directory",
+        "a 32 MiB tmpfs mounted on node3's /tmp (root in the node's mount namespace)",
+        ExitCode.CHECK_FAILED,
+        "disk.free",
+        "node3",
+        r"^node3: low free disk: /tmp has \d+ MiB free of 32 MiB",
+        45,
+        CORE,
+    ),
+    Fault(
+        "node-frozen",
+        "a node freezes mid-run",
+        "`docker pause` of node2 while the DDP job runs; unpaused after the verdict",
+        ExitCode.CHECK_FAILED,
+        "ddp_equivalence",
+        "cluster",
+        r"node node2 stopped making progress at step \d+ .*its SSH connection does not answer",
+        110,
+        mid_run=True,
+        node="node2",
+    ),
+    Fault(
+        "package-version",
+        "a package at another version on one node",
+        "node2's mpmath relabelled 0.0.1 (its METADATA edited)",
+        ExitCode.CHECK_FAILED,
+        "consistency.packages",
+        "cluster",
+        r"^1 package\(s\) differ between nodes: mpmath: node2 has 0\.0\.1, the others ",
+        45,
+        CORE,
+        node="node2",
+    ),
+    Fault(
+        "ctrl-c",
+        "Ctrl-C during the DDP stage",
+        "SIGINT to clustercheck while the DDP job runs on every node",
+        ExitCode.INTERRUPTED,
+        "",
+        "cluster",
+        r"^clustercheck: interrupted",
+        30,
+        mid_run=True,
+    ),
+    Fault(
+        "gpus-missing",
+        "the inventory expects one GPU per node on nodes without GPUs",
+        "`gpus_per_node=1` in the inventory's [all:vars]",
+        ExitCode.CHECK_FAILED,
+        "gpu.count",
+        "node1",
+        r"^node1: 1 GPU\(s\) expected, but nvidia-smi does not answer",
+        45,
+        CORE,
+        node="all",
+    ),
+]

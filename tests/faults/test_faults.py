@@ -1,0 +1,520 @@
+"""The fault suite: every row of rows.ROWS put on the 3-node test cluster for real (through Docker, or as root on
+the node: never through clustercheck's own code), `clustercheck run` run as a user runs it, and the contract
+asserted: the exit code, a FAIL or ERROR naming the node or pair and the cause, its fix, the other nodes' results
+kept, the verdict within the row's deadline, and nothing of clustercheck's left on any node.
+
+The rows run one after the other on the session cluster after the setup playbook (as users run clustercheck: after
+site.yml), with torch in every node's environment; each restores its node before the next. What each row saw is
+recorded in tests/faults/last-run.json, from which scripts/faults_docs.py renders docs/faults.md.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import re
+import signal
+import subprocess
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from fault_rows import ROWS, Fault
+from harness import (
+    DDP_RANKS,
+    LEFTOVERS,
+    PYTHON,
+    clustercheck_command,
+    leftovers,
+    long_ddp_job,
+    ssh_client,
+    ssh_run,
+    torch_fault_on_node,
+)
+
+pytestmark = pytest.mark.cluster
+RESULTS = Path(__file__).parent / "last-run.json"
+FAILED = ("FAIL", "ERROR")
+
+
+@dataclass
+class Verdict:
+    """What one run of clustercheck answered, and how long it took to (from the start, or from a mid-run fault)."""
+
+    returncode: int
+    stdout: str
+    stderr: str
+    seconds: float
+
+    @property
+    def report(self) -> dict | None:
+        try:
+            return json.loads(self.stdout)
+        except ValueError:
+            return None
+
+
+@pytest.fixture(scope="module")
+def fault_cluster(converged_cluster, torch_cluster):
+    """The session cluster as users check it: after site.yml (chrony, /etc/hosts, ufw, SSH trust), torch installed."""
+    return torch_cluster
+
+
+INJECT: dict[str, Callable] = {}
+
+
+def injects(row_id: str):
+    def register(function):
+        INJECT[row_id] = function
+        return function
+
+    return register
+
+
+@pytest.mark.parametrize("row", ROWS, ids=[r.id for r in ROWS])
+def test_fault(row: Fault, fault_cluster, tmp_path):
+    verdict = INJECT[row.id](fault_cluster, tmp_path, row)
+    said = _assert_contract(row, verdict, fault_cluster)
+    assert leftovers(fault_cluster) == {}, "clustercheck left processes or work directories on a node"
+    _record(row, verdict, said)
+
+
+def test_every_row_has_an_injection():
+    assert sorted(INJECT) == sorted(r.id for r in ROWS)
+
+
+# ------------------------------------------------------------------------------------------- the contract
+
+
+def _assert_contract(row: Fault, verdict: Verdict, cluster) -> str:
+    """The row's contract on VERDICT; returns the first line of what clustercheck said."""
+    output = verdict.stderr[-3000:]
+    assert verdict.returncode == row.exit_code, f"exit {verdict.returncode}, expected {row.exit_code}:\n{output}"
+    assert "Traceback" not in verdict.stderr, output
+    assert verdict.seconds <= row.deadline, f"the verdict took {verdict.seconds:.1f} s (deadline {row.deadline} s)"
+    if not row.check:  # interrupted: no report, the closing line says so
+        said = next((ln for ln in verdict.stderr.splitlines() if ln.startswith("clustercheck: interrupted")), "")
+        assert re.search(row.cause, said), output
+        return said
+    report = verdict.report
+    assert report is not None, f"no JSON report:\n{output}"
+    finding = _finding(report, row)
+    said = finding["message"].splitlines()[0]
+    assert re.search(row.cause, said), f"{said!r} does not match {row.cause!r}"
+    assert finding["remediation"], f"{row.check} gives no fix: {finding}"
+    for node in cluster.nodes:  # the other nodes' results are kept, and pass
+        if row.faulty in ("all", node.name):
+            continue
+        theirs = [c for c in report["checks"] if c["host"] == node.name]
+        assert any(c["name"] == "connect" and c["status"] == "PASS" for c in theirs), f"{node.name}: {theirs[:3]}"
+        failed = [
+            f"{c['name']}: {c['message']}"
+            for c in theirs
+            if c["status"] in FAILED and not (c["name"] == row.check and row.faulty in c["message"])
+        ]
+        assert not failed, f"{node.name} has no fault, yet: {failed}"
+    return said
+
+
+def _finding(report: dict, row: Fault) -> dict:
+    """The FAIL or ERROR of ROW's check that names ROW's node, pair or the cluster."""
+    for c in report["checks"]:
+        if c["name"] != row.check or c["status"] not in FAILED:
+            continue
+        data = c.get("data") or {}
+        if (
+            c["host"] == row.where
+            or (row.where == "cluster" and c["host"] is None)
+            or f"{data.get('from')} -> {data.get('to')}" == row.where
+        ):
+            return c
+    found = [(c["name"], c["host"], c["status"], c["message"][:200]) for c in report["checks"] if c["status"] in FAILED]
+    raise AssertionError(f"no {row.check} FAIL for {row.where}; failures: {found}")
+
+
+def _record(row: Fault, verdict: Verdict, said: str) -> None:
+    """ROW's observation into last-run.json (rows run alone update their own entry)."""
+    try:
+        recorded = json.loads(RESULTS.read_text())
+    except (OSError, ValueError):
+        recorded = {}
+    recorded[row.id] = {
+        "said": said,
+        "exit_code": verdict.returncode,
+        "seconds": round(verdict.seconds, 1),
+        "recorded_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+    }
+    RESULTS.write_text(json.dumps(recorded, indent=2, sort_keys=True) + "\n")
+
+
+# ------------------------------------------------------------------------------------------- running clustercheck
+
+
+def run(cluster, tmp_path: Path, row: Fault, *extra: str, command: list[str] | None = None) -> Verdict:
+    """`clustercheck run ROW.args EXTRA --format json` as a user runs it, timed from its start."""
+    command = command or clustercheck_command(cluster, tmp_path, *row.args, *extra, "--format", "json")
+    started = time.monotonic()
+    proc = subprocess.run(command, capture_output=True, text=True, timeout=row.deadline + 120)
+    return Verdict(proc.returncode, proc.stdout, proc.stderr, time.monotonic() - started)
+
+
+def docker(*args: str, check: bool = True) -> str:
+    proc = subprocess.run(["docker", *args], capture_output=True, text=True, timeout=120)
+    assert not check or proc.returncode == 0, f"docker {' '.join(args)}: {proc.stderr}"
+    return proc.stdout
+
+
+def on_node(node, script: str, check: bool = True, input: str | None = None) -> str:
+    """SCRIPT as root on NODE, through Docker (works whatever state its sshd is in)."""
+    proc = subprocess.run(
+        ["docker", "exec", "-i", node.container, "sh", "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        input=input or "",
+    )
+    assert not check or proc.returncode == 0, f"{node.name}: {script}: {proc.stdout}{proc.stderr}"
+    return proc.stdout
+
+
+def in_mount_namespace(node, *argv: str) -> None:
+    """ARGV as root in NODE's mount namespace, with the capabilities root has on a real machine (mount): what an
+    unprivileged container's own root may not do."""
+    pid = docker("inspect", "--format", "{{.State.Pid}}", node.container).strip()
+    proc = subprocess.run(["nsenter", "--target", pid, "--mount", "--", *argv], capture_output=True, text=True)
+    assert proc.returncode == 0, f"{node.name}: {' '.join(argv)}: {proc.stderr}"
+
+
+def wait_for_ssh(cluster, node, seconds: float = 90) -> None:
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            with ssh_client(cluster, node) as client:
+                if ssh_run(client, "hostname", timeout=20)[1].strip() == node.name:
+                    return
+        except Exception:
+            if time.monotonic() > deadline:
+                raise
+        time.sleep(1)
+
+
+def checks(verdict: Verdict) -> dict[tuple[str, str | None], dict]:
+    return {(c["name"], c["host"]): c for c in verdict.report["checks"]}
+
+
+# ------------------------------------------------------------------------------------------- the rows
+
+
+@injects("node-down")
+def node_down(cluster, tmp_path, row):
+    node2 = cluster.node("node2")
+    hosts = on_node(node2, "cat /etc/hosts")  # Docker writes its own at start: the playbook's entries come back
+    docker("kill", node2.container)
+    try:
+        verdict = run(cluster, tmp_path, row)
+    finally:
+        docker("start", node2.container)
+        on_node(node2, "cat > /etc/hosts", input=hosts)  # in place: Docker bind-mounts it
+        on_node(node2, "systemctl reset-failed ssh; systemctl start ssh", check=False)
+        wait_for_ssh(cluster, node2)
+    found = checks(verdict)
+    for name in ("node1", "node3"):
+        assert found[("facts", name)]["status"] == "PASS"
+        assert found[("torch.import", name)]["status"] == "PASS"
+    assert found[("consistency.torch", None)]["status"] == "PASS"  # compared over the nodes that answered
+    for name in ("network.tcp", "allreduce", "ddp_equivalence"):  # no multi-node job without every node
+        skipped = found[(name, None)]
+        assert skipped["status"] == "SKIP" and "node2: not reached" in skipped["message"], skipped
+    return verdict
+
+
+@injects("sshd-hung")
+def sshd_hung(cluster, tmp_path, row):
+    node2 = cluster.node("node2")
+    on_node(node2, "kill -STOP $(cat /run/sshd.pid)")
+    try:
+        verdict = run(cluster, tmp_path, row)
+    finally:
+        on_node(node2, "kill -CONT $(cat /run/sshd.pid)")
+    assert ("facts", "node2") not in checks(verdict)
+    return verdict
+
+
+@injects("key-refused")
+def key_refused(cluster, tmp_path, row):
+    node2 = cluster.node("node2")
+    on_node(node2, "mv /root/.ssh/authorized_keys /root/.ssh/authorized_keys.faults")
+    try:
+        verdict = run(cluster, tmp_path, row)
+    finally:
+        on_node(node2, "mv /root/.ssh/authorized_keys.faults /root/.ssh/authorized_keys")
+    return verdict
+
+
+@injects("host-key-changed")
+def host_key_changed(cluster, tmp_path, row):
+    node2 = cluster.node("node2")
+    restart = "systemctl reset-failed ssh; systemctl restart ssh"
+    on_node(
+        node2,
+        f"mkdir -p /root/hostkeys.faults && mv /etc/ssh/ssh_host_* /root/hostkeys.faults/ && "
+        f"ssh-keygen -A >/dev/null && {restart}",
+    )
+    try:
+        # --accept-new-host-keys: new keys may be recorded, a changed one never is.
+        known_hosts = Path(cluster.known_hosts)
+        before = known_hosts.read_text()
+        verdict = run(cluster, tmp_path, row, "--known-hosts", cluster.known_hosts)
+        assert known_hosts.read_text() == before
+    finally:
+        on_node(
+            node2,
+            f"rm -f /etc/ssh/ssh_host_* && mv /root/hostkeys.faults/* /etc/ssh/ && "
+            f"rmdir /root/hostkeys.faults && {restart}",
+        )
+        wait_for_ssh(cluster, node2)
+    connect = checks(verdict)[("connect", "node2")]
+    assert connect["data"]["host_key"] and "SHA256:" in connect["message"]
+    assert ("facts", "node2") not in checks(verdict)  # nothing ran on a host we could not authenticate
+    return verdict
+
+
+CHAIN = "CLUSTERCHECK-FAULTS"
+
+
+@injects("firewall")
+def firewall(cluster, tmp_path, row):
+    node3 = cluster.node("node3")
+    sources = ",".join(n.address for n in cluster.nodes if n.name != "node3")
+    on_node(
+        node3,
+        "command -v iptables >/dev/null || (apt-get update -qq && "
+        "DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends iptables >/dev/null)",
+    )
+    on_node(
+        node3,
+        f"iptables -N {CHAIN} && iptables -I INPUT -j {CHAIN} && "
+        f"iptables -A {CHAIN} -s {sources} -p tcp ! --dport 22 -j DROP && "
+        f"iptables -A {CHAIN} -s {sources} ! -p tcp -j DROP",
+    )
+    try:
+        verdict = run(cluster, tmp_path, row, "--master-port", "29651")
+    finally:
+        on_node(node3, f"iptables -D INPUT -j {CHAIN}; iptables -F {CHAIN}; iptables -X {CHAIN}", check=False)
+    assert CHAIN not in on_node(node3, "iptables -S")  # restored
+    failures = [c for c in verdict.report["checks"] if c["name"] == "network.tcp" and c["status"] == "FAIL"]
+    # Every pair with node3, both ways (its replies are dropped too), and no other pair.
+    pairs = [("node1", "node3"), ("node2", "node3"), ("node3", "node1"), ("node3", "node2")]
+    assert sorted((c["data"]["from"], c["data"]["to"]) for c in failures) == pairs
+    for c in failures:
+        assert c["message"].startswith(f"{c['data']['from']} -> {c['data']['to']}") and c["data"]["cause"] == "firewall"
+    assert "no node reaches node3" in _finding(verdict.report, row)["message"]
+    for node in cluster.nodes:  # no torchrun was started anywhere: no command, no log came back
+        host_dir = tmp_path / "run" / "hosts" / node.name
+        assert (host_dir / "network.json").exists()
+        assert not list(host_dir.glob("*.command")) and not (host_dir / "collectives").exists()
+    return verdict
+
+
+@injects("hostname-loopback")
+def hostname_loopback(cluster, tmp_path, row):
+    node2 = cluster.node("node2")
+    # Docker bind-mounts /etc/hosts: rewritten in place, never replaced.
+    on_node(
+        node2,
+        "cp /etc/hosts /root/hosts.faults && "
+        "sed 's/^[0-9.]*\\([[:space:]].*\\bnode2\\b\\)/127.0.1.1\\1/' /root/hosts.faults > /etc/hosts",
+    )
+    assert "127.0.1.1" in on_node(node2, "getent hosts node2")
+    try:
+        verdict = run(cluster, tmp_path, row)
+    finally:
+        on_node(node2, "cat /root/hosts.faults > /etc/hosts && rm /root/hosts.faults")
+    assert "127.0.1.1" not in on_node(node2, "getent hosts node2")
+    return verdict
+
+
+@injects("torch-version")
+def torch_version(cluster, tmp_path, row):
+    """node3's torch is relabelled 2.12.0 (torch/version.py edited, the build itself unchanged)."""
+    node3 = cluster.node("node3")
+    torch_dir = on_node(node3, f"{PYTHON} -c 'import torch, os; print(os.path.dirname(torch.__file__))'").strip()
+    version_py = f"{torch_dir}/version.py"
+    # The label changes, not its length: drop the bytecode so Python cannot reuse a stale copy.
+    no_pyc = f"rm -f {torch_dir}/__pycache__/version.*.pyc"
+    on_node(
+        node3, f"cp -p {version_py} {version_py}.orig && sed -i 's/2\\.13\\.0+cpu/2.12.0+cpu/' {version_py} && {no_pyc}"
+    )
+    try:
+        verdict = run(cluster, tmp_path, row)
+    finally:
+        on_node(node3, f"mv {version_py}.orig {version_py} && {no_pyc}")
+    assert on_node(node3, f"{PYTHON} -c 'import torch; print(torch.__version__)'").strip() == "2.13.0+cpu"
+    result = checks(verdict)[("consistency.torch", None)]
+    assert result["message"] == "torch version differs: node3 has 2.12.0+cpu, where the other 2 node(s) have 2.13.0+cpu"
+    assert result["data"]["differ"] == ["node3"]
+    assert "NOT READY" in verdict.stderr
+    return verdict
+
+
+@injects("rank-killed")
+def rank_killed(cluster, tmp_path, row):
+    timeout = 150
+    with long_ddp_job(cluster, tmp_path, 29661, timeout) as (proc, clients):
+        killed_at = time.monotonic()
+        _, out = ssh_run(clients["node2"], f"for p in $({DDP_RANKS}); do kill -9 $p && echo killed $p; done")
+        assert "killed" in out, out
+        stdout, stderr = proc.communicate(timeout=timeout + 60)
+        verdict = Verdict(proc.returncode, stdout, stderr, time.monotonic() - killed_at)
+    ddp = checks(verdict)[("ddp_equivalence", None)]
+    assert ddp["data"]["first_failed_node"] == "node2", ddp
+    assert "every node's job was stopped" in ddp["message"]
+    assert ddp["data"]["error_lines"]
+    return verdict
+
+
+@injects("ddp-divergence")
+def ddp_divergence(cluster, tmp_path, row):
+    """node3's torch environment trains with a 10% larger learning rate (a module loaded at interpreter start from
+    its site-packages, as a patched or broken library would be): seen only by the ranks on node3."""
+    with torch_fault_on_node(cluster, cluster.node("node3"), "lr"):
+        verdict = run(cluster, tmp_path, row)
+    found = checks(verdict)
+    ddp = found[("ddp_equivalence", None)]
+    assert ddp["data"]["world_size"] == 3 and ddp["data"]["backend"] == "gloo"
+    assert ddp["data"]["max_abs_param_diff"] > 1e-6
+    assert found[("network.tcp", None)]["status"] == "SKIP"  # --only ddp
+    return verdict
+
+
+@injects("chrony-stopped")
+def chrony_stopped(cluster, tmp_path, row):
+    node2 = cluster.node("node2")
+    on_node(node2, "systemctl stop chrony")
+    try:
+        verdict = run(cluster, tmp_path, row)
+    finally:
+        on_node(node2, "systemctl start chrony")
+    return verdict
+
+
+@injects("shm-64m")
+def shm_64m(cluster, tmp_path, row):
+    node3 = cluster.node("node3")
+    in_mount_namespace(node3, "mount", "-o", "remount,size=64m", "/dev/shm")
+    try:
+        verdict = run(cluster, tmp_path, row)
+    finally:
+        in_mount_namespace(node3, "mount", "-o", "remount,size=1g", "/dev/shm")
+    assert checks(verdict)[("shm.size", "node3")]["data"]["total_bytes"] == 64 << 20
+    return verdict
+
+
+@injects("tmp-small")
+def tmp_small(cluster, tmp_path, row):
+    node3 = cluster.node("node3")
+    in_mount_namespace(node3, "mount", "-t", "tmpfs", "-o", "size=32m,mode=1777", "tmpfs", "/tmp")
+    try:
+        verdict = run(cluster, tmp_path, row)
+    finally:
+        in_mount_namespace(node3, "umount", "/tmp")
+    return verdict
+
+
+STALL = 30  # --stall-timeout: a rank's start on a busy 2-core machine can go 20 s without a heartbeat
+DDP_DEADLINE = 90  # --timeout: the DDP job's deadline (its start on a busy machine included)
+# What a node keeps running of clustercheck's (LEFTOVERS without the work directory, which only a later run or the
+# operator removes from a node that could not be reached).
+PROCESSES = LEFTOVERS.replace("ls -d /tmp/clustercheck-* 2>/dev/null; ", "")
+NODE_GRACE, KILL_AFTER = 30, 10  # transport's: how long after its deadline a command on a node ends by itself
+
+
+@injects("node-frozen")
+def node_frozen(cluster, tmp_path, row):
+    """node2 frozen during the DDP job (its container paused, as a machine that stops answering): named alone by the
+    progress watchdog, the other nodes cleaned up, and nothing of clustercheck's left running on node2 once it is
+    back and its job's deadline has passed."""
+    node2 = cluster.node("node2")
+    extra = ("--stall-timeout", str(STALL))
+    with long_ddp_job(cluster, tmp_path, 29701, DDP_DEADLINE, *extra) as (proc, clients):
+        time.sleep(6)  # a heartbeat poll (every 5 s) has seen node2's ranks train
+        docker("pause", node2.container)
+        frozen_at = time.monotonic()
+        try:
+            stdout, stderr = proc.communicate(timeout=300)
+            verdict = Verdict(proc.returncode, stdout, stderr, time.monotonic() - frozen_at)
+        finally:
+            docker("unpause", node2.container, check=False)
+        others = {
+            name: ssh_run(client, PROCESSES + "; ls -d /tmp/clustercheck-* 2>/dev/null; true", timeout=60)[1]
+            for name, client in clients.items()
+            if name != "node2"
+        }
+    ddp = checks(verdict)[("ddp_equivalence", None)]
+    assert ddp["data"]["stalled_nodes"] == ["node2"], ddp["message"]
+    assert ddp["data"]["progress"]["node2"]["last_seen_s"] < STALL + 10, ddp["message"]
+    assert "node1" not in ddp["message"].split("; the other nodes")[0]
+    assert "could not stop the processes started on node2" in stderr, stderr[-2000:]
+    assert "node1" not in stderr.split("could not stop")[-1] and "node3" not in stderr.split("could not stop")[-1]
+    assert others == {"node1": "", "node3": ""}  # the nodes that answered were cleaned up, work directories too
+
+    # node2 is back: what clustercheck started there ends by itself once the job's deadline (and its grace) passed.
+    with ssh_client(cluster, node2) as client:
+        try:
+            deadline = frozen_at + DDP_DEADLINE + NODE_GRACE + KILL_AFTER + 30
+            left = ssh_run(client, PROCESSES, timeout=60)[1].strip()
+            while left and time.monotonic() < deadline:
+                time.sleep(2)
+                left = ssh_run(client, PROCESSES, timeout=60)[1].strip()
+            assert left == "", f"still running on node2 after the job's deadline:\n{left}"
+        finally:
+            ssh_run(client, "rm -rf /tmp/clustercheck-*")  # the work directory no one could remove
+    return verdict
+
+
+DRIFTED = "mpmath"  # a dependency of torch, installed on every node of the torch environment
+
+
+@injects("package-version")
+def package_version(cluster, tmp_path, row):
+    node2 = cluster.node("node2")
+    locate = f"from importlib import metadata; d = metadata.distribution('{DRIFTED}'); print(d._path, d.version)"
+    path, version = on_node(node2, f'{PYTHON} -c "{locate}"').split()
+    metadata = f"{path}/METADATA"
+    on_node(node2, f"cp -p {metadata} {metadata}.orig && sed -i 's/^Version: .*/Version: 0.0.1/' {metadata}")
+    try:
+        verdict = run(cluster, tmp_path, row)
+    finally:
+        on_node(node2, f"mv {metadata}.orig {metadata}")
+    drift = checks(verdict)[("consistency.packages", None)]
+    assert f"{DRIFTED}: node2 has 0.0.1, the others {version}" in drift["message"]
+    assert (tmp_path / "run" / "hosts" / "node2" / "packages.txt").read_text().count(f"{DRIFTED}==0.0.1") == 1
+    assert f"{DRIFTED}=={version}" in (tmp_path / "run" / "hosts" / "node1" / "packages.txt").read_text()
+    return verdict
+
+
+@injects("ctrl-c")
+def ctrl_c(cluster, tmp_path, row):
+    with long_ddp_job(cluster, tmp_path, 29681, 150) as (proc, _):
+        proc.send_signal(signal.SIGINT)
+        sent = time.monotonic()
+        stdout, stderr = proc.communicate(timeout=90)
+        return Verdict(proc.returncode, stdout, stderr, time.monotonic() - sent)
+
+
+@injects("gpus-missing")
+def gpus_missing(cluster, tmp_path, row):
+    inventory = tmp_path / "inventory.ini"
+    inventory.write_text(Path(cluster.inventory).read_text().replace("[all:vars]\n", "[all:vars]\ngpus_per_node=1\n"))
+    command = clustercheck_command(cluster, tmp_path, *row.args, "--format", "json")
+    command[command.index(cluster.inventory)] = str(inventory)
+    verdict = run(cluster, tmp_path, row, command=command)
+    found = checks(verdict)
+    for node in cluster.nodes:  # every node is named, each with the fix
+        count = found[("gpu.count", node.name)]
+        assert count["status"] == "FAIL" and "1 GPU(s) expected" in count["message"], count
+        assert count["remediation"]
+        assert found[("torch.import", node.name)]["status"] == "PASS"  # the rest of each node's results are kept
+    return verdict
