@@ -26,6 +26,7 @@ from harness import (
     DDP_RANKS,
     LEFTOVERS,
     PYTHON,
+    clustercheck,
     clustercheck_command,
     leftovers,
     long_ddp_job,
@@ -469,8 +470,18 @@ def node_frozen(cluster, tmp_path, row):
                 time.sleep(2)
                 left = ssh_run(client, PROCESSES, timeout=60)[1].strip()
             assert left == "", f"still running on node2 after the job's deadline:\n{left}"
+            # Its work directory is left: the next run removes it once the frozen run's recorded deadline passed,
+            # and says so.
+            workdir = f"/tmp/clustercheck-{json.loads(verdict.stdout)['run_id']}"
+            until = int(ssh_run(client, f"cat {workdir}/.until", timeout=60)[1].strip())
+            time.sleep(max(0.0, until - time.time() + 1))  # the nodes share this machine's clock
+            (tmp_path / "next").mkdir()
+            after = clustercheck(cluster, tmp_path / "next", "--only", "core", "--skip", "local.*", "--format", "json")
+            found = {(c["name"], c["host"]): c for c in json.loads(after.stdout)["checks"]}[("leftovers", "node2")]
+            assert found["status"] == "WARN" and workdir in found["message"], found
+            assert ssh_run(client, f"ls -d {workdir} 2>/dev/null; true", timeout=60)[1].strip() == ""
         finally:
-            ssh_run(client, "rm -rf /tmp/clustercheck-*")  # the work directory no one could remove
+            ssh_run(client, "rm -rf /tmp/clustercheck-*")  # whatever a failed assertion left
     return verdict
 
 
