@@ -87,10 +87,6 @@ def reference(nodes: common.Nodes, commands: dict[str, str]) -> dict:
 
 
 def main() -> int:
-    return common.run("busbw", measure_and_report)
-
-
-def measure_and_report() -> int:
     args = common.parser(__doc__.split("\n\n")[0], rounds=7).parse_args()
     doc: dict = {"benchmark": "busbw", "machine": common.machine(), "pairs": []}
     with common.torch_nodes(args) as nodes, tempfile.TemporaryDirectory(prefix="busbw-bench-") as tmp:
@@ -98,29 +94,27 @@ def measure_and_report() -> int:
         for node in nodes.nodes:
             common.put(node, (HERE / "allreduce_reference.py").read_bytes(), REF_SCRIPT)
         commands: dict[str, str] = {}
-        for i in range(args.rounds):
-            pair: dict = {}
-            order = ("clustercheck", "reference") if i % 2 == 0 or not commands else ("reference", "clustercheck")
-            for side in order:
-                if side == "clustercheck":
-                    cc = clustercheck_busbw(nodes, Path(tmp) / f"run-{i}")
-                    if not commands:
-                        sizes = [r["bytes"] for r in cc["rows"]]
-                        counts = (cc["warmup"], cc["iters"], cc["backend"])
-                        commands = reference_commands(cc["commands"], sizes, *counts)
-                        doc.update(ranks=cc["ranks"], backend=cc["backend"], warmup=cc["warmup"], iters=cc["iters"])
-                        doc["reference_commands"] = commands
-                    pair["clustercheck"] = {r["bytes"]: r["busbw_gbps"] for r in cc["rows"]}
-                else:
-                    ref = reference(nodes, commands)
-                    pair["reference"] = {r["bytes"]: r["busbw_gbps"] for r in ref["rows"]}
-                    pair["reference_slowest_rank"] = {r["bytes"]: r["busbw_slowest_rank_gbps"] for r in ref["rows"]}
-            pair["ratio"] = {s: pair["clustercheck"][s] / pair["reference"][s] for s in pair["clustercheck"]}
-            pair["ratio_slowest_rank"] = {
-                s: pair["clustercheck"][s] / pair["reference_slowest_rank"][s] for s in pair["clustercheck"]
+
+        def clustercheck_side(i: int) -> dict:
+            cc = clustercheck_busbw(nodes, Path(tmp) / f"run-{i}")
+            if not commands:
+                sizes = [r["bytes"] for r in cc["rows"]]
+                commands.update(reference_commands(cc["commands"], sizes, cc["warmup"], cc["iters"], cc["backend"]))
+                doc.update(ranks=cc["ranks"], backend=cc["backend"], warmup=cc["warmup"], iters=cc["iters"])
+                doc["reference_commands"] = commands
+            return {"clustercheck": {r["bytes"]: r["busbw_gbps"] for r in cc["rows"]}}
+
+        def reference_side(i: int) -> dict:
+            rows = reference(nodes, commands)["rows"]
+            return {
+                "reference": {r["bytes"]: r["busbw_gbps"] for r in rows},
+                "reference_slowest_rank": {r["bytes"]: r["busbw_slowest_rank_gbps"] for r in rows},
             }
-            pair["load_average"] = common.machine()["load_average"]
-            say(f"pair {i + 1} ({' first, '.join(order)} second): " + _row(pair["ratio"]))
+
+        for i, pair in enumerate(common.pairs(args.rounds, clustercheck_side, "reference", reference_side)):
+            for ratio, reference_key in (("ratio", "reference"), ("ratio_slowest_rank", "reference_slowest_rank")):
+                pair[ratio] = {s: pair["clustercheck"][s] / pair[reference_key][s] for s in pair["clustercheck"]}
+            say(f"pair {i + 1} ({pair['order']}): " + _row(pair["ratio"]))
             doc["pairs"].append(pair)
         for node in nodes.nodes:
             common.ssh(node, f"rm -rf {REF_DIR}")
@@ -158,4 +152,4 @@ def _jsonable(value):
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(common.run("busbw", main))

@@ -26,7 +26,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -71,6 +71,24 @@ def parser(description: str, rounds: int, *, limit: bool = False, epilog: str | 
     p.add_argument("--reuse", action="store_true", help="use the test cluster already up under the same name")
     p.add_argument("--keep", action="store_true", help="leave the test cluster up afterwards")
     return p
+
+
+def pairs(
+    rounds: int, clustercheck: Callable[[int], dict], other_name: str, other: Callable[[int], dict]
+) -> Iterator[dict]:
+    """ROUNDS pairs of clustercheck's side and the OTHER side, alternating: clustercheck first in odd pairs (the
+    first one included: the other side may run the command line clustercheck recorded), the other first in even
+    ones. Every pair counts (no warm-up pair). Each pair is both sides' figures (each side is called with the
+    pair's index), its order and the load average after it."""
+    sides = {"clustercheck": clustercheck, other_name: other}
+    for i in range(rounds):
+        order = ("clustercheck", other_name) if i % 2 == 0 else (other_name, "clustercheck")
+        pair: dict = {}
+        for side in order:
+            pair.update(sides[side](i))
+        pair["order"] = " first, ".join(order) + " second"
+        pair["load_average"] = machine()["load_average"]
+        yield pair
 
 
 def machine() -> dict:

@@ -114,32 +114,25 @@ def by_hand(nodes: common.Nodes, commands: dict[str, str]) -> tuple[float, float
 
 
 def main() -> int:
-    return common.run("ddp_overhead", measure_and_report)
-
-
-def measure_and_report() -> int:
     args = common.parser(__doc__.split("\n\n")[0], rounds=7).parse_args()
     doc: dict = {"benchmark": "ddp_overhead", "machine": common.machine(), "pairs": []}
     with common.torch_nodes(args) as nodes, tempfile.TemporaryDirectory(prefix="ddp-bench-") as tmp:
         doc["nodes"] = [n.name for n in nodes.nodes]
         prepare_by_hand(nodes)
         commands: dict[str, str] = {}
-        for i in range(args.rounds):
-            pair: dict = {}
-            order = ("clustercheck", "by hand") if i % 2 == 0 or not commands else ("by hand", "clustercheck")
-            for side in order:
-                if side == "clustercheck":
-                    cc = clustercheck_ddp(nodes, Path(tmp) / f"run-{i}")
-                    commands = commands or by_hand_commands(cc["commands"])
-                    parts = ("stage", "before_jobs", "jobs", "after_jobs", "controller_cpu")
-                    pair.update({f"{k}_s": round(cc[k], 3) for k in parts})
-                    pair["run_s"] = round(cc["total"], 3)
-                else:
-                    seconds, used = by_hand(nodes, commands)
-                    pair.update(by_hand_s=round(seconds, 3), by_hand_cpu_s=round(used, 3))
+
+        def clustercheck_side(i: int) -> dict:
+            cc = clustercheck_ddp(nodes, Path(tmp) / f"run-{i}")
+            commands.update(commands or by_hand_commands(cc["commands"]))
+            parts = ("stage", "before_jobs", "jobs", "after_jobs", "controller_cpu")
+            return {**{f"{k}_s": round(cc[k], 3) for k in parts}, "run_s": round(cc["total"], 3)}
+
+        def by_hand_side(i: int) -> dict:
+            seconds, used = by_hand(nodes, commands)
+            return {"by_hand_s": round(seconds, 3), "by_hand_cpu_s": round(used, 3)}
+
+        for i, pair in enumerate(common.pairs(args.rounds, clustercheck_side, "by hand", by_hand_side)):
             pair["ratio"] = round(pair["stage_s"] / pair["by_hand_s"], 3)
-            pair["order"] = " first, ".join(order) + " second"
-            pair["load_average"] = common.machine()["load_average"]
             say(f"pair {i + 1}: {pair}")
             doc["pairs"].append(pair)
         doc["by_hand_commands"] = commands
@@ -171,4 +164,4 @@ def measure_and_report() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(common.run("ddp_overhead", main))

@@ -79,10 +79,6 @@ def report(result: dict, info: dict) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    return common.run("fanout", lambda: measure_and_report(argv))
-
-
-def measure_and_report(argv: list[str] | None) -> int:
     parser = common.parser(
         __doc__.split("\n\n")[0], rounds=5, limit=True, epilog="Arguments after -- go to clustercheck run."
     )
@@ -120,4 +116,4 @@ def measure_and_report(argv: list[str] | None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(common.run("fanout", main))

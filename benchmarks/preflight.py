@@ -116,10 +116,6 @@ def _cpu(figures: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    return common.run("preflight", lambda: measure_and_report(argv))
-
-
-def measure_and_report(argv: list[str] | None) -> int:
     parser = common.parser(__doc__.split("\n\n")[0], rounds=5, limit=True)
     args = parser.parse_args(argv)
     at_start = common.machine()
@@ -150,4 +146,4 @@ def measure_and_report(argv: list[str] | None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(common.run("preflight", main))

@@ -117,10 +117,6 @@ def report(doc: dict) -> None:
 
 
 def main() -> int:
-    return common.run("setup_idempotence", measure_and_report)
-
-
-def measure_and_report() -> int:
     p = common.parser(__doc__.split("\n\n")[0], rounds=3)
     p.add_argument("--os", choices=["ubuntu", "debian12"], default="ubuntu", help="the test nodes' OS (default ubuntu)")
     args = p.parse_args()
@@ -158,4 +154,4 @@ def measure_and_report() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(common.run("setup_idempotence", main))
