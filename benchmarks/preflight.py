@@ -48,7 +48,7 @@ def close_masters(control_dir: str) -> None:
 def measure(nodes: common.Nodes, names: list[str], rounds: int, label: str) -> dict:
     cpu = common.NodeCpu(nodes)
     env = {**os.environ, "ANSIBLE_HOST_KEY_CHECKING": "True", "ANSIBLE_NOCOLOR": "1"}
-    ansible = [ansible_exe(), "all", "-i", nodes.inventory, "--limit", nodes.limit(names), "-m", "setup"]
+    ansible = [ansible_exe(), "all", "-i", nodes.inventory, "--limit", ",".join(names), "-m", "setup"]
     samples: dict[str, list[common.Timing]] = {"clustercheck": [], "ansible": [], "ansible_warm": []}
     with tempfile.TemporaryDirectory(prefix="clustercheck-preflight-") as tmp:
         for round_ in range(rounds + 1):  # round 0 warms up and is not counted
