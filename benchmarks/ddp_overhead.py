@@ -123,7 +123,8 @@ def main() -> int:
 
         def clustercheck_side(i: int) -> dict:
             cc = clustercheck_ddp(nodes, Path(tmp) / f"run-{i}")
-            commands.update(commands or by_hand_commands(cc["commands"]))
+            if not commands:  # the first pair starts with clustercheck: its lines are the by-hand job's
+                commands.update(by_hand_commands(cc["commands"]))
             parts = ("stage", "before_jobs", "jobs", "after_jobs", "controller_cpu")
             return {**{f"{k}_s": round(cc[k], 3) for k in parts}, "run_s": round(cc["total"], 3)}
 
