@@ -25,13 +25,12 @@ import sys
 import tempfile
 from pathlib import Path
 
-import _shared
-from _shared import BenchmarkError, say
+import common
+from common import BenchmarkError, say
 
 from clustercheck.stages import remote
 
 HERE = Path(__file__).resolve().parent
-CLUSTERCHECK = str(Path(sys.executable).parent / "clustercheck")
 REF_DIR = "/tmp/ccbench-busbw"  # not /tmp/clustercheck-*: clustercheck's leftover sweep would take it for its own
 REF_SCRIPT = f"{REF_DIR}/allreduce_reference.py"
 REF_OUT = f"{REF_DIR}/rows.json"
@@ -39,12 +38,12 @@ MEDIANS = ("clustercheck", "reference", "ratio", "reference_slowest_rank", "rati
 WORKDIR = re.compile(r"/tmp/clustercheck-[A-Za-z0-9_.-]+")
 
 
-def clustercheck_busbw(nodes: _shared.Nodes, run_dir: Path) -> dict:
+def clustercheck_busbw(nodes: common.Nodes, run_dir: Path) -> dict:
     """One `clustercheck run --only collectives`: the all_reduce rows of its JSON report, its call counts and
     the torchrun line it recorded for every node."""
     run_dir.mkdir(parents=True)
     out = run_dir / "report.json"
-    cmd = [CLUSTERCHECK, "run", *nodes.clustercheck_args(), "--only", "collectives", "--format", "json"]
+    cmd = [common.clustercheck_exe(), "run", *nodes.clustercheck_args(), "--only", "collectives", "--format", "json"]
     cmd += ["-o", str(out), "--run-dir", str(run_dir / "run")]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
     if not out.exists():
@@ -80,56 +79,50 @@ def reference_commands(recorded: dict[str, str], sizes: list[int], warmup: int, 
     return out
 
 
-def reference(nodes: _shared.Nodes, commands: dict[str, str]) -> dict:
+def reference(nodes: common.Nodes, commands: dict[str, str]) -> dict:
     for node in nodes.nodes:
-        _shared.ssh(node, f"rm -f {REF_OUT}; rm -rf {REF_DIR}/collectives")
-    _shared.on_every_node(nodes.nodes, commands)
-    return json.loads(_shared.ssh(nodes.nodes[0], f"cat {REF_OUT}"))
+        common.ssh(node, f"rm -f {REF_OUT}; rm -rf {REF_DIR}/collectives")
+    common.on_every_node(nodes.nodes, commands)
+    return json.loads(common.ssh(nodes.nodes[0], f"cat {REF_OUT}"))
 
 
 def main() -> int:
-    args = _shared.parser(__doc__.split("\n\n")[0], repeat=7).parse_args()
-    doc: dict = {"benchmark": "busbw", "machine": _shared.machine(), "pairs": []}
-    try:
-        with _shared.torch_nodes(args) as nodes, tempfile.TemporaryDirectory(prefix="busbw-bench-") as tmp:
-            doc["nodes"] = [n.name for n in nodes.nodes]
-            for node in nodes.nodes:
-                _shared.put(node, (HERE / "allreduce_reference.py").read_bytes(), REF_SCRIPT)
-            commands: dict[str, str] = {}
-            for i in range(args.repeat):
-                pair: dict = {}
-                order = ("clustercheck", "reference") if i % 2 == 0 or not commands else ("reference", "clustercheck")
-                for side in order:
-                    if side == "clustercheck":
-                        cc = clustercheck_busbw(nodes, Path(tmp) / f"run-{i}")
-                        if not commands:
-                            sizes = [r["bytes"] for r in cc["rows"]]
-                            counts = (cc["warmup"], cc["iters"], cc["backend"])
-                            commands = reference_commands(cc["commands"], sizes, *counts)
-                            doc.update(ranks=cc["ranks"], backend=cc["backend"], warmup=cc["warmup"], iters=cc["iters"])
-                            doc["reference_commands"] = commands
-                        pair["clustercheck"] = {r["bytes"]: r["busbw_gbps"] for r in cc["rows"]}
-                    else:
-                        ref = reference(nodes, commands)
-                        pair["reference"] = {r["bytes"]: r["busbw_gbps"] for r in ref["rows"]}
-                        pair["reference_slowest_rank"] = {r["bytes"]: r["busbw_slowest_rank_gbps"] for r in ref["rows"]}
-                pair["ratio"] = {s: pair["clustercheck"][s] / pair["reference"][s] for s in pair["clustercheck"]}
-                pair["ratio_slowest_rank"] = {
-                    s: pair["clustercheck"][s] / pair["reference_slowest_rank"][s] for s in pair["clustercheck"]
-                }
-                pair["loadavg"] = _shared.machine()["loadavg"]
-                say(f"pair {i + 1} ({' first, '.join(order)} second): " + _row(pair["ratio"]))
-                doc["pairs"].append(pair)
-            for node in nodes.nodes:
-                _shared.ssh(node, f"rm -rf {REF_DIR}")
-    except (BenchmarkError, subprocess.TimeoutExpired) as exc:
-        print(f"busbw: error: {exc}", file=sys.stderr)
-        return 1
+    args = common.parser(__doc__.split("\n\n")[0], rounds=7).parse_args()
+    doc: dict = {"benchmark": "busbw", "machine": common.machine(), "pairs": []}
+    with common.torch_nodes(args) as nodes, tempfile.TemporaryDirectory(prefix="busbw-bench-") as tmp:
+        doc["nodes"] = [n.name for n in nodes.nodes]
+        for node in nodes.nodes:
+            common.put(node, (HERE / "allreduce_reference.py").read_bytes(), REF_SCRIPT)
+        commands: dict[str, str] = {}
+
+        def clustercheck_side(i: int) -> dict:
+            cc = clustercheck_busbw(nodes, Path(tmp) / f"run-{i}")
+            if not commands:
+                sizes = [r["bytes"] for r in cc["rows"]]
+                commands.update(reference_commands(cc["commands"], sizes, cc["warmup"], cc["iters"], cc["backend"]))
+                doc.update(ranks=cc["ranks"], backend=cc["backend"], warmup=cc["warmup"], iters=cc["iters"])
+                doc["reference_commands"] = commands
+            return {"clustercheck": {r["bytes"]: r["busbw_gbps"] for r in cc["rows"]}}
+
+        def reference_side(i: int) -> dict:
+            rows = reference(nodes, commands)["rows"]
+            return {
+                "reference": {r["bytes"]: r["busbw_gbps"] for r in rows},
+                "reference_slowest_rank": {r["bytes"]: r["busbw_slowest_rank_gbps"] for r in rows},
+            }
+
+        for i, pair in enumerate(common.pairs(args.rounds, clustercheck_side, "reference", reference_side)):
+            for ratio, reference_key in (("ratio", "reference"), ("ratio_slowest_rank", "reference_slowest_rank")):
+                pair[ratio] = {s: pair["clustercheck"][s] / pair[reference_key][s] for s in pair["clustercheck"]}
+            say(f"pair {i + 1} ({pair['order']}): " + _row(pair["ratio"]))
+            doc["pairs"].append(pair)
+        for node in nodes.nodes:
+            common.ssh(node, f"rm -rf {REF_DIR}")
     pairs = doc["pairs"]
     sizes = sorted(pairs[0]["ratio"])
-    doc["median"] = {s: {k: _shared.median([p[k][s] for p in pairs]) for k in MEDIANS} for s in sizes}
-    doc["machine_after"] = _shared.machine()
-    print(f"machine: {doc['machine']}")
+    doc["median"] = {s: {k: common.median([p[k][s] for p in pairs]) for k in MEDIANS} for s in sizes}
+    doc["machine_after"] = common.machine()
+    print(f"machine: {common.describe(doc['machine'])}")
     print(f"nodes: {', '.join(doc['nodes'])}; {doc['ranks']} ranks over {doc['backend']}")
     print(f"{doc['warmup']} warm-up and {doc['iters']} timed calls per size; medians of {len(pairs)} pairs")
     print("      size  clustercheck busbw  reference busbw   ratio  (reference, slowest rank's time: busbw, ratio)")
@@ -146,7 +139,7 @@ def main() -> int:
         print(f"{s:10}  clustercheck {max(cc) / min(cc):5.2f}x  reference {max(ref) / min(ref):5.2f}x")
     outside = [s for s in sizes if not 0.9 <= doc["median"][s]["ratio"] <= 1.1]
     print("goal 0.9 to 1.1 at every size: " + ("met" if not outside else f"missed at {outside}"))
-    _shared.write_json(args.json, {**doc, "pairs": [{k: _jsonable(v) for k, v in p.items()} for p in pairs]})
+    common.write_json(args.json, {**doc, "pairs": [{k: _jsonable(v) for k, v in p.items()} for p in pairs]})
     return 0
 
 
@@ -159,4 +152,4 @@ def _jsonable(value):
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(common.run("busbw", main))

@@ -28,8 +28,8 @@ import threading
 import time
 from pathlib import Path
 
-import _shared
-from _shared import BenchmarkError, say
+import common
+from common import BenchmarkError, say
 
 from clustercheck.checks import ddp
 from clustercheck.config import RunConfig, SshSettings
@@ -44,7 +44,7 @@ BY_HAND_DIR = "/tmp/ccbench-ddp"  # not /tmp/clustercheck-*: clustercheck's left
 WORKDIR = re.compile(r"/tmp/clustercheck-[A-Za-z0-9_.-]+")
 
 
-def clustercheck_ddp(nodes: _shared.Nodes, run_dir: Path) -> dict:
+def clustercheck_ddp(nodes: common.Nodes, run_dir: Path) -> dict:
     """One `clustercheck run --only ddp`: the DDP stage's wall time, the whole run's, the verdict, and the torchrun
     line it recorded for every node."""
     marks: dict[str, float] = {}  # wall-clock times, comparable with the run directory's file times
@@ -96,62 +96,56 @@ def by_hand_commands(recorded: dict[str, str]) -> dict[str, str]:
     return out
 
 
-def prepare_by_hand(nodes: _shared.Nodes) -> None:
+def prepare_by_hand(nodes: common.Nodes) -> None:
     """The node-side bundle into the benchmark's directory on every node (not timed: a person copies it once)."""
     for node in nodes.nodes:
-        _shared.ssh(node, f"rm -rf {BY_HAND_DIR}")
-        _shared.put(node, remote.bundle(), remote.path(BY_HAND_DIR))
+        common.ssh(node, f"rm -rf {BY_HAND_DIR}")
+        common.put(node, remote.bundle(), remote.path(BY_HAND_DIR))
 
 
-def by_hand(nodes: _shared.Nodes, commands: dict[str, str]) -> tuple[float, float]:
+def by_hand(nodes: common.Nodes, commands: dict[str, str]) -> tuple[float, float]:
     """The by-hand job's wall time, and the CPU time its ssh clients used on this machine."""
     for node in nodes.nodes:  # the previous job's outputs, out of the way (not timed)
-        _shared.ssh(node, f"rm -rf {shlex.quote(BY_HAND_DIR)}/ddp {BY_HAND_DIR}/nccl-*.log")
+        common.ssh(node, f"rm -rf {shlex.quote(BY_HAND_DIR)}/ddp {BY_HAND_DIR}/nccl-*.log")
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    seconds = _shared.on_every_node(nodes.nodes, commands)
+    seconds = common.on_every_node(nodes.nodes, commands)
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     return seconds, (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
 
 
 def main() -> int:
-    args = _shared.parser(__doc__.split("\n\n")[0], repeat=7).parse_args()
-    doc: dict = {"benchmark": "ddp_overhead", "machine": _shared.machine(), "pairs": []}
-    try:
-        with _shared.torch_nodes(args) as nodes, tempfile.TemporaryDirectory(prefix="ddp-bench-") as tmp:
-            doc["nodes"] = [n.name for n in nodes.nodes]
-            prepare_by_hand(nodes)
-            commands: dict[str, str] = {}
-            for i in range(args.repeat):
-                pair: dict = {}
-                order = ("clustercheck", "by hand") if i % 2 == 0 or not commands else ("by hand", "clustercheck")
-                for side in order:
-                    if side == "clustercheck":
-                        cc = clustercheck_ddp(nodes, Path(tmp) / f"run-{i}")
-                        commands = commands or by_hand_commands(cc["commands"])
-                        parts = ("stage", "before_jobs", "jobs", "after_jobs", "controller_cpu")
-                        pair.update({f"{k}_s": round(cc[k], 3) for k in parts})
-                        pair["run_s"] = round(cc["total"], 3)
-                    else:
-                        seconds, used = by_hand(nodes, commands)
-                        pair.update(by_hand_s=round(seconds, 3), by_hand_cpu_s=round(used, 3))
-                pair["ratio"] = round(pair["stage_s"] / pair["by_hand_s"], 3)
-                pair["order"] = " first, ".join(order) + " second"
-                pair["loadavg"] = _shared.machine()["loadavg"]
-                say(f"pair {i + 1}: {pair}")
-                doc["pairs"].append(pair)
-            doc["by_hand_commands"] = commands
-            for node in nodes.nodes:
-                _shared.ssh(node, f"rm -rf {BY_HAND_DIR}")
-    except BenchmarkError as exc:
-        print(f"ddp_overhead: error: {exc}", file=sys.stderr)
-        return 1
+    args = common.parser(__doc__.split("\n\n")[0], rounds=7).parse_args()
+    doc: dict = {"benchmark": "ddp_overhead", "machine": common.machine(), "pairs": []}
+    with common.torch_nodes(args) as nodes, tempfile.TemporaryDirectory(prefix="ddp-bench-") as tmp:
+        doc["nodes"] = [n.name for n in nodes.nodes]
+        prepare_by_hand(nodes)
+        commands: dict[str, str] = {}
+
+        def clustercheck_side(i: int) -> dict:
+            cc = clustercheck_ddp(nodes, Path(tmp) / f"run-{i}")
+            if not commands:  # the first pair starts with clustercheck: its lines are the by-hand job's
+                commands.update(by_hand_commands(cc["commands"]))
+            parts = ("stage", "before_jobs", "jobs", "after_jobs", "controller_cpu")
+            return {**{f"{k}_s": round(cc[k], 3) for k in parts}, "run_s": round(cc["total"], 3)}
+
+        def by_hand_side(i: int) -> dict:
+            seconds, used = by_hand(nodes, commands)
+            return {"by_hand_s": round(seconds, 3), "by_hand_cpu_s": round(used, 3)}
+
+        for i, pair in enumerate(common.pairs(args.rounds, clustercheck_side, "by hand", by_hand_side)):
+            pair["ratio"] = round(pair["stage_s"] / pair["by_hand_s"], 3)
+            say(f"pair {i + 1}: {pair}")
+            doc["pairs"].append(pair)
+        doc["by_hand_commands"] = commands
+        for node in nodes.nodes:
+            common.ssh(node, f"rm -rf {BY_HAND_DIR}")
     pairs = doc["pairs"]
     keys = ("stage_s", "before_jobs_s", "jobs_s", "after_jobs_s", "controller_cpu_s", "run_s", "by_hand_s")
     keys += ("by_hand_cpu_s", "ratio")
-    doc["median"] = {k: _shared.median([p[k] for p in pairs]) for k in keys}
-    doc["machine_after"] = _shared.machine()
+    doc["median"] = {k: common.median([p[k] for p in pairs]) for k in keys}
+    doc["machine_after"] = common.machine()
     med = doc["median"]
-    print(f"machine: {doc['machine']}")
+    print(f"machine: {common.describe(doc['machine'])}")
     print(f"nodes: {', '.join(doc['nodes'])}")
     print("pair  clustercheck DDP stage  (whole run)  by hand over ssh  ratio")
     for i, p in enumerate(pairs, 1):
@@ -166,9 +160,9 @@ def main() -> int:
         f"median: stage {med['stage_s']:.2f} s, by hand {med['by_hand_s']:.2f} s, ratio {med['ratio']:.3f} "
         f"(goal 1.2 or less: {verdict} it)"
     )
-    _shared.write_json(args.json, doc)
+    common.write_json(args.json, doc)
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(common.run("ddp_overhead", main))

@@ -15,7 +15,6 @@ least wall time this machine can give a size, whatever clustercheck does in para
 
 from __future__ import annotations
 
-import argparse
 import sys
 import tempfile
 from pathlib import Path
@@ -36,7 +35,7 @@ def measure(nodes: common.Nodes, sizes: list[int], rounds: int, extra: list[str]
                 timing = common.timed(common.core_stage(nodes, names, run_dir, *extra), cpu=cpu, names=names)
                 problem = common.reached_every_node(timing, names)
                 if problem:
-                    raise SystemExit(f"benchmark: the core stage on {size} nodes did not get through: {problem}")
+                    raise common.BenchmarkError(f"the core stage on {size} nodes did not get through: {problem}")
                 label = "warm-up" if round_ == 0 else f"round {round_}/{rounds}"
                 node_cpu = "" if timing.node_cpu is None else f", nodes' CPU {timing.node_cpu:.2f} s"
                 print(
@@ -80,16 +79,10 @@ def report(result: dict, info: dict) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        description=__doc__.split("\n\n")[0], epilog="Arguments after -- go to clustercheck run."
+    parser = common.parser(
+        __doc__.split("\n\n")[0], rounds=5, limit=True, epilog="Arguments after -- go to clustercheck run."
     )
-    parser.add_argument("--hosts", metavar="INVENTORY", help="your own nodes (default: the Docker test cluster)")
-    parser.add_argument("--limit", metavar="PATTERN", help="with --hosts: only these nodes")
     parser.add_argument("--sizes", default="2,4,8,16,64", help="node counts, smallest first (default %(default)s)")
-    parser.add_argument("--rounds", type=int, default=5, help="measured rounds (default %(default)s)")
-    parser.add_argument("--json", metavar="FILE", help="also write the figures as JSON")
-    parser.add_argument("--reuse", action="store_true", help="use the test cluster already up under the same name")
-    parser.add_argument("--keep", action="store_true", help="leave the test cluster up afterwards")
     args, extra = parser.parse_known_args(argv)
     at_start = common.machine()
     extra = [a for a in extra if a != "--"]
@@ -105,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"--sizes {args.sizes}: the inventory has {len(nodes.names)} node(s)")
         result = measure(nodes, sizes, args.rounds, extra)
     else:
-        with common.test_cluster(sizes[-1], "-fanout", args.reuse, args.keep) as nodes:
+        with common.test_cluster(sizes[-1], "-fanout", reuse=args.reuse, keep=args.keep) as nodes:
             result = measure(nodes, sizes, args.rounds, extra)
     info = common.machine()
     hosts = args.hosts or "test cluster"
@@ -123,4 +116,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(common.run("fanout", main))

@@ -14,7 +14,6 @@ as a second run within ControlPersist's 60 s gets) is reported beside it.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import os
 import shutil
@@ -35,7 +34,7 @@ def ansible_exe() -> str:
     beside = Path(sys.executable).parent / "ansible"
     found = str(beside) if beside.exists() else shutil.which("ansible")
     if not found:
-        raise SystemExit("benchmark: ansible is not installed (pip install ansible-core)")
+        raise common.BenchmarkError("ansible is not installed (pip install ansible-core)")
     return found
 
 
@@ -49,7 +48,7 @@ def close_masters(control_dir: str) -> None:
 def measure(nodes: common.Nodes, names: list[str], rounds: int, label: str) -> dict:
     cpu = common.NodeCpu(nodes)
     env = {**os.environ, "ANSIBLE_HOST_KEY_CHECKING": "True", "ANSIBLE_NOCOLOR": "1"}
-    ansible = [ansible_exe(), "all", "-i", nodes.inventory, "--limit", nodes.limit(names), "-m", "setup"]
+    ansible = [ansible_exe(), "all", "-i", nodes.inventory, "--limit", ",".join(names), "-m", "setup"]
     samples: dict[str, list[common.Timing]] = {"clustercheck": [], "ansible": [], "ansible_warm": []}
     with tempfile.TemporaryDirectory(prefix="clustercheck-preflight-") as tmp:
         for round_ in range(rounds + 1):  # round 0 warms up and is not counted
@@ -57,7 +56,7 @@ def measure(nodes: common.Nodes, names: list[str], rounds: int, label: str) -> d
             check = common.timed(common.core_stage(nodes, names, run_dir, "--skip", "local.*"), cpu=cpu, names=names)
             problem = common.reached_every_node(check, names)
             if problem:
-                raise SystemExit(f"benchmark: the core stage did not get through: {problem}")
+                raise common.BenchmarkError(f"the core stage did not get through: {problem}")
             control = Path(tmp) / f"cp-{round_}"
             control.mkdir()
             round_env = {**env, "ANSIBLE_SSH_CONTROL_PATH_DIR": str(control)}
@@ -68,7 +67,7 @@ def measure(nodes: common.Nodes, names: list[str], rounds: int, label: str) -> d
                 close_masters(str(control))
             for timing in (cold, warm):
                 if timing.returncode != 0:
-                    raise SystemExit(f"benchmark: {' '.join(ansible)} failed: {(timing.stdout + timing.stderr)[-500:]}")
+                    raise common.BenchmarkError(f"{' '.join(ansible)} failed: {(timing.stdout + timing.stderr)[-500:]}")
             head = "warm-up" if round_ == 0 else f"round {round_}/{rounds}"
             print(
                 f"  {label} {head}: clustercheck {check.wall:.2f} s, ansible -m setup {cold.wall:.2f} s "
@@ -117,13 +116,7 @@ def _cpu(figures: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--hosts", metavar="INVENTORY", help="your own nodes: an Ansible inventory")
-    parser.add_argument("--limit", metavar="PATTERN", help="with --hosts: only these nodes")
-    parser.add_argument("--rounds", type=int, default=5, help="measured rounds (default %(default)s)")
-    parser.add_argument("--json", metavar="FILE", help="also write the figures as JSON")
-    parser.add_argument("--reuse", action="store_true", help="use the test cluster already up under the same name")
-    parser.add_argument("--keep", action="store_true", help="leave the test cluster up afterwards")
+    parser = common.parser(__doc__.split("\n\n")[0], rounds=5, limit=True)
     args = parser.parse_args(argv)
     at_start = common.machine()
     phases = []
@@ -133,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
         phases.append(measure(nodes, nodes.names, args.rounds, label))
     else:
         # One cluster: torch on the first 3 nodes, the next 16 without it.
-        with common.test_cluster(TORCH_NODES + PLAIN_NODES, "-preflight", args.reuse, args.keep) as nodes:
+        with common.test_cluster(TORCH_NODES + PLAIN_NODES, "-preflight", reuse=args.reuse, keep=args.keep) as nodes:
             torch_nodes = nodes.names[:TORCH_NODES]
             common.install_torch(nodes, torch_nodes)
             phases.append(measure(nodes, torch_nodes, args.rounds, f"{TORCH_NODES} nodes with torch"))
@@ -153,4 +146,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(common.run("preflight", main))

@@ -26,8 +26,8 @@ import xml.etree.ElementTree as ET
 from collections import defaultdict
 from pathlib import Path
 
-import _shared
-from _shared import REPO, BenchmarkError, say
+import common
+from common import REPO, BenchmarkError, say
 
 sys.path.insert(0, str(REPO / "tests" / "ansible"))
 
@@ -88,19 +88,19 @@ def environment(extra: dict):
 def measure(args, run_site) -> dict:
     with tempfile.TemporaryDirectory(prefix="setup-bench-") as tmp:
         first = playbook(run_site, "first", Path(tmp))
-        seconds = [playbook(run_site, f"second-{i + 1}", Path(tmp)) for i in range(args.repeat)]
+        seconds = [playbook(run_site, f"second-{i + 1}", Path(tmp)) for i in range(args.rounds)]
     return {"first": first, "second": seconds}
 
 
 def report(doc: dict) -> None:
     first, seconds = doc["first"], doc["second"]
-    med = _shared.median([s["seconds"] for s in seconds])
+    med = common.median([s["seconds"] for s in seconds])
     ratio = med / first["seconds"]
     changed = [sum(c["changed"] for c in s["recap"].values()) for s in seconds]
     doc["ratio"] = round(ratio, 3)
     doc["second_median_seconds"] = round(med, 2)
     doc["second_changed"] = changed
-    print(f"machine: {doc['machine']}")
+    print(f"machine: {common.describe(doc['machine'])}")
     print(f"nodes: {doc['nodes']}")
     print(f"first run: {first['seconds']:.1f} s  (changed per node: {[c['changed'] for c in first['recap'].values()]})")
     for i, s in enumerate(seconds, 1):
@@ -117,43 +117,41 @@ def report(doc: dict) -> None:
 
 
 def main() -> int:
-    p = _shared.parser(__doc__.split("\n\n")[0], repeat=3)
+    p = common.parser(__doc__.split("\n\n")[0], rounds=3)
     p.add_argument("--os", choices=["ubuntu", "debian12"], default="ubuntu", help="the test nodes' OS (default ubuntu)")
     args = p.parse_args()
-    doc = {"benchmark": "setup_idempotence", "machine": _shared.machine()}
-    try:
-        if args.hosts:
-            ansible = str(Path(sys.executable).parent / "ansible-playbook")
+    doc = {"benchmark": "setup_idempotence", "machine": common.machine()}
+    if args.hosts:
+        ansible = str(Path(sys.executable).parent / "ansible-playbook")
+
+        def run_site(env: dict) -> subprocess.CompletedProcess:
+            cmd = [ansible, "-i", args.hosts, str(REPO / "site.yml")]
+            full = {**os.environ, "ANSIBLE_STDOUT_CALLBACK": "default", "ANSIBLE_NOCOLOR": "1", **env}
+            return subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, env=full)
+
+        doc["nodes"] = args.hosts
+        doc.update(measure(args, run_site))
+    else:
+        import conftest
+
+        os_name = UBUNTU if args.os == "ubuntu" else "debian12"
+        user = conftest.UBUNTU_USER if args.os == "ubuntu" else "root"
+        wheels = common.wheelhouse()
+        # Fresh nodes every time: the first run is the one on fresh nodes (--reuse does not apply).
+        with common.test_cluster(3, "-setup", reuse=False, keep=args.keep, os_name=os_name, user=user) as nodes:
+            cluster = nodes.cluster
 
             def run_site(env: dict) -> subprocess.CompletedProcess:
-                cmd = [ansible, "-i", args.hosts, str(REPO / "site.yml")]
-                full = {**os.environ, "ANSIBLE_STDOUT_CALLBACK": "default", "ANSIBLE_NOCOLOR": "1", **env}
-                return subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, env=full)
+                with environment(env):
+                    return conftest.ansible_playbook(cluster, wheels)
 
-            doc["nodes"] = args.hosts
+            doc["nodes"] = f"3 test nodes: {', '.join(n.os for n in cluster.nodes)} (user {cluster.user})"
             doc.update(measure(args, run_site))
-        else:
-            import conftest
-
-            os_name = UBUNTU if args.os == "ubuntu" else "debian12"
-            user = conftest.UBUNTU_USER if args.os == "ubuntu" else "root"
-            wheels = _shared.wheelhouse()
-            with _shared.test_cluster(args, 3, "-setup", os_name=os_name, user=user, reuse=False) as cluster:
-
-                def run_site(env: dict) -> subprocess.CompletedProcess:
-                    with environment(env):
-                        return conftest.ansible_playbook(cluster, wheels)
-
-                doc["nodes"] = f"3 test nodes: {', '.join(n.os for n in cluster.nodes)} (user {cluster.user})"
-                doc.update(measure(args, run_site))
-    except (BenchmarkError, subprocess.TimeoutExpired) as exc:
-        print(f"setup_idempotence: error: {exc}", file=sys.stderr)
-        return 1
-    doc["machine_after"] = _shared.machine()
+    doc["machine_after"] = common.machine()
     report(doc)
-    _shared.write_json(args.json, doc)
+    common.write_json(args.json, doc)
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(common.run("setup_idempotence", main))
