@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import _thread
 import json
+import signal
 import threading
 import time
 from pathlib import Path
@@ -158,6 +159,16 @@ def test_a_refused_host_key_runs_nothing_there_and_flags_the_run(tmp_path):
 
 
 def test_ctrl_c_mid_run_stops_and_cleans_every_node(tmp_path):
+    # Python's own SIGINT handler, as clustercheck's command line installs it: a test process started in the
+    # background of a script inherits SIGINT ignored, and interrupt_main() then does nothing.
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        _ctrl_c_mid_run(tmp_path)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def _ctrl_c_mid_run(tmp_path):
     started = threading.Event()
 
     def interrupt(transport, command, timeout):
