@@ -13,7 +13,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from clustercheck.checks import registry
+from clustercheck.checks import connection, registry
 from clustercheck.config import RunConfig
 from clustercheck.facts.model import NodeFacts
 from clustercheck.inventory import Node
@@ -232,8 +232,9 @@ class Pipeline:
             )
         except TransportError as exc:
             message = str(exc) if str(exc).startswith(node.name) else f"{node.name}: {exc}"
+            data = getattr(exc, "data", {})
             return None, CheckResult(
-                check.name, Status.FAIL, message, host=node.name, remediation=check.fix, data=getattr(exc, "data", {})
+                check.name, Status.FAIL, message, host=node.name, remediation=connection.connect_fix(exc, data), data=data
             )
         if self._abort.is_set():
             raise core.Aborted

@@ -10,6 +10,7 @@ from __future__ import annotations
 import _thread
 import json
 import signal
+import socket
 import threading
 import time
 from pathlib import Path
@@ -146,6 +147,24 @@ def test_an_unreachable_node_among_reachable_ones_is_named_and_the_others_are_ju
         assert results[(name, None)].status is Status.SKIP and "node2: not reached" in results[(name, None)].message
     assert not outcome.host_key_error
     assert all(t.cleaned for t in cluster.transports.values())
+
+
+def test_a_name_that_does_not_resolve_gets_the_dns_fix_not_the_sshd_one(tmp_path):
+    """paramiko's connect raises socket.gaierror for a name that does not resolve; the SSH transport wraps it."""
+    try:
+        socket.getaddrinfo("gpu-02.invalid", 22)  # RFC 6761: .invalid never resolves
+    except socket.gaierror as cause:
+        failure = TransportError(f"node2 (gpu-02.invalid:22): unreachable: {cause.strerror}")
+        failure.__cause__ = cause
+        failure.data = {"hostname": "gpu-02.invalid", "port": 22}
+    outcome = Cluster(faults={"node2": failure}).run(tmp_path, selection=Selection(only=("core",)))
+    connect = by_key(outcome.results)[("connect", "node2")]
+    assert connect.status is Status.FAIL
+    assert connect.remediation.startswith("gpu-02.invalid does not resolve to an address on this machine")
+    assert "sshd" not in connect.remediation
+    timed_out = TransportError("node2 (10.0.0.2:22): unreachable: timed out after 3 s")
+    other = Cluster(faults={"node2": timed_out}).run(tmp_path / "t", selection=Selection(only=("core",)))
+    assert by_key(other.results)[("connect", "node2")].remediation == registry.get("connect").fix
 
 
 def test_a_refused_host_key_runs_nothing_there_and_flags_the_run(tmp_path):
