@@ -10,7 +10,8 @@ import ipaddress
 from collections import Counter
 from dataclasses import dataclass
 
-from clustercheck.checks.registry import declare
+from clustercheck.checks.consistency import compare
+from clustercheck.checks.registry import declare, emit
 from clustercheck.model import CheckResult, Status
 
 STAGE = "network"
@@ -176,7 +177,7 @@ def perf_checks(records: dict[str, dict]) -> list[CheckResult]:
     median, named with the numbers."""
     if not any("perf" in r for r in records.values()):
         why = "one node: no pair to measure" if len(records) == 1 else "the probes did not measure the pairs"
-        return [CheckResult("network.rtt", Status.SKIP, why), CheckResult("network.throughput", Status.SKIP, why)]
+        return [emit("network.rtt", Status.SKIP, why), emit("network.throughput", Status.SKIP, why)]
     measured, failed = perf_pairs(records)
     unmeasured = "; ".join(f"{f['a']} <-> {f['b']} ({f['error']})" for f in failed[:5]) + (
         f" and {len(failed) - 5} more" if len(failed) > 5 else ""
@@ -184,7 +185,7 @@ def perf_checks(records: dict[str, dict]) -> list[CheckResult]:
     if not measured:
         text = f"no pair could be measured: {unmeasured}" if failed else "no pair to measure"
         status = Status.WARN if failed else Status.SKIP
-        return [CheckResult("network.rtt", status, text), CheckResult("network.throughput", status, text)]
+        return [emit("network.rtt", status, text), emit("network.throughput", status, text)]
     return [rtt_check(measured, failed, unmeasured), throughput_check(measured, failed, unmeasured)]
 
 
@@ -209,8 +210,8 @@ def rtt_check(measured: list[dict], failed: list[dict], unmeasured: str) -> Chec
     if failed:
         texts.append(f"not measured: {unmeasured}")
     if texts:
-        return CheckResult("network.rtt", Status.WARN, "; ".join(texts), data=data)
-    return CheckResult(
+        return emit("network.rtt", Status.WARN, "; ".join(texts), data=data)
+    return emit(
         "network.rtt",
         Status.PASS,
         f"TCP round trip {_ms(median)} (median of {len(measured)} pairs); no node or pair far above it",
@@ -226,7 +227,7 @@ def throughput_check(measured: list[dict], failed: list[dict], unmeasured: str) 
         if p["b_to_a"] is not None:
             flows.append((p["b"], p["a"], p["b_to_a"]))
     if not flows:
-        return CheckResult("network.throughput", Status.SKIP, "no transfer was measured")
+        return emit("network.throughput", Status.SKIP, "no transfer was measured")
     median = _median([rate for _, _, rate in flows])
     best_out: dict[str, float] = {}
     best_in: dict[str, float] = {}
@@ -259,8 +260,8 @@ def throughput_check(measured: list[dict], failed: list[dict], unmeasured: str) 
         "unmeasured": failed,
     }
     if texts:
-        return CheckResult("network.throughput", Status.WARN, "; ".join(texts), data=data)
-    return CheckResult(
+        return emit("network.throughput", Status.WARN, "; ".join(texts), data=data)
+    return emit(
         "network.throughput",
         Status.PASS,
         f"TCP throughput {median:.0f} Mbit/s (median of {len(flows)} transfers, {len(measured)} pairs); no node or "
@@ -276,7 +277,7 @@ def _holders_text(state: dict) -> str:
 
 def master_port_check(record: dict | None, master: str, port: int) -> CheckResult:
     if record is None:
-        return CheckResult(
+        return emit(
             "network.master_port",
             Status.SKIP,
             f"{master}: no probe result",
@@ -285,7 +286,7 @@ def master_port_check(record: dict | None, master: str, port: int) -> CheckResul
         )
     state = next((s for s in record["listen"] if s["port"] == port), None)
     if state and state["ok"]:
-        return CheckResult(
+        return emit(
             "network.master_port",
             Status.PASS,
             f"{master}: port {port} is free for the rendezvous",
@@ -296,7 +297,7 @@ def master_port_check(record: dict | None, master: str, port: int) -> CheckResul
     holders = state.get("holders") or []
     held = _holders_text(state)
     pids = " ".join(str(h["pid"]) for h in holders if h.get("pid"))
-    return CheckResult(
+    return emit(
         "network.master_port",
         Status.FAIL,
         f"{master}: master port {port} cannot be used: {state.get('error')}" + (f"; held by {held}" if held else ""),
@@ -329,7 +330,7 @@ def probe_checks(
         waited = not_ready.get(name)
         if waited is not None and name in records:
             results.append(
-                CheckResult(
+                emit(
                     "network.probe",
                     Status.WARN,
                     f"{name}'s probe started late: it was not listening after {waited:.0f} s{typical}; "
@@ -343,7 +344,7 @@ def probe_checks(
             seconds = records[name].get("seconds")
             ready = f", listening after {ready_after[name]:.1f} s" if name in ready_after else ""
             results.append(
-                CheckResult(
+                emit(
                     "network.probe",
                     Status.PASS,
                     f"{name}: the probe ran ({seconds} s{ready})",
@@ -354,7 +355,7 @@ def probe_checks(
         elif waited is not None:
             why = errors.get(name, "no record came back")
             results.append(
-                CheckResult(
+                emit(
                     "network.probe",
                     Status.ERROR,
                     f"{name}'s probe never reported ready (not listening after {waited:.0f} s{typical}): {why}",
@@ -367,7 +368,7 @@ def probe_checks(
         else:
             why = errors.get(name, "no record came back")
             results.append(
-                CheckResult(
+                emit(
                     "network.probe",
                     Status.ERROR,
                     f"{name}: the network probe did not run: {why}",
@@ -387,7 +388,7 @@ def busy_ports(records: dict[str, dict], master: str, master_port: int) -> list[
         if not busy:
             ports = ", ".join(str(s["port"]) for s in record["listen"] if s["ok"])
             results.append(
-                CheckResult(
+                emit(
                     "network.listen",
                     Status.PASS,
                     f"{name}: listening on port(s) {ports}",
@@ -400,12 +401,11 @@ def busy_ports(records: dict[str, dict], master: str, master_port: int) -> list[
             held = _holders_text(state)
             texts.append(f"port {state['port']} ({state.get('error')}" + (f", held by {held}" if held else "") + ")")
         results.append(
-            CheckResult(
+            emit(
                 "network.listen",
                 Status.WARN,
                 f"{name}: could not listen on {'; '.join(texts)}; connections to it were not tested",
                 host=name,
-                remediation="Free the port on this node, or rerun with another --master-port.",
                 data={"ports": busy},
             )
         )
@@ -439,7 +439,7 @@ def tcp_checks(records: dict[str, dict], peers: list[Peer], cidr: str | None = N
             else f"one node, so no node pair to connect; it listens on port(s) {port_text}"
         )
         return [
-            CheckResult(
+            emit(
                 "network.tcp",
                 Status.PASS,
                 message,
@@ -462,7 +462,7 @@ def tcp_checks(records: dict[str, dict], peers: list[Peer], cidr: str | None = N
         elif src in isolated and len(records) > 2:
             where = f"; {src} reaches no node, so {src}'s outbound firewall or routing is the likely place"
         results.append(
-            CheckResult(
+            emit(
                 "network.tcp",
                 Status.FAIL,
                 f"{src} -> {dst} ({address.get(dst, '?')}): {explanation}; port(s) {port_list}{where}",
@@ -541,7 +541,7 @@ def resolve_checks(records: dict[str, dict], peers: list[Peer]) -> list[CheckRes
             status, remedy = Status.PASS, ""
             text = f"all {len(record['resolve'])} node names resolve to their cluster addresses"
         results.append(
-            CheckResult(
+            emit(
                 "network.resolve",
                 status,
                 f"{resolver}: {text}",
@@ -560,29 +560,29 @@ def mtu_check(records: dict[str, dict]) -> CheckResult:
     unknown = sorted(n for n, m in mtus.items() if m is None)
     known = Counter(m for m in mtus.values() if m is not None)
     if not known:
-        return CheckResult(
+        return emit(
             "network.mtu",
             Status.SKIP,
             "no node reported the MTU of its cluster interface",
             data=data,
         )
-    majority = known.most_common(1)[0][0]
-    odd = sorted(n for n, m in mtus.items() if m is not None and m != majority)
-    if odd:
-        differ = ", ".join(f"{n} ({interfaces[n]}) has {mtus[n]}" for n in odd)
-        return CheckResult(
-            "network.mtu",
-            Status.FAIL,
-            f"cluster interface MTU differs: most nodes have {majority}, {differ}",
-            remediation=f"Set the same MTU on every cluster interface (e.g. `ip link set dev IFACE mtu {majority}` "
-            "and in the netplan/network configuration); mismatched MTUs hang large transfers.",
-            data=data,
-        )
+    if len(known) > 1:  # the same verdict as consistency.mtu: the odd nodes against the majority, or no majority
+        finding = compare({n: m for n, m in mtus.items() if m is not None}, "cluster interface MTU")
+        majority = finding.data["majority"]
+        remediation = None  # a tie: the declared fix (no MTU to name)
+        if majority is not None:
+            where = ", ".join(f"{n} ({interfaces[n] or 'its cluster interface'})" for n in finding.data["differ"])
+            remediation = (
+                f"Set the MTU to {majority} on {where} (e.g. `ip link set dev IFACE mtu {majority}` and in the "
+                "netplan/network configuration), and on the switch ports; mismatched MTUs hang large transfers."
+            )
+        return emit("network.mtu", Status.FAIL, finding.message, remediation=remediation, data=data)
+    majority = next(iter(known))
     if unknown:
-        return CheckResult(
+        return emit(
             "network.mtu",
             Status.WARN,
             f"MTU {majority} on the cluster interfaces; unknown on {', '.join(unknown)} (interface not found)",
             data=data,
         )
-    return CheckResult("network.mtu", Status.PASS, f"cluster interface MTU {majority} on every node", data=data)
+    return emit("network.mtu", Status.PASS, f"cluster interface MTU {majority} on every node", data=data)

@@ -66,12 +66,25 @@ class Check:
     function: Callable[..., Finding] | None = None  # None: emitted by its stage
 
     def result(self, host: str | None, finding: Finding) -> CheckResult:
-        if finding.status in (Status.PASS, Status.SKIP):
-            fix = finding.fix or ""
-        else:
-            fix = finding.fix if finding.fix is not None else self.fix
         message = f"{host}: {finding.message}" if host else finding.message
-        return CheckResult(self.name, finding.status, message, host=host, remediation=fix, data=dict(finding.data))
+        return self.emit(finding.status, message, host=host, remediation=finding.fix, data=finding.data)
+
+    def emit(
+        self,
+        status: Status,
+        message: str,
+        *,
+        host: str | None = None,
+        remediation: str | None = None,
+        data: dict[str, Any] | None = None,
+    ) -> CheckResult:
+        """A result of this check with MESSAGE as given (a stage's messages name their nodes themselves). A WARN,
+        FAIL or ERROR without a REMEDIATION of its own gets the check's declared fix."""
+        if status in (Status.PASS, Status.SKIP):
+            fix = remediation or ""
+        else:
+            fix = remediation if remediation is not None else self.fix
+        return CheckResult(self.name, status, message, host=host, remediation=fix, data=dict(data or {}))
 
 
 REGISTRY: dict[str, Check] = {}
@@ -121,6 +134,20 @@ def declare(name: str, *, stage: str, scope: str, proves: str, fix: str = "") ->
 
 def get(name: str) -> Check:
     return REGISTRY[name]
+
+
+def emit(
+    name: str,
+    status: Status,
+    message: str,
+    *,
+    host: str | None = None,
+    remediation: str | None = None,
+    data: dict[str, Any] | None = None,
+) -> CheckResult:
+    """A result of the declared check NAME, as a stage emits it (see Check.emit): its declared fix where the stage
+    gives none."""
+    return REGISTRY[name].emit(status, message, host=host, remediation=remediation, data=data)
 
 
 def of_stage(stage: str) -> list[Check]:

@@ -14,12 +14,13 @@ never, is named as such, and its connections are not judged as the network's.
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import random
 import threading
 import time
 
-from clustercheck.checks import network
+from clustercheck.checks import network, registry
 from clustercheck.model import CheckResult, Status
 from clustercheck.run.fanout import fanout
 from clustercheck.stages import Context, Member, remote
@@ -67,6 +68,29 @@ def perf_time(nodes: int) -> float:
     """The longest the RTT and throughput rounds may take: a round per node, each at most its wait for a partner
     that does not come plus the transfers."""
     return nodes * 12.0
+
+
+def cluster_network(members: list[Member]) -> str | None:
+    """The network the nodes talk over, for the advice that names it (a firewall rule): the inventory's
+    cluster_cidr, else the network of each node's cluster address on its cluster interface. None unless every
+    node gives the same one."""
+    networks = set()
+    for m in members:
+        if m.node.cluster_cidr:
+            try:
+                networks.add(str(ipaddress.ip_network(m.node.cluster_cidr, strict=False)))
+            except ValueError:
+                return None
+            continue
+        found = [
+            str(a.address.network)
+            for a in m.facts.addresses or []
+            if a.iface == m.interface and str(a.address.ip) == m.address
+        ]
+        if not found:
+            return None
+        networks.add(found[0])
+    return networks.pop() if len(networks) == 1 else None
 
 
 def run(members: list[Member], ctx: Context) -> list[CheckResult]:
@@ -143,7 +167,7 @@ def run(members: list[Member], ctx: Context) -> list[CheckResult]:
         master=members[0].name,
         master_port=config.master_port,
         errors=errors,
-        cidr=None,
+        cidr=cluster_network(members),
         not_ready=not_ready,
         ready_after=ready_after,
     )
@@ -151,7 +175,7 @@ def run(members: list[Member], ctx: Context) -> list[CheckResult]:
         name = members[0].name
         results = [r for r in results if r.name != "network.resolve"]
         results.append(
-            CheckResult(
+            registry.emit(
                 "network.resolve",
                 Status.SKIP,
                 f"{name}: one node: its ranks meet on 127.0.0.1 (hostname.resolve covers its own name)",

@@ -7,7 +7,7 @@ import json
 import random
 from pathlib import Path
 
-from clustercheck.checks import network
+from clustercheck.checks import network, registry
 from clustercheck.model import Status
 from clustercheck.stages import network as stage
 
@@ -133,7 +133,59 @@ def test_an_mtu_mismatch_names_the_odd_node():
     records["node2"]["mtu"] = 9000
     (mtu,) = named(evaluate(records), "network.mtu")
     assert mtu.status is Status.FAIL
-    assert "most nodes have 1500, node2 (eth0) has 9000" in mtu.message
+    assert mtu.message == "cluster interface MTU differs: node2 has 9000, where the other 2 node(s) have 1500"
+    assert "Set the MTU to 1500 on node2 (eth0)" in mtu.remediation
+
+
+def test_an_mtu_tie_says_there_is_no_majority_as_consistency_mtu_does():
+    records = {n: r for n, r in load("netprobe-healthy.json").items() if n != "node3"}
+    records["node2"]["mtu"] = 9000
+    (mtu,) = named(evaluate(records), "network.mtu")
+    assert mtu.status is Status.FAIL
+    assert mtu.message == "cluster interface MTU differs between nodes, no majority (node1: 1500; node2: 9000)"
+    assert mtu.remediation == registry.get("network.mtu").fix  # no majority to name: the declared fix
+
+
+def test_every_network_problem_carries_a_fix_the_declared_one_unless_the_stage_knows_better():
+    """A slow node (node2 rate-limited), a pair not measured, a firewall and a busy port: each WARN, FAIL or ERROR
+    has a remediation; the throughput and round-trip warnings the declared fix of their check."""
+    slow = evaluate(load("netprobe-node2-tbf.json"))
+    (throughput,) = named(slow, "network.throughput")
+    assert throughput.status is Status.WARN and throughput.remediation == registry.get("network.throughput").fix
+    records = load("netprobe-healthy.json")
+    entry = next(e for e in records["node1"]["perf"] if not e.get("served"))
+    entry.clear()
+    entry.update(peer="node3", round=1, error="node3 did not connect within 10 s")
+    (rtt,) = named(evaluate(records), "network.rtt")
+    assert rtt.status is Status.WARN and rtt.remediation == registry.get("network.rtt").fix
+    busy = load("netprobe-healthy.json")
+    busy["node2"]["listen"][0].update(ok=False, error="Address already in use")
+    results = slow + evaluate(records) + evaluate(load("netprobe-node3-firewall.json")) + evaluate(busy)
+    problems = [r for r in results if r.status in (Status.WARN, Status.FAIL, Status.ERROR)]
+    assert {r.name for r in problems} >= {"network.throughput", "network.rtt", "network.tcp", "network.listen"}
+    assert all(r.remediation for r in problems), [r for r in problems if not r.remediation]
+
+
+def member(name, address, interface, addresses, cidr=None):
+    from ipaddress import IPv4Interface
+
+    from clustercheck.facts.model import Address, NodeFacts
+    from clustercheck.inventory import Node
+    from clustercheck.stages import Member
+
+    node = Node(name=name, address=address, cluster_cidr=cidr)
+    facts = NodeFacts(node, "python3", "python3", addresses=[Address(i, IPv4Interface(a)) for i, a in addresses])
+    return Member(node, None, facts, address, interface, None, 0)
+
+
+def test_the_cluster_network_comes_from_the_inventory_else_from_the_cluster_addresses():
+    ips = {"node1": "172.30.82.11", "node2": "172.30.82.12"}
+    found = [member(n, ip, "eth0", [("lo", "127.0.0.1/8"), ("eth0", f"{ip}/24")]) for n, ip in ips.items()]
+    assert stage.cluster_network(found) == "172.30.82.0/24"
+    given = [member(n, ip, "eth0", [], cidr="172.30.0.0/16") for n, ip in ips.items()]
+    assert stage.cluster_network(given) == "172.30.0.0/16"
+    apart = [member("node1", "10.0.0.1", "eth0", [("eth0", "10.0.0.1/24")]), found[1]]
+    assert stage.cluster_network(apart) is None  # no one network: the advice names the peer's address instead
 
 
 def test_a_node_without_a_record_is_an_error_and_others_are_still_judged():
