@@ -15,13 +15,26 @@ from clustercheck.config import DEFAULT_MAX_CLOCK_OFFSET
 from clustercheck.facts.model import NodeFacts
 
 
+def too_few(nodes: list[NodeFacts]) -> str | None:
+    """Why a cross-node check has nothing to compare: fewer than two nodes answered (NODES are those whose facts
+    were collected). None when there is something to compare."""
+    if len(nodes) >= 2:
+        return None
+    size = nodes[0].cluster_size if nodes else 0
+    if size == 1:
+        return "one node, nothing to compare"
+    if not nodes:
+        return "no node reached, nothing to compare"
+    return f"{len(nodes)} of {size} nodes reached, nothing to compare"
+
+
 def compare(values: dict[str, Any], what: str) -> Finding:
     """One consistency verdict over host -> value; None means the value could not be collected there."""
     known = {host: v for host, v in values.items() if v is not None}
     missing = sorted(h for h, v in values.items() if v is None)
     data: dict[str, Any] = {"values": values}
     if len(values) < 2:
-        return skip(f"{what}: one node, nothing to compare", **data)
+        return skip(f"{what}: {len(values)} node(s), nothing to compare", **data)
     if len(known) < 2:
         return skip(f"{what}: known on {len(known)} node(s) only", **data)
     counts = Counter(known.values())
@@ -51,7 +64,9 @@ def _text(value: Any) -> str | None:
 def _same(name: str, what: str, proves: str, fix: str, get: Callable[[NodeFacts], Any]) -> None:
     @cluster_check(f"consistency.{name}", proves=proves, fix=fix)
     def check(nodes: list[NodeFacts], config: Any) -> Finding:
-        return compare({n.host: get(n) for n in nodes}, what)
+        values = {n.host: get(n) for n in nodes}
+        few = too_few(nodes)
+        return skip(few, values=values) if few else compare(values, what)
 
 
 _same(
@@ -126,8 +141,9 @@ def clocks(nodes: list[NodeFacts], config: Any) -> Finding:
         "offsets_s": {h: None if o is None else round(o, 4) for h, o in offsets.items()},
         "bound_s": bound,
     }
-    if len(offsets) < 2:
-        return skip("clock offset: one node, nothing to compare", **data)
+    few = too_few(nodes)
+    if few:
+        return skip(few, **data)
     if len(known) < 2:
         return skip("clock offset: measured on fewer than 2 nodes", **data)
     centre = median(known.values())
@@ -160,6 +176,9 @@ def packages(nodes: list[NodeFacts], config: Any) -> Finding:
         lists[n.host] = entries
     unknown = sorted(n.host for n in nodes if n.packages is None)
     data: dict[str, Any] = {"not_collected": unknown}
+    few = too_few(nodes)
+    if few:
+        return skip(few, **data)
     if len(lists) < 2:
         return skip(f"package lists: known on {len(lists)} node(s), nothing to compare", **data)
     names = sorted({name for entries in lists.values() for name in entries})

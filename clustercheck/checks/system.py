@@ -52,7 +52,8 @@ def shm_size(facts: NodeFacts) -> Finding:
 
 @node_check(
     "ulimit.memlock",
-    proves="locked memory is unlimited, as RDMA (InfiniBand/RoCE) needs",
+    proves="locked memory is unlimited on a node with an RDMA device (InfiniBand/RoCE), as RDMA needs (a node "
+    "without one passes, saying so)",
     fix="RDMA (InfiniBand/RoCE) needs pinned memory: set `* - memlock unlimited` in /etc/security/limits.d/ and "
     "LimitMEMLOCK=infinity for services.",
     reads=("memlock",),
@@ -60,9 +61,19 @@ def shm_size(facts: NodeFacts) -> Finding:
 def ulimit_memlock(facts: NodeFacts) -> Finding:
     assert facts.memlock is not None
     soft = facts.memlock.soft
-    if soft is not None:
-        return warn(f"ulimit -l is {soft // 1024} KiB, not unlimited", soft=soft, hard=facts.memlock.hard)
-    return passed("ulimit -l is unlimited")
+    data = {"soft": soft, "hard": facts.memlock.hard}
+    if soft is None:
+        return passed("ulimit -l is unlimited", **data)
+    limit = f"ulimit -l is {soft // 1024} KiB"
+    ports = facts.rdma_ports
+    if ports == []:  # only RDMA pins memory beyond the limit's reach: without a device the limit does not matter
+        return passed(f"{limit}: no RDMA device (/sys/class/infiniband), so nothing needs it unlimited", **data)
+    if ports is None:
+        why = facts.why_missing("rdma_ports")
+        detail = COULD_NOT_COLLECT if why == COULD_NOT_COLLECT else f"{COULD_NOT_COLLECT} ({why})"
+        return warn(f"{limit}, not unlimited; whether the node has an RDMA device that needs it: {detail}", **data)
+    devices = sorted({p.device for p in ports})
+    return warn(f"{limit}, not unlimited, on a node with RDMA device(s) {', '.join(devices)}", devices=devices, **data)
 
 
 @node_check(
@@ -154,7 +165,8 @@ def hostname_resolve(facts: NodeFacts) -> Finding:
             )
         return fail(
             f"hostname {name} resolves only to loopback ({', '.join(addresses)}); other ranks cannot reach it",
-            f"In /etc/hosts, map {name} to the node's cluster address, not 127.0.1.1 (the setup playbook does).",
+            f"In /etc/hosts, map {name} to the node's cluster address instead of {', '.join(loopback)} (the setup "
+            "playbook does).",
             hostname=name,
             addresses=addresses,
         )

@@ -92,6 +92,21 @@ def test_hostname_on_loopback_fails_only_on_a_multi_node_cluster():
     assert by_name(node_facts(hostname=loopback, cluster_size=1))["hostname.resolve"].status is Status.WARN
 
 
+def test_the_loopback_fix_names_the_address_the_hostname_resolved_to():
+    result = by_name(node_facts(hostname={"hostname": "gpu01", "addresses": ["127.0.0.1"]}))["hostname.resolve"]
+    assert "127.0.0.1" in result.remediation and "127.0.1.1" not in result.remediation
+
+
+def test_consistency_with_fewer_than_two_nodes_reached_says_how_many_of_how_many():
+    def messages(nodes):
+        results = registry.run_cluster_checks(nodes, None, lambda name: True, "")
+        return {r.message for r in results if r.name.startswith("consistency.") and r.name != "consistency.fabric_rate"}
+
+    assert messages([]) == {"no node reached, nothing to compare"}
+    assert messages([node_facts(cluster_size=2)]) == {"1 of 2 nodes reached, nothing to compare"}
+    assert messages([node_facts(cluster_size=1)]) == {"one node, nothing to compare"}
+
+
 def test_consistency_names_the_nodes_that_differ_from_the_majority():
     result = consistency.compare({"n1": "2.13.0", "n2": "2.13.0", "n3": "2.12.0"}, "torch version")
     assert result.status is Status.FAIL

@@ -466,3 +466,19 @@ def test_the_gpus_iommu_domain_decides_over_the_command_line():
     identity = {"gpus": two, "lspci": {}, "iommu": {"0000:1b:00.0": "identity", "0000:1c:00.0": "identity"}}
     passthrough = by_name(facts(smi=H800, gpu_bridges=identity, cmdline="ro intel_iommu=on iommu=pt"))["pcie.iommu"]
     assert passthrough.status is Status.PASS and "identity" in passthrough.message
+
+
+def test_a_locked_memory_limit_warns_only_where_an_rdma_device_needs_it():
+    """ulimit -l of 8 MiB (the development machine's, facts-debian12-localhost.json) on a node without
+    /sys/class/infiniband passes saying why; on the recorded RoCE node it warns naming the devices."""
+    limited = {"soft": 8388608, "hard": 8388608}
+    plain = by_name(facts(memlock=limited))["ulimit.memlock"]
+    assert plain.status is Status.PASS
+    assert plain.message == "node1: ulimit -l is 8192 KiB: no RDMA device (/sys/class/infiniband), so nothing needs it unlimited"
+    roce = by_name(facts(memlock=limited, infiniband=ROCE))["ulimit.memlock"]
+    assert roce.status is Status.WARN and "on a node with RDMA device(s) mlx5_0, mlx5_1" in roce.message
+    assert "memlock unlimited" in roce.remediation
+    unknown = by_name(facts(memlock=limited, infiniband={"error": "PermissionError: [Errno 13]"}))["ulimit.memlock"]
+    assert unknown.status is Status.WARN and "could not collect (PermissionError: [Errno 13])" in unknown.message
+    unlimited = by_name(facts(memlock={"soft": None, "hard": None}, infiniband=ROCE))["ulimit.memlock"]
+    assert unlimited.status is Status.PASS
