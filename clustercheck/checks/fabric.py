@@ -73,6 +73,11 @@ def fabric_peermem(facts: NodeFacts) -> Finding:
     "port (ibportstate, or the switch's own tools).",
 )
 def fabric_rate(nodes: list[NodeFacts], config: Any) -> Finding:
+    from clustercheck.checks.consistency import too_few  # here: importing it above would register it first
+
+    few = too_few(nodes)
+    if few:
+        return skip(few, rates_gbps={})
     by_port: dict[str, dict[str, float]] = {}
     for n in nodes:
         for p in n.rdma_ports or []:
