@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -32,6 +33,7 @@ class Outcome:
     host_key_error: bool = False
     unclean: dict[str, str] = field(default_factory=dict)  # node -> why what the run started there was not stopped
     facts: dict[str, NodeFacts] = field(default_factory=dict)  # node -> its facts, for every node collected
+    durations: dict[str, float] = field(default_factory=dict)  # stage -> seconds it ran, for the stages that ran
 
 
 class Interrupted(KeyboardInterrupt):
@@ -66,11 +68,13 @@ class Pipeline:
         self._results: dict[str, list[CheckResult]] = {}
         self._facts: dict[str, NodeFacts] = {}
         self._host_key_error = False
+        self._durations: dict[str, float] = {}
 
     # ------------------------------------------------------------------ the whole run
 
     def run(self) -> Outcome:
         try:
+            started = time.monotonic()
             fanout(self._host, self.nodes, limit=self.config.forks, name=lambda n: n.name)
             results = []
             for node in self.nodes:
@@ -80,6 +84,7 @@ class Pipeline:
             results += registry.run_cluster_checks(
                 reached, self.config, selection.check_selected, "not selected (--skip)"
             )
+            self._durations["core"] = time.monotonic() - started
             results += self._multinode()
         except KeyboardInterrupt as exc:  # Ctrl-C or SIGTERM: kill what we started everywhere, then say where not
             raise Interrupted(self.abort()) from exc
@@ -91,7 +96,7 @@ class Pipeline:
         unclean = self.abort()  # the transports stay open for the multi-node stages; now every node is cleaned up
         for node in self.nodes:
             self.progress(node.name, "done")
-        return Outcome(results, self._host_key_error, unclean, dict(self._facts))
+        return Outcome(results, self._host_key_error, unclean, dict(self._facts), dict(self._durations))
 
     def abort(self) -> dict[str, str]:
         """Stop every host: kill this run's processes on every node (in parallel, bounded), then disconnect.
@@ -156,7 +161,9 @@ class Pipeline:
                 raise core.Aborted
             for m in members:
                 self.progress(m.name, stage)
+            started = time.monotonic()
             stage_results = [self._deselect(r) for r in module.run(members, self.ctx)]
+            self._durations[stage] = time.monotonic() - started
             results += stage_results
             problems = [r for r in stage_results if r.status.is_problem]
             if problems and getattr(module, "GATES", True):
@@ -233,9 +240,8 @@ class Pipeline:
         except TransportError as exc:
             message = str(exc) if str(exc).startswith(node.name) else f"{node.name}: {exc}"
             data = getattr(exc, "data", {})
-            return None, CheckResult(
-                check.name, Status.FAIL, message, host=node.name, remediation=connection.connect_fix(exc, data), data=data
-            )
+            fix = connection.connect_fix(exc, data)
+            return None, CheckResult(check.name, Status.FAIL, message, host=node.name, remediation=fix, data=data)
         if self._abort.is_set():
             raise core.Aborted
         return connected.transport, check.result(node.name, registry.passed(connected.description, **connected.data))

@@ -23,11 +23,12 @@ from clustercheck.config import RunConfig
 from clustercheck.inventory import Node
 from clustercheck.model import Status
 from clustercheck.run.pipeline import Pipeline
-from clustercheck.run.selection import Selection
+from clustercheck.run.selection import STAGES, Selection
 from clustercheck.transport import CommandResult, HostKeyError, TransportError, workdir_for
 from clustercheck.transport.factory import Connected
 
 RECORDS = Path(__file__).parent / "records"
+FIREWALL = json.loads((RECORDS / "netprobe-node3-firewall.json").read_text())
 FACTS = (RECORDS / "facts-debian12-localhost.json").read_text()
 NETPROBE = json.loads((RECORDS / "netprobe-healthy.json").read_text())
 COLLECTIVES = json.loads((RECORDS / "collectives-2x2.json").read_text())
@@ -165,6 +166,28 @@ def test_a_name_that_does_not_resolve_gets_the_dns_fix_not_the_sshd_one(tmp_path
     timed_out = TransportError("node2 (10.0.0.2:22): unreachable: timed out after 3 s")
     other = Cluster(faults={"node2": timed_out}).run(tmp_path / "t", selection=Selection(only=("core",)))
     assert by_key(other.results)[("connect", "node2")].remediation == registry.get("connect").fix
+
+
+def test_each_stage_that_ran_has_its_duration(tmp_path):
+    full = Cluster().run(tmp_path / "full")
+    assert {"core", "network", "collectives", "ddp"} <= set(full.durations) <= set(STAGES)
+    assert all(seconds >= 0 for seconds in full.durations.values())
+    core_only = Cluster().run(tmp_path / "core", selection=Selection(only=("core",)))
+    assert list(core_only.durations) == ["core"]
+
+
+def test_the_firewall_advice_names_the_cluster_network_of_the_inventory(tmp_path):
+    def firewalled(transport, command, timeout):
+        if len(command) > 2 and command[2] == "netprobe" and "mesh" in command:
+            return CommandResult(0, json.dumps(FIREWALL[transport.host]) + "\n", "")
+        return None
+
+    cluster = Cluster(behaviour=dict.fromkeys(NAMES, firewalled))
+    for node in cluster.nodes:
+        node.cluster_cidr = "172.30.82.0/24"
+    outcome = cluster.run(tmp_path, selection=Selection(only=("network",), skip=("local.*",)))
+    tcp = [r for r in outcome.results if r.name == "network.tcp" and r.status is Status.FAIL]
+    assert tcp and all("ufw allow from 172.30.82.0/24" in r.remediation for r in tcp)
 
 
 def test_a_refused_host_key_runs_nothing_there_and_flags_the_run(tmp_path):
