@@ -240,15 +240,22 @@ def run(
         pipeline = Pipeline(nodes, settings, factory.default(settings.ssh), progress)
         outcome = pipeline.run()
     results = outcome.results
-    document = Report(results, [n.name for n in nodes], pipeline.run_id, started_at, time.time() - started_at)
+    document = Report(
+        results,
+        [n.name for n in nodes],
+        pipeline.run_id,
+        started_at,
+        time.time() - started_at,
+        durations=outcome.durations,
+        hosts_args=("--hosts", hosts, *(("--limit", limit) if limit else ())),
+    )
     (run_path / "report.json").write_text(report.render(document, "json") + "\n")
     (run_path / "report.xml").write_text(report.render(document, "junit") + "\n")
     if output:
         report.write_atomic(Path(output), report.render(document, fmt) + "\n")
     elif machine:
         click.echo(report.render(document, fmt))
-    text.print_table(results, console)
-    console.print(f"[bold]{report.verdict(results)}[/]  (raw output: {run_path})")
+    text.print_report(document, console, raw_output=str(run_path))
     if outcome.unclean:
         click.echo(f"clustercheck: {cleanup_message(outcome.unclean)}", err=True)
     if outcome.host_key_error:

@@ -26,18 +26,124 @@ class Report:
     started_at: float | None = None  # Unix time the run started
     duration_s: float | None = None
     extra: dict = field(default_factory=dict)
+    durations: dict[str, float] = field(default_factory=dict)  # stage -> seconds it ran (the stages that ran)
+    hosts_args: tuple[str, ...] = ()  # the arguments that chose the hosts (--hosts, --limit), for the next command
 
     @property
     def status(self) -> Status:
         return overall_status(self.results)
 
+    @property
+    def stages(self) -> list[StageSummary]:
+        return stage_summaries(self.results, self.durations)
 
-def verdict(results: list[CheckResult]) -> str:
+    @property
+    def verdict(self) -> str:
+        return verdict(self.results, self.durations)
+
+    @property
+    def next_step(self) -> str:
+        return next_step(self)
+
+
+@dataclass(frozen=True)
+class StageSummary:
+    """One stage of a run: how it went, how long it took, or why it did not run."""
+
+    name: str
+    status: Status  # the worst of its results (PASS, WARN or FAIL); SKIP when every one of them is SKIP
+    duration_s: float | None  # None: it did not run (or the report does not know)
+    skipped: str | None = None  # why it did not run, when none of its checks judged anything
+
+    @property
+    def verified(self) -> bool:
+        return self.status is not Status.SKIP
+
+
+# A run proves a cluster ready for multi-node PyTorch only when these stages judged it: the network between the
+# nodes, collectives across them and DDP across them. The others (data, lightning) are proofs of their own.
+READY_NEEDS = ("network", "collectives", "ddp")
+
+
+def skip_reason(result: CheckResult) -> str:
+    """Why RESULT (a SKIP) did not run, without the host and check name its message starts with."""
+    text = result.message
+    if result.host and text.startswith(f"{result.host}: "):
+        text = text[len(result.host) + 2 :]
+    return text.removeprefix(f"{result.name} skipped: ")
+
+
+def stage_summaries(results: list[CheckResult], durations: dict[str, float] | None = None) -> list[StageSummary]:
+    """Every stage, in the order they run, from its checks' results (the check registry says which stage emits
+    which check) and the seconds each stage ran."""
+    from clustercheck.checks import REGISTRY
+    from clustercheck.run.selection import STAGES
+
+    durations = durations or {}
+    by_stage: dict[str, list[CheckResult]] = {stage: [] for stage in STAGES}
+    for r in results:
+        check = REGISTRY.get(r.name)
+        if check is not None and check.stage in by_stage:
+            by_stage[check.stage].append(r)
+    summaries = []
+    for stage, members in by_stage.items():
+        judged = [r for r in members if r.status is not Status.SKIP]
+        if not members and stage not in durations:
+            continue  # nothing of this stage in the report (a report of some checks only)
+        skipped = None
+        if not judged:
+            reasons = list(dict.fromkeys(skip_reason(r) for r in members))
+            skipped = "; ".join(reasons) if reasons else "nothing to check"
+        status = overall_status(judged) if judged else Status.SKIP
+        summaries.append(StageSummary(stage, status, durations.get(stage), skipped))
+    return summaries
+
+
+def verdict(results: list[CheckResult], durations: dict[str, float] | None = None) -> str:
+    """One line: NOT READY with the failures, READY when the multi-node stages proved it, else what passed and what
+    was not verified."""
     status = overall_status(results)
     if status is Status.FAIL:
         bad = sum(1 for r in results if r.status.is_problem)
         return f"NOT READY: {bad} check(s) failed"
-    return "READY for multi-node PyTorch" + (" (with warnings)" if status is Status.WARN else "")
+    warnings = " (with warnings)" if status is Status.WARN else ""
+    stages = stage_summaries(results, durations)
+    known = {s.name: s for s in stages}
+    missing = [n for n in READY_NEEDS if n not in known or not known[n].verified]
+    if not missing:
+        return "READY for multi-node PyTorch" + warnings
+    passed = ", ".join(s.name for s in stages if s.verified) or "nothing"
+    why = "; ".join(dict.fromkeys(known[n].skipped or "" if n in known else "no result" for n in missing))
+    return f"NOT VERIFIED for multi-node PyTorch: {passed} passed{warnings}; {', '.join(missing)} did not run ({why})"
+
+
+def next_step(report: Report) -> str:
+    """What to do next, in one line: the first failure to fix, the stages still to run, or the training to start."""
+    import re
+    import shlex
+
+    problems = [r for r in report.results if r.status.is_problem]
+    if problems:
+        first = problems[0]
+        where = f" on {first.host}" if first.host else ""
+        others = f", then the {len(problems) - 1} other failure(s)" if len(problems) > 1 else ""
+        return f"fix {first.name}{where} first{others} (each with its fix above), and run the same command again"
+    stages = {s.name: s for s in report.stages}
+    missing = [n for n in READY_NEEDS if n not in stages or not stages[n].verified]
+    if missing:
+        flags = list(
+            dict.fromkeys(
+                re.findall(
+                    r"\((--(?:only|skip) [^()]*)\)", " ".join(stages[n].skipped or "" for n in missing if n in stages)
+                )
+            )
+        )
+        if flags:
+            return f"run the same command without {' and '.join(flags)} to verify {', '.join(missing)}"
+        return f"find out why {', '.join(missing)} did not run (above), and run the same command again"
+    hosts = shlex.join(report.hosts_args) if report.hosts_args else "--hosts INVENTORY"
+    read = "read the warnings above, then " if report.status is Status.WARN else ""
+    return f"{read}train: clustercheck launch {hosts} -- train.py ARGS (your script under torchrun on every node)"
 
 
 def _formats() -> dict[str, Callable[[Report], str]]:

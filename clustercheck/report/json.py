@@ -5,7 +5,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 
-from clustercheck.report import SCHEMA_VERSION, Report
+from clustercheck.report import SCHEMA_VERSION, Report, StageSummary
 
 
 def document(report: Report) -> dict:
@@ -22,7 +22,18 @@ def document(report: Report) -> dict:
         doc["started_at"] = started.isoformat(timespec="seconds").replace("+00:00", "Z")
     if report.duration_s is not None:
         doc["duration_s"] = round(report.duration_s, 3)
+    if report.durations:  # a report of a run (not of some checks alone): every stage, how it went and its time
+        doc["stages"] = [_stage(s) for s in report.stages]
     return doc
+
+
+def _stage(stage: StageSummary) -> dict:
+    entry: dict = {"name": stage.name, "status": stage.status.value}
+    if stage.duration_s is not None:
+        entry["duration_s"] = round(stage.duration_s, 3)
+    if stage.skipped is not None:
+        entry["skipped"] = stage.skipped
+    return entry
 
 
 def render(report: Report) -> str:

@@ -1,12 +1,13 @@
-"""A Markdown summary for a CI job summary or a pull request comment: the verdict, what is wrong with its fix,
-then one compact table row per check."""
+"""A Markdown summary for a CI job summary or a pull request comment: the verdict, each stage's time, the next step,
+what is wrong with its fix, then one compact table row per check."""
 
 from __future__ import annotations
 
 from collections import Counter
 
 from clustercheck.model import CheckResult, Status
-from clustercheck.report import CLUSTER_SUITE, Report, verdict
+from clustercheck.report import CLUSTER_SUITE, Report
+from clustercheck.report.text import stages_line
 
 SEVERITY = {Status.ERROR: 0, Status.FAIL: 1, Status.WARN: 2, Status.PASS: 3, Status.SKIP: 4}
 DETAIL_CHARS = 160
@@ -58,7 +59,10 @@ def render(report: Report) -> str:
         facts.append(f"took {_duration(report.duration_s)}")
     if report.run_id:
         facts.append(f"run {_code(report.run_id)}")
-    lines = [f"## clustercheck: {verdict(results)}", "", " · ".join(facts), ""]
+    lines = [f"## clustercheck: {report.verdict}", "", " · ".join(facts), ""]
+    if report.durations:
+        lines += [stages_line(report.stages), ""]
+    lines += [f"Next: {report.next_step}", ""]
 
     problems = sorted((r for r in results if r.status.is_problem), key=lambda r: SEVERITY[r.status])
     warnings = [r for r in results if r.status is Status.WARN]

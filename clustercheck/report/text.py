@@ -1,14 +1,17 @@
-"""The table people read: status, check, host and message, then the fixes for what is wrong."""
+"""The report people read: failures and warnings first with their fixes, then what passed; the skipped checks
+folded into one line per reason; each stage's time; the counts, the verdict and what to do next."""
 
 from __future__ import annotations
 
 import io
+from collections import Counter
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from clustercheck.model import CheckResult, Status
-from clustercheck.report import CLUSTER_SUITE, Report, verdict
+from clustercheck.report import CLUSTER_SUITE, Report, StageSummary, skip_reason
 
 STYLES = {
     Status.PASS: "green",
@@ -17,6 +20,26 @@ STYLES = {
     Status.ERROR: "bold red",
     Status.SKIP: "dim",
 }
+SEVERITY = {Status.ERROR: 0, Status.FAIL: 1, Status.WARN: 2, Status.PASS: 3, Status.SKIP: 4}
+NAMES_SHOWN = 8  # check names listed on a folded skip line; the JSON report has them all
+
+
+def print_report(report: Report, console: Console, raw_output: str | None = None) -> None:
+    results = report.results
+    judged = sorted((r for r in results if r.status is not Status.SKIP), key=lambda r: SEVERITY[r.status])
+    if judged:
+        print_table(judged, console)
+    for r in judged:
+        if r.status is not Status.PASS and r.remediation:
+            where = f" on {r.host}" if r.host else ""
+            console.print(f"[bold]fix[/] {escape(r.name)}{escape(where)}: {escape(r.remediation)}")
+    for line in skipped_lines(results, report.hosts):
+        console.print(f"[dim]{escape(line)}[/]")
+    if report.stages:
+        console.print(escape(stages_line(report.stages)))
+    console.print(escape(counts_line(report, raw_output)))
+    console.print(f"[bold]{escape(report.verdict)}[/]")
+    console.print(f"next: {escape(report.next_step)}")
 
 
 def print_table(results: list[CheckResult], console: Console) -> None:
@@ -24,17 +47,73 @@ def print_table(results: list[CheckResult], console: Console) -> None:
     for column in ("status", "check", "host", "message"):
         table.add_column(column, overflow="fold")
     for r in results:
-        table.add_row(f"[{STYLES[r.status]}]{r.status.value}[/]", r.name, r.host or CLUSTER_SUITE, r.message)
+        message = r.message.removeprefix(f"{r.host}: ") if r.host else r.message  # the host has its own column
+        table.add_row(
+            f"[{STYLES[r.status]}]{r.status.value}[/]", escape(r.name), escape(r.host or CLUSTER_SUITE), escape(message)
+        )
     console.print(table)
+
+
+def skipped_lines(results: list[CheckResult], hosts: list[str]) -> list[str]:
+    """One line per reason a check was skipped: how many results, the reason, which checks, and on which hosts
+    where not on all of them."""
+    groups: dict[str, list[CheckResult]] = {}
     for r in results:
-        if r.status in (Status.FAIL, Status.ERROR, Status.WARN) and r.remediation:
-            console.print(f"[bold]fix[/] {r.name}{' on ' + r.host if r.host else ''}: {r.remediation}", markup=True)
+        if r.status is Status.SKIP:
+            groups.setdefault(skip_reason(r), []).append(r)
+    lines = []
+    for reason, members in groups.items():
+        names = _names(list(dict.fromkeys(r.name for r in members)))
+        where = sorted({r.host for r in members if r.host})
+        on = f" on {', '.join(where)}" if where and len(hosts) > 1 and set(where) != set(hosts) else ""
+        lines.append(f"{len(members)} skipped: {reason} ({names}{on})")
+    return lines
+
+
+def _names(names: list[str]) -> str:
+    """Check names, those sharing a prefix with others as `prefix.*`: gpu.*, pcie.*, torch.cuda."""
+    prefixes = Counter(n.split(".", 1)[0] for n in names if "." in n)
+    folded = (f"{n.split('.', 1)[0]}.*" if prefixes.get(n.split(".", 1)[0], 0) > 1 else n for n in names)
+    shown = list(dict.fromkeys(folded))
+    more = f" and {len(shown) - NAMES_SHOWN} more" if len(shown) > NAMES_SHOWN else ""
+    return ", ".join(shown[:NAMES_SHOWN]) + more
+
+
+def _seconds(seconds: float) -> str:
+    if seconds < 60:
+        return f"{seconds:.1f} s"
+    minutes, secs = divmod(round(seconds), 60)
+    return f"{minutes}m{secs:02d}s"
+
+
+def stages_line(stages: list[StageSummary]) -> str:
+    """Each stage with its outcome and time; the stages that did not run, grouped by why."""
+    parts = []
+    skipped: dict[str, list[str]] = {}
+    for s in stages:
+        if s.verified:
+            took = f" in {_seconds(s.duration_s)}" if s.duration_s is not None else ""
+            parts.append(f"{s.name} {s.status.value}{took}")
+        else:
+            skipped.setdefault(s.skipped or "", []).append(s.name)
+    parts += [f"{', '.join(names)} skipped ({why})" for why, names in skipped.items()]
+    return "stages: " + " · ".join(parts)
+
+
+def counts_line(report: Report, raw_output: str | None = None) -> str:
+    counts = Counter(r.status for r in report.results)
+    summary = ", ".join(f"{counts[s]} {s.value}" for s in sorted(counts, key=SEVERITY.get)) or "none"
+    parts = [f"{len(report.results)} result(s): {summary}", f"{len(report.hosts)} host(s)"]
+    if report.duration_s is not None:
+        parts.append(f"took {_seconds(report.duration_s)}")
+    if raw_output:
+        parts.append(f"raw output: {raw_output}")
+    return " · ".join(parts)
 
 
 def render(report: Report) -> str:
-    """The table and the verdict as plain text (for -o FILE)."""
+    """The report as plain text (for -o FILE)."""
     buffer = io.StringIO()
     console = Console(file=buffer, width=200, color_system=None)
-    print_table(report.results, console)
-    console.print(verdict(report.results))
+    print_report(report, console)
     return buffer.getvalue().rstrip("\n")

@@ -55,7 +55,15 @@ def test_localhost_runs_every_stage_and_proves_ddp_equivalence_on_two_cpu_ranks(
     for name in ("local.allreduce", "local.allgather", "local.broadcast"):  # on one node: the collectives stage
         assert checks[name]["status"] == "SKIP" and "collectives stage" in checks[name]["message"]
     assert all(c["status"] in ("PASS", "WARN", "SKIP") for c in report["checks"])
-    assert "READY" in proc.stderr
+    said = " ".join(proc.stderr.split())  # as one line: the console wraps long lines at its width
+    assert "READY for multi-node PyTorch" in said and "NOT VERIFIED" not in said
+    assert "next: " in said and "clustercheck launch --hosts localhost -- train.py" in said
+    # Every stage with its time (data has nothing to check without --shared-dir or --data-path).
+    stages = {s["name"]: s for s in report["stages"]}
+    assert list(stages) == ["core", "network", "data", "collectives", "ddp", "lightning"]
+    assert all(s["duration_s"] >= 0 for s in stages.values())
+    assert stages["ddp"]["status"] in ("PASS", "WARN") and stages["data"]["status"] == "SKIP"
+    assert sum(s["duration_s"] for s in stages.values()) <= report["duration_s"]
     host_dir = tmp_path / "run" / "hosts" / "localhost"
     for stage in ("collectives", "ddp", "lightning"):  # rank records and torchrun's per-rank logs came back
         assert sorted(p.name for p in (host_dir / stage).glob("rank-*.json")) == ["rank-0.json", "rank-1.json"]

@@ -474,7 +474,9 @@ def test_a_locked_memory_limit_warns_only_where_an_rdma_device_needs_it():
     limited = {"soft": 8388608, "hard": 8388608}
     plain = by_name(facts(memlock=limited))["ulimit.memlock"]
     assert plain.status is Status.PASS
-    assert plain.message == "node1: ulimit -l is 8192 KiB: no RDMA device (/sys/class/infiniband), so nothing needs it unlimited"
+    assert plain.message == (
+        "node1: ulimit -l is 8192 KiB: no RDMA device (/sys/class/infiniband), so nothing needs it unlimited"
+    )
     roce = by_name(facts(memlock=limited, infiniband=ROCE))["ulimit.memlock"]
     assert roce.status is Status.WARN and "on a node with RDMA device(s) mlx5_0, mlx5_1" in roce.message
     assert "memlock unlimited" in roce.remediation

@@ -8,6 +8,7 @@ import os
 import re
 import shutil
 import subprocess
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -205,3 +206,97 @@ def test_the_readme_query_for_failing_nodes_finds_them(tmp_path):
         promtool("", tmp_path)  # fails in CI, skips elsewhere
     proc = subprocess.run([tool, "test", "rules", "test.yml"], cwd=tmp_path, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+# ------------------------------------------------------------------------------------------- the text report
+
+
+def one_node_core_only() -> list[CheckResult]:
+    """What `clustercheck run --hosts localhost --only core` reports on the development machine (no GPU): its
+    recorded facts judged by every per-node and consistency check, and every other stage's checks skipped."""
+    from clustercheck.checks import registry
+    from clustercheck.facts import collect
+    from clustercheck.inventory import Node
+
+    raw = json.loads((RECORDS / "facts-debian12-localhost.json").read_text())
+    facts = collect.build(Node(name="localhost", address="localhost"), raw, python="python3", python_source="x")
+    results = [registry.get("connect").result("localhost", registry.passed("local"))]
+    results += registry.run_node_checks(facts, lambda name: True, "")
+    results += registry.run_cluster_checks([facts], None, lambda name: True, "")
+    for check in registry.REGISTRY.values():
+        if check.stage != "core":
+            results += registry.skipped(check, ["localhost"], "not selected (--only core)")
+    return results
+
+
+def text_lines(document: Report) -> list[str]:
+    return report.render(document, "text").splitlines()
+
+
+def test_the_text_report_shows_problems_first_and_folds_the_skips_into_one_line_per_reason():
+    results = one_node_core_only()
+    skips = [r for r in results if r.status is Status.SKIP]
+    assert len(skips) > len(results) / 2  # most of a one-node --only core run is SKIP: none of it is a row
+    lines = text_lines(Report(results, ["localhost"], durations={"core": 21.3}))
+    rows = [line for line in lines if line.startswith("│")]
+    statuses = [row.split("│")[1].strip() for row in rows if row.split("│")[1].strip()]
+    assert "SKIP" not in statuses
+    order = {"ERROR": 0, "FAIL": 1, "WARN": 2, "PASS": 3}
+    assert statuses == sorted(statuses, key=order.get) and statuses[0] in ("FAIL", "WARN")
+    no_gpu = sum(1 for r in skips if r.message.endswith("no NVIDIA GPU on this node (none expected)"))
+    no_gpu_line = f"{no_gpu} skipped: no NVIDIA GPU on this node (none expected)"
+    assert f"{no_gpu_line} (torch.cuda, gpu.*, pcie.*, fabric.peermem)" in lines
+    deselected = sum(1 for r in skips if r.message.endswith("not selected (--only core)"))
+    (line,) = [line for line in lines if line.startswith(f"{deselected} skipped: not selected (--only core) (")]
+    assert "network.*" in line and "ddp_equivalence" in line
+    compared = sum(1 for r in skips if r.message == "one node, nothing to compare")
+    assert compared == len([r for r in results if r.name.startswith("consistency.")])
+    assert f"{compared} skipped: one node, nothing to compare (consistency.*)" in lines
+    folded = [line for line in lines if " skipped: " in line and not line.startswith("stages:")]
+    assert sum(int(line.split(" ", 1)[0]) for line in folded) == len(skips)
+    assert lines[-4] == (
+        "stages: core WARN in 21.3 s · network, data, collectives, ddp, lightning skipped (not selected (--only core))"
+    )
+    counts = Counter(r.status for r in results)
+    assert lines[-3] == (
+        f"{len(results)} result(s): {counts[Status.WARN]} WARN, {counts[Status.PASS]} PASS, {len(skips)} SKIP"
+        " · 1 host(s)"
+    )
+
+
+def test_only_core_is_not_called_ready_and_the_next_step_says_what_to_run():
+    lines = text_lines(Report(one_node_core_only(), ["localhost"], durations={"core": 21.3}))
+    verdict, next_step = lines[-2:]
+    assert "READY" not in verdict
+    assert verdict == (
+        "NOT VERIFIED for multi-node PyTorch: core passed (with warnings); network, collectives, ddp did not run "
+        "(not selected (--only core))"
+    )
+    assert next_step == "next: run the same command without --only core to verify network, collectives, ddp"
+    summary = markdown.render(Report(one_node_core_only(), ["localhost"], durations={"core": 21.3})).splitlines()
+    assert summary[0] == "## clustercheck: " + verdict
+    assert "stages: core WARN in 21.3 s" in summary[4] and summary[6] == "Next: " + next_step.removeprefix("next: ")
+
+
+def test_a_ready_cluster_s_next_step_is_the_launch_and_a_failing_one_s_the_first_fix():
+    healthy = json.loads((RECORDS / "netprobe-healthy.json").read_text())
+    from clustercheck.checks import collectives, ddp
+
+    peers = [network.Peer(n, r["address"]) for n, r in sorted(healthy.items())]
+    results = network.evaluate(healthy, peers, "node1", 29500)
+    results += collectives.evaluate_bandwidth(load("collectives-2x2.json"), world_size=4)
+    results.append(ddp.evaluate(load("ddp-pass.json"), world_size=3))
+    ready = Report(results, sorted(healthy), hosts_args=("--hosts", "inventory/hosts.ini", "--limit", "gpu0*"))
+    assert ready.verdict == "READY for multi-node PyTorch"
+    assert text_lines(ready)[-1] == (
+        "next: train: clustercheck launch --hosts inventory/hosts.ini --limit 'gpu0*' -- train.py ARGS "
+        "(your script under torchrun on every node)"
+    )
+    failing = text_lines(Report(real_results(), ["node1", "node2", "node3"]))
+    assert failing[-2] == "NOT READY: 2 check(s) failed"
+    assert failing[-1] == (
+        "next: fix network.tcp on node1 first, then the 1 other failure(s) (each with its fix above), and run the "
+        "same command again"
+    )
+    fixes = [line for line in failing if line.startswith("fix network.tcp on node")]
+    assert len(fixes) == 2 and failing.index(fixes[0]) < failing.index(failing[-2])

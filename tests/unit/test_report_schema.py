@@ -70,3 +70,29 @@ def test_the_schema_rejects_what_a_reader_could_not_rely_on(spoil):
 def test_a_check_the_schema_does_not_describe_keeps_any_data():
     odd = CheckResult("gpu.newcheck", Status.WARN, "m", host="node1", data={"anything": [1, {"x": None}]})
     validator().validate(document([odd]))
+
+
+def test_each_stage_s_outcome_and_duration_are_in_the_report_and_the_schema():
+    from clustercheck.run.selection import STAGES
+
+    durations = {"core": 21.3456, "network": 3.2, "collectives": 20.0, "ddp": 15.5}
+    doc = document(durations=durations)
+    validator().validate(doc)
+    stages = {s["name"]: s for s in doc["stages"]}
+    assert list(stages) == [s for s in STAGES if s in stages]  # in the order they run
+    assert stages["network"] == {"name": "network", "status": "FAIL", "duration_s": 3.2}  # node3's firewall
+    assert stages["ddp"] == {"name": "ddp", "status": "PASS", "duration_s": 15.5}
+    skipped = document(
+        [CheckResult("network.tcp", Status.SKIP, "network.tcp skipped: not selected (--only core)")],
+        durations={"core": 1.0},
+    )
+    validator().validate(skipped)
+    assert skipped["stages"] == [
+        {"name": "core", "status": "SKIP", "duration_s": 1.0, "skipped": "nothing to check"},
+        {"name": "network", "status": "SKIP", "skipped": "not selected (--only core)"},
+    ]
+    schema = json.loads(report.schema_text())
+    assert schema["$defs"]["stage"]["properties"]["name"]["enum"] == list(STAGES)
+    spoiled = document(durations=durations)
+    spoiled["stages"][0]["duration_s"] = "21 s"
+    assert list(validator().iter_errors(spoiled))
