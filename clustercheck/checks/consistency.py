@@ -36,7 +36,7 @@ def compare(values: dict[str, Any], what: str) -> Finding:
     if len(values) < 2:
         return skip(f"{what}: {len(values)} node(s), nothing to compare", **data)
     if len(known) < 2:
-        return skip(f"{what}: known on {len(known)} node(s) only", **data)
+        return skip(f"known on {len(known)} of {len(values)} nodes, nothing to compare", **data)
     counts = Counter(known.values())
     if len(counts) == 1:
         value = next(iter(counts))
@@ -145,7 +145,7 @@ def clocks(nodes: list[NodeFacts], config: Any) -> Finding:
     if few:
         return skip(few, **data)
     if len(known) < 2:
-        return skip("clock offset: measured on fewer than 2 nodes", **data)
+        return skip(f"known on {len(known)} of {len(offsets)} nodes, nothing to compare", **data)
     centre = median(known.values())
     spread = max(known.values()) - min(known.values())
     data["spread_s"] = round(spread, 4)
@@ -180,7 +180,7 @@ def packages(nodes: list[NodeFacts], config: Any) -> Finding:
     if few:
         return skip(few, **data)
     if len(lists) < 2:
-        return skip(f"package lists: known on {len(lists)} node(s), nothing to compare", **data)
+        return skip(f"known on {len(lists)} of {len(nodes)} nodes, nothing to compare", **data)
     names = sorted({name for entries in lists.values() for name in entries})
     drift, versions = [], []  # versions: packages every node has, at more than one version
     for name in names:

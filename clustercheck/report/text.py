@@ -22,6 +22,8 @@ STYLES = {
 }
 SEVERITY = {Status.ERROR: 0, Status.FAIL: 1, Status.WARN: 2, Status.PASS: 3, Status.SKIP: 4}
 NAMES_SHOWN = 8  # check names listed on a folded skip line; the JSON report has them all
+HOSTS_SHOWN = 8  # hosts named on a fix line
+REASON_CHARS = 100  # of why a stage did not run, on the stages line (the skip lines have it whole)
 
 
 def print_report(report: Report, console: Console, raw_output: str | None = None) -> None:
@@ -29,10 +31,8 @@ def print_report(report: Report, console: Console, raw_output: str | None = None
     judged = sorted((r for r in results if r.status is not Status.SKIP), key=lambda r: SEVERITY[r.status])
     if judged:
         print_table(judged, console)
-    for r in judged:
-        if r.status is not Status.PASS and r.remediation:
-            where = f" on {r.host}" if r.host else ""
-            console.print(f"[bold]fix[/] {escape(r.name)}{escape(where)}: {escape(r.remediation)}")
+    for line in fix_lines(judged):
+        console.print(f"[bold]fix[/] {escape(line)}")
     for line in skipped_lines(results, report.hosts):
         console.print(f"[dim]{escape(line)}[/]")
     if report.stages:
@@ -52,6 +52,24 @@ def print_table(results: list[CheckResult], console: Console) -> None:
             f"[{STYLES[r.status]}]{r.status.value}[/]", escape(r.name), escape(r.host or CLUSTER_SUITE), escape(message)
         )
     console.print(table)
+
+
+def fix_lines(results: list[CheckResult]) -> list[str]:
+    """The fixes of what warned or failed, in the order given: one line per check and fix, naming every host that
+    needs it (the same fix on every node is one line, not one per node)."""
+    hosts: dict[tuple[str, str], list[str]] = {}
+    for r in results:
+        if r.status is not Status.PASS and r.status is not Status.SKIP and r.remediation:
+            where = hosts.setdefault((r.name, r.remediation), [])
+            if r.host and r.host not in where:
+                where.append(r.host)
+    lines = []
+    for (name, fix), where in hosts.items():
+        shown = ", ".join(where[:HOSTS_SHOWN]) + (
+            f" and {len(where) - HOSTS_SHOWN} more" if len(where) > HOSTS_SHOWN else ""
+        )
+        lines.append(f"{name}{' on ' + shown if where else ''}: {fix}")
+    return lines
 
 
 def skipped_lines(results: list[CheckResult], hosts: list[str]) -> list[str]:
@@ -96,7 +114,9 @@ def stages_line(stages: list[StageSummary]) -> str:
             parts.append(f"{s.name} {s.status.value}{took}")
         else:
             skipped.setdefault(s.skipped or "", []).append(s.name)
-    parts += [f"{', '.join(names)} skipped ({why})" for why, names in skipped.items()]
+    for why, names in skipped.items():
+        why = why if len(why) <= REASON_CHARS else why[: REASON_CHARS - 1] + "…"
+        parts.append(f"{', '.join(names)} skipped ({why})")
     return "stages: " + " · ".join(parts)
 
 

@@ -107,6 +107,13 @@ def test_consistency_with_fewer_than_two_nodes_reached_says_how_many_of_how_many
     assert messages([node_facts(cluster_size=1)]) == {"one node, nothing to compare"}
 
 
+def test_what_no_node_reported_is_skipped_with_one_message_for_every_consistency_check():
+    results = registry.run_cluster_checks([node_facts(name=f"n{i}") for i in range(3)], None, lambda name: True, "")
+    unknown = {r.name for r in results if r.message == "known on 0 of 3 nodes, nothing to compare"}
+    assert {"consistency.cuda", "consistency.nccl", "consistency.driver", "consistency.vbios"} <= unknown  # CPU nodes
+    assert {"consistency.packages", "consistency.clock"} <= unknown  # not collected in these facts
+
+
 def test_consistency_names_the_nodes_that_differ_from_the_majority():
     result = consistency.compare({"n1": "2.13.0", "n2": "2.13.0", "n3": "2.12.0"}, "torch version")
     assert result.status is Status.FAIL

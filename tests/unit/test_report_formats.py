@@ -15,7 +15,7 @@ import pytest
 from harness import real_results
 
 from clustercheck import report
-from clustercheck.checks import network
+from clustercheck.checks import network, registry
 from clustercheck.model import CheckResult, Status
 from clustercheck.report import FORMAT_NAMES, Report, markdown, prometheus
 
@@ -300,3 +300,20 @@ def test_a_ready_cluster_s_next_step_is_the_launch_and_a_failing_one_s_the_first
     )
     fixes = [line for line in failing if line.startswith("fix network.tcp on node")]
     assert len(fixes) == 2 and failing.index(fixes[0]) < failing.index(failing[-2])
+
+
+def test_the_same_fix_on_several_nodes_is_one_line_naming_them():
+    fix = registry.get("time.sync").fix
+    results = [
+        registry.get("time.sync").result(host, registry.warn("the clock is not synchronized to NTP"))
+        for host in ("node1", "node2", "node3")
+    ]
+    results.append(registry.get("shm.size").result("node2", registry.fail("/dev/shm is 64 MiB")))
+    lines = text_lines(Report(results, ["node1", "node2", "node3"]))
+    fixes = [line for line in lines if line.startswith("fix ")]
+    assert fixes == [
+        f"fix shm.size on node2: {registry.get('shm.size').fix}",
+        f"fix time.sync on node1, node2, node3: {fix}",
+    ]
+    stages = next(line for line in lines if line.startswith("stages:"))
+    assert stages.startswith("stages: core FAIL")
