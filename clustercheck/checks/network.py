@@ -510,7 +510,7 @@ def resolve_checks(records: dict[str, dict], peers: list[Peer]) -> list[CheckRes
                 seen.setdefault(name, Counter())[tuple(answer["addresses"])] += 1
     results = []
     for resolver, record in sorted(records.items()):
-        problems, warnings = [], []
+        problems, warnings, loopback = [], [], []
         for name, answer in sorted(record["resolve"].items()):
             addrs = answer.get("addresses") or []
             host = answer.get("hostname", name)
@@ -520,6 +520,7 @@ def resolve_checks(records: dict[str, dict], peers: list[Peer]) -> list[CheckRes
                 continue
             if any(_is_loopback(a) for a in addrs):
                 problems.append(f"{label} resolves to loopback {', '.join(addrs)}")
+                loopback += [f"'{a} {host}'" for a in addrs if _is_loopback(a)]
                 continue
             majority = seen[name].most_common(1)[0][0]
             if len(seen[name]) > 1 and tuple(addrs) != majority:
@@ -530,7 +531,8 @@ def resolve_checks(records: dict[str, dict], peers: list[Peer]) -> list[CheckRes
             status, text = Status.FAIL, "name resolution: " + "; ".join(problems)
             remedy = (
                 "Give every node the same /etc/hosts entries mapping each hostname to its cluster "
-                "address (the setup playbook writes them), and remove '127.0.1.1 <hostname>' lines."
+                "address (the setup playbook writes them)"
+                + (f", and remove the {', '.join(dict.fromkeys(loopback))} line(s)." if loopback else ".")
             )
         elif warnings:
             status, text = Status.WARN, "; ".join(warnings)

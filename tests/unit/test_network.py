@@ -290,3 +290,11 @@ def test_one_node_has_no_pair_to_measure():
     one = {"node1": load("netprobe-healthy.json")["node1"]}
     one["node1"].pop("perf")
     assert [r.status for r in network.perf_checks(one)] == [Status.SKIP, Status.SKIP]
+
+
+def test_a_name_resolving_to_loopback_is_named_with_the_address_found_in_the_fix():
+    records = load("netprobe-healthy.json")
+    records["node2"]["resolve"]["node2"] = {"hostname": "node2", "addresses": ["127.0.0.1"]}
+    (failing,) = [r for r in named(evaluate(records), "network.resolve") if r.status is Status.FAIL]
+    assert "node2 resolves to loopback 127.0.0.1" in failing.message
+    assert "remove the '127.0.0.1 node2' line(s)" in failing.remediation and "127.0.1.1" not in failing.remediation
