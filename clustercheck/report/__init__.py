@@ -63,6 +63,15 @@ class StageSummary:
 # A run proves a cluster ready for multi-node PyTorch only when these stages judged it: the network between the
 # nodes, collectives across them and DDP across them. The others (data, lightning) are proofs of their own.
 READY_NEEDS = ("network", "collectives", "ddp")
+SEVERITY = {Status.ERROR: 0, Status.FAIL: 1, Status.WARN: 2, Status.PASS: 3, Status.SKIP: 4}  # worst first
+
+
+def duration_text(seconds: float) -> str:
+    """12.3 s, or 1m15s from a minute on."""
+    if seconds < 60:
+        return f"{seconds:.1f} s"
+    minutes, secs = divmod(round(seconds), 60)
+    return f"{minutes}m{secs:02d}s"
 
 
 def skip_reason(result: CheckResult) -> str:
@@ -99,6 +108,16 @@ def stage_summaries(results: list[CheckResult], durations: dict[str, float] | No
     return summaries
 
 
+def unverified(stages: list[StageSummary]) -> list[StageSummary | str]:
+    """The stages READY needs that did not judge the cluster (a name where the report has nothing of the stage)."""
+    known = {s.name: s for s in stages}
+    return [known.get(n, n) for n in READY_NEEDS if n not in known or not known[n].verified]
+
+
+def _names(stages: list[StageSummary | str]) -> str:
+    return ", ".join(s if isinstance(s, str) else s.name for s in stages)
+
+
 def verdict(results: list[CheckResult], durations: dict[str, float] | None = None) -> str:
     """One line: NOT READY with the failures, READY when the multi-node stages proved it, else what passed and what
     was not verified."""
@@ -108,13 +127,12 @@ def verdict(results: list[CheckResult], durations: dict[str, float] | None = Non
         return f"NOT READY: {bad} check(s) failed"
     warnings = " (with warnings)" if status is Status.WARN else ""
     stages = stage_summaries(results, durations)
-    known = {s.name: s for s in stages}
-    missing = [n for n in READY_NEEDS if n not in known or not known[n].verified]
+    missing = unverified(stages)
     if not missing:
         return "READY for multi-node PyTorch" + warnings
     passed = ", ".join(s.name for s in stages if s.verified) or "nothing"
-    why = "; ".join(dict.fromkeys(known[n].skipped or "" if n in known else "no result" for n in missing))
-    return f"NOT VERIFIED for multi-node PyTorch: {passed} passed{warnings}; {', '.join(missing)} did not run ({why})"
+    why = "; ".join(dict.fromkeys("no result" if isinstance(s, str) else s.skipped or "" for s in missing))
+    return f"NOT VERIFIED for multi-node PyTorch: {passed} passed{warnings}; {_names(missing)} did not run ({why})"
 
 
 def next_step(report: Report) -> str:
@@ -128,19 +146,13 @@ def next_step(report: Report) -> str:
         where = f" on {first.host}" if first.host else ""
         others = f", then the {len(problems) - 1} other failure(s)" if len(problems) > 1 else ""
         return f"fix {first.name}{where} first{others} (each with its fix above), and run the same command again"
-    stages = {s.name: s for s in report.stages}
-    missing = [n for n in READY_NEEDS if n not in stages or not stages[n].verified]
+    missing = unverified(report.stages)
     if missing:
-        flags = list(
-            dict.fromkeys(
-                re.findall(
-                    r"\((--(?:only|skip) [^()]*)\)", " ".join(stages[n].skipped or "" for n in missing if n in stages)
-                )
-            )
-        )
+        reasons = " ".join(s.skipped or "" for s in missing if not isinstance(s, str))
+        flags = list(dict.fromkeys(re.findall(r"\((--(?:only|skip)\b[^()]*)\)", reasons)))  # what deselected them
         if flags:
-            return f"run the same command without {' and '.join(flags)} to verify {', '.join(missing)}"
-        return f"find out why {', '.join(missing)} did not run (above), and run the same command again"
+            return f"run the same command without {' and '.join(flags)} to verify {_names(missing)}"
+        return f"find out why {_names(missing)} did not run (above), and run the same command again"
     hosts = shlex.join(report.hosts_args) if report.hosts_args else "--hosts INVENTORY"
     read = "read the warnings above, then " if report.status is Status.WARN else ""
     return f"{read}train: clustercheck launch {hosts} -- train.py ARGS (your script under torchrun on every node)"

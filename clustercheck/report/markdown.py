@@ -6,10 +6,9 @@ from __future__ import annotations
 from collections import Counter
 
 from clustercheck.model import CheckResult, Status
-from clustercheck.report import CLUSTER_SUITE, Report
+from clustercheck.report import CLUSTER_SUITE, SEVERITY, Report, duration_text
 from clustercheck.report.text import stages_line
 
-SEVERITY = {Status.ERROR: 0, Status.FAIL: 1, Status.WARN: 2, Status.PASS: 3, Status.SKIP: 4}
 DETAIL_CHARS = 160
 
 
@@ -21,11 +20,6 @@ def _cell(text: str) -> str:
 
 def _code(text: str) -> str:
     return f"`{text}`" if "`" not in text else f"`` {text} ``"
-
-
-def _duration(seconds: float) -> str:
-    minutes, secs = divmod(round(seconds), 60)
-    return f"{minutes}m{secs:02d}s" if minutes else f"{secs}s"
 
 
 def _problem(r: CheckResult) -> list[str]:
@@ -56,7 +50,7 @@ def render(report: Report) -> str:
     summary = ", ".join(f"{counts[s]} {s.value}" for s in sorted(counts, key=SEVERITY.get))
     facts = [f"{len(report.hosts)} host(s)", f"{len(results)} check result(s): {summary or 'none'}"]
     if report.duration_s is not None:
-        facts.append(f"took {_duration(report.duration_s)}")
+        facts.append(f"took {duration_text(report.duration_s)}")
     if report.run_id:
         facts.append(f"run {_code(report.run_id)}")
     lines = [f"## clustercheck: {report.verdict}", "", " · ".join(facts), ""]

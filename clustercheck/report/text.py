@@ -11,7 +11,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from clustercheck.model import CheckResult, Status
-from clustercheck.report import CLUSTER_SUITE, Report, StageSummary, skip_reason
+from clustercheck.report import CLUSTER_SUITE, SEVERITY, Report, StageSummary, duration_text, skip_reason
 
 STYLES = {
     Status.PASS: "green",
@@ -20,7 +20,6 @@ STYLES = {
     Status.ERROR: "bold red",
     Status.SKIP: "dim",
 }
-SEVERITY = {Status.ERROR: 0, Status.FAIL: 1, Status.WARN: 2, Status.PASS: 3, Status.SKIP: 4}
 NAMES_SHOWN = 8  # check names listed on a folded skip line; the JSON report has them all
 HOSTS_SHOWN = 8  # hosts named on a fix line
 REASON_CHARS = 100  # of why a stage did not run, on the stages line (the skip lines have it whole)
@@ -59,7 +58,7 @@ def fix_lines(results: list[CheckResult]) -> list[str]:
     needs it (the same fix on every node is one line, not one per node)."""
     hosts: dict[tuple[str, str], list[str]] = {}
     for r in results:
-        if r.status is not Status.PASS and r.status is not Status.SKIP and r.remediation:
+        if r.status in (Status.WARN, Status.FAIL, Status.ERROR) and r.remediation:
             where = hosts.setdefault((r.name, r.remediation), [])
             if r.host and r.host not in where:
                 where.append(r.host)
@@ -97,20 +96,13 @@ def _names(names: list[str]) -> str:
     return ", ".join(shown[:NAMES_SHOWN]) + more
 
 
-def _seconds(seconds: float) -> str:
-    if seconds < 60:
-        return f"{seconds:.1f} s"
-    minutes, secs = divmod(round(seconds), 60)
-    return f"{minutes}m{secs:02d}s"
-
-
 def stages_line(stages: list[StageSummary]) -> str:
     """Each stage with its outcome and time; the stages that did not run, grouped by why."""
     parts = []
     skipped: dict[str, list[str]] = {}
     for s in stages:
         if s.verified:
-            took = f" in {_seconds(s.duration_s)}" if s.duration_s is not None else ""
+            took = f" in {duration_text(s.duration_s)}" if s.duration_s is not None else ""
             parts.append(f"{s.name} {s.status.value}{took}")
         else:
             skipped.setdefault(s.skipped or "", []).append(s.name)
@@ -125,7 +117,7 @@ def counts_line(report: Report, raw_output: str | None = None) -> str:
     summary = ", ".join(f"{counts[s]} {s.value}" for s in sorted(counts, key=SEVERITY.get)) or "none"
     parts = [f"{len(report.results)} result(s): {summary}", f"{len(report.hosts)} host(s)"]
     if report.duration_s is not None:
-        parts.append(f"took {_seconds(report.duration_s)}")
+        parts.append(f"took {duration_text(report.duration_s)}")
     if raw_output:
         parts.append(f"raw output: {raw_output}")
     return " · ".join(parts)

@@ -39,7 +39,7 @@ class Selection:
 
     def why_not_stage(self, stage: str) -> str:
         if stage in self.skip:
-            return "not selected (--skip)"
+            return f"not selected (--skip {stage})"
         return f"not selected (--only {' '.join(self.only)})"
 
     def check_selected(self, name: str) -> bool:

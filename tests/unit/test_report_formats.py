@@ -317,3 +317,22 @@ def test_the_same_fix_on_several_nodes_is_one_line_naming_them():
     ]
     stages = next(line for line in lines if line.startswith("stages:"))
     assert stages.startswith("stages: core FAIL")
+
+
+def test_a_skipped_ddp_stage_is_named_in_the_verdict_with_the_option_that_skipped_it():
+    from clustercheck.run.selection import Selection
+
+    healthy = json.loads((RECORDS / "netprobe-healthy.json").read_text())
+    from clustercheck.checks import collectives
+
+    peers = [network.Peer(n, r["address"]) for n, r in sorted(healthy.items())]
+    results = network.evaluate(healthy, peers, "node1", 29500)
+    results += collectives.evaluate_bandwidth(load("collectives-2x2.json"), world_size=4)
+    why = Selection(skip=("ddp",)).why_not_stage("ddp")
+    for check in registry.of_stage("ddp"):
+        results += registry.skipped(check, sorted(healthy), why)
+    document = Report(results, sorted(healthy))
+    assert document.verdict == (
+        "NOT VERIFIED for multi-node PyTorch: network, collectives passed; ddp did not run (not selected (--skip ddp))"
+    )
+    assert document.next_step == "run the same command without --skip ddp to verify ddp"
