@@ -65,6 +65,37 @@ def test_argument_specs_cover_every_default(role):
         assert (vars_dir / "default.yml").exists(), f"{role} has distribution vars but no vars/default.yml"
 
 
+def _default_comments(role: str) -> dict[str, str]:
+    """The comment right above each variable of ROLE's defaults/main.yml (what the variable is), whitespace folded."""
+    comments: dict[str, str] = {}
+    block: list[str] = []
+    for line in (REPO / "roles" / role / "defaults" / "main.yml").read_text().splitlines():
+        if line.startswith("#"):
+            block.append(line.lstrip("#").strip())
+            continue
+        name = re.match(r"([A-Za-z_]\w*):", line)
+        if name and block:
+            comments[name.group(1)] = " ".join(" ".join(block).split())
+        if not line.startswith((" ", "-")) or name:
+            block = []  # a blank line or the next variable ends the comment
+    return comments
+
+
+@pytest.mark.parametrize("role", [r for r in ROLES if (REPO / "roles" / r / "defaults" / "main.yml").exists()])
+def test_every_description_is_its_own_variables(role):
+    """The README's tables are made from these descriptions: one that is a placeholder, or that says what another
+    variable is (its comment in defaults/main.yml), tells users the wrong thing about both."""
+    options = yaml.safe_load((REPO / "roles" / role / "meta" / "argument_specs.yml").read_text())["argument_specs"][
+        "main"
+    ]["options"]
+    descriptions = {name: " ".join(str(option.get("description", "")).split()) for name, option in options.items()}
+    for name, text in descriptions.items():
+        assert text != name, f"{name}: the description is only the variable's name"
+    for name, comment in _default_comments(role).items():
+        elsewhere = [other for other, text in descriptions.items() if other != name and comment in text]
+        assert not elsewhere, f"{name}'s comment in defaults/main.yml describes {', '.join(elsewhere)} instead"
+
+
 ROLES_WITH_CHOICES = {
     "python_env": {"python_env_manager": ["conda", "venv"]},
     "firewall": {"firewall_logging": ["off", "low", "medium", "high", "full"]},
