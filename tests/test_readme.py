@@ -27,7 +27,6 @@ def test_readme_main_job_checks_localhost():
 def test_the_quick_start_environment_has_numpy():
     """The Quick start installs '.[torch]'; without numpy torch warns "Failed to initialize NumPy" on every rank."""
     import tomllib
-
     from packaging.requirements import Requirement
 
     extras = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]
