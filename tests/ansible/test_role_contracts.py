@@ -149,6 +149,43 @@ def test_address_filters():
     assert [f["device"] for f in net.interfaces_in_cidr(faces, "10.0.0.0/16")] == ["eth0"]
 
 
+def test_firewall_removes_only_its_own_rules_that_the_settings_no_longer_ask_for():
+    """The firewall role's prune, on what ufw really lists (tests/unit/data/ufw-show-added.txt): admin_cidr narrowed
+    from any (and 192.0.2.0/24) to 198.51.100.0/24, the node_exporter rule and the IPv6 SSH rule no longer asked
+    for. Rules without the role's comment stay, whatever they allow."""
+    rules = _load(REPO / "roles" / "firewall" / "filter_plugins" / "firewall_rules.py", "firewall_rules")
+    shown = (REPO / "tests" / "unit" / "data" / "ufw-show-added.txt").read_text()
+    wanted = [
+        "allow proto tcp from 198.51.100.0/24 to any port 22 comment 'clustercheck SSH'",
+        "allow from 172.30.82.0/24 comment 'clustercheck cluster network'",
+        "allow 80/tcp",
+    ]
+    assert rules.stale_rules(shown, wanted, "172.30.82.1", "22") == [
+        "allow 22/tcp comment 'clustercheck SSH'",
+        "allow from 192.0.2.0/24 to any port 22 proto tcp comment 'clustercheck SSH'",
+        "allow from 10.1.0.0/16 to any port 9100 proto tcp comment 'clustercheck node_exporter'",
+        "allow from 2001:db8::/32 to any port 22 proto tcp comment 'clustercheck SSH'",
+    ]
+    # The same settings as when the rules were added (in ufw's own spelling or the role's): nothing to remove.
+    same = [
+        "allow proto tcp from any to any port 22 comment 'clustercheck SSH'",
+        "allow proto tcp from 192.0.2.0/24 to any port 22 comment 'clustercheck SSH'",
+        "allow from 172.30.82.0/24 comment 'clustercheck cluster network'",
+        "allow proto tcp from 10.1.0.5/16 to any port 9100 comment 'clustercheck node_exporter'",
+        "allow from 2001:db8::/32 to any port 22 proto tcp comment 'clustercheck SSH'",
+    ]
+    assert rules.stale_rules(shown, same, "172.30.82.1", "22") == []
+    assert rules.stale_rules("Added user rules (see 'ufw status' for running firewall):\n(None)\n", same) == []
+    # The connection the role runs over is never cut: when no wanted rule lets the control machine in, the rules
+    # that do stay (the role's guard refuses such settings before this point).
+    kept = rules.stale_rules(
+        shown, ["allow proto tcp from 198.51.100.0/24 to any port 22 comment 'clustercheck SSH'"], "172.30.82.1", "22"
+    )
+    assert "allow 22/tcp comment 'clustercheck SSH'" not in kept
+    assert "allow from 172.30.82.0/24 comment 'clustercheck cluster network'" not in kept
+    assert "allow from 192.0.2.0/24 to any port 22 proto tcp comment 'clustercheck SSH'" in kept
+
+
 def test_conda_checksum_table_parser():
     script = _load(REPO / "scripts" / "conda_installer_sha256.py", "conda_installer_sha256")
     digest = "2e1ad2188fe69fcdd522c2b20c08c800a5c7411b775eca768318b1540ed32e53"
