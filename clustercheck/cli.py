@@ -50,7 +50,15 @@ def cli() -> None:
     default=None,
     help="Ranks per node for the torch jobs (default: the GPU count, or 2 without GPUs).",
 )
-@click.option("--format", "fmt", type=click.Choice(report.FORMAT_NAMES), default="text", show_default=True)
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(report.FORMAT_NAMES),
+    default="text",
+    show_default=True,
+    help="The report: text for people, json for scripts, junit and markdown for CI, prometheus for node_exporter's "
+    "textfile collector.",
+)
 @click.option(
     "-o",
     "--output",
@@ -116,7 +124,13 @@ def cli() -> None:
     type=click.Choice(STAGES),
     help="Run only these stages (repeatable); core always collects the facts the others need.",
 )
-@click.option("--master-port", type=click.IntRange(1024, 65535), default=29500, show_default=True)
+@click.option(
+    "--master-port",
+    type=click.IntRange(1024, 65535),
+    default=29500,
+    show_default=True,
+    help="Rendezvous port of the torch jobs, on the first node's cluster address (loopback for the node-local job).",
+)
 @click.option(
     "--accept-new-host-keys",
     is_flag=True,
@@ -268,7 +282,14 @@ def run(
 
 
 @cli.command("checks")
-@click.option("--format", "fmt", type=click.Choice(["text", "json", "markdown"]), default="text", show_default=True)
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["text", "json", "markdown"]),
+    default="text",
+    show_default=True,
+    help="text for people, json for scripts, markdown for documentation (the README's tables).",
+)
 def list_checks(fmt: str) -> None:
     """List every check clustercheck can report: its name, stage, scope, what it proves and the fix."""
     click.echo(catalog.render(fmt))
@@ -299,7 +320,13 @@ def _ssh_options(function):
                 default=None,
                 help="SSH config file (default ~/.ssh/config).",
             ),
-            click.option("--connect-timeout", type=click.FloatRange(min=1), default=10, show_default=True),
+            click.option(
+                "--connect-timeout",
+                type=click.FloatRange(min=1),
+                default=10,
+                show_default=True,
+                help="Seconds for the TCP connection to each node.",
+            ),
         ]
     ):
         function = option(function)
@@ -344,7 +371,13 @@ def _nodes_and_ssh(
     default=None,
     help="Ranks per node (default: the node's GPU count, or 1 without GPUs).",
 )
-@click.option("--master-port", type=click.IntRange(1024, 65535), default=29500, show_default=True)
+@click.option(
+    "--master-port",
+    type=click.IntRange(1024, 65535),
+    default=29500,
+    show_default=True,
+    help="torchrun's --master-port on the first node (the c10d rendezvous endpoint's port in an elastic job).",
+)
 @click.option("--env", "env", multiple=True, metavar="K=V", help="Environment variable for every rank (repeatable).")
 @click.option(
     "--sync",
@@ -357,7 +390,8 @@ def _nodes_and_ssh(
     "--chdir",
     default=None,
     metavar="DIR",
-    help="Working directory on every node (default: the remote user's home; with --sync, the synced copy).",
+    help="Working directory on every node (default: the remote user's home over SSH, the current directory on "
+    "localhost; with --sync, the synced copy).",
 )
 @click.option("--python", default=None, help="Environment python on every node (default as for clustercheck run).")
 @click.option("--no-preflight", is_flag=True, help="Start without the core and network checks first.")
@@ -373,7 +407,9 @@ def _nodes_and_ssh(
     help="Where every node's output is kept (default ./clustercheck-runs/launch-<timestamp>).",
 )
 @_ssh_options
-@click.argument("job", nargs=-1, required=True, type=click.UNPROCESSED)
+@click.argument(
+    "job", nargs=-1, required=True, type=click.UNPROCESSED, metavar="-- [TORCHRUN OPTIONS] SCRIPT [ARGS]..."
+)
 def launch(
     hosts: str,
     limit: str | None,

@@ -24,6 +24,19 @@ def test_readme_main_job_checks_localhost():
     assert "-c constraints.txt" in first  # never the multi-GB CUDA build by accident
 
 
+def test_the_quick_start_environment_has_numpy():
+    """The Quick start installs '.[torch]'; without numpy torch warns "Failed to initialize NumPy" on every rank."""
+    import tomllib
+    from packaging.requirements import Requirement
+
+    extras = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    assert "'.[torch]'" in readme_commands()[0]
+    for extra in ("torch", "test"):
+        assert "numpy" in {Requirement(r).name for r in extras[extra]}, extra
+    pins = (REPO / "constraints.txt").read_text().splitlines()
+    assert any(line.startswith("numpy==") for line in pins)
+
+
 def test_readme_checks_tables_are_the_catalog():
     from clustercheck import catalog
 

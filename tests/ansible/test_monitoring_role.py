@@ -23,14 +23,19 @@ TEXTFILE_DIR = "/var/lib/prometheus/node-exporter"  # the role's default, and th
 
 
 @pytest.fixture(scope="module")
-def monitored(converged_cluster, tmp_path_factory):
-    """The converged cluster's inventory with monitoring switched on and admin_cidr set, as a user writes it."""
+def monitored(converged_cluster, wheelhouse, tmp_path_factory):
+    """The converged cluster's inventory with monitoring switched on and admin_cidr set, as a user writes it.
+
+    Afterwards the firewall goes back to the session's settings (the firewall role removes the rules these
+    settings added), so that the tests after this module find the cluster as site.yml set it up."""
     inventory = tmp_path_factory.mktemp("monitoring-inventory")
     shutil.copy(converged_cluster.inventory, inventory / "hosts.ini")
     (inventory / "group_vars").mkdir()
     settings = {"monitoring_enabled": True, "admin_cidr": converged_cluster.subnet}
     (inventory / "group_vars" / "all.yml").write_text(yaml.safe_dump(settings))
-    return SimpleNamespace(inventory=str(inventory), nodes=converged_cluster.nodes, cluster=converged_cluster)
+    yield SimpleNamespace(inventory=str(inventory), nodes=converged_cluster.nodes, cluster=converged_cluster)
+    restored = ansible_playbook(converged_cluster, wheelhouse, "--tags", "firewall")
+    assert restored.returncode == 0, restored.stdout[-4000:]
 
 
 def play(monitored, wheelhouse, *args: str) -> subprocess.CompletedProcess:

@@ -65,6 +65,37 @@ def test_argument_specs_cover_every_default(role):
         assert (vars_dir / "default.yml").exists(), f"{role} has distribution vars but no vars/default.yml"
 
 
+def _default_comments(role: str) -> dict[str, str]:
+    """The comment right above each variable of ROLE's defaults/main.yml (what the variable is), whitespace folded."""
+    comments: dict[str, str] = {}
+    block: list[str] = []
+    for line in (REPO / "roles" / role / "defaults" / "main.yml").read_text().splitlines():
+        if line.startswith("#"):
+            block.append(line.lstrip("#").strip())
+            continue
+        name = re.match(r"([A-Za-z_]\w*):", line)
+        if name and block:
+            comments[name.group(1)] = " ".join(" ".join(block).split())
+        if not line.startswith((" ", "-")) or name:
+            block = []  # a blank line or the next variable ends the comment
+    return comments
+
+
+@pytest.mark.parametrize("role", [r for r in ROLES if (REPO / "roles" / r / "defaults" / "main.yml").exists()])
+def test_every_description_is_its_own_variables(role):
+    """The README's tables are made from these descriptions: one that is a placeholder, or that says what another
+    variable is (its comment in defaults/main.yml), tells users the wrong thing about both."""
+    options = yaml.safe_load((REPO / "roles" / role / "meta" / "argument_specs.yml").read_text())["argument_specs"][
+        "main"
+    ]["options"]
+    descriptions = {name: " ".join(str(option.get("description", "")).split()) for name, option in options.items()}
+    for name, text in descriptions.items():
+        assert text != name, f"{name}: the description is only the variable's name"
+    for name, comment in _default_comments(role).items():
+        elsewhere = [other for other, text in descriptions.items() if other != name and comment in text]
+        assert not elsewhere, f"{name}'s comment in defaults/main.yml describes {', '.join(elsewhere)} instead"
+
+
 ROLES_WITH_CHOICES = {
     "python_env": {"python_env_manager": ["conda", "venv"]},
     "firewall": {"firewall_logging": ["off", "low", "medium", "high", "full"]},
@@ -116,6 +147,43 @@ def test_address_filters():
     assert net.network_of("172.30.80.11", "255.255.255.0") == "172.30.80.0/24"
     faces = [{"device": "lo", "ipv4": {"address": "127.0.0.1"}}, {"device": "eth0", "ipv4": {"address": "10.0.0.5"}}]
     assert [f["device"] for f in net.interfaces_in_cidr(faces, "10.0.0.0/16")] == ["eth0"]
+
+
+def test_firewall_removes_only_its_own_rules_that_the_settings_no_longer_ask_for():
+    """The firewall role's prune, on what ufw really lists (tests/unit/data/ufw-show-added.txt): admin_cidr narrowed
+    from any (and 192.0.2.0/24) to 198.51.100.0/24, the node_exporter rule and the IPv6 SSH rule no longer asked
+    for. Rules without the role's comment stay, whatever they allow."""
+    rules = _load(REPO / "roles" / "firewall" / "filter_plugins" / "firewall_rules.py", "firewall_rules")
+    shown = (REPO / "tests" / "unit" / "data" / "ufw-show-added.txt").read_text()
+    wanted = [
+        "allow proto tcp from 198.51.100.0/24 to any port 22 comment 'clustercheck SSH'",
+        "allow from 172.30.82.0/24 comment 'clustercheck cluster network'",
+        "allow 80/tcp",
+    ]
+    assert rules.stale_rules(shown, wanted, "172.30.82.1", "22") == [
+        "allow 22/tcp comment 'clustercheck SSH'",
+        "allow from 192.0.2.0/24 to any port 22 proto tcp comment 'clustercheck SSH'",
+        "allow from 10.1.0.0/16 to any port 9100 proto tcp comment 'clustercheck node_exporter'",
+        "allow from 2001:db8::/32 to any port 22 proto tcp comment 'clustercheck SSH'",
+    ]
+    # The same settings as when the rules were added (in ufw's own spelling or the role's): nothing to remove.
+    same = [
+        "allow proto tcp from any to any port 22 comment 'clustercheck SSH'",
+        "allow proto tcp from 192.0.2.0/24 to any port 22 comment 'clustercheck SSH'",
+        "allow from 172.30.82.0/24 comment 'clustercheck cluster network'",
+        "allow proto tcp from 10.1.0.5/16 to any port 9100 comment 'clustercheck node_exporter'",
+        "allow from 2001:db8::/32 to any port 22 proto tcp comment 'clustercheck SSH'",
+    ]
+    assert rules.stale_rules(shown, same, "172.30.82.1", "22") == []
+    assert rules.stale_rules("Added user rules (see 'ufw status' for running firewall):\n(None)\n", same) == []
+    # The connection the role runs over is never cut: when no wanted rule lets the control machine in, the rules
+    # that do stay (the role's guard refuses such settings before this point).
+    kept = rules.stale_rules(
+        shown, ["allow proto tcp from 198.51.100.0/24 to any port 22 comment 'clustercheck SSH'"], "172.30.82.1", "22"
+    )
+    assert "allow 22/tcp comment 'clustercheck SSH'" not in kept
+    assert "allow from 172.30.82.0/24 comment 'clustercheck cluster network'" not in kept
+    assert "allow from 192.0.2.0/24 to any port 22 proto tcp comment 'clustercheck SSH'" in kept
 
 
 def test_conda_checksum_table_parser():
