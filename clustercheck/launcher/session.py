@@ -139,17 +139,22 @@ class Launch:
         document = report.Report(
             outcome.results, [n.name for n in self.nodes], pipeline.run_id, started, time.time() - started
         )
-        (o.run_dir / "preflight" / "report.json").write_text(report.render(document, "json") + "\n")
+        written = o.run_dir / "preflight" / "report.json"
+        written.parent.mkdir(parents=True, exist_ok=True)  # no node may have answered, so nothing made it yet
+        written.write_text(report.render(document, "json") + "\n")
         self.preflight_facts = outcome.facts
         if outcome.host_key_error:
             raise HostKeysRefused(_first_problem(outcome.results) or "host key verification failed")
         problems = [r for r in outcome.results if r.status.is_problem]
         if problems:
+            # Each check's own fix: skipping the preflight would only start a job that fails the same way.
             for r in problems:
-                self.say(f"  {r.status.value} {r.name}{' on ' + r.host if r.host else ''}: {r.message}")
+                fix = f"; fix: {r.remediation}" if r.remediation else ""
+                self.say(f"  {r.status.value} {r.name}{' on ' + r.host if r.host else ''}: {r.message}{fix}")
+            fix = f"; fix: {problems[0].remediation}" if problems[0].remediation else ""
             raise NotStarted(
-                f"preflight failed ({len(problems)} check(s)), nothing was started: {_first_problem(problems)} "
-                f"(report: {o.run_dir / 'preflight' / 'report.json'}; --no-preflight skips it)"
+                f"preflight failed ({len(problems)} check(s)), nothing was started: {_first_problem(problems)}{fix} "
+                f"(report: {written})"
             )
         warned = sum(1 for r in outcome.results if r.status is Status.WARN)
         self.say(f"preflight passed ({len(outcome.results)} checks, {warned} warning(s))")
