@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime as dt
 import signal
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -203,8 +204,7 @@ def run(
             raise UsageError(f"{option} {path}: give an absolute path (it is a path on the nodes)")
     if output and not Path(output).resolve().parent.is_dir():
         raise UsageError(f"-o {output}: no such directory {Path(output).resolve().parent}")
-    run_path = Path(run_dir or Path("clustercheck-runs") / dt.datetime.now().strftime("%Y%m%d-%H%M%S"))
-    run_path.mkdir(parents=True, exist_ok=True)
+    run_path = _make_run_dir(run_dir, "%Y%m%d-%H%M%S")
     machine = fmt != "text"
     console = Console(stderr=machine or output is not None)
     settings = RunConfig(
@@ -405,8 +405,7 @@ def launch(
             session.sync_script(Path(sync), user_command.script)
     except LaunchError as exc:
         raise UsageError(str(exc)) from exc
-    run_path = Path(run_dir or Path("clustercheck-runs") / dt.datetime.now().strftime("launch-%Y%m%d-%H%M%S"))
-    run_path.mkdir(parents=True, exist_ok=True)
+    run_path = _make_run_dir(run_dir, "launch-%Y%m%d-%H%M%S")
     options = session.LaunchOptions(
         command=user_command,
         run_dir=run_path,
@@ -604,6 +603,18 @@ def stop_command(job: str, hosts: str | None, limit: str | None, **ssh_opts) -> 
 def schema() -> None:
     """Print the JSON Schema of the --format json report."""
     click.echo(report.schema_text(), nl=False)
+
+
+def _make_run_dir(given: str | None, name: str) -> Path:
+    """--run-dir (default ./clustercheck-runs/NAME, NAME a strftime pattern), made and proved writable before
+    anything runs: a run directory that cannot be written is a usage error, not a failure half-way."""
+    path = Path(given or Path("clustercheck-runs") / dt.datetime.now().strftime(name))
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        tempfile.TemporaryFile(dir=path).close()
+    except OSError as exc:
+        raise UsageError(f"--run-dir {path}: cannot write there ({exc.strerror or exc})") from exc
+    return path
 
 
 class UsageError(click.ClickException):

@@ -21,6 +21,7 @@ from harness import CLUSTERCHECK, run_cli
         (["launch", "--hosts", "localhost", "--env", "X", "--", "t.py"], "--env X: expected NAME=VALUE"),
         (["launch", "--hosts", "nosuch/inventory.ini", "--", "t.py"], "no such inventory"),
         (["launch", "--hosts", "localhost", "--sync", "/usr", "--", "/etc/hostname"], "not inside --sync"),
+        (["launch", "--hosts", "localhost", "--run-dir", "/proc/nope", "--", "t.py"], "--run-dir /proc/nope: cannot"),
         (["logs", "not-a-job"], "not-a-job: not a job id"),
         (["stop", "0123456789ab"], "no job 0123456789ab recorded on this machine"),
     ],
