@@ -501,7 +501,24 @@ def _job_nodes(job: str, hosts: str | None, limit: str | None, ssh_opts: dict):
 
 def _reached(reach, say) -> None:
     for name, error in sorted(reach.errors.items()):
-        say(f"{name}: {error}")
+        say(_named({name: error}))
+
+
+def _not_asked(reach, results: dict) -> dict[str, str]:
+    """The nodes a jobs/logs/stop command could not ask: not reached, or the connection lost (no exit status)."""
+    lost = {name: r.cause() for name, r in results.items() if r.exit_status is None}
+    return {**reach.errors, **lost}
+
+
+def _named(errors: dict[str, str]) -> str:
+    """node -> error as one clause per node; a transport's message names its node already."""
+    return "; ".join(e if e.startswith(name) else f"{name}: {e}" for name, e in sorted(errors.items()))
+
+
+def _unasked_error(not_asked: dict[str, str], total: int, what: str) -> UsageError:
+    return UsageError(
+        f"could not ask {len(not_asked)} of {total} node(s), {what}: {_named(not_asked)}", ExitCode.CHECK_FAILED
+    )
 
 
 @cli.command("jobs")
@@ -517,13 +534,13 @@ def jobs_command(hosts: str, limit: str | None, show_all: bool, **ssh_opts) -> N
     try:
         with session.Nodes(nodes, factory.default(ssh)) as reach:
             answers = reach.run(lambda name: detached.list_command())
-            _reached(reach, lambda line: click.echo(f"clustercheck: {line}", err=True))
     except session.HostKeysRefused as exc:
         raise UsageError(f"host key verification failed: {exc}") from exc
+    not_asked = _not_asked(reach, answers)
     per_job: dict[str, dict] = {}
     for node in nodes:
         result = answers.get(node.name)
-        if result is None:
+        if result is None or node.name in not_asked:
             continue
         for job in detached.parse_list(result.stdout):
             per_job.setdefault(job.job, {})[node.name] = job
@@ -536,6 +553,8 @@ def jobs_command(hosts: str, limit: str | None, show_all: bool, **ssh_opts) -> N
         states = {n.name: where.get(n.name) for n in nodes if n.name in where}
         click.echo(f"{job_id}  {when}  {detached.summary(states)}")
         shown += 1
+    if not_asked:
+        raise _unasked_error(not_asked, len(nodes), "so their jobs are not listed")
     if not shown:
         click.echo("no running jobs" if not show_all else "no jobs", err=True)
 
@@ -559,11 +578,14 @@ def logs_command(job: str, follow: bool, hosts: str | None, limit: str | None, *
             )
     except session.HostKeysRefused as exc:
         raise UsageError(f"host key verification failed: {exc}") from exc
+    not_asked = _not_asked(reach, results)
     missing = [name for name, r in results.items() if r.exit_status == 4]
-    if missing and len(missing) == len(results):
+    if missing and len(missing) == len(nodes):
         raise UsageError(f"no job {job} on {', '.join(missing)}")
     for name in missing:
         click.echo(f"clustercheck: no job {job} on {name}", err=True)
+    if not_asked:
+        raise _unasked_error(not_asked, len(nodes), "so their output is not shown")
 
 
 @cli.command("stop")
@@ -578,11 +600,11 @@ def stop_command(job: str, hosts: str | None, limit: str | None, **ssh_opts) -> 
     nodes, ssh, _ = _job_nodes(job, hosts, limit, ssh_opts)
     try:
         with session.Nodes(nodes, factory.default(ssh)) as reach:
-            _reached(reach, lambda line: click.echo(f"clustercheck: {line}", err=True))
             results = reach.run(lambda name: detached.stop_command(job), timeout=detached.STOP_TIMEOUT + 45)
     except session.HostKeysRefused as exc:
         raise UsageError(f"host key verification failed: {exc}") from exc
-    problems = []
+    not_asked = _not_asked(reach, results)
+    problems = [_named(reach.errors)] if reach.errors else []
     for name, result in results.items():
         if result.exit_status == 4:
             click.echo(f"{name}: no job {job}")
@@ -590,11 +612,12 @@ def stop_command(job: str, hosts: str | None, limit: str | None, **ssh_opts) -> 
             click.echo(f"{name}: {result.stdout.strip().replace('-', ' ')}")
         else:
             problems.append(f"{name}: {result.cause()}")
-    if len([r for r in results.values() if r.exit_status == 4]) == len(results):
+    if not not_asked and all(r.exit_status == 4 for r in results.values()):
         raise UsageError(f"no job {job} on any node")
-    if problems or len(results) < len(nodes):
+    if problems:
         raise UsageError(
-            "could not stop the job everywhere: " + "; ".join(problems or ["some nodes were not reached"]),
+            f"could not stop the job everywhere ({len(not_asked)} of {len(nodes)} node(s) not reached): "
+            + "; ".join(problems),
             ExitCode.CHECK_FAILED,
         )
 

@@ -33,6 +33,38 @@ def test_bad_input_is_one_line_and_exit_4(args, message, tmp_path, monkeypatch):
     assert proc.stderr.count("\n") == 1 and message in proc.stderr and "Traceback" not in proc.stderr
 
 
+@pytest.mark.parametrize("command", [["jobs"], ["jobs", "--all"], ["logs", "0123456789ab"], ["stop", "0123456789ab"]])
+@pytest.mark.parametrize(
+    ("hosts", "cause"),
+    [
+        ("127.0.0.1:1", "127.0.0.1 (127.0.0.1:1): unreachable"),
+        ("node1.invalid", "node1.invalid (node1.invalid:22): unreachable"),
+    ],
+)
+def test_a_node_that_cannot_be_asked_is_named_and_the_exit_status_is_1(command, hosts, cause, tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    proc = run_cli(*command, "--hosts", hosts, "--connect-timeout", "5", timeout=60)
+    assert proc.returncode == 1, proc.stderr
+    last = proc.stderr.splitlines()[-1]
+    assert last.startswith("clustercheck: error: could not ") and cause in last, proc.stderr
+    assert "no running jobs" not in proc.stderr and "no job" not in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_a_launch_whose_node_cannot_be_reached_names_it_and_exits_6(tmp_path):
+    (tmp_path / "t.py").write_text("print('never')\n")
+    run = tmp_path / "run"
+    proc = run_cli("launch", "--hosts", "127.0.0.1:1", "--run-dir", str(run), "--", str(tmp_path / "t.py"), timeout=120)
+    assert proc.returncode == 6, proc.stderr
+    last = proc.stderr.splitlines()[-1]
+    assert last.startswith("clustercheck: error: preflight failed") and "127.0.0.1 (127.0.0.1:1): unreachable" in last
+    assert "--no-preflight" not in proc.stderr and "internal error" not in proc.stderr
+    assert (run / "preflight" / "report.json").exists()
+    proc = run_cli(
+        "launch", "--no-preflight", "--hosts", "127.0.0.1:1", "--run-dir", str(run), "--", "t.py", timeout=120
+    )
+    assert proc.returncode == 6 and "127.0.0.1 (127.0.0.1:1): unreachable" in proc.stderr, proc.stderr
+
+
 def test_no_script_is_a_usage_error():
     proc = run_cli("launch", "--hosts", "localhost", timeout=60)
     assert proc.returncode == 4 and "Traceback" not in proc.stderr
