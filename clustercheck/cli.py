@@ -441,8 +441,7 @@ def launch(
             try:
                 names = job_run.start_detached(code)
             except session.NotStarted as exc:
-                message = f"the job could not start everywhere, so it was stopped: {exc}"
-                raise UsageError(message, ExitCode.NOT_STARTED) from exc
+                raise UsageError(str(exc), ExitCode.NOT_STARTED) from exc
             hosts_ref = str(Path(hosts).resolve()) if Path(hosts).exists() else hosts
             records.save(
                 records.JobRecord(

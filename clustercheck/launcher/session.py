@@ -372,16 +372,21 @@ class Launch:
             argv = detached.start_command(self.job_id, p.command, p.env, self.cwd, archive_path)
             got = m.transport.run(argv, timeout=60)
             if not got.ok:
-                problems.append(f"{m.name}: systemd-run failed: {got.cause()}")
+                problems.append(f"{m.name}: {detached.start_problem(got.exit_status, got.stderr or got.cause())}")
 
         fanout(begin, self.plans, timeout=90, name=lambda p: p.node.name)
         if problems:
             fanout(
-                lambda m: m.transport.run(detached.stop_command(self.job_id), timeout=60),
+                lambda m: m.transport.run(detached.discard_command(self.job_id), timeout=60),
                 self.members,
                 timeout=90,
             )
-            raise NotStarted("; ".join(sorted(problems)))
+            where = (
+                "on any node"
+                if len(problems) == len(self.plans)
+                else f"on {len(problems)} of {len(self.plans)} node(s), so it was stopped on the others"
+            )
+            raise NotStarted(f"the detached job could not start {where}: " + "; ".join(sorted(problems)))
         return [p.node.name for p in self.plans]
 
     # ------------------------------------------------------------------ ending

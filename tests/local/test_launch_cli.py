@@ -65,6 +65,23 @@ def test_a_launch_whose_node_cannot_be_reached_names_it_and_exits_6(tmp_path):
     assert proc.returncode == 6 and "127.0.0.1 (127.0.0.1:1): unreachable" in proc.stderr, proc.stderr
 
 
+@pytest.mark.skipif(Path("/run/systemd/system").is_dir(), reason="this machine runs systemd as PID 1")
+def test_a_detached_launch_on_a_node_without_systemd_says_so_and_records_no_job(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    (tmp_path / "code").mkdir()
+    (tmp_path / "code" / "t.py").write_text("print('never')\n")
+    args = ["--hosts", "localhost", "--no-preflight", "--run-dir", str(tmp_path / "run")]
+    proc = run_cli("launch", "--detach", *args, "--sync", str(tmp_path / "code"), "--", "t.py", timeout=120)
+    assert proc.returncode == 6, proc.stderr
+    last = proc.stderr.splitlines()[-1]
+    assert "localhost: systemd is not running as PID 1 here" in last and "launch without --detach" in last
+    assert "Failed to connect to bus" not in proc.stderr
+    listed = run_cli("jobs", "--hosts", "localhost", "--all", timeout=60)
+    assert listed.returncode == 0 and listed.stdout == "" and "no jobs" in listed.stderr
+    assert not (tmp_path / "state" / "clustercheck" / "jobs").exists()
+
+
 def test_no_script_is_a_usage_error():
     proc = run_cli("launch", "--hosts", "localhost", timeout=60)
     assert proc.returncode == 4 and "Traceback" not in proc.stderr

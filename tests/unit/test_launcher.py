@@ -4,6 +4,7 @@ listing."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -234,6 +235,25 @@ def test_the_start_command_keeps_the_users_arguments_as_they_are():
     )
     assert argv[:3] == ["sh", "-c", argv[2]] and "systemd-run" in argv[2]
     assert argv[3:] == ["sh", "0123456789ab", "", "", "env", "K=v w", "python", "train.py", "--name", "a b", "$HOME"]
+
+
+@pytest.mark.skipif(os.path.isdir("/run/systemd/system"), reason="this machine runs systemd as PID 1")
+def test_a_node_without_systemd_as_pid_1_refuses_a_detached_job_and_keeps_no_job(tmp_path):
+    argv = detached.start_command("0123456789ab", ["true"], {}, None, None)
+    proc = subprocess.run(argv, capture_output=True, text=True, env={**os.environ, "HOME": str(tmp_path)})
+    assert proc.returncode == detached.REFUSED
+    said = detached.start_problem(proc.returncode, proc.stderr)
+    assert said.startswith("systemd is not running as PID 1 here (PID 1 is ") and "launch without --detach" in said
+    listed = subprocess.run(detached.list_command(), capture_output=True, text=True, env={"HOME": str(tmp_path)})
+    assert detached.parse_list(listed.stdout) == []
+
+
+def test_systemd_runs_own_error_is_named_as_such():
+    assert detached.start_problem(1, "Failed to connect to bus: Host is down\n") == (
+        "systemd-run failed (exit 1): Failed to connect to bus: Host is down"
+    )
+    lingering = "alice has no lingering systemd user manager, so a detached job would end at logout: run: ..."
+    assert detached.start_problem(detached.REFUSED, lingering + "\n") == lingering
 
 
 def test_a_job_record_round_trips_and_an_unknown_job_says_how_to_reach_it(tmp_path, monkeypatch):
