@@ -4,7 +4,8 @@ output kept. Command lines and the parsing of their answers (pure logic, no I/O)
 
 On each node, as the SSH user: unit clustercheck-job-JOB.service (a system unit for root; a user unit otherwise,
 which needs lingering so it outlives the login), and $HOME/.local/state/clustercheck/jobs/JOB/ with output.log
-(torchrun's console: every rank's lines), exit-status (once torchrun ends on its own), command and started.
+(torchrun's console: every rank's lines), exit-status (once torchrun ends on its own), stopped (once `stop`
+stopped it), command and started.
 """
 
 from __future__ import annotations
@@ -75,7 +76,8 @@ _LOGS = (
 _STOP = (
     _SCOPE.replace("exit 3", "true") + f'unit="{UNIT_PREFIX}$1.service"; '
     f'if [ ! -d {JOBS_DIR}/"$1" ]; then echo "no job $1 here" >&2; exit 4; fi; '
-    'if systemctl $uf is-active --quiet "$unit"; then systemctl $uf stop "$unit"; echo stopped; '
+    'if systemctl $uf is-active --quiet "$unit"; then systemctl $uf stop "$unit"; '
+    f': > {JOBS_DIR}/"$1"/stopped; echo stopped; '
     "else echo not-running; fi"
 )
 

@@ -155,3 +155,48 @@ def test_ctrl_c_stops_every_rank_and_leaves_nothing_running(tmp_path):
     left = subprocess.run(["pgrep", "-af", "[f]orever.py"], capture_output=True, text=True)
     assert left.stdout == ""
     assert not list(Path("/tmp").glob("clustercheck-*/code/forever.py"))
+
+
+RANK_0_WRITES = """
+import os
+import torch.distributed as dist
+dist.init_process_group("gloo")
+here = os.path.dirname(os.path.abspath(__file__))
+if dist.get_rank() == 0:  # what a training script leaves beside itself: a checkpoint, Lightning's logs
+    with open(os.path.join(here, "model.pt"), "w") as fh:
+        fh.write(os.environ["TORCHELASTIC_RUN_ID"])
+    version = os.path.join(here, "lightning_logs", "version_" + os.environ["TORCHELASTIC_RUN_ID"])
+    os.makedirs(version, exist_ok=True)
+    with open(os.path.join(version, "hparams.yaml"), "w") as fh:
+        fh.write("lr: 0.1\\n")
+dist.barrier()
+print(f"rank {dist.get_rank()} done", flush=True)
+dist.destroy_process_group()
+"""
+
+
+def test_launches_from_the_code_directory_compare_the_code_only(tmp_path, monkeypatch):
+    """The user's way: cd into the code and launch, twice. The run directories clustercheck writes there, the
+    environment beside the script and what rank 0 wrote are not the code: the file count stays the same."""
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))  # the node's record of launches from the directory
+    code = tmp_path / "code"
+    (code / ".venv" / "lib").mkdir(parents=True)
+    (code / ".venv" / "lib" / "big.bin").write_bytes(b"\0" * 1024)
+    (code / "job.py").write_text(RANK_0_WRITES)
+    (code / "util.py").write_text("X = 1\n")
+    base = ["launch", "--hosts", "localhost", "--no-preflight", "--nproc-per-node", "2", "--master-port", "29643"]
+    said = []
+    for _ in range(2):
+        proc = subprocess.run(
+            [CLUSTERCHECK, *base, "--chdir", str(code), "--", "job.py"],
+            cwd=code,
+            capture_output=True,
+            text=True,
+            timeout=240,
+        )
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        assert "localhost/1: rank 1 done" in proc.stdout
+        said.append(proc.stderr)
+    assert all(f"{code / 'job.py'}: the same 2 file(s) on every node" in s for s in said), said
+    assert "not compared on localhost, written by earlier launches from there: lightning_logs/" in said[1]
+    assert len(list((code / "clustercheck-runs").iterdir())) == 2

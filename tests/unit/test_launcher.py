@@ -4,9 +4,13 @@ listing."""
 
 from __future__ import annotations
 
+import dataclasses
+import io
 import os
 import subprocess
 import sys
+import tarfile
+import time
 
 import pytest
 
@@ -151,11 +155,99 @@ def test_torchrun_tee_marks_become_node_and_global_rank_prefixes():
 # ---------------------------------------------------------------------------------------- same code
 
 
-def hashed(directory, script="train.py", cwd=None):
+def hashed(directory, script="train.py", cwd=None, home=None, skip=()):
+    """The node-side hashing program run here; HOME: the node's home (where launches are recorded)."""
     proc = subprocess.run(
-        sameness.command(sys.executable, script, str(cwd or directory)), capture_output=True, text=True, check=True
+        sameness.command(sys.executable, script, str(cwd or directory), skip),
+        capture_output=True,
+        text=True,
+        check=True,
+        env={**os.environ, "HOME": str(home or directory.parent)},
     )
     return sameness.parse(proc.stdout)
+
+
+def recorded(home, argv, stdin=None):
+    subprocess.run(argv, input=stdin, text=True, check=True, env={**os.environ, "HOME": str(home)})
+
+
+def test_environments_caches_run_directories_and_gitignored_files_are_not_the_code(tmp_path):
+    code = tmp_path / "code"
+    files = {
+        "train.py": "print('train')\n",
+        "lib/model.py": "LAYERS = 4\n",
+        ".gitignore": "# outputs\n*.ckpt\n!keep.ckpt\ndata/\n/outputs\nlogs/*.txt\n",
+        "keep.ckpt": "kept: negated",
+        "nested/outputs/kept.py": "anchored /outputs is the top one only",
+        "logs/kept.log": "only logs/*.txt are ignored",
+        # not the code:
+        ".venv/lib/site.py": "x",
+        "venv/bin/python": "x",
+        ".git/HEAD": "x",
+        "lib/__pycache__/model.cpython-311.pyc": "x",
+        "lib/stale.pyc": "x",
+        "clustercheck-runs/launch-1/hosts/node1/output.log": "x",
+        "model.ckpt": "x",
+        "lib/epoch=1.ckpt": "x",
+        "data/shard0.bin": "x",
+        "outputs/run.json": "x",
+        "logs/step.txt": "x",
+        "my-runs/report.json": "the launch's own --run-dir",
+    }
+    for name, text in files.items():
+        (code / name).parent.mkdir(parents=True, exist_ok=True)
+        (code / name).write_text(text)
+    expected = {".gitignore", "keep.ckpt", "lib/model.py", "logs/kept.log", "nested/outputs/kept.py", "train.py"}
+    tree = hashed(code, skip=(str(code / "my-runs"),))
+    assert set(tree.files) == expected and tree.error is None
+    from clustercheck.launcher import session
+
+    with tarfile.open(fileobj=io.BytesIO(session.archive(code, (str(code / "my-runs"),)))) as tar:
+        assert set(tar.getnames()) == expected  # --sync uploads the same files
+
+
+def test_what_rank_0_wrote_beside_the_script_does_not_make_a_later_launch_refuse(tmp_path):
+    """Two nodes with the same code at the same path (here: two homes), as a launch records them."""
+    homes = {n: tmp_path / n for n in ("node1", "node2")}
+    for home in homes.values():
+        (home / "code").mkdir(parents=True)
+        (home / "code" / "train.py").write_text("print('train')\n")
+
+    def trees():
+        return {n: hashed(h / "code", home=h) for n, h in homes.items()}
+
+    def at_one_path(all_trees):
+        return {n: dataclasses.replace(t, directory="/srv/code") for n, t in all_trees.items()}
+
+    def launch(job, writes_on_node1):
+        before = trees()
+        assert sameness.problems(at_one_path(before)) == []
+        for n, h in homes.items():
+            recorded(h, *sameness.begin_command(sys.executable, before[n], job, detached=False))
+        for name, text in writes_on_node1.items():  # rank 0 runs on the first node
+            (homes["node1"] / "code" / name).parent.mkdir(parents=True, exist_ok=True)
+            (homes["node1"] / "code" / name).write_text(text)
+        time.sleep(0.05)
+        for n, h in homes.items():
+            recorded(h, sameness.end_command(sys.executable, before[n].directory, job))
+
+    launch("000000000001", {"model.pt": "weights", "lightning_logs/version_0/hparams.yaml": "lr: 0.1"})
+    after = trees()
+    assert sameness.problems(at_one_path(after)) == []
+    assert set(after["node1"].outputs) == {"model.pt", "lightning_logs/version_0/hparams.yaml"}
+    assert set(after["node1"].files) == {"train.py"}
+    # The next launch overwrites the checkpoint and adds a version: still its output, not code.
+    launch("000000000002", {"model.pt": "weights 2", "lightning_logs/version_1/hparams.yaml": "lr: 0.1"})
+    assert sameness.problems(at_one_path(trees())) == []
+    # A file the user adds on one node after the runs is code again, and is named.
+    later = time.time() + 5
+    (homes["node1"] / "code" / "model2.py").write_text("LAYERS = 8\n")
+    os.utime(homes["node1"] / "code" / "model2.py", (later, later))
+    (homes["node1"] / "code" / "model.pt").write_text("edited by hand, after the runs")
+    os.utime(homes["node1"] / "code" / "model.pt", (later, later))
+    assert sameness.problems(at_one_path(trees())) == [
+        "node2: missing: model.pt, model2.py (compared with node1's /srv/code)"
+    ]
 
 
 def test_identical_directories_pass_and_a_changed_missing_or_extra_file_is_named(tmp_path):
@@ -188,13 +280,16 @@ def test_a_missing_script_and_a_too_large_directory_are_named(tmp_path, monkeypa
     (tmp_path / "a" / "train.py").write_text("x")
     missing = hashed(tmp_path / "a", script="nope.py")
     assert missing.error == "no such file"
-    assert sameness.problems({"node1": hashed(tmp_path / "a"), "node2": missing}) == [
+    assert sameness.unusable({"node1": hashed(tmp_path / "a"), "node2": missing}) == [
         f"node2: {tmp_path / 'a' / 'nope.py'} does not exist"
     ]
     monkeypatch.setattr(sameness, "MAX_FILES", 0)
     big = hashed(tmp_path / "a")
     assert big.error == "too large"
-    assert "too much to compare" in sameness.problems({"node1": big})[0]
+    (refused,) = sameness.unusable({"node1": big})
+    assert refused.startswith(f"node1: {tmp_path / 'a'} holds more than 0 files or 512 MiB besides `.venv`")
+    assert "too large to compare; pass --sync with a directory of the code alone" in refused
+    assert f"to {tmp_path / 'a'}/.gitignore" in refused and "not the same" not in refused
     assert sameness.parse("Traceback ...\nboom").error.startswith("could not hash")
 
 
