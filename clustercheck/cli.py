@@ -506,7 +506,8 @@ def _reached(reach, say) -> None:
 def _not_asked(reach, results: dict) -> dict[str, str]:
     """The nodes a jobs/logs/stop command could not ask: not reached, or the connection lost (no exit status)."""
     lost = {name: r.cause() for name, r in results.items() if r.exit_status is None}
-    return {**reach.errors, **lost}
+    unanswered = {n.name: "no answer" for n in reach.nodes if n.name not in results and n.name not in reach.errors}
+    return {**unanswered, **reach.errors, **lost}
 
 
 def _named(errors: dict[str, str]) -> str:
@@ -603,8 +604,10 @@ def stop_command(job: str, hosts: str | None, limit: str | None, **ssh_opts) -> 
     except session.HostKeysRefused as exc:
         raise UsageError(f"host key verification failed: {exc}") from exc
     not_asked = _not_asked(reach, results)
-    problems = [_named(reach.errors)] if reach.errors else []
+    problems = [f"{len(not_asked)} of {len(nodes)} node(s) not reached: {_named(not_asked)}"] if not_asked else []
     for name, result in results.items():
+        if name in not_asked:
+            continue
         if result.exit_status == 4:
             click.echo(f"{name}: no job {job}")
         elif result.ok:
@@ -614,11 +617,7 @@ def stop_command(job: str, hosts: str | None, limit: str | None, **ssh_opts) -> 
     if not not_asked and all(r.exit_status == 4 for r in results.values()):
         raise UsageError(f"no job {job} on any node")
     if problems:
-        raise UsageError(
-            f"could not stop the job everywhere ({len(not_asked)} of {len(nodes)} node(s) not reached): "
-            + "; ".join(problems),
-            ExitCode.CHECK_FAILED,
-        )
+        raise UsageError("could not stop the job everywhere: " + "; ".join(problems), ExitCode.CHECK_FAILED)
 
 
 @cli.command()

@@ -123,18 +123,23 @@ def save(record):
     os.replace(partial, path)
 
 
-def ended(launch, now):
-    # When the launch's job ended on this node: recorded by a foreground launch; for a detached job, when it
-    # exited (exit-status) or was stopped (stopped); a job still running, or not known, runs until now.
+def ended(launch, following):
+    # When the launch's job ended on this node: recorded by a foreground launch (one whose end was not recorded,
+    # its control machine gone, ended by the next launch); for a detached job, when it exited (exit-status) or
+    # was stopped (stopped), and a job directory removed leaves no window; a job still running runs until now.
     if launch.get("ended"):
         return launch["ended"]
     if launch.get("detached"):
+        directory = os.path.join(STATE, "jobs", launch["job"])
+        if not os.path.isdir(directory):
+            return launch["started"]
         for name in ("exit-status", "stopped"):
             try:
-                return os.stat(os.path.join(STATE, "jobs", launch["job"], name)).st_mtime
+                return os.stat(os.path.join(directory, name)).st_mtime
             except OSError:
                 pass
-    return now
+        return time.time()
+    return following
 
 
 def hash_tree(script, cwd, max_files, max_bytes, skip_paths):
@@ -143,8 +148,12 @@ def hash_tree(script, cwd, max_files, max_bytes, skip_paths):
     if not os.path.isfile(path):
         return {"script": path, "error": "no such file"}
     top = os.path.dirname(path)
-    record, now = load(top), time.time()
-    windows = [(run["started"] - 1, ended(run, now) + 1, set(run["files"])) for run in record["launches"]]
+    record = load(top)
+    runs = record["launches"]
+    nexts = [run["started"] for run in runs[1:]] + [time.time()]
+    windows = [
+        (run["started"] - 1, ended(run, following) + 1, set(run["files"])) for run, following in zip(runs, nexts)
+    ]
     files, outputs, total = {}, {}, 0
     for relative, full in code_files(top, tuple(skip_paths)):
         mtime = os.stat(full).st_mtime

@@ -389,6 +389,7 @@ class Launch:
                 self.members,
                 timeout=90,
             )
+            self._record_end()  # nothing runs from the directory any more
             where = (
                 "on any node"
                 if len(problems) == len(self.plans)
@@ -430,13 +431,17 @@ class Launch:
             with contextlib.suppress(Exception):
                 transport.close()
 
-        def ended(m: Member) -> None:  # a foreground job ends with its launch; a detached one's end is on the node
+        if not self.options.detach:  # a foreground job ends with its launch; a detached one's end is on the node
+            self._record_end()
+        fanout(finish, list(self.transports.values()), timeout=60)
+
+    def _record_end(self) -> None:
+        def ended(m: Member) -> None:
             directory = self.trees[m.name].directory
             m.transport.run(sameness.end_command(m.facts.python, directory, self.job_id), timeout=30)
 
-        if not self.options.detach:
-            fanout(ended, self._recorded, timeout=45)
-        fanout(finish, list(self.transports.values()), timeout=60)
+        fanout(ended, self._recorded, timeout=45)
+        self._recorded = []
 
     def _each(self, function: Callable[[Member], None], what: str) -> None:
         answers = fanout(function, self.members, name=lambda m: m.name)

@@ -275,6 +275,25 @@ def test_identical_directories_pass_and_a_changed_missing_or_extra_file_is_named
     ]
 
 
+def test_a_launch_whose_end_was_not_recorded_is_ended_by_the_next_one(tmp_path):
+    """The control machine died during a foreground job: the next launch from the directory closes its window,
+    so what the user adds after that is compared again."""
+    (tmp_path / "code").mkdir()
+    (tmp_path / "code" / "train.py").write_text("print('train')\n")
+    first = hashed(tmp_path / "code", home=tmp_path)
+    recorded(tmp_path, *sameness.begin_command(sys.executable, first, "000000000001", detached=False))
+    (tmp_path / "code" / "model.pt").write_text("weights")  # never ended: the window is open until the next launch
+    second = hashed(tmp_path / "code", home=tmp_path)
+    assert set(second.outputs) == {"model.pt"}
+    recorded(tmp_path, *sameness.begin_command(sys.executable, second, "000000000002", detached=False))
+    recorded(tmp_path, sameness.end_command(sys.executable, second.directory, "000000000002"))
+    later = time.time() + 5
+    (tmp_path / "code" / "model2.py").write_text("LAYERS = 8\n")
+    os.utime(tmp_path / "code" / "model2.py", (later, later))
+    third = hashed(tmp_path / "code", home=tmp_path)
+    assert set(third.files) == {"train.py", "model2.py"} and set(third.outputs) == {"model.pt"}
+
+
 def test_a_missing_script_and_a_too_large_directory_are_named(tmp_path, monkeypatch):
     (tmp_path / "a").mkdir()
     (tmp_path / "a" / "train.py").write_text("x")
