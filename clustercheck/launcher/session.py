@@ -327,7 +327,7 @@ class Launch:
             if not result.ok:
                 failed.set()
 
-        self._record_start(detached=False)
+        self._record_start(in_unit=False)
         threads = [threading.Thread(target=start, args=(p,), daemon=True, name=p.node.name) for p in self.plans]
         world = sum(p.nproc for p in self.plans)
         self.say(
@@ -372,7 +372,7 @@ class Launch:
         """The job's unit on every node; when one node cannot start it, the others are stopped again."""
         by_name = {m.name: m for m in self.members}
         problems: list[str] = []
-        self._record_start(detached=True)
+        self._record_start(in_unit=True)
 
         def begin(p: NodeLaunch) -> None:
             m = by_name[p.node.name]
@@ -398,14 +398,14 @@ class Launch:
             raise NotStarted(f"the detached job could not start {where}: " + "; ".join(sorted(problems)))
         return [p.node.name for p in self.plans]
 
-    def _record_start(self, detached: bool) -> None:
+    def _record_start(self, in_unit: bool) -> None:
         """On every node, record that this launch's job runs from the compared directory, and its code; what
         appears there while it runs is its output, not compared by later launches (sameness)."""
         if not self.trees:
             return
 
         def record(m: Member) -> None:
-            argv, given = sameness.begin_command(m.facts.python, self.trees[m.name], self.job_id, detached)
+            argv, given = sameness.begin_command(m.facts.python, self.trees[m.name], self.job_id, in_unit)
             if m.transport.run(argv, timeout=60, stdin=given).ok:
                 with self._lock:
                     self._recorded.append(m)
