@@ -181,13 +181,16 @@ def test_code_that_differs_on_one_node_is_refused_and_sync_runs_the_same_code_ev
 
 RANK_0_WRITES = """
 import os
+import time
 import torch.distributed as dist
 dist.init_process_group("gloo")
 here = os.path.dirname(os.path.abspath(__file__))
 if dist.get_rank() == 0:  # a checkpoint and Lightning's logs beside the script, on the first node only
     with open(os.path.join(here, "model.pt"), "w") as fh:
-        fh.write(os.environ["TORCHELASTIC_RUN_ID"])
-    version = os.path.join(here, "lightning_logs", "version_" + os.environ["TORCHELASTIC_RUN_ID"])
+        fh.write(str(time.time()))
+    logs = os.path.join(here, "lightning_logs")
+    os.makedirs(logs, exist_ok=True)
+    version = os.path.join(logs, "version_%d" % len(os.listdir(logs)))  # a new one per run, as Lightning does
     os.makedirs(version)
     with open(os.path.join(version, "hparams.yaml"), "w") as fh:
         fh.write("lr: 0.1\\n")

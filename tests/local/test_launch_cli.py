@@ -159,14 +159,17 @@ def test_ctrl_c_stops_every_rank_and_leaves_nothing_running(tmp_path):
 
 RANK_0_WRITES = """
 import os
+import time
 import torch.distributed as dist
 dist.init_process_group("gloo")
 here = os.path.dirname(os.path.abspath(__file__))
 if dist.get_rank() == 0:  # what a training script leaves beside itself: a checkpoint, Lightning's logs
     with open(os.path.join(here, "model.pt"), "w") as fh:
-        fh.write(os.environ["TORCHELASTIC_RUN_ID"])
-    version = os.path.join(here, "lightning_logs", "version_" + os.environ["TORCHELASTIC_RUN_ID"])
-    os.makedirs(version, exist_ok=True)
+        fh.write(str(time.time()))
+    logs = os.path.join(here, "lightning_logs")
+    os.makedirs(logs, exist_ok=True)
+    version = os.path.join(logs, "version_%d" % len(os.listdir(logs)))  # a new one per run, as Lightning does
+    os.makedirs(version)
     with open(os.path.join(version, "hparams.yaml"), "w") as fh:
         fh.write("lr: 0.1\\n")
 dist.barrier()
