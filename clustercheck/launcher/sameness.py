@@ -151,9 +151,9 @@ def hash_tree(script, cwd, max_files, max_bytes, skip_paths):
     record = load(top)
     runs = record["launches"]
     nexts = [run["started"] for run in runs[1:]] + [time.time()]
-    windows = [
-        (run["started"] - 1, ended(run, following) + 1, set(run["files"])) for run, following in zip(runs, nexts)
-    ]
+    # A file's mtime comes from the kernel's coarse clock, up to a tick behind time.time(): a little slack at the
+    # start; none at the end, where a file the user writes the moment after a job ended is code.
+    windows = [(run["started"] - 0.05, ended(run, following), set(run["files"])) for run, following in zip(runs, nexts)]
     files, outputs, total = {}, {}, 0
     for relative, full in code_files(top, tuple(skip_paths)):
         mtime = os.stat(full).st_mtime
