@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime as dt
 import signal
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -217,8 +218,7 @@ def run(
             raise UsageError(f"{option} {path}: give an absolute path (it is a path on the nodes)")
     if output and not Path(output).resolve().parent.is_dir():
         raise UsageError(f"-o {output}: no such directory {Path(output).resolve().parent}")
-    run_path = Path(run_dir or Path("clustercheck-runs") / dt.datetime.now().strftime("%Y%m%d-%H%M%S"))
-    run_path.mkdir(parents=True, exist_ok=True)
+    run_path = _make_run_dir(run_dir, "%Y%m%d-%H%M%S")
     machine = fmt != "text"
     console = Console(stderr=machine or output is not None)
     settings = RunConfig(
@@ -448,8 +448,7 @@ def launch(
             session.sync_script(Path(sync), user_command.script)
     except LaunchError as exc:
         raise UsageError(str(exc)) from exc
-    run_path = Path(run_dir or Path("clustercheck-runs") / dt.datetime.now().strftime("launch-%Y%m%d-%H%M%S"))
-    run_path.mkdir(parents=True, exist_ok=True)
+    run_path = _make_run_dir(run_dir, "launch-%Y%m%d-%H%M%S")
     options = session.LaunchOptions(
         command=user_command,
         run_dir=run_path,
@@ -485,8 +484,7 @@ def launch(
             try:
                 names = job_run.start_detached(code)
             except session.NotStarted as exc:
-                message = f"the job could not start everywhere, so it was stopped: {exc}"
-                raise UsageError(message, ExitCode.NOT_STARTED) from exc
+                raise UsageError(str(exc), ExitCode.NOT_STARTED) from exc
             hosts_ref = str(Path(hosts).resolve()) if Path(hosts).exists() else hosts
             records.save(
                 records.JobRecord(
@@ -545,7 +543,25 @@ def _job_nodes(job: str, hosts: str | None, limit: str | None, ssh_opts: dict):
 
 def _reached(reach, say) -> None:
     for name, error in sorted(reach.errors.items()):
-        say(f"{name}: {error}")
+        say(_named({name: error}))
+
+
+def _not_asked(reach, results: dict) -> dict[str, str]:
+    """The nodes a jobs/logs/stop command could not ask: not reached, or the connection lost (no exit status)."""
+    lost = {name: r.cause() for name, r in results.items() if r.exit_status is None}
+    unanswered = {n.name: "no answer" for n in reach.nodes if n.name not in results and n.name not in reach.errors}
+    return {**unanswered, **reach.errors, **lost}
+
+
+def _named(errors: dict[str, str]) -> str:
+    """node -> error as one clause per node; a transport's message names its node already."""
+    return "; ".join(e if e.startswith(name) else f"{name}: {e}" for name, e in sorted(errors.items()))
+
+
+def _unasked_error(not_asked: dict[str, str], total: int, what: str) -> UsageError:
+    return UsageError(
+        f"could not ask {len(not_asked)} of {total} node(s), {what}: {_named(not_asked)}", ExitCode.CHECK_FAILED
+    )
 
 
 @cli.command("jobs")
@@ -561,13 +577,13 @@ def jobs_command(hosts: str, limit: str | None, show_all: bool, **ssh_opts) -> N
     try:
         with session.Nodes(nodes, factory.default(ssh)) as reach:
             answers = reach.run(lambda name: detached.list_command())
-            _reached(reach, lambda line: click.echo(f"clustercheck: {line}", err=True))
     except session.HostKeysRefused as exc:
         raise UsageError(f"host key verification failed: {exc}") from exc
+    not_asked = _not_asked(reach, answers)
     per_job: dict[str, dict] = {}
     for node in nodes:
         result = answers.get(node.name)
-        if result is None:
+        if result is None or node.name in not_asked:
             continue
         for job in detached.parse_list(result.stdout):
             per_job.setdefault(job.job, {})[node.name] = job
@@ -580,6 +596,8 @@ def jobs_command(hosts: str, limit: str | None, show_all: bool, **ssh_opts) -> N
         states = {n.name: where.get(n.name) for n in nodes if n.name in where}
         click.echo(f"{job_id}  {when}  {detached.summary(states)}")
         shown += 1
+    if not_asked:
+        raise _unasked_error(not_asked, len(nodes), "so their jobs are not listed")
     if not shown:
         click.echo("no running jobs" if not show_all else "no jobs", err=True)
 
@@ -603,11 +621,14 @@ def logs_command(job: str, follow: bool, hosts: str | None, limit: str | None, *
             )
     except session.HostKeysRefused as exc:
         raise UsageError(f"host key verification failed: {exc}") from exc
+    not_asked = _not_asked(reach, results)
     missing = [name for name, r in results.items() if r.exit_status == 4]
-    if missing and len(missing) == len(results):
+    if missing and len(missing) == len(nodes):
         raise UsageError(f"no job {job} on {', '.join(missing)}")
     for name in missing:
         click.echo(f"clustercheck: no job {job} on {name}", err=True)
+    if not_asked:
+        raise _unasked_error(not_asked, len(nodes), "so their output is not shown")
 
 
 @cli.command("stop")
@@ -622,31 +643,42 @@ def stop_command(job: str, hosts: str | None, limit: str | None, **ssh_opts) -> 
     nodes, ssh, _ = _job_nodes(job, hosts, limit, ssh_opts)
     try:
         with session.Nodes(nodes, factory.default(ssh)) as reach:
-            _reached(reach, lambda line: click.echo(f"clustercheck: {line}", err=True))
             results = reach.run(lambda name: detached.stop_command(job), timeout=detached.STOP_TIMEOUT + 45)
     except session.HostKeysRefused as exc:
         raise UsageError(f"host key verification failed: {exc}") from exc
-    problems = []
+    not_asked = _not_asked(reach, results)
+    problems = [f"{len(not_asked)} of {len(nodes)} node(s) not reached: {_named(not_asked)}"] if not_asked else []
     for name, result in results.items():
+        if name in not_asked:
+            continue
         if result.exit_status == 4:
             click.echo(f"{name}: no job {job}")
         elif result.ok:
             click.echo(f"{name}: {result.stdout.strip().replace('-', ' ')}")
         else:
             problems.append(f"{name}: {result.cause()}")
-    if len([r for r in results.values() if r.exit_status == 4]) == len(results):
+    if not not_asked and all(r.exit_status == 4 for r in results.values()):
         raise UsageError(f"no job {job} on any node")
-    if problems or len(results) < len(nodes):
-        raise UsageError(
-            "could not stop the job everywhere: " + "; ".join(problems or ["some nodes were not reached"]),
-            ExitCode.CHECK_FAILED,
-        )
+    if problems:
+        raise UsageError("could not stop the job everywhere: " + "; ".join(problems), ExitCode.CHECK_FAILED)
 
 
 @cli.command()
 def schema() -> None:
     """Print the JSON Schema of the --format json report."""
     click.echo(report.schema_text(), nl=False)
+
+
+def _make_run_dir(given: str | None, name: str) -> Path:
+    """--run-dir (default ./clustercheck-runs/NAME, NAME a strftime pattern), made and proved writable before
+    anything runs: a run directory that cannot be written is a usage error, not a failure half-way."""
+    path = Path(given or Path("clustercheck-runs") / dt.datetime.now().strftime(name))
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        tempfile.TemporaryFile(dir=path).close()
+    except OSError as exc:
+        raise UsageError(f"--run-dir {path}: cannot write there ({exc.strerror or exc})") from exc
+    return path
 
 
 class UsageError(click.ClickException):

@@ -4,7 +4,8 @@ output kept. Command lines and the parsing of their answers (pure logic, no I/O)
 
 On each node, as the SSH user: unit clustercheck-job-JOB.service (a system unit for root; a user unit otherwise,
 which needs lingering so it outlives the login), and $HOME/.local/state/clustercheck/jobs/JOB/ with output.log
-(torchrun's console: every rank's lines), exit-status (once torchrun ends on its own), command and started.
+(torchrun's console: every rank's lines), exit-status (once torchrun ends on its own), stopped (once `stop`
+stopped it), command and started.
 """
 
 from __future__ import annotations
@@ -26,10 +27,21 @@ _SCOPE = (
     'run: sudo loginctl enable-linger $(id -un)" >&2; exit 3; fi; fi; '
 )
 
+REFUSED = 3  # the node lacks what a detached job needs; its one line on stderr says what (start_problem)
+
+# A detached job is a systemd unit: systemd must be PID 1 (what sd_booted() checks), not only installed.
+_SYSTEMD = (
+    "if [ ! -d /run/systemd/system ]; then "
+    'echo "systemd is not running as PID 1 here (PID 1 is $(cat /proc/1/comm 2>/dev/null || echo unknown)), and a '
+    'detached job runs as a systemd unit: launch without --detach, or on nodes booted with systemd" >&2; '
+    f"exit {REFUSED}; fi; "
+)
+
 # argv: JOB, working directory ("" for $HOME, "@code" for the synced copy), the code archive ("" for none), then
 # the command (env NAME=VALUE ... first). A wrapper in the unit records torchrun's exit status.
 _START = (
     "set -e; "
+    + _SYSTEMD
     + _SCOPE
     + 'job=$1; cwd=$2; code=$3; shift 3; dir="$HOME/.local/state/clustercheck/jobs/$job"; mkdir -p "$dir"; '
     'if [ -n "$code" ]; then mkdir -p "$dir/code"; tar xzf "$code" -C "$dir/code"; fi; '
@@ -39,7 +51,8 @@ _START = (
     '--description="clustercheck launch job $job" --working-directory="$cwd" '
     f"-p TimeoutStopSec={STOP_TIMEOUT} "
     '-p "StandardOutput=append:$dir/output.log" -p "StandardError=append:$dir/output.log" '
-    '/bin/sh -c \'status=$1; shift; "$@"; echo $? > "$status"\' sh "$dir/exit-status" "$@"'
+    '/bin/sh -c \'status=$1; shift; "$@"; echo $? > "$status"\' sh "$dir/exit-status" "$@" '
+    '|| { s=$?; rm -rf "$dir"; exit $s; }'  # a unit that never started leaves no job behind
 )
 
 # Every job directory on the node: "JOB ACTIVE-STATE EXIT-STATUS STARTED" per line ("-" when not known).
@@ -63,8 +76,17 @@ _LOGS = (
 _STOP = (
     _SCOPE.replace("exit 3", "true") + f'unit="{UNIT_PREFIX}$1.service"; '
     f'if [ ! -d {JOBS_DIR}/"$1" ]; then echo "no job $1 here" >&2; exit 4; fi; '
-    'if systemctl $uf is-active --quiet "$unit"; then systemctl $uf stop "$unit"; echo stopped; '
+    'if systemctl $uf is-active --quiet "$unit"; then systemctl $uf stop "$unit"; '
+    f': > {JOBS_DIR}/"$1"/stopped; echo stopped; '
     "else echo not-running; fi"
+)
+
+
+# A job that could not start on every node: stopped where it did start, and its job directory removed, so that
+# `jobs --all` does not list a job that never ran.
+_DISCARD = (
+    _SCOPE.replace("exit 3", "true") + f'systemctl $uf stop "{UNIT_PREFIX}$1.service" 2>/dev/null || true; '
+    f'rm -rf {JOBS_DIR}/"$1"'
 )
 
 
@@ -77,6 +99,21 @@ def start_command(job: str, command: list[str], env: dict[str, str], cwd: str | 
     home directory; "@code": the synced code); CODE: a tar.gz on the node to unpack into the job's code/."""
     assignments = [f"{k}={v}" for k, v in sorted(env.items())]
     return ["sh", "-c", _START, "sh", job, cwd or "", code or "", "env", *assignments, *command]
+
+
+def start_problem(exit_status: int | None, stderr: str) -> str:
+    """Why start_command failed on a node, in one line: the node's own refusal as it says it (no systemd as PID 1,
+    no lingering), else systemd-run's error."""
+    last = (stderr.strip().splitlines() or [""])[-1]
+    if exit_status == REFUSED and last:
+        return last
+    return f"systemd-run failed ({'exit ' + str(exit_status) if exit_status is not None else 'no exit status'})" + (
+        f": {last}" if last else ""
+    )
+
+
+def discard_command(job: str) -> list[str]:
+    return ["sh", "-c", _DISCARD, "sh", job]
 
 
 def list_command() -> list[str]:

@@ -36,7 +36,6 @@ from clustercheck.transport.factory import Factory
 FAILURE_GRACE = 5.0  # seconds the other nodes get to end on their own once one node's torchrun failed
 FOREVER = 10 * 365 * 24 * 3600.0  # a training job has no deadline of ours
 PREFLIGHT = Selection(only=("core", "network"), skip=("local.*",))  # quick: no torch job before the user's own
-SYNC_EXCLUDE = ("__pycache__", ".git", ".venv")
 
 Echo = Callable[[str], None]
 
@@ -87,18 +86,13 @@ def sync_script(sync: Path, script: str) -> str:
     return str(relative)
 
 
-def archive(directory: Path) -> bytes:
-    """DIRECTORY as a tar.gz, without caches and version control."""
+def archive(directory: Path, skip_paths: tuple[str, ...] = ()) -> bytes:
+    """The code under DIRECTORY as a tar.gz: what the same-code check compares (sameness.code_files), so neither
+    environments, caches, version control nor run directories are uploaded."""
     buffer = io.BytesIO()
-
-    def keep(info: tarfile.TarInfo) -> tarfile.TarInfo | None:
-        parts = Path(info.name).parts
-        if any(p in SYNC_EXCLUDE for p in parts) or info.name.endswith(".pyc"):
-            return None
-        return info
-
     with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
-        tar.add(str(directory), arcname=".", filter=keep)
+        for relative, full in sameness.local_files(str(directory), skip_paths):
+            tar.add(full, arcname=relative, recursive=False)
     return buffer.getvalue()
 
 
@@ -118,6 +112,8 @@ class Launch:
         self.homes: dict[str, str] = {}
         self.preflight_facts: dict[str, NodeFacts] = {}  # what the preflight collected, not collected again
         self.cwd: str | None = None
+        self.trees: dict[str, sameness.Tree] = {}  # the script's directory on each node, when it was compared
+        self._recorded: list[Member] = []  # the nodes where this launch was recorded as running from that directory
         self._lock = threading.Lock()
 
     # ------------------------------------------------------------------ before the job
@@ -139,17 +135,22 @@ class Launch:
         document = report.Report(
             outcome.results, [n.name for n in self.nodes], pipeline.run_id, started, time.time() - started
         )
-        (o.run_dir / "preflight" / "report.json").write_text(report.render(document, "json") + "\n")
+        written = o.run_dir / "preflight" / "report.json"
+        written.parent.mkdir(parents=True, exist_ok=True)  # no node may have answered, so nothing made it yet
+        written.write_text(report.render(document, "json") + "\n")
         self.preflight_facts = outcome.facts
         if outcome.host_key_error:
             raise HostKeysRefused(_first_problem(outcome.results) or "host key verification failed")
         problems = [r for r in outcome.results if r.status.is_problem]
         if problems:
+            # Each check's own fix: skipping the preflight would only start a job that fails the same way.
             for r in problems:
-                self.say(f"  {r.status.value} {r.name}{' on ' + r.host if r.host else ''}: {r.message}")
+                fix = f"; fix: {r.remediation}" if r.remediation else ""
+                self.say(f"  {r.status.value} {r.name}{' on ' + r.host if r.host else ''}: {r.message}{fix}")
+            fix = f"; fix: {problems[0].remediation}" if problems[0].remediation else ""
             raise NotStarted(
-                f"preflight failed ({len(problems)} check(s)), nothing was started: {_first_problem(problems)} "
-                f"(report: {o.run_dir / 'preflight' / 'report.json'}; --no-preflight skips it)"
+                f"preflight failed ({len(problems)} check(s)), nothing was started: {_first_problem(problems)}{fix} "
+                f"(report: {written})"
             )
         warned = sum(1 for r in outcome.results if r.status is Status.WARN)
         self.say(f"preflight passed ({len(outcome.results)} checks, {warned} warning(s))")
@@ -203,7 +204,7 @@ class Launch:
         o = self.options
         if o.sync is not None:
             script = sync_script(o.sync, o.command.script) if not o.command.is_module else o.command.script
-            data = archive(o.sync)
+            data = archive(o.sync, (str(o.run_dir.resolve()),))
             with tempfile.TemporaryDirectory() as tmp:
                 local = Path(tmp) / "code.tgz"
                 local.write_bytes(data)
@@ -227,23 +228,33 @@ class Launch:
             self.say("the script is a module (-m): its code is not compared between nodes")
             return o.command.script, o.chdir, None
         trees: dict[str, sameness.Tree] = {}
+        skip = (str(o.run_dir.resolve()),)  # the launch's own run directory, where the control machine is a node
 
         def hash_one(m: Member) -> None:
-            got = m.transport.run(sameness.command(m.facts.python, o.command.script, o.chdir), timeout=300)
+            got = m.transport.run(sameness.command(m.facts.python, o.command.script, o.chdir, skip), timeout=300)
             trees[m.name] = (
                 sameness.parse(got.stdout) if got.ok else sameness.Tree(error=f"hashing failed: {got.cause()}")
             )
 
         self._each(hash_one, "comparing the code")
-        problems = sameness.problems({m.name: trees[m.name] for m in self.members})
+        trees = {m.name: trees[m.name] for m in self.members}
+        unusable = sameness.unusable(trees)
+        if unusable:
+            raise NotStarted("the script's directory could not be compared between the nodes: " + "; ".join(unusable))
+        problems = sameness.problems(trees)
         if problems:
             raise NotStarted(
                 "the script or its directory is not the same on every node: "
                 + "; ".join(problems)
                 + " (copy the same code to every node, or pass --sync DIR to upload it)"
             )
+        self.trees = trees
         first = trees[self.members[0].name]
         self.say(f"{first.script}: the same {len(first.files)} file(s) on every node")
+        for m in self.members:
+            if trees[m.name].outputs:
+                written = sameness.shown(sorted(trees[m.name].outputs))
+                self.say(f"  not compared on {m.name}, written by earlier launches from there: {written}")
         return o.command.script, o.chdir, None
 
     def plan(self, script: str, cwd: str | None) -> list[NodeLaunch]:
@@ -316,6 +327,7 @@ class Launch:
             if not result.ok:
                 failed.set()
 
+        self._record_start(in_unit=False)
         threads = [threading.Thread(target=start, args=(p,), daemon=True, name=p.node.name) for p in self.plans]
         world = sum(p.nproc for p in self.plans)
         self.say(
@@ -360,6 +372,7 @@ class Launch:
         """The job's unit on every node; when one node cannot start it, the others are stopped again."""
         by_name = {m.name: m for m in self.members}
         problems: list[str] = []
+        self._record_start(in_unit=True)
 
         def begin(p: NodeLaunch) -> None:
             m = by_name[p.node.name]
@@ -367,17 +380,37 @@ class Launch:
             argv = detached.start_command(self.job_id, p.command, p.env, self.cwd, archive_path)
             got = m.transport.run(argv, timeout=60)
             if not got.ok:
-                problems.append(f"{m.name}: systemd-run failed: {got.cause()}")
+                problems.append(f"{m.name}: {detached.start_problem(got.exit_status, got.stderr or got.cause())}")
 
         fanout(begin, self.plans, timeout=90, name=lambda p: p.node.name)
         if problems:
             fanout(
-                lambda m: m.transport.run(detached.stop_command(self.job_id), timeout=60),
+                lambda m: m.transport.run(detached.discard_command(self.job_id), timeout=60),
                 self.members,
                 timeout=90,
             )
-            raise NotStarted("; ".join(sorted(problems)))
+            self._record_end()  # nothing runs from the directory any more
+            where = (
+                "on any node"
+                if len(problems) == len(self.plans)
+                else f"on {len(problems)} of {len(self.plans)} node(s), so it was stopped on the others"
+            )
+            raise NotStarted(f"the detached job could not start {where}: " + "; ".join(sorted(problems)))
         return [p.node.name for p in self.plans]
+
+    def _record_start(self, in_unit: bool) -> None:
+        """On every node, record that this launch's job runs from the compared directory, and its code; what
+        appears there while it runs is its output, not compared by later launches (sameness)."""
+        if not self.trees:
+            return
+
+        def record(m: Member) -> None:
+            argv, given = sameness.begin_command(m.facts.python, self.trees[m.name], self.job_id, in_unit)
+            if m.transport.run(argv, timeout=60, stdin=given).ok:
+                with self._lock:
+                    self._recorded.append(m)
+
+        fanout(record, self.members, timeout=90, name=lambda m: m.name)
 
     # ------------------------------------------------------------------ ending
 
@@ -398,7 +431,17 @@ class Launch:
             with contextlib.suppress(Exception):
                 transport.close()
 
+        if not self.options.detach:  # a foreground job ends with its launch; a detached one's end is on the node
+            self._record_end()
         fanout(finish, list(self.transports.values()), timeout=60)
+
+    def _record_end(self) -> None:
+        def ended(m: Member) -> None:
+            directory = self.trees[m.name].directory
+            m.transport.run(sameness.end_command(m.facts.python, directory, self.job_id), timeout=30)
+
+        fanout(ended, self._recorded, timeout=45)
+        self._recorded = []
 
     def _each(self, function: Callable[[Member], None], what: str) -> None:
         answers = fanout(function, self.members, name=lambda m: m.name)

@@ -179,6 +179,48 @@ def test_code_that_differs_on_one_node_is_refused_and_sync_runs_the_same_code_ev
     assert leftovers(torch_cluster) == {}
 
 
+RANK_0_WRITES = """
+import os
+import time
+import torch.distributed as dist
+dist.init_process_group("gloo")
+here = os.path.dirname(os.path.abspath(__file__))
+if dist.get_rank() == 0:  # a checkpoint and Lightning's logs beside the script, on the first node only
+    with open(os.path.join(here, "model.pt"), "w") as fh:
+        fh.write(str(time.time()))
+    logs = os.path.join(here, "lightning_logs")
+    os.makedirs(logs, exist_ok=True)
+    version = os.path.join(logs, "version_%d" % len(os.listdir(logs)))  # a new one per run, as Lightning does
+    os.makedirs(version)
+    with open(os.path.join(version, "hparams.yaml"), "w") as fh:
+        fh.write("lr: 0.1\\n")
+dist.barrier()
+print(f"rank {dist.get_rank()} done", flush=True)
+dist.destroy_process_group()
+"""
+
+
+def test_what_rank_0_wrote_beside_the_script_does_not_refuse_the_next_launch(torch_cluster, tmp_path):
+    put_code(torch_cluster, {"job.py": RANK_0_WRITES, "util.py": "X = 1\n"})
+    for node in torch_cluster.nodes:  # no record of earlier tests' launches from that directory
+        with ssh_client(torch_cluster, node) as client:
+            ssh_run(client, "rm -rf ~/.local/state/clustercheck/code")
+    args = ["launch", "--no-preflight", "--run-dir", str(tmp_path / "run"), "--master-port", "29655"]
+    for attempt in range(2):
+        proc = cli(torch_cluster, tmp_path, *args, "--", f"{CODE}/job.py", timeout=300)
+        assert proc.returncode == 0, f"launch {attempt + 1}: {proc.stderr[-3000:]}"
+        assert "node3/2: rank 2 done" in proc.stdout
+        assert f"{CODE}/job.py: the same 2 file(s) on every node" in proc.stderr
+    assert "not compared on node1, written by earlier launches from there: lightning_logs/" in proc.stderr
+    # A file added to one node after the runs is code, and is named.
+    with ssh_client(torch_cluster, torch_cluster.node("node1")) as client:
+        ssh_run(client, f"echo 'LAYERS = 8' > {CODE}/model2.py")
+    proc = cli(torch_cluster, tmp_path, *args, "--", f"{CODE}/job.py", timeout=300)
+    assert proc.returncode == 6, proc.stderr
+    assert f"node2: missing: model2.py (compared with node1's {CODE})" in proc.stderr
+    assert leftovers(torch_cluster) == {}
+
+
 def test_a_detached_job_outlives_clustercheck_then_jobs_logs_and_stop_reach_every_node(
     torch_cluster, tmp_path, monkeypatch
 ):

@@ -207,6 +207,16 @@ def test_a_report_file_in_a_missing_directory_is_a_usage_error_before_anything_r
     assert "no such directory" in proc.stderr and "Traceback" not in proc.stderr
 
 
+@pytest.mark.parametrize("where", ["/proc/nope", "/proc", "{tmp}/a-file/run"])
+def test_a_run_directory_that_cannot_be_written_is_a_usage_error_before_anything_runs(where, tmp_path):
+    (tmp_path / "a-file").touch()
+    run_dir = where.format(tmp=tmp_path)
+    proc = run_cli("run", "--hosts", "localhost", "--only", "core", "--run-dir", run_dir)
+    assert proc.returncode == 4, proc.stderr
+    assert proc.stderr.startswith(f"clustercheck: error: --run-dir {run_dir}: cannot write there (")
+    assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr
+
+
 def test_bad_option_is_a_usage_error():
     proc = run_cli("run", "--hosts", "localhost", "--format", "xml")
     assert proc.returncode == 4

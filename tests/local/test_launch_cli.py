@@ -21,6 +21,7 @@ from harness import CLUSTERCHECK, run_cli
         (["launch", "--hosts", "localhost", "--env", "X", "--", "t.py"], "--env X: expected NAME=VALUE"),
         (["launch", "--hosts", "nosuch/inventory.ini", "--", "t.py"], "no such inventory"),
         (["launch", "--hosts", "localhost", "--sync", "/usr", "--", "/etc/hostname"], "not inside --sync"),
+        (["launch", "--hosts", "localhost", "--run-dir", "/proc/nope", "--", "t.py"], "--run-dir /proc/nope: cannot"),
         (["logs", "not-a-job"], "not-a-job: not a job id"),
         (["stop", "0123456789ab"], "no job 0123456789ab recorded on this machine"),
     ],
@@ -30,6 +31,55 @@ def test_bad_input_is_one_line_and_exit_4(args, message, tmp_path, monkeypatch):
     proc = run_cli(*args, timeout=60)
     assert proc.returncode == 4, proc.stderr
     assert proc.stderr.count("\n") == 1 and message in proc.stderr and "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize("command", [["jobs"], ["jobs", "--all"], ["logs", "0123456789ab"], ["stop", "0123456789ab"]])
+@pytest.mark.parametrize(
+    ("hosts", "cause"),
+    [
+        ("127.0.0.1:1", "127.0.0.1 (127.0.0.1:1): unreachable"),
+        ("node1.invalid", "node1.invalid (node1.invalid:22): unreachable"),
+    ],
+)
+def test_a_node_that_cannot_be_asked_is_named_and_the_exit_status_is_1(command, hosts, cause, tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    proc = run_cli(*command, "--hosts", hosts, "--connect-timeout", "5", timeout=60)
+    assert proc.returncode == 1, proc.stderr
+    last = proc.stderr.splitlines()[-1]
+    assert last.startswith("clustercheck: error: could not ") and cause in last, proc.stderr
+    assert "no running jobs" not in proc.stderr and "no job" not in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_a_launch_whose_node_cannot_be_reached_names_it_and_exits_6(tmp_path):
+    (tmp_path / "t.py").write_text("print('never')\n")
+    run = tmp_path / "run"
+    proc = run_cli("launch", "--hosts", "127.0.0.1:1", "--run-dir", str(run), "--", str(tmp_path / "t.py"), timeout=120)
+    assert proc.returncode == 6, proc.stderr
+    last = proc.stderr.splitlines()[-1]
+    assert last.startswith("clustercheck: error: preflight failed") and "127.0.0.1 (127.0.0.1:1): unreachable" in last
+    assert "--no-preflight" not in proc.stderr and "internal error" not in proc.stderr
+    assert (run / "preflight" / "report.json").exists()
+    proc = run_cli(
+        "launch", "--no-preflight", "--hosts", "127.0.0.1:1", "--run-dir", str(run), "--", "t.py", timeout=120
+    )
+    assert proc.returncode == 6 and "127.0.0.1 (127.0.0.1:1): unreachable" in proc.stderr, proc.stderr
+
+
+@pytest.mark.skipif(Path("/run/systemd/system").is_dir(), reason="this machine runs systemd as PID 1")
+def test_a_detached_launch_on_a_node_without_systemd_says_so_and_records_no_job(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    (tmp_path / "code").mkdir()
+    (tmp_path / "code" / "t.py").write_text("print('never')\n")
+    args = ["--hosts", "localhost", "--no-preflight", "--run-dir", str(tmp_path / "run")]
+    proc = run_cli("launch", "--detach", *args, "--sync", str(tmp_path / "code"), "--", "t.py", timeout=120)
+    assert proc.returncode == 6, proc.stderr
+    last = proc.stderr.splitlines()[-1]
+    assert "localhost: systemd is not running as PID 1 here" in last and "launch without --detach" in last
+    assert "Failed to connect to bus" not in proc.stderr
+    listed = run_cli("jobs", "--hosts", "localhost", "--all", timeout=60)
+    assert listed.returncode == 0 and listed.stdout == "" and "no jobs" in listed.stderr
+    assert not (tmp_path / "state" / "clustercheck" / "jobs").exists()
 
 
 def test_no_script_is_a_usage_error():
@@ -105,3 +155,51 @@ def test_ctrl_c_stops_every_rank_and_leaves_nothing_running(tmp_path):
     left = subprocess.run(["pgrep", "-af", "[f]orever.py"], capture_output=True, text=True)
     assert left.stdout == ""
     assert not list(Path("/tmp").glob("clustercheck-*/code/forever.py"))
+
+
+RANK_0_WRITES = """
+import os
+import time
+import torch.distributed as dist
+dist.init_process_group("gloo")
+here = os.path.dirname(os.path.abspath(__file__))
+if dist.get_rank() == 0:  # what a training script leaves beside itself: a checkpoint, Lightning's logs
+    with open(os.path.join(here, "model.pt"), "w") as fh:
+        fh.write(str(time.time()))
+    logs = os.path.join(here, "lightning_logs")
+    os.makedirs(logs, exist_ok=True)
+    version = os.path.join(logs, "version_%d" % len(os.listdir(logs)))  # a new one per run, as Lightning does
+    os.makedirs(version)
+    with open(os.path.join(version, "hparams.yaml"), "w") as fh:
+        fh.write("lr: 0.1\\n")
+dist.barrier()
+print(f"rank {dist.get_rank()} done", flush=True)
+dist.destroy_process_group()
+"""
+
+
+def test_launches_from_the_code_directory_compare_the_code_only(tmp_path, monkeypatch):
+    """The user's way: cd into the code and launch, twice. The run directories clustercheck writes there, the
+    environment beside the script and what rank 0 wrote are not the code: the file count stays the same."""
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))  # the node's record of launches from the directory
+    code = tmp_path / "code"
+    (code / ".venv" / "lib").mkdir(parents=True)
+    (code / ".venv" / "lib" / "big.bin").write_bytes(b"\0" * 1024)
+    (code / "job.py").write_text(RANK_0_WRITES)
+    (code / "util.py").write_text("X = 1\n")
+    base = ["launch", "--hosts", "localhost", "--no-preflight", "--nproc-per-node", "2", "--master-port", "29643"]
+    said = []
+    for _ in range(2):
+        proc = subprocess.run(
+            [CLUSTERCHECK, *base, "--chdir", str(code), "--", "job.py"],
+            cwd=code,
+            capture_output=True,
+            text=True,
+            timeout=240,
+        )
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        assert "localhost/1: rank 1 done" in proc.stdout
+        said.append(proc.stderr)
+    assert all(f"{code / 'job.py'}: the same 2 file(s) on every node" in s for s in said), said
+    assert "not compared on localhost, written by earlier launches from there: lightning_logs/" in said[1]
+    assert len(list((code / "clustercheck-runs").iterdir())) == 2

@@ -6,10 +6,14 @@ from __future__ import annotations
 import threading
 import types
 
+import pytest
+
+from clustercheck.checks.network import master_port_check
 from clustercheck.inventory import Node
 from clustercheck.launcher import command, session
+from clustercheck.run.pipeline import Outcome
 from clustercheck.stages import Member
-from clustercheck.transport import CommandResult, workdir_for
+from clustercheck.transport import CommandResult, TransportError, workdir_for
 
 
 class StreamingNode:
@@ -85,3 +89,53 @@ def test_every_node_completing_is_exit_0(tmp_path):
     assert finished.status == 0 and "completed on every node" in finished.message
     assert sorted(echoed) == ["node1/0: done", "node2/1: done"]
     assert not any(f.stopped.is_set() for f in fakes.values())
+
+
+def unreachable(node, run_id, register):
+    raise TransportError(f"{node.name} ({node.address}:22): unreachable: Name or service not known")
+
+
+def test_a_preflight_where_no_node_answers_names_each_node_and_why(tmp_path):
+    options = session.LaunchOptions(command=command.parse(["train.py"]), run_dir=tmp_path / "run")
+    nodes = [Node("gpu1", "gpu1.invalid"), Node("gpu2", "gpu2.invalid")]
+    said = []
+    job = session.Launch(nodes, options, factory=unreachable, echo=said.append, say=said.append)
+    with pytest.raises(session.NotStarted) as refused:
+        job.preflight()
+    message = str(refused.value)
+    assert "connect on gpu1: gpu1 (gpu1.invalid:22): unreachable: Name or service not known" in message
+    assert "fix: Check that the node is up" in message and "--no-preflight" not in message
+    assert any("FAIL connect on gpu2: gpu2 (gpu2.invalid:22): unreachable" in line for line in said)
+    assert (tmp_path / "run" / "preflight" / "report.json").exists()
+
+
+def test_a_busy_master_port_refuses_with_the_checks_own_fix(tmp_path, monkeypatch):
+    busy = master_port_check(
+        {
+            "listen": [
+                {"port": 29500, "ok": False, "error": "address in use", "holders": [{"pid": 4242, "command": "python"}]}
+            ]
+        },
+        "gpu1",
+        29500,
+    )
+
+    class Busy:
+        run_id = "0123456789ab"
+
+        def __init__(self, *args, **kwargs):
+            pass
+
+        def run(self):
+            return Outcome([busy])
+
+    monkeypatch.setattr(session, "Pipeline", Busy)
+    options = session.LaunchOptions(command=command.parse(["train.py"]), run_dir=tmp_path)
+    job = session.Launch([Node("gpu1", "10.0.0.11")], options, factory=None, echo=print, say=print)
+    with pytest.raises(
+        session.NotStarted,
+        match=r"fix: Stop the stale process \(kill 4242\) or choose another "
+        r"port with --master-port\.",
+    ) as refused:
+        job.preflight()
+    assert "--no-preflight" not in str(refused.value)

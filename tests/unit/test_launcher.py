@@ -4,8 +4,13 @@ listing."""
 
 from __future__ import annotations
 
+import dataclasses
+import io
+import os
 import subprocess
 import sys
+import tarfile
+import time
 
 import pytest
 
@@ -150,11 +155,96 @@ def test_torchrun_tee_marks_become_node_and_global_rank_prefixes():
 # ---------------------------------------------------------------------------------------- same code
 
 
-def hashed(directory, script="train.py", cwd=None):
+def hashed(directory, script="train.py", cwd=None, home=None, skip=()):
+    """The node-side hashing program run here; HOME: the node's home (where launches are recorded)."""
     proc = subprocess.run(
-        sameness.command(sys.executable, script, str(cwd or directory)), capture_output=True, text=True, check=True
+        sameness.command(sys.executable, script, str(cwd or directory), skip),
+        capture_output=True,
+        text=True,
+        check=True,
+        env={**os.environ, "HOME": str(home or directory.parent)},
     )
     return sameness.parse(proc.stdout)
+
+
+def recorded(home, argv, stdin=None):
+    subprocess.run(argv, input=stdin, text=True, check=True, env={**os.environ, "HOME": str(home)})
+
+
+def test_environments_caches_run_directories_and_gitignored_files_are_not_the_code(tmp_path):
+    code = tmp_path / "code"
+    files = {
+        "train.py": "print('train')\n",
+        "lib/model.py": "LAYERS = 4\n",
+        ".gitignore": "# outputs\n*.ckpt\n!keep.ckpt\ndata/\n/outputs\nlogs/*.txt\n",
+        "keep.ckpt": "kept: negated",
+        "nested/outputs/kept.py": "anchored /outputs is the top one only",
+        "logs/kept.log": "only logs/*.txt are ignored",
+        # not the code:
+        ".venv/lib/site.py": "x",
+        "venv/bin/python": "x",
+        ".git/HEAD": "x",
+        "lib/__pycache__/model.cpython-311.pyc": "x",
+        "lib/stale.pyc": "x",
+        "clustercheck-runs/launch-1/hosts/node1/output.log": "x",
+        "model.ckpt": "x",
+        "lib/epoch=1.ckpt": "x",
+        "data/shard0.bin": "x",
+        "outputs/run.json": "x",
+        "logs/step.txt": "x",
+        "my-runs/report.json": "the launch's own --run-dir",
+    }
+    for name, text in files.items():
+        (code / name).parent.mkdir(parents=True, exist_ok=True)
+        (code / name).write_text(text)
+    expected = {".gitignore", "keep.ckpt", "lib/model.py", "logs/kept.log", "nested/outputs/kept.py", "train.py"}
+    tree = hashed(code, skip=(str(code / "my-runs"),))
+    assert set(tree.files) == expected and tree.error is None
+    from clustercheck.launcher import session
+
+    with tarfile.open(fileobj=io.BytesIO(session.archive(code, (str(code / "my-runs"),)))) as tar:
+        assert set(tar.getnames()) == expected  # --sync uploads the same files
+
+
+def test_what_rank_0_wrote_beside_the_script_does_not_make_a_later_launch_refuse(tmp_path):
+    """Two nodes with the same code at the same path (here: two homes), as a launch records them."""
+    homes = {n: tmp_path / n for n in ("node1", "node2")}
+    for home in homes.values():
+        (home / "code").mkdir(parents=True)
+        (home / "code" / "train.py").write_text("print('train')\n")
+
+    def trees():
+        return {n: hashed(h / "code", home=h) for n, h in homes.items()}
+
+    def at_one_path(all_trees):
+        return {n: dataclasses.replace(t, directory="/srv/code") for n, t in all_trees.items()}
+
+    def launch(job, writes_on_node1):
+        before = trees()
+        assert sameness.problems(at_one_path(before)) == []
+        for n, h in homes.items():
+            recorded(h, *sameness.begin_command(sys.executable, before[n], job, detached=False))
+        for name, text in writes_on_node1.items():  # rank 0 runs on the first node
+            (homes["node1"] / "code" / name).parent.mkdir(parents=True, exist_ok=True)
+            (homes["node1"] / "code" / name).write_text(text)
+        time.sleep(0.05)
+        for n, h in homes.items():
+            recorded(h, sameness.end_command(sys.executable, before[n].directory, job))
+
+    launch("000000000001", {"model.pt": "weights", "lightning_logs/version_0/hparams.yaml": "lr: 0.1"})
+    after = trees()
+    assert sameness.problems(at_one_path(after)) == []
+    assert set(after["node1"].outputs) == {"model.pt", "lightning_logs/version_0/hparams.yaml"}
+    assert set(after["node1"].files) == {"train.py"}
+    # The next launch overwrites the checkpoint and adds a version: still its output, not code.
+    launch("000000000002", {"model.pt": "weights 2", "lightning_logs/version_1/hparams.yaml": "lr: 0.1"})
+    assert sameness.problems(at_one_path(trees())) == []
+    # A file the user adds on one node the moment after the runs is code again, and is named.
+    (homes["node1"] / "code" / "model2.py").write_text("LAYERS = 8\n")
+    (homes["node1"] / "code" / "model.pt").write_text("edited by hand, after the runs")
+    assert sameness.problems(at_one_path(trees())) == [
+        "node2: missing: model.pt, model2.py (compared with node1's /srv/code)"
+    ]
 
 
 def test_identical_directories_pass_and_a_changed_missing_or_extra_file_is_named(tmp_path):
@@ -182,18 +272,40 @@ def test_identical_directories_pass_and_a_changed_missing_or_extra_file_is_named
     ]
 
 
+def test_a_launch_whose_end_was_not_recorded_is_ended_by_the_next_one(tmp_path):
+    """The control machine died during a foreground job: the next launch from the directory closes its window,
+    so what the user adds after that is compared again."""
+    (tmp_path / "code").mkdir()
+    (tmp_path / "code" / "train.py").write_text("print('train')\n")
+    first = hashed(tmp_path / "code", home=tmp_path)
+    recorded(tmp_path, *sameness.begin_command(sys.executable, first, "000000000001", detached=False))
+    (tmp_path / "code" / "model.pt").write_text("weights")  # never ended: the window is open until the next launch
+    second = hashed(tmp_path / "code", home=tmp_path)
+    assert set(second.outputs) == {"model.pt"}
+    recorded(tmp_path, *sameness.begin_command(sys.executable, second, "000000000002", detached=False))
+    recorded(tmp_path, sameness.end_command(sys.executable, second.directory, "000000000002"))
+    later = time.time() + 5
+    (tmp_path / "code" / "model2.py").write_text("LAYERS = 8\n")
+    os.utime(tmp_path / "code" / "model2.py", (later, later))
+    third = hashed(tmp_path / "code", home=tmp_path)
+    assert set(third.files) == {"train.py", "model2.py"} and set(third.outputs) == {"model.pt"}
+
+
 def test_a_missing_script_and_a_too_large_directory_are_named(tmp_path, monkeypatch):
     (tmp_path / "a").mkdir()
     (tmp_path / "a" / "train.py").write_text("x")
     missing = hashed(tmp_path / "a", script="nope.py")
     assert missing.error == "no such file"
-    assert sameness.problems({"node1": hashed(tmp_path / "a"), "node2": missing}) == [
+    assert sameness.unusable({"node1": hashed(tmp_path / "a"), "node2": missing}) == [
         f"node2: {tmp_path / 'a' / 'nope.py'} does not exist"
     ]
     monkeypatch.setattr(sameness, "MAX_FILES", 0)
     big = hashed(tmp_path / "a")
     assert big.error == "too large"
-    assert "too much to compare" in sameness.problems({"node1": big})[0]
+    (refused,) = sameness.unusable({"node1": big})
+    assert refused.startswith(f"node1: {tmp_path / 'a'} holds more than 0 files or 512 MiB besides `.venv`")
+    assert "too large to compare; pass --sync with a directory of the code alone" in refused
+    assert f"to {tmp_path / 'a'}/.gitignore" in refused and "not the same" not in refused
     assert sameness.parse("Traceback ...\nboom").error.startswith("could not hash")
 
 
@@ -234,6 +346,25 @@ def test_the_start_command_keeps_the_users_arguments_as_they_are():
     )
     assert argv[:3] == ["sh", "-c", argv[2]] and "systemd-run" in argv[2]
     assert argv[3:] == ["sh", "0123456789ab", "", "", "env", "K=v w", "python", "train.py", "--name", "a b", "$HOME"]
+
+
+@pytest.mark.skipif(os.path.isdir("/run/systemd/system"), reason="this machine runs systemd as PID 1")
+def test_a_node_without_systemd_as_pid_1_refuses_a_detached_job_and_keeps_no_job(tmp_path):
+    argv = detached.start_command("0123456789ab", ["true"], {}, None, None)
+    proc = subprocess.run(argv, capture_output=True, text=True, env={**os.environ, "HOME": str(tmp_path)})
+    assert proc.returncode == detached.REFUSED
+    said = detached.start_problem(proc.returncode, proc.stderr)
+    assert said.startswith("systemd is not running as PID 1 here (PID 1 is ") and "launch without --detach" in said
+    listed = subprocess.run(detached.list_command(), capture_output=True, text=True, env={"HOME": str(tmp_path)})
+    assert detached.parse_list(listed.stdout) == []
+
+
+def test_systemd_runs_own_error_is_named_as_such():
+    assert detached.start_problem(1, "Failed to connect to bus: Host is down\n") == (
+        "systemd-run failed (exit 1): Failed to connect to bus: Host is down"
+    )
+    lingering = "alice has no lingering systemd user manager, so a detached job would end at logout: run: ..."
+    assert detached.start_problem(detached.REFUSED, lingering + "\n") == lingering
 
 
 def test_a_job_record_round_trips_and_an_unknown_job_says_how_to_reach_it(tmp_path, monkeypatch):
