@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import os
 import tarfile
 import tempfile
 import threading
@@ -314,7 +315,7 @@ class Launch:
             sink = outputs[name]
             try:
                 result = m.transport.run(
-                    _in_dir(p.command, self.cwd),
+                    _in_dir(p.command, _work_dir(m.node, self.cwd)),
                     timeout=FOREVER,
                     env=p.env,
                     on_output=lambda stream, text: emit(name, sink.feed(stream, text)),
@@ -377,7 +378,7 @@ class Launch:
         def begin(p: NodeLaunch) -> None:
             m = by_name[p.node.name]
             archive_path = f"{m.transport.workdir.rstrip('/')}/{code}" if code else None
-            argv = detached.start_command(self.job_id, p.command, p.env, self.cwd, archive_path)
+            argv = detached.start_command(self.job_id, p.command, p.env, _work_dir(m.node, self.cwd), archive_path)
             got = m.transport.run(argv, timeout=60)
             if not got.ok:
                 problems.append(f"{m.name}: {detached.start_problem(got.exit_status, got.stderr or got.cause())}")
@@ -456,6 +457,15 @@ class Launch:
 
 
 _CD = 'd=$1; shift; case "$d" in "~") d=$HOME ;; "~/"*) d="$HOME/${d#"~/"}" ;; esac; cd "$d" && exec "$@"'
+
+
+def _work_dir(node: Node, cwd: str | None) -> str | None:
+    """Where the job runs on NODE: CWD (--chdir, or the synced copy); without one, the current directory on the
+    control machine itself (where the same-code check looked the script up) and the home directory over SSH
+    (None: where the connection lands)."""
+    if cwd:
+        return cwd
+    return os.getcwd() if node.is_local else None
 
 
 def _in_dir(command: list[str], cwd: str | None) -> list[str]:

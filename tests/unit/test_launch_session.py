@@ -139,3 +139,19 @@ def test_a_busy_master_port_refuses_with_the_checks_own_fix(tmp_path, monkeypatc
     ) as refused:
         job.preflight()
     assert "--no-preflight" not in str(refused.value)
+
+
+def test_a_detached_job_on_the_control_machine_runs_where_the_script_was_compared(tmp_path, monkeypatch):
+    """Without --chdir, the same-code check looks the script up in the current directory on the control machine
+    (and in the home directory over SSH); the detached unit must start there too, not in $HOME."""
+    monkeypatch.chdir(tmp_path)
+    local = StreamingNode("localhost", 0, [])
+    remote = StreamingNode("node2", 0, [])
+    here = Member(Node("localhost", "127.0.0.1", connection="local"), local, member("n1", None).facts, "", "lo", "", 0)
+    job, _, _ = launch_on([here, member("node2", remote)], tmp_path)
+    job.job_id = "0123456789ab"
+    job.start_detached(None)
+    local_argv, remote_argv = local.commands[-1], remote.commands[-1]
+    job_id_at = local_argv.index("0123456789ab")
+    assert local_argv[job_id_at + 1] == str(tmp_path)  # the working directory argument of the unit's start
+    assert remote_argv[remote_argv.index("0123456789ab") + 1] == ""  # over SSH: the home directory
