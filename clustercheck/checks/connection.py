@@ -1,7 +1,13 @@
 """What the core stage reports before any check can read facts: the connection, the facts collection itself,
 and a failure of clustercheck's own code on one node."""
 
-from clustercheck.checks.registry import declare
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from clustercheck.checks.registry import Finding, declare, passed, warn
+from clustercheck.transport import SessionQuirks
 
 declare(
     "connect",
@@ -33,3 +39,52 @@ declare(
     fix="Nothing to do: they were stopped and removed. If it recurs, look for a node that froze or lost its "
     "network during an earlier run.",
 )
+declare(
+    "ssh.session",
+    stage="core",
+    scope="node",
+    proves="the node's SSH server runs commands as tools expect: its login shell prints nothing before a command's "
+    "own output (sftp, scp and rsync need that); a limit on sessions per connection (MaxSessions) is named",
+    fix="Make the login shell's startup files print only in interactive shells.",
+)
+
+# The file each login shell reads when sshd runs a command (not interactive, not a login shell): where the text that
+# comes before every command's output is printed. bash reads ~/.bashrc when sshd starts it (Debian and Ubuntu also
+# /etc/bash.bashrc, which returns at once in a shell that is not interactive).
+STARTUP_FILES = {
+    "bash": "~/.bashrc",
+    "zsh": "~/.zshenv",
+    "tcsh": "~/.tcshrc (or ~/.cshrc)",
+    "csh": "~/.cshrc",
+    "fish": "~/.config/fish/config.fish",
+}
+
+
+def session_finding(quirks: SessionQuirks, shell: str | None) -> Finding:
+    """ssh.session on what the transport learnt about the node's sshd; SHELL: the SSH user's login shell ($SHELL)."""
+    data: dict[str, Any] = {
+        "sessions_limited": quirks.sessions_limited,
+        "connections": quirks.connections,
+        "startup_output": quirks.startup_output[:2000] or None,
+        "shell": shell,
+    }
+    limit = ""
+    if quirks.sessions_limited:
+        limit = (
+            "; sshd refused more sessions on one connection (MaxSessions in its sshd_config): clustercheck used "
+            f"{quirks.connections} connection(s)"
+        )
+    if not quirks.startup_output:
+        return passed(f"commands run with nothing printed before their output{limit}", **data)
+    base = os.path.basename(shell or "")
+    where = STARTUP_FILES.get(base)
+    said = quirks.startup_output.strip().splitlines()[0][:120]
+    source = f"its startup file {where}" if where else "its startup files"
+    return warn(
+        f"the login shell ({shell or 'unknown'}) prints text before every command's output ({source}): "
+        f"{said!r}: sftp, scp and rsync fail on this node; clustercheck read past it{limit}",
+        f"Make {where or 'the shell startup files'} of the SSH user print only in interactive shells: move the "
+        "output (echo, a module system's banner, conda's activation messages) under `if [[ $- == *i* ]]; then ... "
+        "fi` (bash), or to the login files or the MOTD, which sshd shows only to interactive logins.",
+        **data,
+    )
