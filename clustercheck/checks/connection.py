@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from clustercheck.checks.registry import Finding, declare, passed, warn
+from clustercheck.checks.registry import Finding, declare, fail, passed, skip, warn
 from clustercheck.transport import SessionQuirks
 
 declare(
@@ -88,3 +88,43 @@ def session_finding(quirks: SessionQuirks, shell: str | None) -> Finding:
         "fi` (bash), or to the login files or the MOTD, which sshd shows only to interactive logins.",
         **data,
     )
+
+
+declare(
+    "nodes.distinct",
+    stage="core",
+    scope="cluster",
+    proves="every inventory name is a different machine (no two names share the machine ID, boot ID and hostname), "
+    "read before anything else runs, so N names are N nodes",
+    fix="Remove the second name of that machine from the inventory, or give it the address of the machine it was "
+    "meant to name (ansible_host); until then the multi-node stages do not run.",
+)
+
+
+def distinct_finding(names: list[str], addresses: dict[str, str], same: dict[str, str], identities) -> Finding:
+    """nodes.distinct over the inventory NAMES (in order): SAME maps a name found to be another name's machine to
+    the name that was checked in its place; IDENTITIES: name -> facts.parse.Identity where it was read."""
+    unknown = [n for n in names if identities.get(n) is None or identities[n].key is None]
+    data: dict[str, Any] = {"same_machine": dict(same), "not_read": unknown}
+    if len(names) < 2:
+        return skip("one node, nothing to compare", **data)
+    if not same:
+        note = f" (not read on {', '.join(unknown)})" if unknown else ""
+        return passed(
+            f"{len(names) - len(unknown)} names, as many machines (machine ID, boot ID and hostname){note}", **data
+        )
+    groups: dict[str, list[str]] = {}
+    for name in names:  # the name checked, and every name found to be its machine, in inventory order
+        checked = same.get(name, name)
+        if name in same or checked in same.values():
+            groups.setdefault(checked, []).append(name)
+    parts = []
+    for checked, group in groups.items():
+        ident = identities[checked]
+        listed = " and ".join(f"{n} ({addresses.get(n, '?')})" for n in group)
+        parts.append(
+            f"{listed} are one machine (machine ID {ident.machine_id or 'unknown'}, boot ID {ident.boot_id}, hostname "
+            f"{ident.hostname or 'unknown'}): checked once, as {checked}"
+        )
+    machines = len(names) - len(same)
+    return fail(f"{'; '.join(parts)}; the inventory names {len(names)} nodes, they are {machines} machines", **data)

@@ -83,6 +83,13 @@ def stop_leftovers(node: Node, transport: Transport) -> CheckResult:
     )
 
 
+def identify(transport: Transport) -> parse.Identity | None:
+    """The node's machine ID, boot ID and hostname (one command), read before anything else runs there: two
+    inventory names of one machine share this run's work directory and processes there."""
+    answer = transport.run(["sh", "-c", parse.IDENTITY_SCRIPT], timeout=30)
+    return parse.parse_identity(answer.stdout) if answer.ok else None
+
+
 def session(node: Node, transport: Transport) -> CheckResult:
     """ssh.session: what the node's sshd did that the transport worked around in the steps so far (the login
     shell's startup output, a limit on sessions per connection)."""
