@@ -604,9 +604,10 @@ def login_shell_output(cluster, tmp_path, row):
 def same_machine_twice(cluster, tmp_path, row):
     node1 = cluster.node("node1")
     inventory = tmp_path / "inventory.ini"
-    text = Path(cluster.inventory).read_text()
-    assert "[gpu_nodes]\n" in text
-    inventory.write_text(text.replace("[gpu_nodes]\n", f"[gpu_nodes]\nnode1-again ansible_host={node1.address}\n", 1))
+    lines = Path(cluster.inventory).read_text().splitlines(keepends=True)
+    at = next(i for i, line in enumerate(lines) if line.startswith("node1 "))
+    lines.insert(at + 1, f"node1-again ansible_host={node1.address}\n")  # the copy-paste slip: below the original
+    inventory.write_text("".join(lines))
     command = clustercheck_command(cluster, tmp_path, *row.args, "--format", "json")
     command[command.index(cluster.inventory)] = str(inventory)
     verdict = run(cluster, tmp_path, row, command=command)
