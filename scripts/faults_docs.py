@@ -26,7 +26,8 @@ INTRO = """# Faults and what clustercheck says about them
 Every row is a fault the fault suite (`tests/faults/`) puts on a 3-node Docker test cluster for real, through
 Docker or as root on the node, never through clustercheck's own code, before running `clustercheck run` as a
 user does. The suite asserts for each row: the exit code, a FAIL or ERROR of the check named here for the right
-node or pair with the cause and its fix, the other nodes' results kept (their checks pass), the verdict within the
+node or pair with the cause and its fix (for a fault clustercheck works around, the PASS or WARN of that check
+saying so, and no check failing), the other nodes' results kept (their checks pass), the verdict within the
 row's deadline, and nothing of clustercheck's left on any node. "verdict in" is measured from the start of the
 run, or for a fault made mid-run (a killed rank, a frozen node, Ctrl-C) from the moment of the fault; each row
 runs with the stage selection and timeouts in `tests/faults/fault_rows.py`.

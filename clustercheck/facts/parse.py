@@ -442,3 +442,41 @@ def parse_dcgmi_diag(text: str) -> dict[str, Any]:
         if name:
             tests.append({"section": section, "test": name, "result": value})
     return {"metadata": metadata, "tests": tests}
+
+
+@dataclass(frozen=True)
+class Identity:
+    """What tells one running machine from another. Each alone can be shared: systemd's machine ID by clones of an
+    image that was not reset, the kernel's boot ID by containers on one kernel, the hostname by anything; all three
+    together only by the same machine reached under two names."""
+
+    machine_id: str | None  # /etc/machine-id
+    boot_id: str | None  # /proc/sys/kernel/random/boot_id
+    hostname: str | None  # uname -n
+
+    @property
+    def key(self) -> tuple[str, str, str] | None:
+        """What two names of one machine share; None when the boot ID could not be read (nothing to compare)."""
+        if not self.boot_id:
+            return None
+        return (self.machine_id or "", self.boot_id, self.hostname or "")
+
+
+# sh -c IDENTITY_SCRIPT: the three lines parse_identity reads (an empty line where a file cannot be read).
+IDENTITY_SCRIPT = (
+    "echo machine_id=$(cat /etc/machine-id 2>/dev/null); "
+    "echo boot_id=$(cat /proc/sys/kernel/random/boot_id 2>/dev/null); "
+    "echo hostname=$(uname -n)"
+)
+
+
+def parse_identity(text: str) -> Identity | None:
+    """IDENTITY_SCRIPT's output; None when it holds none of its lines."""
+    found: dict[str, str | None] = {}
+    for line in text.splitlines():
+        key, sep, value = line.strip().partition("=")
+        if sep and key in ("machine_id", "boot_id", "hostname"):
+            found[key] = value.strip() or None
+    if not found:
+        return None
+    return Identity(found.get("machine_id"), found.get("boot_id"), found.get("hostname"))

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 from clustercheck.checks import connection, registry
 from clustercheck.config import RunConfig
+from clustercheck.facts import parse
 from clustercheck.facts.model import NodeFacts
 from clustercheck.inventory import Node
 from clustercheck.model import CheckResult, Status
@@ -69,6 +70,9 @@ class Pipeline:
         self._facts: dict[str, NodeFacts] = {}
         self._host_key_error = False
         self._durations: dict[str, float] = {}
+        self._identities: dict[str, parse.Identity | None] = {}  # node -> what identify() read there
+        self._machines: dict[tuple[str, str, str], str] = {}  # identity key -> the node checked as that machine
+        self._same: dict[str, str] = {}  # node -> the node checked in its place (the same machine)
 
     # ------------------------------------------------------------------ the whole run
 
@@ -79,6 +83,7 @@ class Pipeline:
             results = []
             for node in self.nodes:
                 results += self._results.get(node.name, [])
+            results.append(self._distinct())
             reached = [self._facts[n.name] for n in self.nodes if n.name in self._facts]
             selection = self.config.selection
             results += registry.run_cluster_checks(
@@ -126,7 +131,9 @@ class Pipeline:
         selection = self.config.selection
         hosts = list(self.ctx.hosts)
         missing = {
-            n.name: "not reached, or its facts were not collected"
+            n.name: f"the same machine as {self._same[n.name]} (nodes.distinct)"
+            if n.name in self._same
+            else "not reached, or its facts were not collected"
             for n in self.nodes
             if n.name not in self._facts or n.name not in self._transports
         }
@@ -189,7 +196,9 @@ class Pipeline:
         try:
             transport, connect_result = self._connect(node)
             results.append(connect_result)
-            if transport is not None:
+            if transport is not None and self._twin(node, transport):
+                transport = None  # another name of a machine checked under its first name: nothing more runs here
+            elif transport is not None:
                 outcome = core.run_host(node, transport, self.ctx, lambda stage: self._step(node, stage))
                 results += outcome.results
                 if outcome.facts is not None:
@@ -211,6 +220,32 @@ class Pipeline:
         self.progress(node.name, "done")
         with self._lock:
             self._results[node.name] = results
+
+    def _twin(self, node: Node, transport: Transport) -> bool:
+        """Whether NODE is a machine another inventory name already reached (read before anything runs there). Its
+        transport is then closed without the cleanup sweep: the sweep would stop the other name's processes,
+        which carry the same run marker."""
+        identity = core.identify(transport)
+        with self._lock:
+            self._identities[node.name] = identity
+            key = identity.key if identity else None
+            checked = self._machines.setdefault(key, node.name) if key else node.name
+            if checked == node.name:
+                return False
+            self._same[node.name] = checked
+            self._transports.pop(node.name, None)
+        with contextlib.suppress(Exception):
+            transport.close()
+        return True
+
+    def _distinct(self) -> CheckResult:
+        check = registry.get("nodes.distinct")
+        if not self.config.selection.check_selected(check.name):  # still, nothing ran twice on one machine
+            return check.result(None, registry.skip(f"{check.name} skipped: not selected (--skip)"))
+        finding = connection.distinct_finding(
+            [n.name for n in self.nodes], {n.name: n.address for n in self.nodes}, self._same, self._identities
+        )
+        return check.result(None, finding)
 
     def _register(self, node: Node, transport: Transport) -> None:
         with self._lock:

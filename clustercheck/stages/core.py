@@ -11,7 +11,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from clustercheck.checks import registry
+from clustercheck.checks import connection, registry
 from clustercheck.checks.collectives import COLLECTIVES, LOCAL_PREFIX
 from clustercheck.checks.gpu import DCGM_DEADLINES
 from clustercheck.facts import collect, parse
@@ -83,6 +83,26 @@ def stop_leftovers(node: Node, transport: Transport) -> CheckResult:
     )
 
 
+def identify(transport: Transport) -> parse.Identity | None:
+    """The node's machine ID, boot ID and hostname (one command), read before anything else runs there: two
+    inventory names of one machine share this run's work directory and processes there."""
+    answer = transport.run(["sh", "-c", parse.IDENTITY_SCRIPT], timeout=30)
+    return parse.parse_identity(answer.stdout) if answer.ok else None
+
+
+def session(node: Node, transport: Transport) -> CheckResult:
+    """ssh.session: what the node's sshd did that the transport worked around in the steps so far (the login
+    shell's startup output, a limit on sessions per connection)."""
+    check = registry.get("ssh.session")
+    if node.is_local:
+        return check.result(node.name, registry.skip("a local node: no SSH"))
+    shell = None
+    if transport.quirks.startup_output:
+        answer = transport.run(["sh", "-c", 'echo "$SHELL"'], timeout=30)
+        shell = answer.stdout.strip() or None if answer.ok else None
+    return check.result(node.name, connection.session_finding(transport.quirks, shell))
+
+
 def find_python(node: Node, transport: Transport, configured: str | None) -> tuple[str, str, str | None]:
     """(python to run the collector with, where it came from, the configured python when it is missing)."""
     if configured:
@@ -124,8 +144,9 @@ def run_host(node: Node, transport: Transport, ctx: Context, step) -> HostOutcom
     try:
         upload.result()
     except (TransportError, OSError) as exc:
-        outcome.results.append(_facts_error(node, f"{node.name}: {exc}"))
+        outcome.results += [session(node, transport), _facts_error(node, f"{node.name}: {exc}")]
         return outcome
+    outcome.results.append(session(node, transport))
     args = [str(max(10.0, config.command_timeout - 15))] + (["--no-torch"] if missing else [])
     for package in node.packages:
         args += ["--package", package]

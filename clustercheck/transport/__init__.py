@@ -77,6 +77,16 @@ class CommandResult:
         return f"exit {self.exit_status}{': ' + last if last else ''}"
 
 
+@dataclass
+class SessionQuirks:
+    """What a node's SSH server does that the transport worked around, learnt while running commands (the
+    ssh.session check reports it). Nothing on a local node."""
+
+    startup_output: str = ""  # what the login shell's startup files printed before a command's own output
+    sessions_limited: bool = False  # sshd refused a session on a connection that had others open (MaxSessions)
+    connections: int = 1  # connections to the node (more than one when it limits sessions)
+
+
 class TransportError(Exception):
     """The node cannot be reached or used; the message names the host and the cause."""
 
@@ -91,6 +101,7 @@ class Transport(Protocol):
     host: str
     run_id: str
     workdir: str
+    quirks: SessionQuirks
 
     def run(
         self,

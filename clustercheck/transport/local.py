@@ -16,6 +16,7 @@ from clustercheck.transport import (
     UNTIL_MARKER,
     CommandResult,
     OutputSink,
+    SessionQuirks,
     new_run_id,
     record_until,
     sweep_script,
@@ -31,6 +32,7 @@ class LocalTransport:
         self.host = host
         self.run_id = run_id or new_run_id()
         self.workdir = workdir_for(self.run_id)
+        self.quirks = SessionQuirks()
 
     def run(
         self,

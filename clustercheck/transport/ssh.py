@@ -1,17 +1,30 @@
 """The SSH transport (paramiko): a Connection (host keys, ProxyJump, timeouts) and, on top of it, commands with
-deadlines and file transfer over SFTP. Parameters come from transport.params, host-key rules from
-transport.hostkeys."""
+deadlines and file transfer. Parameters come from transport.params, host-key rules from transport.hostkeys.
+
+Two things real sites' sshd do are worked around here, at the one place every command and copy goes through:
+- a limit on the sessions per connection (sshd_config's MaxSessions, set low by hardening profiles): when the
+  server refuses one more session on a connection that has others open, that connection's limit is learnt and
+  the session goes over another connection to the same node (host key verified again);
+- a login shell whose startup files print text (a greeting, a module system's banner, conda's messages): sshd
+  runs every command, and the SFTP subsystem, through that shell, so the text comes before the command's own
+  output and SFTP fails ("Garbage packet received"). Every command first prints a marker, and what comes before
+  it is the shell's, kept aside (`quirks.startup_output`); files are piped through a command (`cat`) and their
+  SHA-256 checked, never over SFTP, which depends on a silent shell (and on the sftp subsystem being enabled).
+"""
 
 from __future__ import annotations
 
 import codecs
-import contextlib
+import hashlib
 import logging
 import os
 import select
 import shlex
+import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 import paramiko
 
@@ -20,6 +33,7 @@ from clustercheck.transport import (
     CommandResult,
     HostKeyError,
     OutputSink,
+    SessionQuirks,
     TransportError,
     hostkeys,
     new_run_id,
@@ -143,8 +157,65 @@ class Connection:
             self._jump = None
 
 
+# The reason code sshd gives when it refuses a session because the connection has MaxSessions open already
+# (SSH2_OPEN_CONNECT_FAILED, "open failed"; RFC 4254 5.1).
+OPEN_CONNECT_FAILED = 2
+MAX_CONNECTIONS = 8  # connections to one node at most, when its sshd allows few sessions on each
+CLOSE_LAG = 0.05  # seconds to wait before asking again for a session refused on a connection with none open
+TRANSFER_RATE = 1 << 20  # bytes per second a copy is given at least, beyond TRANSFER_TIMEOUT
+TRANSFER_TIMEOUT = 60.0
+CHUNK = 1 << 20  # bytes read and sent at a time
+SHOW_MARKER = 'printf %s "$0"; printf %s "$0" >&2'  # sh -c SHOW_MARKER MARKER: the marker on stdout and stderr
+
+
+@dataclass
+class _Link:
+    """One SSH connection of a node's transport, with the sessions open on it and the server's limit when learnt."""
+
+    connection: Connection
+    open: int = 0
+    limit: int | None = None
+    used: int = 0  # sessions it has carried
+    established: int = 0  # sessions open on it now
+    peak: int = 0  # the most it carried at once
+
+
+class _AfterMarker:
+    """One output stream of a command, with what the login shell printed before the command's marker set aside.
+
+    Bytes are held back until the marker arrives; a stream that ends without it (the command never started) is
+    given back whole."""
+
+    def __init__(self, marker: bytes) -> None:
+        self.marker = marker
+        self.held = bytearray()
+        self.found = False
+        self.before = b""
+
+    def feed(self, data: bytes) -> bytes:
+        if self.found:
+            return data
+        self.held += data
+        at = self.held.find(self.marker)
+        if at < 0:
+            return b""
+        self.found = True
+        self.before = bytes(self.held[:at])
+        rest = bytes(self.held[at + len(self.marker) :])
+        self.held.clear()
+        return rest
+
+    def end(self) -> bytes:
+        if self.found:
+            return b""
+        rest = bytes(self.held)
+        self.held.clear()
+        return rest
+
+
 class SSHTransport:
-    """One node over SSH: every command runs with a deadline and the run marker; files move over SFTP."""
+    """One node over SSH: every command runs with a deadline and the run marker; files are piped through
+    commands, their checksums compared."""
 
     def __init__(
         self,
@@ -160,6 +231,7 @@ class SSHTransport:
         self.params = params
         self.run_id = run_id or new_run_id()
         self.workdir = workdir_for(self.run_id)
+        self.quirks = SessionQuirks()
         self.connection = Connection(
             name,
             params,
@@ -167,10 +239,105 @@ class SSHTransport:
             accept_new_host_keys=accept_new_host_keys,
             config=config,
         )
-        self._sftp: paramiko.SFTPClient | None = None
+        self._links = [_Link(self.connection)]  # the first is self.connection; more when sshd limits sessions
+        self._slots = threading.Condition()
+        self._marker = f"::clustercheck-{self.run_id}::"
 
     def connect(self) -> None:
         self.connection.open()
+
+    # ------------------------------------------------------------------ sessions
+
+    def _session(self, timeout: float) -> tuple[paramiko.Channel, _Link]:
+        """A new session channel, on a connection with room for one more (another connection when every one is
+        at the server's limit). Raises paramiko.SSHException or OSError when none can be had."""
+        deadline = time.monotonic() + timeout
+        while True:
+            link, new = None, False
+            with self._slots:
+                for candidate in self._links:
+                    if candidate.connection.active and (candidate.limit is None or candidate.open < candidate.limit):
+                        link = candidate
+                        break
+                if link is None and len(self._links) < MAX_CONNECTIONS:
+                    link, new = _Link(self._another_connection()), True
+                    self._links.append(link)
+                if link is None:
+                    if not self._slots.wait(max(0.0, deadline - time.monotonic())) or time.monotonic() > deadline:
+                        raise paramiko.SSHException(
+                            f"no session free on {MAX_CONNECTIONS} connections within {timeout:.0f} s "
+                            "(sshd limits the sessions per connection: MaxSessions)"
+                        )
+                    continue
+                link.open += 1
+            if new:
+                try:
+                    link.connection.open()
+                except BaseException:
+                    with self._slots:
+                        self._links.remove(link)
+                        self._slots.notify_all()
+                    raise
+                self.quirks.connections = len(self._links)
+            try:
+                transport = link.connection.client.get_transport() if link.connection.client else None
+                if transport is None or not transport.is_active():
+                    raise paramiko.SSHException("connection lost")
+                channel = transport.open_session(timeout=min(timeout, self.connection.timeouts.auth))
+                with self._slots:
+                    link.used += 1
+                    link.established += 1
+                    link.peak = max(link.peak, link.established)
+                return channel, link
+            except paramiko.SSHException as exc:
+                if not _refused(exc) or not link.connection.active:
+                    self._release(link)
+                    raise
+                with self._slots:
+                    link.open -= 1
+                    others = link.open
+                    self._slots.notify_all()
+                    if link.used or others:
+                        # sshd's MaxSessions: this connection carries no more than it has open now, and never fewer
+                        # than it carried at once before (a session that just ended still counts there until sshd
+                        # has our close: then wait a moment and ask again).
+                        floor = max(link.peak, 1)
+                        link.limit = max(floor, min(link.limit or others, others))
+                        self.quirks.sessions_limited = True
+                        lag = others < link.limit
+                    else:
+                        lag = None
+                if lag is None:
+                    raise paramiko.SSHException(
+                        f"sshd refused to open a session ({exc}), with no other open on the connection "
+                        "(MaxSessions 0 in its sshd_config?)"
+                    ) from exc
+                if time.monotonic() > deadline:
+                    raise paramiko.SSHException(
+                        f"sshd kept refusing sessions for {timeout:.0f} s (MaxSessions in its sshd_config)"
+                    ) from exc
+                if lag:
+                    time.sleep(CLOSE_LAG)
+                continue
+            except BaseException:
+                self._release(link)
+                raise
+
+    def _another_connection(self) -> Connection:
+        first = self.connection
+        return Connection(
+            first.name,
+            first.params,
+            timeouts=first.timeouts,
+            accept_new_host_keys=first.accept_new,
+            config=first.config,
+        )
+
+    def _release(self, link: _Link, established: bool = False) -> None:
+        with self._slots:
+            link.open -= 1
+            link.established -= established
+            self._slots.notify_all()
 
     # ------------------------------------------------------------------ commands
 
@@ -187,25 +354,70 @@ class SSHTransport:
         return self._exec(line, timeout, stdin, sweep_on_timeout=True, on_output=on_output)
 
     def _exec(
-        self, line: str, timeout: float, stdin: str | None, sweep_on_timeout: bool, on_output: OutputSink | None = None
+        self,
+        line: str,
+        timeout: float,
+        stdin: str | bytes | BinaryIO | None,
+        sweep_on_timeout: bool,
+        on_output: OutputSink | None = None,
     ) -> CommandResult:
-        client = self.connection.client
-        transport = client.get_transport() if client else None
-        if transport is None or not transport.is_active():
-            return CommandResult(None, "", "connection lost")
+        status, out, err, timed_out = self._exec_bytes(line, timeout, stdin, sweep_on_timeout, on_output)
+        text_out, text_err = out.decode(errors="replace"), err.decode(errors="replace")
+        if status is None and not timed_out and not text_err:
+            text_err = "the connection closed before the command reported an exit status"
+        return CommandResult(status, text_out, text_err, timed_out=timed_out)
+
+    def _exec_bytes(
+        self,
+        line: str,
+        timeout: float,
+        stdin: str | bytes | BinaryIO | None,
+        sweep_on_timeout: bool,
+        on_output: OutputSink | None = None,
+    ) -> tuple[int | None, bytes, bytes, bool]:
+        """LINE through the login shell, its output after the marker: (exit status, stdout, stderr, timed out)."""
+        if not self.connection.active:
+            return None, b"", b"connection lost", False
         deadline = time.monotonic() + timeout
+        # Everything the login shell prints before this marker is its startup files' (see the module's doc).
+        marker = self._marker
+        shown = f"sh -c {shlex.quote(SHOW_MARKER)} {shlex.quote(marker)}; "
         try:
-            channel = transport.open_session(timeout=min(timeout, self.connection.timeouts.auth))
+            channel, link = self._session(timeout)
+        except (paramiko.SSHException, OSError, TransportError) as exc:
+            return None, b"", f"could not start the command: {exc}".encode(), False
+        try:
+            return self._converse(channel, shown + line, deadline, stdin, sweep_on_timeout, on_output)
+        finally:
+            self._release(link, established=True)
+
+    def _converse(
+        self,
+        channel: paramiko.Channel,
+        line: str,
+        deadline: float,
+        stdin: str | bytes | BinaryIO | None,
+        sweep_on_timeout: bool,
+        on_output: OutputSink | None,
+    ) -> tuple[int | None, bytes, bytes, bool]:
+        transport = channel.get_transport()
+        try:
             channel.exec_command(line)
-            if stdin is not None:
-                channel.sendall(stdin.encode())
+            if isinstance(stdin, (str, bytes)):
+                channel.sendall(stdin.encode() if isinstance(stdin, str) else stdin)
+            elif stdin is not None:  # a file, in pieces
+                for piece in iter(lambda: stdin.read(CHUNK), b""):
+                    channel.sendall(piece)
             channel.shutdown_write()
         except (paramiko.SSHException, OSError) as exc:
-            return CommandResult(None, "", f"could not start the command: {exc}")
+            channel.close()
+            return None, b"", f"could not start the command: {exc}".encode(), False
         out, err = bytearray(), bytearray()
         decoders = {name: codecs.getincrementaldecoder("utf-8")("replace") for name in ("stdout", "stderr")}
+        streams = {name: _AfterMarker(self._marker.encode()) for name in ("stdout", "stderr")}
 
-        def take(name: str, buffer: bytearray, data: bytes) -> None:
+        def take(name: str, buffer: bytearray, data: bytes, last: bool = False) -> None:
+            data = streams[name].feed(data) + (streams[name].end() if last else b"")
             if on_output is None:
                 buffer += data
             elif data:
@@ -227,7 +439,7 @@ class SSHTransport:
                     while channel.recv_stderr_ready():
                         take("stderr", err, channel.recv_stderr(65536))
                     break
-                if channel.closed or not transport.is_active():
+                if channel.closed or transport is None or not transport.is_active():
                     break
                 if time.monotonic() > deadline:
                     timed_out = True
@@ -242,14 +454,16 @@ class SSHTransport:
         except BaseException:  # Ctrl-C: the caller cleans up; close the channel so nothing waits on it
             channel.close()
             raise
+        take("stdout", out, b"", last=True)
+        take("stderr", err, b"", last=True)
+        before = (streams["stdout"].before + streams["stderr"].before).decode(errors="replace").strip()
+        if before and not self.quirks.startup_output:
+            self.quirks.startup_output = before
         status = channel.exit_status if channel.exit_status_ready() and not timed_out else None
         channel.close()
         if timed_out and sweep_on_timeout:
             self._sweep()
-        text_out, text_err = out.decode(errors="replace"), err.decode(errors="replace")
-        if status is None and not timed_out and not text_err:
-            text_err = "the connection closed before the command reported an exit status"
-        return CommandResult(status, text_out, text_err, timed_out=timed_out)
+        return status, bytes(out), bytes(err), timed_out
 
     def _sweep(self, workdir: str = "/nonexistent-clustercheck") -> CommandResult:
         script = sweep_script(self.run_id, workdir)
@@ -261,35 +475,41 @@ class SSHTransport:
 
     # ------------------------------------------------------------------ files
 
-    def _sftp_client(self) -> paramiko.SFTPClient:
-        if self._sftp is None:
-            if self.connection.client is None:
-                raise TransportError(f"{self.host}: not connected")
-            try:
-                self._sftp = self.connection.client.open_sftp()
-            except (paramiko.SSHException, OSError) as exc:
-                raise TransportError(f"{self.host}: SFTP is not available: {exc}") from exc
-        return self._sftp
-
     def put(self, local_path: str, remote_path: str) -> None:
-        sftp = self._sftp_client()
-        parts = Path(remote_path).parent.parts
-        for i in range(2, len(parts) + 1):
-            directory = str(Path(*parts[:i]))
-            try:
-                sftp.stat(directory)
-            except OSError:
-                sftp.mkdir(directory, mode=0o700)
+        """LOCAL_PATH to REMOTE_PATH (its directory made, mode 700), piped through `cat` and written whole or not
+        at all; the SHA-256 the node computes must be the one sent."""
+        script = 'mkdir -p -m 700 "$(dirname "$1")" && cat > "$1.part" && mv -f "$1.part" "$1" && sha256sum "$1"'
         try:
-            sftp.put(local_path, remote_path)
+            sent, size = _sha256(local_path)
+            with open(local_path, "rb") as source:
+                timeout = _transfer_time(size)
+                line = remote_command(["sh", "-c", script, "sh", remote_path], {}, self.run_id, timeout, self.workdir)
+                answer = self._exec(line, timeout, source, sweep_on_timeout=True)
         except OSError as exc:
-            raise TransportError(f"{self.host}: could not copy {local_path} to {remote_path}: {exc}") from exc
+            raise TransportError(f"{self.host}: could not read {local_path}: {exc.strerror or exc}") from exc
+        got = (answer.stdout.split() or [""])[0]
+        if not answer.ok:
+            raise TransportError(f"{self.host}: could not copy {local_path} to {remote_path}: {answer.cause()}")
+        if got != sent:
+            raise TransportError(
+                f"{self.host}: {remote_path} arrived with SHA-256 {got or '(none)'}, {local_path} has {sent}"
+            )
 
     def get(self, remote_path: str, local_path: str) -> None:
+        """REMOTE_PATH to LOCAL_PATH, piped through `cat`; its SHA-256 on the node must be the one received."""
+        script = 'sha256sum "$1" >&2 && cat "$1"'
+        line = remote_command(["sh", "-c", script, "sh", remote_path], {}, self.run_id, TRANSFER_TIMEOUT * 10)
+        status, out, err, timed_out = self._exec_bytes(line, TRANSFER_TIMEOUT * 10, None, True)
+        told = (err.decode(errors="replace").split() or [""])[0]
+        if status != 0 or timed_out:
+            cause = CommandResult(status, "", err.decode(errors="replace"), timed_out).cause()
+            raise TransportError(f"{self.host}: could not fetch {remote_path}: {cause}")
+        if hashlib.sha256(out).hexdigest() != told:
+            raise TransportError(f"{self.host}: {remote_path} came back with another SHA-256 than the node's {told}")
         try:
-            self._sftp_client().get(remote_path, local_path)
+            Path(local_path).write_bytes(out)
         except OSError as exc:
-            raise TransportError(f"{self.host}: could not fetch {remote_path}: {exc}") from exc
+            raise TransportError(f"{self.host}: could not write {local_path}: {exc.strerror or exc}") from exc
 
     # ------------------------------------------------------------------ ending
 
@@ -314,11 +534,37 @@ class SSHTransport:
             raise TransportError(f"{self.host}: the cleanup failed: {result.cause()}")
 
     def _close(self) -> None:
-        if self._sftp is not None:
-            with contextlib.suppress(Exception):
-                self._sftp.close()
-            self._sftp = None
+        with self._slots:  # sessions still under way release their old link, not the fresh one
+            extra = self._links[1:]
+            self._links = [_Link(self.connection)]
+            self.quirks.connections = 1
+            self._slots.notify_all()
+        for link in extra:
+            link.connection.close()
         self.connection.close()
 
     def close(self) -> None:
         self._close()
+
+
+def _refused(exc: paramiko.SSHException) -> bool:
+    """Whether EXC is sshd refusing a session (SSH2_OPEN_CONNECT_FAILED, what MaxSessions answers). paramiko keeps
+    one pending error per connection: when several sessions are refused at once, the others get its generic
+    "Unable to open channel."."""
+    if isinstance(exc, paramiko.ChannelException):
+        return exc.code == OPEN_CONNECT_FAILED
+    return str(exc) == "Unable to open channel."
+
+
+def _sha256(path: str) -> tuple[str, int]:
+    """PATH's SHA-256 (hex) and size, read in pieces."""
+    digest, size = hashlib.sha256(), 0
+    with open(path, "rb") as fh:
+        for piece in iter(lambda: fh.read(CHUNK), b""):
+            digest.update(piece)
+            size += len(piece)
+    return digest.hexdigest(), size
+
+
+def _transfer_time(size: int) -> float:
+    return TRANSFER_TIMEOUT + size / TRANSFER_RATE

@@ -2,7 +2,8 @@
 answer. Pure data (no Docker, no SSH): test_faults.py injects and asserts each row, scripts/faults_docs.py renders
 docs/faults.md from these rows and the suite's recorded results, and test_faults_doc.py keeps the two equal.
 
-`check` is the check that must FAIL (or ERROR) and `where` the node (or "A -> B" pair, or "cluster") it names,
+`check` is the check that must FAIL (or ERROR; `statuses` for a fault clustercheck works around: the PASS or WARN
+that says so) and `where` the node (or "A -> B" pair, or "cluster") it names,
 `node` the node the fault is on when `where` is not that node: every other node's results must pass;
 `cause` is a regular expression the first line of its message must match; `deadline` the seconds within which the
 verdict must come: from the start of the run for a fault put on before it, from the moment of the fault for one
@@ -33,6 +34,7 @@ class Fault:
     args: tuple[str, ...] = ()
     mid_run: bool = False  # timed from the fault, not from the start of the run
     node: str = ""  # the node the fault is on, where `where` does not say ("all": every node)
+    statuses: tuple[str, ...] = ("FAIL", "ERROR")  # what `check` must say there
 
     @property
     def faulty(self) -> str:
@@ -222,5 +224,43 @@ ROWS = [
         45,
         CORE,
         node="all",
+    ),
+    Fault(
+        "ssh-max-sessions",
+        "sshd allows one session per connection (a hardening profile's MaxSessions 1)",
+        "`MaxSessions 1` in a drop-in of node2's sshd_config (sshd restarted)",
+        ExitCode.OK,
+        "ssh.session",
+        "node2",
+        r"^node2: commands run with nothing printed before their output; sshd refused more sessions on one "
+        r"connection \(MaxSessions in its sshd_config\): clustercheck used \d+ connection\(s\)",
+        120,
+        ("--only", "core", "--only", "network", "--only", "ddp", "--skip", "local.*", "--nproc-per-node", "1"),
+        statuses=("PASS",),
+    ),
+    Fault(
+        "login-shell-output",
+        "the login shell prints a greeting before every command (root's ~/.bashrc)",
+        "`echo Welcome to node2, managed by the HPC team` appended to root's ~/.bashrc on node2",
+        ExitCode.OK,
+        "ssh.session",
+        "node2",
+        r"^node2: the login shell \(/bin/bash\) prints text before every command's output \(its startup file "
+        r"~/\.bashrc\): 'Welcome to node2, managed by the HPC team': sftp, scp and rsync fail on this node",
+        45,
+        CORE,
+        statuses=("WARN",),
+    ),
+    Fault(
+        "same-machine-twice",
+        "the inventory names one machine twice (node1's line copied as node1-again)",
+        "`node1-again ansible_host=<node1's address>` added below node1's line in the inventory",
+        ExitCode.CHECK_FAILED,
+        "nodes.distinct",
+        "cluster",
+        r"^node1 \(\S+\) and node1-again \(\S+\) are one machine \(machine ID \w+, boot ID [\w-]+, hostname node1\)",
+        45,
+        ("--only", "core", "--only", "network", "--skip", "local.*"),
+        node="node1",
     ),
 ]

@@ -13,7 +13,7 @@ from clustercheck.inventory import Node
 from clustercheck.launcher import command, session
 from clustercheck.run.pipeline import Outcome
 from clustercheck.stages import Member
-from clustercheck.transport import CommandResult, TransportError, workdir_for
+from clustercheck.transport import CommandResult, SessionQuirks, TransportError, workdir_for
 
 
 class StreamingNode:
@@ -21,6 +21,7 @@ class StreamingNode:
 
     def __init__(self, host: str, status: int | None, lines: list[str]) -> None:
         self.host, self.run_id, self.workdir = host, "0123456789ab", workdir_for("0123456789ab")
+        self.quirks = SessionQuirks()
         self.status, self.lines = status, lines
         self.stopped = threading.Event()
         self.cleaned = False

@@ -24,7 +24,7 @@ from clustercheck.inventory import Node
 from clustercheck.model import Status
 from clustercheck.run.pipeline import Pipeline
 from clustercheck.run.selection import STAGES, Selection
-from clustercheck.transport import CommandResult, HostKeyError, TransportError, workdir_for
+from clustercheck.transport import CommandResult, HostKeyError, SessionQuirks, TransportError, workdir_for
 from clustercheck.transport.factory import Connected
 
 RECORDS = Path(__file__).parent / "records"
@@ -41,6 +41,7 @@ class FakeTransport:
 
     def __init__(self, host: str, run_id: str, behaviour=None) -> None:
         self.host, self.run_id, self.workdir = host, run_id, workdir_for(run_id)
+        self.quirks = SessionQuirks()
         self.behaviour = behaviour
         self.commands: list[list[str]] = []
         self.files: dict[str, bytes] = {}
