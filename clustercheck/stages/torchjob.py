@@ -13,7 +13,6 @@ collected); a node that does not answer is neither waited for nor asked again.
 from __future__ import annotations
 
 import contextlib
-import re
 import tarfile
 import threading
 import time
@@ -21,7 +20,7 @@ from dataclasses import dataclass, field
 
 from clustercheck.model import CheckResult, Status
 from clustercheck.run.fanout import fanout
-from clustercheck.stages import Context, Member, launch, remote, watchdog
+from clustercheck.stages import Context, Member, launch, remote, rootcause, watchdog
 from clustercheck.transport import CommandResult, TransportError
 
 FAILURE_GRACE = 5.0  # seconds the other nodes get to report their own failure before they are stopped
@@ -39,9 +38,8 @@ class JobOutcome:
     data: dict = field(default_factory=dict)
 
 
-def _signal_death(result: CommandResult) -> bool:
-    """torchrun's summary of a rank killed by a signal (the root cause, rather than its peers' errors)."""
-    return bool(re.search(r"Signal \d+ \(SIG[A-Z]+\)|exitcode\s*:\s*-\d+", result.stdout + result.stderr))
+def _failure(result: CommandResult) -> rootcause.RankFailure | None:
+    return rootcause.node_failure(result.stdout + "\n" + result.stderr)
 
 
 def _tail(result: CommandResult, lines: int = ERROR_LINES) -> list[str]:
@@ -223,11 +221,20 @@ def run(
         outcome.data["first_failed_node"] = stall.nodes[0] if len(stall.nodes) == 1 else None
     elif first is not None:
         name, result = first
-        lines = _tail(result)
-        outcome.failure = (
-            f"torchrun failed on {name} first ({_exit(result, name not in silent)}); every node's job was stopped. "
-            f"Last lines from {name}: " + " | ".join(lines)
-        )
+        cause = _failure(result)
+        if cause is not None:  # the failing rank's own error, not torchrun's report about it
+            lines = list(cause.lines)
+            outcome.failure = (
+                f"torchrun failed on {name} first ({_exit(result, name not in silent)}): {cause.text()}; every "
+                "node's job was stopped"
+            )
+            outcome.data["failed_rank"] = cause.rank
+        else:
+            lines = _tail(result)
+            outcome.failure = (
+                f"torchrun failed on {name} first ({_exit(result, name not in silent)}); every node's job was "
+                f"stopped. Last lines from {name}: " + " | ".join(lines)
+            )
         outcome.data.update({"first_failed_node": name, "error_lines": lines})
     elif timed_out or any(not r.ok for _, r, _ in ends.values()):
         outcome.failure = (
@@ -251,13 +258,19 @@ def run(
 
 def first_failure(ends: dict[str, tuple[float, CommandResult, bool]]) -> tuple[str, CommandResult] | None:
     """The node whose torchrun failed first, of those that ended on their own (not stopped by us, not at the
-    deadline): a node reporting a rank killed by a signal is the root cause its peers' errors follow from;
-    otherwise the earliest. ENDS: node -> (when it ended, its result, whether it ended before the stop)."""
+    deadline): a node whose rank failed on its own account (its own error, or killed by a signal) is the root
+    cause its peers' errors follow from; otherwise the earliest. ENDS: node -> (when it ended, its result, whether
+    it ended before the stop)."""
     own = [(when, name, result) for name, (when, result, before_stop) in ends.items() if before_stop]
     failed = [f for f in own if not f[2].ok and not f[2].timed_out]
     if not failed:
         return None
-    _, name, result = min(failed, key=lambda f: (not _signal_death(f[2]), f[0]))
+
+    def its_own(result: CommandResult) -> bool:
+        cause = _failure(result)
+        return cause is not None and cause.own
+
+    _, name, result = min(failed, key=lambda f: (not its_own(f[2]), f[0]))
     return name, result
 
 

@@ -433,6 +433,31 @@ def test_ranks_whose_results_do_not_come_back_are_named_by_their_node(tmp_path):
     assert ddp.data["missing_ranks_by_node"] == {"node2": [1]} and ddp.data["first_failed_node"] == "node2"
 
 
+def test_a_failed_job_quotes_the_failing_ranks_own_traceback_not_torchruns_report(tmp_path):
+    """Recorded torchrun outputs: rank 3 on node2 raised; node1's ranks lost their peer and node1's torchrun ended
+    first. The report blames node2 with rank 3's own last traceback lines."""
+    data = Path(__file__).parent / "data" / "torchrun"
+
+    def node(transport, command, timeout):
+        if "torch.distributed.run" in command and "ddp" in command:
+            if transport.host == "node3":
+                return _waits_until_stopped(transport, timeout)
+            time.sleep(0.2 if transport.host == "node1" else 0.6)
+            return CommandResult(1, (data / f"ddp-rank3-raised-{transport.host}.log").read_text(), "")
+        return None
+
+    cluster = Cluster(behaviour=dict.fromkeys(NAMES, node))
+    outcome = cluster.run(tmp_path, selection=Selection(only=("ddp",), skip=("local.*",)), job_timeout=60)
+    ddp = by_key(outcome.results)[("ddp_equivalence", None)]
+    assert ddp.message == (
+        "ddp_equivalence did not complete: torchrun failed on node2 first (exit 1): rank 3 (local rank 1): "
+        'File "/opt/clustercheck/venv/lib/python3.11/site-packages/torch/optim/optimizer.py", line 530, in wrapper | '
+        "out = func(*args, **kwargs) | RuntimeError: CUDA error: an illegal memory access was encountered; every "
+        "node's job was stopped"
+    )
+    assert ddp.data["first_failed_node"] == "node2" and ddp.data["failed_rank"] == 3
+
+
 def test_a_node_that_cannot_be_cleaned_up_is_named_with_the_reason(tmp_path):
     cluster = Cluster()
     original = cluster.factory
