@@ -504,7 +504,11 @@ def _frozen_at_the_moment(cluster, tmp_path, row, moment: Callable[[], bool]) ->
             assert proc.poll() is None, f"clustercheck ended before the moment to freeze node2:\n{proc.stderr.read()}"
             assert time.monotonic() < deadline, "the moment to freeze node2 did not come within 180 s"
             time.sleep(0.05)
-        docker("pause", node2.container)
+        for _ in range(20):  # runc may fail to freeze a cgroup whose processes are being forked: try again
+            if not docker("pause", node2.container, check=False) and _paused(node2):
+                break
+            time.sleep(0.1)
+        assert _paused(node2), "docker pause of node2 did not take"
         frozen_at = time.monotonic()
         try:
             stdout, stderr = proc.communicate(timeout=row.deadline + 120)
@@ -518,6 +522,10 @@ def _frozen_at_the_moment(cluster, tmp_path, row, moment: Callable[[], bool]) ->
     on_node(node2, SWEEP)
     assert "could not stop the processes started on node2" in verdict.stderr, verdict.stderr[-2000:]
     return verdict
+
+
+def _paused(node) -> bool:
+    return docker("inspect", "--format", "{{.State.Paused}}", node.container).strip() == "true"
 
 
 @injects("node-frozen-start")
