@@ -203,20 +203,6 @@ ROWS = [
         node="node2",
     ),
     Fault(
-        "node-frozen-stage",
-        "a node freezes as the collectives stage starts",
-        "`docker pause` of node2 as soon as clustercheck writes the collectives job's command for node2 into the run "
-        "directory; unpaused after the verdict",
-        ExitCode.CHECK_FAILED,
-        "allreduce",
-        "cluster",
-        r"\bnode2\b.*its SSH connection does not answer",
-        60,
-        ("--only", "collectives", "--skip", "local.*", "--stall-timeout", "30", "--master-port", "29721"),
-        mid_run=True,
-        node="node2",
-    ),
-    Fault(
         "package-version",
         "a package at another version on one node",
         "node2's mpmath relabelled 0.0.1 (its METADATA edited)",

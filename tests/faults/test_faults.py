@@ -544,19 +544,6 @@ def node_frozen_start(cluster, tmp_path, row):
     return verdict
 
 
-@injects("node-frozen-stage")
-def node_frozen_stage(cluster, tmp_path, row):
-    """node2 frozen as the collectives stage starts: the moment clustercheck writes the job's command for node2 into
-    the run directory, just before it sends it. Whether the command reached node2 first or not, node2 is named as
-    a node that does not answer."""
-    command_file = tmp_path / "run" / "hosts" / "node2" / "collectives.command"
-    verdict = _frozen_at_the_moment(cluster, tmp_path, row, command_file.exists)
-    found = checks(verdict)
-    for name in ("allreduce", "allgather", "broadcast"):
-        assert found[(name, None)]["data"]["first_failed_node"] == "node2", found[(name, None)]["message"]
-    return verdict
-
-
 DRIFTED = "mpmath"  # a dependency of torch, installed on every node of the torch environment
 
 
