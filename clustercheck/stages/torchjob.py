@@ -292,12 +292,29 @@ def _fetch_logs(m: Member, stage: str, ctx: Context, timeout: float = COLLECT_TI
 
 def judged(results: list[CheckResult], outcome: JobOutcome) -> list[CheckResult]:
     """RESULTS as they stand, or, when the job did not complete, its non-passing results turned into FAILs that
-    say why (new results, nothing changed in place)."""
+    say why; a per-node result of a node other than the one(s) the failure names becomes a SKIP saying why (new
+    results, nothing changed in place)."""
     if not outcome.failure:
         return results
+    named = outcome.data.get("stalled_nodes") or [outcome.data.get("first_failed_node")]
     out = []
     for r in results:
-        if r.status in (Status.FAIL, Status.ERROR, Status.SKIP):
+        if (
+            r.host
+            and r.status in (Status.FAIL, Status.ERROR, Status.SKIP)
+            and None not in named
+            and r.host not in named
+        ):
+            # A check of a node the failure does not name: it could not run to the end there, through no fault of
+            # that node's; its result is kept, as a SKIP saying why.
+            r = CheckResult(
+                r.name,
+                Status.SKIP,
+                f"{r.host}: {r.name} did not run to the end: {outcome.failure}",
+                host=r.host,
+                data={**r.data, **outcome.data},
+            )
+        elif r.status in (Status.FAIL, Status.ERROR, Status.SKIP):
             where = f"{r.host}: " if r.host else ""
             r = CheckResult(
                 r.name,
