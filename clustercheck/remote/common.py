@@ -97,8 +97,8 @@ def start_heartbeat(out_dir: str, rank: int) -> None:
 
 def run_rank(out_dir: str, record: dict, work) -> int:
     """Run WORK(record) and write RECORD to OUT_DIR/rank-<rank>.json, with ok, seconds and any error: a rank's
-    error is its result for the controller, not a crash. Returns the rank's exit code. The rank's heartbeat
-    runs meanwhile."""
+    error is its result for the controller, not a crash (its traceback goes to stderr too). Returns the rank's exit
+    code. The rank's heartbeat runs meanwhile."""
     start_heartbeat(out_dir, record["rank"])
     record["ok"] = False
     started = time.monotonic()
@@ -108,6 +108,9 @@ def run_rank(out_dir: str, record: dict, work) -> int:
     except Exception as exc:
         record["error"] = f"{type(exc).__name__}: {exc}"
         record["traceback"] = traceback.format_exc(limit=5)
+        # Also in the rank's output, as an uncaught exception would be: torchrun's report of a failed job names the
+        # rank but not its error, and the controller quotes the rank's own traceback from that output.
+        print(record["traceback"], end="", file=sys.stderr, flush=True)
     record["seconds"] = round(time.monotonic() - started, 3)
     os.makedirs(out_dir, exist_ok=True)
     with open(os.path.join(out_dir, "rank-{}.json".format(record["rank"])), "w") as fh:

@@ -167,6 +167,16 @@ def world_size(launches: list[NodeLaunch]) -> int:
     return sum(launch.nproc for launch in launches)
 
 
+def ranks_by_node(launches: list[NodeLaunch]) -> dict[str, list[int]]:
+    """Node -> the global ranks its torchrun runs: torchrun numbers the ranks node after node in node-rank order
+    (each agent's first rank is the sum of the ranks of the nodes before it)."""
+    ranks, first = {}, 0
+    for launch in sorted(launches, key=lambda p: p.node_rank):
+        ranks[launch.node.name] = list(range(first, first + launch.nproc))
+        first += launch.nproc
+    return ranks
+
+
 # Prints every rank record of a stage, one JSON document per line, so one command fetches them all.
 _COLLECT = (
     "import glob, os, sys\n"

@@ -4,13 +4,15 @@ one deadline, every node stopped when one fails, the rank records and logs broug
 When a node's torchrun fails or the deadline passes, every node's processes of the run are killed (the run-marker
 sweep), and the outcome names the first node that failed with its last error lines. Meanwhile the progress
 watchdog (stages/watchdog.py) polls every node's rank heartbeats: a node whose ranks stop while the others wait
-for them (or a job where no rank moves on) is named within --stall-timeout, and the job is stopped everywhere.
+for them, a node that stops answering at all (before its ranks beat too), or a job where no rank moves on, is
+named within --stall-timeout, and the job is stopped everywhere. The runner knows which ranks each node runs, so
+ranks that sent no result are reported as that node's, with why (it did not answer when the results were
+collected); a node that does not answer is neither waited for nor asked again.
 """
 
 from __future__ import annotations
 
 import contextlib
-import re
 import tarfile
 import threading
 import time
@@ -18,11 +20,12 @@ from dataclasses import dataclass, field
 
 from clustercheck.model import CheckResult, Status
 from clustercheck.run.fanout import fanout
-from clustercheck.stages import Context, Member, launch, remote, watchdog
+from clustercheck.stages import Context, Member, launch, remote, rootcause, watchdog
 from clustercheck.transport import CommandResult, TransportError
 
 FAILURE_GRACE = 5.0  # seconds the other nodes get to report their own failure before they are stopped
 POLL_INTERVAL = 5.0  # seconds between two heartbeat polls of a node (at most a quarter of the stall timeout)
+COLLECT_TIMEOUT = 60.0  # seconds a node gets to hand back its records, and its logs (at most the stall timeout)
 ERROR_LINES = 6
 
 
@@ -35,9 +38,8 @@ class JobOutcome:
     data: dict = field(default_factory=dict)
 
 
-def _signal_death(result: CommandResult) -> bool:
-    """torchrun's summary of a rank killed by a signal (the root cause, rather than its peers' errors)."""
-    return bool(re.search(r"Signal \d+ \(SIG[A-Z]+\)|exitcode\s*:\s*-\d+", result.stdout + result.stderr))
+def _failure(result: CommandResult) -> rootcause.RankFailure | None:
+    return rootcause.node_failure(result.stdout + "\n" + result.stderr)
 
 
 def _tail(result: CommandResult, lines: int = ERROR_LINES) -> list[str]:
@@ -45,8 +47,10 @@ def _tail(result: CommandResult, lines: int = ERROR_LINES) -> list[str]:
     return [line.rstrip() for line in text if line.strip(" =-")][-lines:]
 
 
-def _exit(result: CommandResult) -> str:
-    return "no exit status: killed or disconnected" if result.exit_status is None else f"exit {result.exit_status}"
+def _exit(result: CommandResult, answers: bool = True) -> str:
+    if result.exit_status is not None:
+        return f"exit {result.exit_status}"
+    return "no exit status: killed or disconnected" if answers else "no exit status: its SSH connection does not answer"
 
 
 def run(
@@ -91,6 +95,7 @@ def run(
     )
     by_name = {m.name: m for m in members}
     world = launch.world_size(plans)
+    ranks = launch.ranks_by_node(plans)
     for plan in plans:
         remote.install(by_name[plan.node.name].transport)
         (config.host_dir(plan.node.name) / f"{stage}.command").write_text(plan.shell() + "\n")
@@ -138,53 +143,75 @@ def run(
             time.sleep(0.2)
             now = time.monotonic()
             with lock:
-                for name in ends:
-                    dog.ended(name, now)
+                for name, (_, result, _) in ends.items():
+                    if result.exit_status is not None:  # its torchrun's end came back: the node answered
+                        dog.ended(name, now)
                 stall = dog.stall(now)
             if stall:
                 failed.set()
+        if failed.is_set() and not stall:
+            # Give the other nodes a moment to report their own view (a killed rank's node says "Signal 9"),
+            # then stop every torchrun still running, on every node.
+            grace = time.monotonic() + FAILURE_GRACE
+            while any(t.is_alive() for t in threads) and time.monotonic() < grace:
+                time.sleep(0.1)
     finally:
         done.set()
-    silent = {n for n in stall.nodes if not stall.data["progress"][n]["ssh_answers"]} if stall else set()
-    if stall:
+    with lock:  # the nodes that stopped answering: neither stopped nor asked for their results, nor waited for
+        now = time.monotonic()
+        silent = {
+            n
+            for n in by_name
+            if failed.is_set() and not dog.nodes[n].answers(now) and (n not in ends or ends[n][1].exit_status is None)
+        }
+    if failed.is_set():
         stopping.set()
-        fanout(lambda m: m.transport.stop(), [m for m in members if m.name not in ends], timeout=60)
+        fanout(
+            lambda m: m.transport.stop(),
+            [m for m in members if m.name not in ends and m.name not in silent],
+            timeout=60,
+        )
         for thread in threads:
             if thread.name not in silent:
                 thread.join(30)
-    elif failed.is_set():
-        # Give the other nodes a moment to report their own view (a killed rank's node says "Signal 9"),
-        # then stop every torchrun still running, on every node.
-        grace = time.monotonic() + FAILURE_GRACE
-        while any(t.is_alive() for t in threads) and time.monotonic() < grace:
-            time.sleep(0.1)
-        stopping.set()
-        fanout(lambda m: m.transport.stop(), [m for m in members if m.name not in ends], timeout=60)
-        for thread in threads:
-            thread.join(30)
 
-    def bring_back(m: Member) -> list[dict]:
-        """The node's torchrun output into the run directory; its rank logs and rank records brought back."""
+    def bring_back(m: Member) -> tuple[list[dict], str | None]:
+        """The node's torchrun output into the run directory, its rank records and logs brought back; with why
+        nothing came back from a node that does not answer."""
         result = ends[m.name][1] if m.name in ends else CommandResult(None, "", "no result")
         (config.host_dir(m.name) / f"{stage}.torchrun.log").write_text(result.stdout + result.stderr)
         if m.name in silent:  # it does not answer: nothing to bring back
-            return []
-        _fetch_logs(m, stage, ctx)
+            return [], "its SSH connection does not answer"
+        timeout = min(COLLECT_TIMEOUT, config.stall_timeout)
+        try:
+            got = m.transport.run(launch.collect_command(m.facts.python, m.transport.workdir, stage), timeout=timeout)
+        except (TransportError, OSError) as exc:
+            return [], f"its results could not be collected: {exc}"
+        if got.exit_status is None:
+            return [], f"its SSH connection did not answer within {timeout:.0f} s when the results were collected"
+        _fetch_logs(m, stage, ctx, timeout)
         records = []
-        with contextlib.suppress(TransportError, OSError):
-            got = m.transport.run(launch.collect_command(m.facts.python, m.transport.workdir, stage), timeout=60)
-            for record in launch.parse_records(got.stdout):
-                record["node"] = m.name  # the inventory name (the record's host is the node's hostname)
-                records.append(record)
-        return records
+        for record in launch.parse_records(got.stdout):
+            record["node"] = m.name  # the inventory name (the record's host is the node's hostname)
+            records.append(record)
+        return records, None if got.ok else f"its results could not be collected: {got.cause()}"
 
     outcome = JobOutcome([], world, backend, data={"world_size": world, "backend": backend})
     # Every node at once: one node after the other, bringing results back grew with the node count.
     brought = fanout(bring_back, members, name=lambda m: m.name)
-    for i in range(len(members)):
+    problems: dict[str, str] = {}
+    for i, m in enumerate(members):
         if isinstance(brought[i], BaseException):
             raise brought[i]
-        outcome.records += brought[i]
+        got, problem = brought[i]
+        outcome.records += got
+        if problem:
+            problems[m.name] = problem
+    seen = {r.get("rank") for r in outcome.records}
+    missing = {name: [r for r in node_ranks if r not in seen] for name, node_ranks in ranks.items()}
+    missing = {name: node_ranks for name, node_ranks in missing.items() if node_ranks}
+    if missing:
+        outcome.data["missing_ranks_by_node"] = missing
 
     first = first_failure(ends)
     timed_out = [name for name, (_, result, _) in ends.items() if result.timed_out]
@@ -194,11 +221,20 @@ def run(
         outcome.data["first_failed_node"] = stall.nodes[0] if len(stall.nodes) == 1 else None
     elif first is not None:
         name, result = first
-        lines = _tail(result)
-        outcome.failure = (
-            f"torchrun failed on {name} first ({_exit(result)}); every node's job was stopped. "
-            f"Last lines from {name}: " + " | ".join(lines)
-        )
+        cause = _failure(result)
+        if cause is not None:  # the failing rank's own error, not torchrun's report about it
+            lines = list(cause.lines)
+            outcome.failure = (
+                f"torchrun failed on {name} first ({_exit(result, name not in silent)}): {cause.text()}; every "
+                "node's job was stopped"
+            )
+            outcome.data["failed_rank"] = cause.rank
+        else:
+            lines = _tail(result)
+            outcome.failure = (
+                f"torchrun failed on {name} first ({_exit(result, name not in silent)}); every node's job was "
+                f"stopped. Last lines from {name}: " + " | ".join(lines)
+            )
         outcome.data.update({"first_failed_node": name, "error_lines": lines})
     elif timed_out or any(not r.ok for _, r, _ in ends.values()):
         outcome.failure = (
@@ -206,22 +242,39 @@ def run(
             f"stopped (waiting: {', '.join(sorted(timed_out)) or 'all nodes'})"
         )
         outcome.data.update({"timed_out": True, "first_failed_node": None})
+    elif missing:  # every torchrun ended well, yet some ranks' results did not come back: say whose, and why
+        outcome.failure = "; ".join(
+            f"no result from {name}'s rank(s) {', '.join(map(str, node_ranks))}"
+            + (
+                f": {problems[name]}"
+                if name in problems
+                else f" (its torchrun's output: hosts/{name}/{stage}.torchrun.log)"
+            )
+            for name, node_ranks in missing.items()
+        )
+        outcome.data["first_failed_node"] = next(iter(missing)) if len(missing) == 1 else None
     return outcome
 
 
 def first_failure(ends: dict[str, tuple[float, CommandResult, bool]]) -> tuple[str, CommandResult] | None:
     """The node whose torchrun failed first, of those that ended on their own (not stopped by us, not at the
-    deadline): a node reporting a rank killed by a signal is the root cause its peers' errors follow from;
-    otherwise the earliest. ENDS: node -> (when it ended, its result, whether it ended before the stop)."""
+    deadline): a node whose rank failed on its own account (its own error, or killed by a signal) is the root
+    cause its peers' errors follow from; otherwise the earliest. ENDS: node -> (when it ended, its result, whether
+    it ended before the stop)."""
     own = [(when, name, result) for name, (when, result, before_stop) in ends.items() if before_stop]
     failed = [f for f in own if not f[2].ok and not f[2].timed_out]
     if not failed:
         return None
-    _, name, result = min(failed, key=lambda f: (not _signal_death(f[2]), f[0]))
+
+    def its_own(result: CommandResult) -> bool:
+        cause = _failure(result)
+        return cause is not None and cause.own
+
+    _, name, result = min(failed, key=lambda f: (not its_own(f[2]), f[0]))
     return name, result
 
 
-def _fetch_logs(m: Member, stage: str, ctx: Context) -> None:
+def _fetch_logs(m: Member, stage: str, ctx: Context, timeout: float = COLLECT_TIMEOUT) -> None:
     """The rank logs torchrun kept (and NCCL's INFO logs) into the local run directory, best effort."""
     workdir = m.transport.workdir.rstrip("/")
     archive = f"{workdir}/{stage}-logs.tgz"
@@ -229,7 +282,7 @@ def _fetch_logs(m: Member, stage: str, ctx: Context) -> None:
     target = ctx.config.host_dir(m.name)
     local = target / f"{stage}-logs.tgz"
     with contextlib.suppress(TransportError, OSError, tarfile.TarError):
-        if not m.transport.run(["sh", "-c", script], timeout=60).ok:
+        if not m.transport.run(["sh", "-c", script], timeout=timeout).ok:
             return
         m.transport.get(archive, str(local))
         with tarfile.open(local) as tar:
@@ -239,12 +292,29 @@ def _fetch_logs(m: Member, stage: str, ctx: Context) -> None:
 
 def judged(results: list[CheckResult], outcome: JobOutcome) -> list[CheckResult]:
     """RESULTS as they stand, or, when the job did not complete, its non-passing results turned into FAILs that
-    say why (new results, nothing changed in place)."""
+    say why; a per-node result of a node other than the one(s) the failure names becomes a SKIP saying why (new
+    results, nothing changed in place)."""
     if not outcome.failure:
         return results
+    named = outcome.data.get("stalled_nodes") or [outcome.data.get("first_failed_node")]
     out = []
     for r in results:
-        if r.status in (Status.FAIL, Status.ERROR, Status.SKIP):
+        if (
+            r.host
+            and r.status in (Status.FAIL, Status.ERROR, Status.SKIP)
+            and None not in named
+            and r.host not in named
+        ):
+            # A check of a node the failure does not name: it could not run to the end there, through no fault of
+            # that node's; its result is kept, as a SKIP saying why.
+            r = CheckResult(
+                r.name,
+                Status.SKIP,
+                f"{r.host}: {r.name} did not run to the end: {outcome.failure}",
+                host=r.host,
+                data={**r.data, **outcome.data},
+            )
+        elif r.status in (Status.FAIL, Status.ERROR, Status.SKIP):
             where = f"{r.host}: " if r.host else ""
             r = CheckResult(
                 r.name,

@@ -2,11 +2,14 @@
 
 Every rank rewrites a heartbeat file every second with the last step it reached (remote/common.py). A poll of
 a node gives, per rank, that step and the heartbeat's age on the node's own clock, or nothing when the node does
-not answer. A node is *alive* while some rank's heartbeat is fresh, and *progressing* while its slowest rank's
-step changes. Two kinds of stall are named:
+not answer. A node is *alive* while some rank's heartbeat is fresh, *answering* while its polls answer, and
+*progressing* while its slowest rank's step changes. Three kinds of stall are named:
 
 - a node not alive for the stall timeout while another node is: its ranks are frozen (a paused machine, a
   stopped process, a node that does not answer) and the others wait for it in a collective;
+- a node not answering for the stall timeout while another node answers, whatever its ranks were doing: before
+  they beat at all (torchrun starting, the rendezvous) the others cannot go on without it either. A node that
+  answers but whose ranks have not beaten yet is still starting, and is not blamed for it;
 - no node progressing for the stall timeout: a hang; the nodes whose slowest rank is behind the others are named,
   or none when every node waits at the same step.
 """
@@ -45,7 +48,16 @@ class Stall:
 class Watchdog:
     def __init__(self, nodes: list[str], stall_timeout: float, now: float) -> None:
         self.stall_timeout = stall_timeout
+        self.started = now
         self.nodes = {n: NodeState(alive_at=now, progress_at=now) for n in nodes}
+
+    def silent_for(self, node: str, now: float) -> float:
+        """How long NODE has not answered at NOW (0 while it answers); a node never heard from counts from the
+        start."""
+        state = self.nodes[node]
+        if state.answers(now):
+            return 0.0
+        return now - (self.started if state.answered_at is None else state.answered_at)
 
     def polling(self, node: str, now: float) -> None:
         """A poll of NODE begins at NOW."""
@@ -75,24 +87,31 @@ class Watchdog:
     def stall(self, now: float) -> Stall | None:
         """The stall to report at NOW, or None while the job makes progress (or every node is silent alike)."""
         limit = self.stall_timeout
-        frozen = sorted(n for n, s in self.nodes.items() if now - s.alive_at > limit)
+        frozen = {n for n, s in self.nodes.items() if now - s.alive_at > limit}  # no fresh heartbeat
+        silent = {n for n in self.nodes if self.silent_for(n, now) > limit}  # no answer at all
         alive = [n for n in self.nodes if n not in frozen]
-        if frozen and alive:
+        answering = [n for n in self.nodes if self.nodes[n].answers(now)]
+        named = sorted((frozen if alive else set()) | (silent if answering else set()))
+        if named:
             texts = []
-            for name in frozen:
+            for name in named:
                 s = self.nodes[name]
                 where = "before its ranks reported any step" if s.step is None else f"at step {s.step}"
                 if s.phase:
                     where += f" ({s.phase})"
+                if name in frozen and s.step is not None:
+                    seen = f"last seen {now - s.alive_at:.0f} s ago"
+                elif name in silent:
+                    seen = f"no answer for {self.silent_for(name, now):.0f} s"
+                else:  # it answers, yet its ranks never beat while the other nodes' ranks do
+                    seen = f"no heartbeat in {now - s.alive_at:.0f} s"
                 answers = "answers" if s.answers(now) else "does not answer"
-                texts.append(
-                    f"node {name} stopped making progress {where} (last seen {now - s.alive_at:.0f} s ago); "
-                    f"its SSH connection {answers}"
-                )
+                texts.append(f"node {name} stopped making progress {where} ({seen}); its SSH connection {answers}")
+            others = [n for n in self.nodes if n not in named]
             return Stall(
-                tuple(frozen),
-                "; ".join(texts) + f"; the other nodes ({', '.join(alive)}) were waiting for it",
-                self._data(frozen, now),
+                tuple(named),
+                "; ".join(texts) + f"; the other nodes ({', '.join(others)}) were waiting for it",
+                self._data(named, now),
             )
         if all(now - s.progress_at > limit for s in self.nodes.values()) and any(
             s.step is not None for s in self.nodes.values()
@@ -125,6 +144,7 @@ class Watchdog:
                     "phase": s.phase,
                     "last_seen_s": round(now - s.alive_at, 1),
                     "ssh_answers": s.answers(now),
+                    "ssh_silent_s": round(self.silent_for(n, now), 1),
                 }
                 for n, s in self.nodes.items()
             },

@@ -486,6 +486,78 @@ def node_frozen(cluster, tmp_path, row):
     return verdict
 
 
+SWEEP = (  # what clustercheck's own cleanup does on a node: every process with its run marker, its work directories
+    "for d in /proc/[0-9]*; do grep -qsz '^CLUSTERCHECK_RUN=' $d/environ && kill -9 ${d#/proc/}; done; "
+    "rm -rf /tmp/clustercheck-*; true"
+)
+
+
+def _frozen_at_the_moment(cluster, tmp_path, row, moment: Callable[[], bool]) -> Verdict:
+    """`clustercheck run ROW.args` with node2 paused as soon as MOMENT() is true, timed from the pause; node2 is
+    unpaused after the verdict, and what the run left there removed by hand (the frozen-node row shows it ends by
+    itself at its deadline: waiting for that here would cost minutes per row)."""
+    node2 = cluster.node("node2")
+    command = clustercheck_command(cluster, tmp_path, *row.args, "--format", "json")
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 180
+        while not moment():
+            assert proc.poll() is None, f"clustercheck ended before the moment to freeze node2:\n{proc.stderr.read()}"
+            assert time.monotonic() < deadline, "the moment to freeze node2 did not come within 180 s"
+            time.sleep(0.05)
+        for _ in range(20):  # runc may fail to freeze a cgroup whose processes are being forked: try again
+            if not docker("pause", node2.container, check=False) and _paused(node2):
+                break
+            time.sleep(0.1)
+        assert _paused(node2), "docker pause of node2 did not take"
+        frozen_at = time.monotonic()
+        try:
+            stdout, stderr = proc.communicate(timeout=row.deadline + 120)
+            verdict = Verdict(proc.returncode, stdout, stderr, time.monotonic() - frozen_at)
+        finally:
+            docker("unpause", node2.container, check=False)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    on_node(node2, SWEEP)
+    assert "could not stop the processes started on node2" in verdict.stderr, verdict.stderr[-2000:]
+    return verdict
+
+
+def _paused(node) -> bool:
+    return docker("inspect", "--format", "{{.State.Paused}}", node.container).strip() == "true"
+
+
+@injects("node-frozen-start")
+def node_frozen_start(cluster, tmp_path, row):
+    """node2 frozen once its torchrun agent runs, before its ranks start: the other nodes' agents wait for it in the
+    rendezvous, so no rank beats anywhere; only node2's silence tells."""
+    node2 = cluster.node("node2")
+
+    def torchrun_runs() -> bool:
+        return bool(on_node(node2, "pgrep -f '[t]orch.distributed.run.*clustercheck-remote[.]pyz ddp'", check=False))
+
+    verdict = _frozen_at_the_moment(cluster, tmp_path, row, torchrun_runs)
+    ddp = checks(verdict)[("ddp_equivalence", None)]
+    assert ddp["data"]["stalled_nodes"] == ["node2"], ddp["message"]
+    assert ddp["data"]["progress"]["node2"]["step"] is None, ddp["message"]
+    return verdict
+
+
+@injects("node-frozen-stage")
+def node_frozen_stage(cluster, tmp_path, row):
+    """node2 frozen as the collectives stage starts: the moment clustercheck writes the job's command for node2 into
+    the run directory, just before it sends it. Whether the command reached node2 first or not, node2 is named as
+    a node that does not answer."""
+    command_file = tmp_path / "run" / "hosts" / "node2" / "collectives.command"
+    verdict = _frozen_at_the_moment(cluster, tmp_path, row, command_file.exists)
+    found = checks(verdict)
+    for name in ("allreduce", "allgather", "broadcast"):
+        assert found[(name, None)]["data"]["first_failed_node"] == "node2", found[(name, None)]["message"]
+    return verdict
+
+
 DRIFTED = "mpmath"  # a dependency of torch, installed on every node of the torch environment
 
 

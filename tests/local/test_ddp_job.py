@@ -11,6 +11,7 @@ from harness import diverging_torch
 
 from clustercheck.checks import ddp
 from clustercheck.model import Status
+from clustercheck.stages import rootcause
 
 
 def test_ddp_over_three_nodes_matches_single_process_training(tmp_path):
@@ -70,6 +71,9 @@ def test_a_global_batch_that_does_not_split_is_reported_by_every_rank(tmp_path):
     result = ddp.evaluate(job.records, job.world_size)
     assert result.status is Status.FAIL
     assert "does not split over 2 ranks" in result.message
+    # The ranks' own error is in torchrun's output, where the controller quotes it from (torchrun's report has not).
+    failure = rootcause.node_failure(job.logs[0])
+    assert failure.own and "does not split over 2 ranks" in failure.lines[-1], job.logs[0][-3000:]
 
 
 def test_a_checkpoint_saved_half_way_resumes_bit_for_bit_and_a_perturbed_load_is_named(tmp_path):

@@ -345,7 +345,160 @@ def test_a_node_whose_ranks_freeze_is_named_within_the_stall_timeout_and_the_job
     assert "its SSH connection does not answer" in ddp.message
     assert "node1" not in ddp.message.split("; the other nodes")[0]
     assert ddp.data["stalled_nodes"] == ["node2"]
-    assert all(t.stopped >= 2 for t in cluster.transports.values())  # after the core stage, and the stall
+    stopped = {name: t.stopped for name, t in cluster.transports.items()}
+    assert stopped["node1"] >= 2 and stopped["node3"] >= 2  # after the core stage, and the stall
+    assert stopped["node2"] == 1  # not waited for after the stall: it does not answer; the run's cleanup tries it
+    assert cluster.transports["node2"].cleaned == 1
+
+
+def _waits_until_stopped(transport, timeout):
+    """A torchrun that waits (for a peer, in the rendezvous) until clustercheck stops it, or its deadline."""
+    deadline, stops = time.monotonic() + timeout, transport.stopped
+    while transport.stopped == stops and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return CommandResult(None, "", "", timed_out=transport.stopped == stops)
+
+
+def test_a_node_that_freezes_while_its_job_starts_is_named_within_the_stall_timeout(tmp_path):
+    """node2 freezes once its torchrun started, before any rank beat: the other nodes' agents wait for it in the
+    rendezvous, so no rank beats anywhere; node2 alone stops answering. It is named as soon as it has not
+    answered for the stall timeout, not at the job's deadline."""
+    frozen, release = threading.Event(), threading.Event()
+
+    def node(transport, command, timeout):
+        text = " ".join(command)
+        if "torch.distributed.run" in command and "ddp" in command:
+            if transport.host == "node2":
+                frozen.set()
+                release.wait(timeout)
+                return CommandResult(None, "", "", timed_out=True)
+            return _waits_until_stopped(transport, timeout)
+        if "heartbeat" in text:
+            if transport.host == "node2" and frozen.is_set():
+                release.wait(timeout)  # a paused machine: no answer
+                return CommandResult(None, "", "", timed_out=True)
+            return CommandResult(0, "{}\n", "")  # answering: no rank beats yet
+        return None
+
+    cluster = Cluster(behaviour=dict.fromkeys(NAMES, node))
+    started = time.monotonic()
+    try:
+        outcome = cluster.run(
+            tmp_path, selection=Selection(only=("ddp",), skip=("local.*",)), job_timeout=120, stall_timeout=5
+        )
+    finally:
+        release.set()
+    assert time.monotonic() - started < 30
+    ddp = by_key(outcome.results)[("ddp_equivalence", None)]
+    assert ddp.status is Status.FAIL
+    assert ddp.message.startswith(
+        "ddp_equivalence did not complete: node node2 stopped making progress before its ranks reported any step "
+        "(no answer for "
+    ), ddp.message
+    assert "its SSH connection does not answer; the other nodes (node1, node3) were waiting for it" in ddp.message
+    assert ddp.data["stalled_nodes"] == ["node2"]
+
+
+def test_a_node_answering_but_slow_to_start_is_left_to_the_jobs_deadline(tmp_path):
+    """Every node answers, no rank beats (a slow torch import on a busy machine): nobody is blamed before
+    --timeout."""
+
+    def node(transport, command, timeout):
+        if "torch.distributed.run" in command and "ddp" in command:
+            return _waits_until_stopped(transport, timeout)
+        if "heartbeat" in " ".join(command):
+            return CommandResult(0, "{}\n", "")
+        if "rank-*.json" in " ".join(command):
+            return CommandResult(0, "", "")  # no rank ever started
+        return None
+
+    cluster = Cluster(behaviour=dict.fromkeys(NAMES, node))
+    outcome = cluster.run(
+        tmp_path, selection=Selection(only=("ddp",), skip=("local.*",)), job_timeout=6, stall_timeout=2
+    )
+    ddp = by_key(outcome.results)[("ddp_equivalence", None)]
+    assert "the ddp job timed out after 6 s (--timeout)" in ddp.message, ddp.message
+    assert "stalled_nodes" not in ddp.data
+
+
+def test_a_node_that_cannot_start_its_torchrun_for_not_answering_is_named_as_not_answering(tmp_path):
+    """node2 froze as the collectives stage began: its torchrun's SSH channel never opens (paramiko gives up after
+    the authentication timeout), and its heartbeat poll hangs."""
+    release = threading.Event()
+
+    def node(transport, command, timeout):
+        text = " ".join(command)
+        if transport.host == "node2" and "torch.distributed.run" in command and "collectives" in text:
+            time.sleep(1.5)
+            return CommandResult(None, "", "could not start the command: Timeout opening channel.")
+        if transport.host == "node2" and "heartbeat" in text:
+            release.wait(timeout)
+            return CommandResult(None, "", "", timed_out=True)
+        if "torch.distributed.run" in command and "collectives" in text:
+            return _waits_until_stopped(transport, timeout)
+        return None
+
+    cluster = Cluster(behaviour=dict.fromkeys(NAMES, node))
+    started = time.monotonic()
+    try:
+        outcome = cluster.run(
+            tmp_path, selection=Selection(only=("collectives",), skip=("local.*",)), job_timeout=120, stall_timeout=4
+        )
+    finally:
+        release.set()
+    assert time.monotonic() - started < 30
+    allreduce = by_key(outcome.results)[("allreduce", None)]
+    assert allreduce.message.startswith(
+        "allreduce did not complete: torchrun failed on node2 first (no exit status: its SSH connection does not "
+        "answer); every node's job was stopped. Last lines from node2: could not start the command: Timeout "
+        "opening channel."
+    ), allreduce.message
+    assert not any("rank-*.json" in " ".join(c) for c in cluster.transports["node2"].commands)  # not asked again
+
+
+def test_ranks_whose_results_do_not_come_back_are_named_by_their_node(tmp_path):
+    """Every torchrun ended well, then node2 froze: its rank records cannot be collected. The report names node2
+    and why, not bare rank numbers the user would have to map to nodes."""
+
+    def node(transport, command, timeout):
+        if transport.host == "node2" and "rank-*.json" in " ".join(command) and command[-1].endswith("/ddp"):
+            return CommandResult(None, "", "", timed_out=True)  # no answer within the timeout it was given
+        return None
+
+    cluster = Cluster(behaviour=dict.fromkeys(NAMES, node))
+    outcome = cluster.run(tmp_path, selection=Selection(only=("ddp",), skip=("local.*",)), stall_timeout=20)
+    ddp = by_key(outcome.results)[("ddp_equivalence", None)]
+    assert ddp.status is Status.FAIL
+    assert ddp.message == (
+        "ddp_equivalence did not complete: no result from node2's rank(s) 1: its SSH connection did not answer "
+        "within 20 s when the results were collected"
+    )
+    assert ddp.data["missing_ranks_by_node"] == {"node2": [1]} and ddp.data["first_failed_node"] == "node2"
+
+
+def test_a_failed_job_quotes_the_failing_ranks_own_traceback_not_torchruns_report(tmp_path):
+    """Recorded torchrun outputs: rank 3 on node2 raised; node1's ranks lost their peer and node1's torchrun ended
+    first. The report blames node2 with rank 3's own last traceback lines."""
+    data = Path(__file__).parent / "data" / "torchrun"
+
+    def node(transport, command, timeout):
+        if "torch.distributed.run" in command and "ddp" in command:
+            if transport.host == "node3":
+                return _waits_until_stopped(transport, timeout)
+            time.sleep(0.2 if transport.host == "node1" else 0.6)
+            return CommandResult(1, (data / f"ddp-rank3-raised-{transport.host}.log").read_text(), "")
+        return None
+
+    cluster = Cluster(behaviour=dict.fromkeys(NAMES, node))
+    outcome = cluster.run(tmp_path, selection=Selection(only=("ddp",), skip=("local.*",)), job_timeout=60)
+    ddp = by_key(outcome.results)[("ddp_equivalence", None)]
+    assert ddp.message == (
+        "ddp_equivalence did not complete: torchrun failed on node2 first (exit 1): rank 3 (local rank 1): "
+        'File "/opt/clustercheck/venv/lib/python3.11/site-packages/torch/optim/optimizer.py", line 530, in wrapper | '
+        "out = func(*args, **kwargs) | RuntimeError: CUDA error: an illegal memory access was encountered; every "
+        "node's job was stopped"
+    )
+    assert ddp.data["first_failed_node"] == "node2" and ddp.data["failed_rank"] == 3
 
 
 def test_a_node_that_cannot_be_cleaned_up_is_named_with_the_reason(tmp_path):

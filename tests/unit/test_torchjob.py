@@ -64,3 +64,18 @@ def test_a_failed_job_turns_its_checks_into_fails_naming_the_node():
     assert results[0].status is Status.FAIL
     assert results[0].message == "ddp_equivalence did not complete: torchrun failed on node2 first (exit 1)"
     assert results[0].data["first_failed_node"] == "node2"
+
+
+def test_a_node_check_of_a_node_the_failure_does_not_name_is_skipped_with_the_reason_not_failed():
+    """node2 froze: node1's own per-node check could not run to the end, through no fault of node1's."""
+    failure = "node node2 stopped making progress (no answer for 30 s); its SSH connection does not answer"
+    outcome = torchjob.JobOutcome([], 6, "gloo", failure, {"stalled_nodes": ["node2"], "first_failed_node": "node2"})
+    mine = CheckResult("allreduce.bandwidth.intra_node", Status.SKIP, "no ranks", host="node1")
+    frozen = CheckResult("allreduce.bandwidth.intra_node", Status.SKIP, "no ranks", host="node2")
+    cluster = CheckResult("allreduce", Status.FAIL, "no result")
+    judged = torchjob.judged([mine, frozen, cluster], outcome)
+    assert judged[0].status is Status.SKIP and judged[0].message.startswith("node1: allreduce.bandwidth.intra_node")
+    assert failure in judged[0].message
+    assert judged[1].status is Status.FAIL and judged[2].status is Status.FAIL
+    no_node = torchjob.JobOutcome([], 6, "gloo", "the job timed out", {"first_failed_node": None})
+    assert torchjob.judged([mine], no_node)[0].status is Status.FAIL  # a failure naming no node: every check fails

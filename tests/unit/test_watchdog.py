@@ -95,3 +95,36 @@ def test_a_node_whose_poll_hangs_does_not_answer_even_if_its_last_poll_was_recen
     dog.nodes["node2"].polling_since = 6  # still under way
     stall = dog.stall(26)
     assert stall.nodes == ("node2",) and "its SSH connection does not answer" in stall.message
+
+
+def test_a_node_that_stops_answering_before_its_ranks_beat_is_named_within_the_stall_timeout():
+    """node2 freezes while torchrun starts (at t=7): no node's ranks beat yet (the others wait for it in the
+    rendezvous), so only its silence tells; it is named once it has not answered for the stall timeout."""
+    dog = Watchdog(NODES, stall_timeout=20, now=0)
+    run_polls(dog, 0, 25, lambda n, t: None if n == "node2" and t >= 7 else {})
+    assert dog.stall(25) is None  # last answered at the poll of t=5: 20 s ago, not more
+    run_polls(dog, 30, 30, lambda n, t: None if n == "node2" else {})
+    stall = dog.stall(30)
+    assert stall is not None and stall.nodes == ("node2",)
+    assert stall.message == (
+        "node node2 stopped making progress before its ranks reported any step (no answer for 25 s); its SSH "
+        "connection does not answer; the other nodes (node1, node3) were waiting for it"
+    )
+    assert stall.data["progress"]["node2"]["ssh_silent_s"] == 25
+    assert stall.data["progress"]["node1"]["ssh_silent_s"] == 0
+
+
+def test_a_node_still_starting_but_answering_is_never_blamed_while_the_others_wait():
+    """Every node answers and no rank beats for a minute (a slow torch import on a busy machine): nobody is named;
+    the job's own deadline (--timeout) decides."""
+    dog = Watchdog(NODES, stall_timeout=20, now=0)
+    run_polls(dog, 0, 60, lambda n, t: {})
+    assert dog.stall(60) is None
+
+
+def test_every_node_silent_alike_names_no_node():
+    """The control machine lost the cluster network: no node answers, none is singled out."""
+    dog = Watchdog(NODES, stall_timeout=20, now=0)
+    run_polls(dog, 0, 5, lambda n, t: {})
+    run_polls(dog, 10, 60, lambda n, t: None)
+    assert dog.stall(60) is None
