@@ -7,11 +7,12 @@ global ranks), and torchrun's own lines become `node2: ...`.
 
 from __future__ import annotations
 
-import re
 from collections import deque
 
-TEE_MARK = re.compile(r"^\[[A-Za-z_][\w.-]*?(\d+)\]:")
+from clustercheck.stages.rootcause import TEE_MARK
+
 TAIL_LINES = 8
+RECENT_LINES = 1000  # raw lines kept for finding the failing rank's own error (rootcause.node_failure)
 
 
 def prefixed(node: str, line: str, first_rank: int | None) -> str:
@@ -25,13 +26,15 @@ def prefixed(node: str, line: str, first_rank: int | None) -> str:
 
 class NodeOutput:
     """One node's stdout and stderr, fed in chunks as they arrive; complete lines come out prefixed. The last
-    few meaningful lines are kept for the failure message."""
+    few meaningful lines are kept for the failure message, and the last raw lines (as torchrun wrote them) for
+    finding the failing rank's own error."""
 
     def __init__(self, node: str, first_rank: int | None) -> None:
         self.node = node
         self.first_rank = first_rank
         self._partial = {"stdout": "", "stderr": ""}
         self.tail: deque[str] = deque(maxlen=TAIL_LINES)
+        self.recent: deque[str] = deque(maxlen=RECENT_LINES)
 
     def feed(self, stream: str, text: str) -> list[str]:
         pending = self._partial.get(stream, "") + text.replace("\r\n", "\n")
@@ -44,6 +47,7 @@ class NodeOutput:
         return lines
 
     def _line(self, line: str) -> str:
+        self.recent.append(line.rstrip("\r"))
         out = prefixed(self.node, line.rstrip("\r"), self.first_rank)
         if line.strip(" =-*"):
             self.tail.append(out)

@@ -29,7 +29,7 @@ from clustercheck.model import CheckResult, Status
 from clustercheck.run.fanout import fanout
 from clustercheck.run.pipeline import Pipeline
 from clustercheck.run.selection import Selection
-from clustercheck.stages import Member, core, remote
+from clustercheck.stages import Member, core, remote, rootcause
 from clustercheck.stages.launch import LaunchError, NodeLaunch, NodeSpec
 from clustercheck.transport import CommandResult, HostKeyError, Transport, TransportError, new_run_id
 from clustercheck.transport.factory import Factory
@@ -362,11 +362,16 @@ class Launch:
         _, name, result = min(own, key=lambda f: f[0])
         status = result.exit_status if result.exit_status is not None else 1
         why = "no exit status: killed or disconnected" if result.exit_status is None else f"exit {result.exit_status}"
-        tail = " | ".join(outputs[name].tail) or (result.stderr.strip().splitlines() or [""])[-1]
+        failure = rootcause.node_failure("\n".join(outputs[name].recent))
+        if failure is not None:  # the failing rank's own error, not torchrun's report of it
+            said = f"{name}'s {failure.text()}"
+        else:
+            said = f"Last lines from {name}: " + (
+                " | ".join(outputs[name].tail) or (result.stderr.strip().splitlines() or [""])[-1]
+            )
         return Finished(
             status,
-            f"the job failed on {name} first ({why}) after {elapsed:.0f} s; every node's torchrun was stopped. "
-            f"Last lines from {name}: {tail}",
+            f"the job failed on {name} first ({why}) after {elapsed:.0f} s; every node's torchrun was stopped. {said}",
         )
 
     def start_detached(self, code: str | None) -> list[str]:

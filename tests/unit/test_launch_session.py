@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import threading
 import types
+from pathlib import Path
 
 import pytest
 
@@ -156,3 +157,21 @@ def test_a_detached_job_on_the_control_machine_runs_where_the_script_was_compare
     job_id_at = local_argv.index("0123456789ab")
     assert local_argv[job_id_at + 1] == str(tmp_path)  # the working directory argument of the unit's start
     assert remote_argv[remote_argv.index("0123456789ab") + 1] == ""  # over SSH: the home directory
+
+
+def test_a_failed_job_quotes_the_failing_ranks_own_error_not_torchruns_report(tmp_path, monkeypatch):
+    """node2's real torchrun output (tests/unit/data/torchrun/): rank 3 raised, torchrun's report calls rank 2 the
+    root cause. The launch names rank 3 with its own exception."""
+    monkeypatch.setattr(session, "FAILURE_GRACE", 0.2)
+    recorded = Path(__file__).parent / "data" / "torchrun" / "ddp-rank3-raised-node2.log"
+    fakes = {
+        "node1": StreamingNode("node1", None, ["[default0]:step 1"]),
+        "node2": StreamingNode("node2", 1, recorded.read_text().splitlines()),
+    }
+    job, _, _ = launch_on([member(n, t) for n, t in fakes.items()], tmp_path)
+    finished = job.run_foreground()
+    assert finished.status == 1
+    assert "node2's rank 3 (local rank 1): " in finished.message, finished.message
+    assert finished.message.endswith("RuntimeError: CUDA error: an illegal memory access was encountered")
+    assert "Root Cause" not in finished.message and "To enable traceback" not in finished.message
+    job.close()
