@@ -37,6 +37,29 @@ DDP_RANKS = (
 )
 
 
+# A training script that leaves a checkpoint and Lightning's logs beside itself on rank 0, a new log version per run
+# as Lightning numbers them: what a later launch's same-code check must not take for code.
+RANK_0_WRITES = """
+import os
+import time
+import torch.distributed as dist
+dist.init_process_group("gloo")
+here = os.path.dirname(os.path.abspath(__file__))
+if dist.get_rank() == 0:  # what a training script leaves beside itself: a checkpoint, Lightning's logs
+    with open(os.path.join(here, "model.pt"), "w") as fh:
+        fh.write(str(time.time()))
+    logs = os.path.join(here, "lightning_logs")
+    os.makedirs(logs, exist_ok=True)
+    version = os.path.join(logs, "version_%d" % len(os.listdir(logs)))  # a new one per run, as Lightning does
+    os.makedirs(version)
+    with open(os.path.join(version, "hparams.yaml"), "w") as fh:
+        fh.write("lr: 0.1\\n")
+dist.barrier()
+print(f"rank {dist.get_rank()} done", flush=True)
+dist.destroy_process_group()
+"""
+
+
 def run_cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
     """`clustercheck ARGS` as a user runs it."""
     return subprocess.run([CLUSTERCHECK, *args], capture_output=True, text=True, timeout=timeout)

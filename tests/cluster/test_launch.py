@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
-from harness import CLUSTERCHECK, leftovers, ssh_client, ssh_run
+from harness import CLUSTERCHECK, RANK_0_WRITES, leftovers, ssh_client, ssh_run
 
 pytestmark = pytest.mark.cluster
 
@@ -177,27 +177,6 @@ def test_code_that_differs_on_one_node_is_refused_and_sync_runs_the_same_code_ev
     assert synced.returncode == 0, synced.stderr[-3000:]
     assert "node3/2: rank 2 of world size 3" in synced.stdout
     assert leftovers(torch_cluster) == {}
-
-
-RANK_0_WRITES = """
-import os
-import time
-import torch.distributed as dist
-dist.init_process_group("gloo")
-here = os.path.dirname(os.path.abspath(__file__))
-if dist.get_rank() == 0:  # a checkpoint and Lightning's logs beside the script, on the first node only
-    with open(os.path.join(here, "model.pt"), "w") as fh:
-        fh.write(str(time.time()))
-    logs = os.path.join(here, "lightning_logs")
-    os.makedirs(logs, exist_ok=True)
-    version = os.path.join(logs, "version_%d" % len(os.listdir(logs)))  # a new one per run, as Lightning does
-    os.makedirs(version)
-    with open(os.path.join(version, "hparams.yaml"), "w") as fh:
-        fh.write("lr: 0.1\\n")
-dist.barrier()
-print(f"rank {dist.get_rank()} done", flush=True)
-dist.destroy_process_group()
-"""
 
 
 def test_what_rank_0_wrote_beside_the_script_does_not_refuse_the_next_launch(torch_cluster, tmp_path):

@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
-from harness import CLUSTERCHECK, run_cli
+from harness import CLUSTERCHECK, RANK_0_WRITES, run_cli
 
 
 @pytest.mark.parametrize(
@@ -155,27 +155,6 @@ def test_ctrl_c_stops_every_rank_and_leaves_nothing_running(tmp_path):
     left = subprocess.run(["pgrep", "-af", "[f]orever.py"], capture_output=True, text=True)
     assert left.stdout == ""
     assert not list(Path("/tmp").glob("clustercheck-*/code/forever.py"))
-
-
-RANK_0_WRITES = """
-import os
-import time
-import torch.distributed as dist
-dist.init_process_group("gloo")
-here = os.path.dirname(os.path.abspath(__file__))
-if dist.get_rank() == 0:  # what a training script leaves beside itself: a checkpoint, Lightning's logs
-    with open(os.path.join(here, "model.pt"), "w") as fh:
-        fh.write(str(time.time()))
-    logs = os.path.join(here, "lightning_logs")
-    os.makedirs(logs, exist_ok=True)
-    version = os.path.join(logs, "version_%d" % len(os.listdir(logs)))  # a new one per run, as Lightning does
-    os.makedirs(version)
-    with open(os.path.join(version, "hparams.yaml"), "w") as fh:
-        fh.write("lr: 0.1\\n")
-dist.barrier()
-print(f"rank {dist.get_rank()} done", flush=True)
-dist.destroy_process_group()
-"""
 
 
 def test_launches_from_the_code_directory_compare_the_code_only(tmp_path, monkeypatch):
