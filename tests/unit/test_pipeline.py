@@ -311,6 +311,14 @@ def test_the_node_local_collectives_meet_on_a_free_port_of_their_own_not_the_mas
         assert all("--master-port=29500" in c for c in multi)
 
 
+def _waits_until_stopped(transport, timeout):
+    """A torchrun that waits (for a peer, in the rendezvous) until clustercheck stops it, or its deadline."""
+    deadline, stops = time.monotonic() + timeout, transport.stopped
+    while transport.stopped == stops and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return CommandResult(None, "", "", timed_out=transport.stopped == stops)
+
+
 def test_a_node_whose_ranks_freeze_is_named_within_the_stall_timeout_and_the_job_is_stopped(tmp_path):
     """node2 freezes during the DDP job: its torchrun and its heartbeat poll never answer; the other nodes'
     ranks are alive, waiting at step 3. The job deadline is far away: the watchdog names node2 alone."""
@@ -319,10 +327,7 @@ def test_a_node_whose_ranks_freeze_is_named_within_the_stall_timeout_and_the_job
     def node(transport, command, timeout):
         text = " ".join(command)
         if "torch.distributed.run" in command and "ddp" in command:
-            deadline, stops = time.monotonic() + timeout, transport.stopped
-            while transport.stopped == stops and time.monotonic() < deadline:
-                time.sleep(0.05)
-            return CommandResult(None, "", "", timed_out=transport.stopped == stops)
+            return _waits_until_stopped(transport, timeout)
         if "heartbeat" in text:
             if transport.host == "node2":
                 frozen.wait(timeout)  # a paused machine: no answer
@@ -349,14 +354,6 @@ def test_a_node_whose_ranks_freeze_is_named_within_the_stall_timeout_and_the_job
     assert stopped["node1"] >= 2 and stopped["node3"] >= 2  # after the core stage, and the stall
     assert stopped["node2"] == 1  # not waited for after the stall: it does not answer; the run's cleanup tries it
     assert cluster.transports["node2"].cleaned == 1
-
-
-def _waits_until_stopped(transport, timeout):
-    """A torchrun that waits (for a peer, in the rendezvous) until clustercheck stops it, or its deadline."""
-    deadline, stops = time.monotonic() + timeout, transport.stopped
-    while transport.stopped == stops and time.monotonic() < deadline:
-        time.sleep(0.05)
-    return CommandResult(None, "", "", timed_out=transport.stopped == stops)
 
 
 def test_a_node_that_freezes_while_its_job_starts_is_named_within_the_stall_timeout(tmp_path):
