@@ -4,6 +4,8 @@ the address filters decide right, the conda checksum script parses what Miniforg
 from __future__ import annotations
 
 import importlib.util
+import json
+import os
 import re
 import subprocess
 import sys
@@ -96,19 +98,138 @@ def test_every_description_is_its_own_variables(role):
         assert not elsewhere, f"{name}'s comment in defaults/main.yml describes {', '.join(elsewhere)} instead"
 
 
-ROLES_WITH_CHOICES = {
-    "python_env": {"python_env_manager": ["conda", "venv"]},
-    "firewall": {"firewall_logging": ["off", "low", "medium", "high", "full"]},
+AUTO_STYLE = ["auto", "true", "false"]  # the tasks read these as `== 'auto'`, else `| bool`
+BOOLEAN_WORDS = {"true", "false", "yes", "no", "on", "off"}
+
+
+def _options(role: str) -> dict[str, dict]:
+    return yaml.safe_load((REPO / "roles" / role / "meta" / "argument_specs.yml").read_text())["argument_specs"][
+        "main"
+    ]["options"]
+
+
+def _closed_set(option: dict) -> list[str] | None:
+    """The values an option's default or description shows to be its only ones; None for an open option.
+
+    A str option is enumerated when its default is auto or a boolean word, when its description says what auto means
+    ("auto: ..."), when the description lists the values in parentheses with the default among them ("(off, low,
+    medium, high, full)"), or when it gives the default's meaning as a glossary entry ("conda: ...; venv: ...")."""
+    if option.get("type", "str") != "str" or "default" not in option:
+        return None
+    default = str(option["default"])
+    text = " ".join(str(option.get("description", "")).split())
+    if default.lower() in {"auto"} | BOOLEAN_WORDS or re.search(r"(^|\s)auto: ", text):
+        return AUTO_STYLE
+    for group in re.findall(r"\(([^()]*)\)", text):
+        items = [item.strip() for item in group.split(",")]
+        if len(items) > 1 and default in items and all(re.fullmatch(r"[\w.-]+", item) for item in items):
+            return items
+    glossary = re.findall(r"(?:^|[.;] )([a-z][\w.-]*): ", text)
+    return glossary if default in glossary else None
+
+
+ENUMERATED = {
+    (role, name): values
+    for role in ROLES
+    for name, option in _options(role).items()
+    if (values := _closed_set(option)) is not None
 }
 
 
-@pytest.mark.parametrize("role", sorted(ROLES_WITH_CHOICES))
-def test_fixed_value_sets_are_choices_in_the_argument_specs(role):
-    options = yaml.safe_load((REPO / "roles" / role / "meta" / "argument_specs.yml").read_text())["argument_specs"][
-        "main"
-    ]["options"]
-    for name, choices in ROLES_WITH_CHOICES[role].items():
-        assert [str(c) for c in options[name].get("choices", [])] == choices, name
+def test_the_closed_set_finder_sees_every_kind_of_enumeration():
+    """The finder below reads the specs' own words: an auto option, values listed in parentheses, a glossary."""
+    assert ENUMERATED[("base", "base_kernel_headers")] == AUTO_STYLE
+    assert ENUMERATED[("firewall", "firewall_logging")] == ["off", "low", "medium", "high", "full"]
+    assert ENUMERATED[("python_env", "python_env_manager")] == ["conda", "venv"]
+    assert ENUMERATED[("nvidia_driver", "nvidia_driver_source")] == ["cuda_repo", "ubuntu"]
+    # open values stay open: a CIDR or "any", a size, a branch, cpu or any cuXYZ
+    for role, name in [
+        ("firewall", "firewall_admin_cidr"),
+        ("base", "base_limits_memlock"),
+        ("base", "base_shm_size"),
+        ("nvidia_driver", "nvidia_driver_branch"),
+        ("python_env", "python_env_pytorch_variant"),
+        ("python_env", "python_env_venv_python"),
+    ]:
+        assert (role, name) not in ENUMERATED
+
+
+@pytest.mark.parametrize("role, name", sorted(ENUMERATED), ids=[n for _, n in sorted(ENUMERATED)])
+def test_every_enumerated_option_has_choices_and_its_default_is_one(role, name):
+    """Without choices Ansible takes any string: `base_kernel_headers: ture` would silently mean false."""
+    option = _options(role)[name]
+    assert "choices" in option, f"{role}: {name} takes one of {ENUMERATED[role, name]} but has no choices"
+    choices = [str(c) for c in option["choices"]]
+    assert str(option["default"]) in choices, f"{name}: the default is not one of its choices"
+    if ENUMERATED[role, name] == AUTO_STYLE:
+        assert choices == AUTO_STYLE, f"{name}: an auto option's choices are {AUTO_STYLE}"
+    else:
+        assert set(ENUMERATED[role, name]) <= set(choices), f"{name}: the description names values the choices lack"
+
+
+@pytest.mark.parametrize("role", ROLES)
+def test_choices_are_strings_and_hold_the_roles_default(role):
+    """A str option's choices are strings ('true', quoted): `-e nccl_install=true` passes a string, which an unquoted
+    YAML true in the choices would refuse. The value defaults/main.yml sets is one of them."""
+    defaults = yaml.safe_load((REPO / "roles" / role / "defaults" / "main.yml").read_text()) or {}
+    for name, option in _options(role).items():
+        if "choices" not in option:
+            continue
+        assert all(isinstance(c, str) for c in option["choices"]), f"{name}: {option['choices']}"
+        if name in defaults:
+            assert str(defaults[name]) in option["choices"], f"{name}: defaults/main.yml sets {defaults[name]!r}"
+
+
+def test_ansible_refuses_a_value_outside_the_choices_when_the_role_starts(tmp_path):
+    """ansible-playbook itself, on this machine (a local connection): a play with every role, run in check mode with
+    a tag no task has, runs only what every role runs first, Ansible's validation of the role's arguments (tagged
+    always). A host per role, given a misspelt value for each of the role's enumerated options, fails there with a
+    message naming each; the hosts with the defaults, with YAML booleans, and with the strings `-e name=false` passes
+    run through every role."""
+    python = {"ansible_connection": "local", "ansible_python_interpreter": sys.executable}
+    misspelt: dict[str, dict] = {}
+    for role, name in ENUMERATED:
+        misspelt.setdefault(f"misspelt-{role}", {})[name] = "ture"
+    auto = [name for (role, name), values in ENUMERATED.items() if values == AUTO_STYLE]
+    hosts = {host: {**python, **values} for host, values in misspelt.items()}
+    hosts["defaults"] = dict(python)
+    hosts["yaml-booleans"] = {**python, **{name: True for name in auto}}
+    hosts["strings"] = {**python, **{name: "false" for name in auto}}
+    (tmp_path / "inventory.yml").write_text(yaml.safe_dump({"all": {"hosts": hosts}}))
+    play = [{"name": "Roles' arguments", "hosts": "all", "gather_subset": ["!all"], "roles": ROLES}]
+    (tmp_path / "play.yml").write_text(yaml.safe_dump(play))
+    ansible_playbook = str(Path(sys.executable).parent / "ansible-playbook")
+    proc = subprocess.run(
+        [
+            ansible_playbook,
+            "-i",
+            str(tmp_path / "inventory.yml"),
+            "--check",
+            "--tags",
+            "no_task_has_this_tag",
+            "play.yml",
+        ],
+        cwd=tmp_path,
+        env={**os.environ, "ANSIBLE_NOCOLOR": "1", "ANSIBLE_CONFIG": str(REPO / "ansible.cfg")},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    tasks = set(re.findall(r"^TASK \[(?:\w+ : )?(.*?)\] \*+$", proc.stdout, re.M))
+    assert all(t == "Gathering Facts" or t.startswith("Validating arguments against arg spec") for t in tasks), tasks
+    recap = {
+        host: dict(re.findall(r"(\w+)=(\d+)", counts))
+        for host, counts in re.findall(r"^(\S+)\s+: (ok=.*)$", proc.stdout, re.M)
+    }
+    for host in ("defaults", "yaml-booleans", "strings"):
+        assert recap[host]["failed"] == "0" and int(recap[host]["ok"]) > len(ROLES), (host, recap[host])
+    fatal = re.findall(r"^fatal: \[(\S+)\]: FAILED! => (\{.*\})$", proc.stdout, re.M)
+    messages = {host: json.loads(outcome)["msg"] for host, outcome in fatal}
+    assert set(messages) == set(misspelt), proc.stdout[-3000:]
+    for role, name in ENUMERATED:
+        choices = ", ".join(str(c) for c in _options(role)[name]["choices"])
+        assert f"value of {name} must be one of: {choices}, got: ture" in messages[f"misspelt-{role}"]
+    assert proc.returncode == 2
 
 
 @pytest.mark.parametrize("role", ROLES)
