@@ -52,7 +52,10 @@ def render(roles_dir: Path = REPO / "roles") -> str:
         out += ["| variable | type | default | description |", "| --- | --- | --- | --- |"]
         for var, opt in spec.get("options", {}).items():
             kind = opt.get("type", "str") + (f" of {opt['elements']}" if "elements" in opt else "")
-            out.append(f"| `{var}` | {kind} | {_default(opt.get('default'))} | {_cell(opt.get('description', ''))} |")
+            if "choices" in opt:
+                kind += ", one of " + ", ".join(f"`{_cell(choice)}`" for choice in opt["choices"])
+            default = _default(opt["default"]) if "default" in opt else "computed"  # a template in defaults/main.yml
+            out.append(f"| `{var}` | {kind} | {default} | {_cell(opt.get('description', ''))} |")
         out.append("")
     out.append(END)
     return "\n".join(out)

@@ -67,45 +67,43 @@ def test_argument_specs_cover_every_default(role):
         assert (vars_dir / "default.yml").exists(), f"{role} has distribution vars but no vars/default.yml"
 
 
-def _default_comments(role: str) -> dict[str, str]:
-    """The comment right above each variable of ROLE's defaults/main.yml (what the variable is), whitespace folded."""
-    comments: dict[str, str] = {}
-    block: list[str] = []
-    for line in (REPO / "roles" / role / "defaults" / "main.yml").read_text().splitlines():
-        if line.startswith("#"):
-            block.append(line.lstrip("#").strip())
-            continue
-        name = re.match(r"([A-Za-z_]\w*):", line)
-        if name and block:
-            comments[name.group(1)] = " ".join(" ".join(block).split())
-        if not line.startswith((" ", "-")) or name:
-            block = []  # a blank line or the next variable ends the comment
-    return comments
+def _options(role: str) -> dict[str, dict]:
+    path = REPO / "roles" / role / "meta" / "argument_specs.yml"
+    return yaml.safe_load(path.read_text())["argument_specs"]["main"]["options"]
 
 
-@pytest.mark.parametrize("role", [r for r in ROLES if (REPO / "roles" / r / "defaults" / "main.yml").exists()])
-def test_every_description_is_its_own_variables(role):
-    """The README's tables are made from these descriptions: one that is a placeholder, or that says what another
-    variable is (its comment in defaults/main.yml), tells users the wrong thing about both."""
-    options = yaml.safe_load((REPO / "roles" / role / "meta" / "argument_specs.yml").read_text())["argument_specs"][
-        "main"
-    ]["options"]
-    descriptions = {name: " ".join(str(option.get("description", "")).split()) for name, option in options.items()}
+DEFAULTS_POINTER = (
+    "# Values only: what each variable means is in meta/argument_specs.yml (and the README's role tables)."
+)
+
+
+@pytest.mark.parametrize("role", ROLES)
+def test_a_variable_is_described_once_in_its_argument_spec(role):
+    """The argument specs are where a variable is described: Ansible validates against them and the README's tables
+    are made from them. defaults/main.yml holds the values and one line that says so, not a second description."""
+    lines = (REPO / "roles" / role / "defaults" / "main.yml").read_text().splitlines()
+    assert [line for line in lines if line.lstrip().startswith("#")] == [DEFAULTS_POINTER]
+    descriptions = {name: " ".join(str(option["description"]).split()) for name, option in _options(role).items()}
     for name, text in descriptions.items():
         assert text != name, f"{name}: the description is only the variable's name"
-    for name, comment in _default_comments(role).items():
-        elsewhere = [other for other, text in descriptions.items() if other != name and comment in text]
-        assert not elsewhere, f"{name}'s comment in defaults/main.yml describes {', '.join(elsewhere)} instead"
+    assert len(set(descriptions.values())) == len(descriptions), f"{role}: two variables share a description"
+
+
+@pytest.mark.parametrize("role", ROLES)
+def test_a_default_the_spec_cannot_state_is_computed_in_defaults(role):
+    """An option without a default in its spec is one defaults/main.yml computes (a template); its description says
+    so, and the README's table shows it as computed rather than as an empty default."""
+    defaults = yaml.safe_load((REPO / "roles" / role / "defaults" / "main.yml").read_text()) or {}
+    for name, option in _options(role).items():
+        computed = isinstance(defaults.get(name), str) and "{{" in defaults[name]
+        assert computed == ("default" not in option), f"{name}: the spec's default and defaults/main.yml disagree"
+        if computed:
+            pointer = f"Default: computed (see roles/{role}/defaults/main.yml)."
+            assert " ".join(option["description"].split()).endswith(pointer), name
 
 
 AUTO_STYLE = ["auto", "true", "false"]  # the tasks read these as `== 'auto'`, else `| bool`
 BOOLEAN_WORDS = {"true", "false", "yes", "no", "on", "off"}
-
-
-def _options(role: str) -> dict[str, dict]:
-    return yaml.safe_load((REPO / "roles" / role / "meta" / "argument_specs.yml").read_text())["argument_specs"][
-        "main"
-    ]["options"]
 
 
 def _closed_set(option: dict) -> list[str] | None:
@@ -255,6 +253,9 @@ def test_role_docs_render_every_option():
     role_docs = _load(REPO / "scripts" / "role_docs.py", "role_docs")
     text = role_docs.render()
     assert "| `nvidia_driver_branch` | str | `580` |" in text
+    assert "| `base_kernel_headers` | str, one of `auto`, `true`, `false` | `auto` |" in text
+    assert "| `firewall_logging` | str, one of `off`, `low`, `medium`, `high`, `full` | `low` |" in text
+    assert "| `firewall_admin_cidr` | str | computed |" in text  # a template in defaults/main.yml, not ""
     assert "| `cluster_cidr` |" in text and "| `pytorch_wheelhouse` |" in text
 
 
