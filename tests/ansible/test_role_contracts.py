@@ -1,5 +1,6 @@
-"""Role contracts that need no nodes: specs cover the defaults, the README's tables are current,
-the address filters decide right, the conda checksum script parses what Miniforge publishes."""
+"""Role contracts that need no nodes: specs cover and describe the defaults, enumerated options have choices that
+Ansible enforces, the README's tables are current, the address filters decide right, the conda checksum script
+parses what Miniforge publishes."""
 
 from __future__ import annotations
 
@@ -135,7 +136,7 @@ ENUMERATED = {
 
 
 def test_the_closed_set_finder_sees_every_kind_of_enumeration():
-    """The finder below reads the specs' own words: an auto option, values listed in parentheses, a glossary."""
+    """_closed_set reads the specs' own words: an auto option, values listed in parentheses, a glossary."""
     assert ENUMERATED[("base", "base_kernel_headers")] == AUTO_STYLE
     assert ENUMERATED[("firewall", "firewall_logging")] == ["off", "low", "medium", "high", "full"]
     assert ENUMERATED[("python_env", "python_env_manager")] == ["conda", "venv"]
@@ -174,6 +175,8 @@ def test_choices_are_strings_and_hold_the_roles_default(role):
         if "choices" not in option:
             continue
         assert all(isinstance(c, str) for c in option["choices"]), f"{name}: {option['choices']}"
+        if "default" in option:
+            assert option["default"] in option["choices"], f"{name}: the spec's default is not one of its choices"
         if name in defaults:
             assert str(defaults[name]) in option["choices"], f"{name}: defaults/main.yml sets {defaults[name]!r}"
 
