@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from clustercheck.checks.registry import declare
+from clustercheck.checks.registry import declare, emit
 from clustercheck.model import CheckResult, Status
 
 COLLECTIVES = ("allreduce", "allgather", "broadcast")
@@ -69,7 +69,7 @@ def evaluate(records: list[dict], world_size: int, prefix: str = "", host: str |
                 else f"no result from rank(s) {', '.join(map(str, missing))}"
             )
             results.append(
-                CheckResult(
+                emit(
                     name=prefix + name,
                     status=Status.FAIL,
                     message=f"{where}{prefix}{name} did not complete: {cause}",
@@ -97,7 +97,7 @@ def evaluate(records: list[dict], world_size: int, prefix: str = "", host: str |
         if total_wrong:
             bad = ", ".join(f"rank {r}: {w}" for r, w in sorted(wrong.items()) if w)
             results.append(
-                CheckResult(
+                emit(
                     name=prefix + name,
                     status=Status.FAIL,
                     message=f"{where}{name} returned wrong values (#wrong {bad})",
@@ -109,7 +109,7 @@ def evaluate(records: list[dict], world_size: int, prefix: str = "", host: str |
             )
         else:
             results.append(
-                CheckResult(
+                emit(
                     name=prefix + name,
                     status=Status.PASS,
                     message=f"{where}{name} correct on {world_size} ranks ({elements} elements, #wrong 0)",
@@ -197,7 +197,7 @@ def _check(name: str, host: str | None, scope: str, rows: list[dict], ranks: int
             "NET/IB or NVLink rather than NET/Socket), the link speed (`ethtool`, `ibstat`), the MTU, and that "
             "NCCL_SOCKET_IFNAME names the cluster interface."
         )
-    return CheckResult(
+    return emit(
         name,
         status,
         message,
@@ -224,8 +224,8 @@ def evaluate_bandwidth(
     first = next((r for r in records if r.get("rank") == 0), None)
     if first is None or not first.get("ok") or "bandwidth" not in first:
         why = "the collectives job did not complete" if first is None or not first.get("ok") else "sweep not run"
-        return [CheckResult("allreduce.bandwidth", Status.SKIP, f"no bandwidth results: {why}")] + [
-            CheckResult("allreduce.bandwidth.intra_node", Status.SKIP, f"{h}: no bandwidth results: {why}", host=h)
+        return [emit("allreduce.bandwidth", Status.SKIP, f"no bandwidth results: {why}")] + [
+            emit("allreduce.bandwidth.intra_node", Status.SKIP, f"{h}: no bandwidth results: {why}", host=h)
             for h in hosts
         ]
     backend = first.get("backend")
@@ -253,7 +253,7 @@ def evaluate_bandwidth(
     for host in hosts:
         if host not in measured:
             results.append(
-                CheckResult(
+                emit(
                     "allreduce.bandwidth.intra_node",
                     Status.SKIP,
                     f"{host}: measured only on nodes with several GPUs in a multi-node job",

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import asdict, dataclass
 
-from clustercheck.checks.registry import declare
+from clustercheck.checks.registry import declare, emit
 from clustercheck.model import CheckResult, Status
 
 NAME = "ddp_equivalence"
@@ -131,7 +131,7 @@ def against_reference(records: list[dict], rank0: dict, label: str, reference_na
 def evaluate(records: list[dict], world_size: int) -> CheckResult:
     if stopped := incomplete(records, world_size):
         cause, data = stopped
-        return CheckResult(
+        return emit(
             NAME,
             Status.FAIL,
             f"DDP run did not complete: {cause}",
@@ -178,7 +178,7 @@ def evaluate(records: list[dict], world_size: int) -> CheckResult:
 
     setting = f"{world_size} ranks ({rank0.get('backend')}, {rank0.get('dtype')}), {rank0.get('steps')} steps"
     if problems:
-        return CheckResult(
+        return emit(
             NAME,
             Status.FAIL,
             f"DDP on {setting} is not equivalent to single-process training: " + "; ".join(problems),
@@ -188,7 +188,7 @@ def evaluate(records: list[dict], world_size: int) -> CheckResult:
             data=data,
         )
     eff = f", scaling efficiency {efficiency:.0%}" if efficiency is not None else ""
-    return CheckResult(
+    return emit(
         NAME,
         Status.PASS,
         f"DDP on {setting} matches single-process training: max param diff {rank0['max_abs_param_diff']:.2g}, "
@@ -198,7 +198,7 @@ def evaluate(records: list[dict], world_size: int) -> CheckResult:
 
 
 CHECKPOINT = "checkpoint"
-_checkpoint = declare(
+declare(
     CHECKPOINT,
     stage="ddp",
     scope="cluster",
@@ -216,7 +216,7 @@ def evaluate_checkpoint(records: list[dict], world_size: int) -> CheckResult:
     run's losses and parameters equal the uninterrupted run's bit for bit."""
     mine = [r for r in records if r.get("ok") and "checkpoint" in r]
     if records and all(r.get("ok") for r in records) and all(r.get("steps", 0) < 2 for r in records):
-        return CheckResult(
+        return emit(
             CHECKPOINT, Status.SKIP, "checkpoint skipped: a DDP run of fewer than 2 steps has no half-way"
         )
     if len(mine) < world_size or not any(r["rank"] == 0 for r in mine):
@@ -226,7 +226,7 @@ def evaluate_checkpoint(records: list[dict], world_size: int) -> CheckResult:
         if failed:
             first = next(r for r in records if r["rank"] == failed[0])
             why += f" (rank {first['rank']} on {first.get('host', '?')}: {first.get('error', 'unknown error')})"
-        return CheckResult(
+        return emit(
             CHECKPOINT,
             Status.FAIL,
             f"checkpoint round trip did not complete: {why}",
@@ -286,14 +286,13 @@ def evaluate_checkpoint(records: list[dict], world_size: int) -> CheckResult:
         f"loaded by {world_size} ranks ({data['via']}) in at most {data['load_seconds']:.3f} s"
     )
     if problems:
-        return CheckResult(
+        return emit(
             CHECKPOINT,
             Status.FAIL,
             f"checkpoint round trip: {'; '.join(problems)} ({how})",
-            remediation=_checkpoint.fix,
             data=data,
         )
-    return CheckResult(
+    return emit(
         CHECKPOINT,
         Status.PASS,
         f"checkpoint round trip: {how}; the resumed run equals the uninterrupted run bit for bit",
