@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ipaddress
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from clustercheck.checks.consistency import compare
@@ -78,6 +79,16 @@ declare(
     "(`tc qdisc show dev IFACE`), errors and drops in `ip -s link`, and the switch port.",
 )
 
+# The probe's perf rounds make only the measurements of the selected checks (netprobe --measure), so a skipped
+# check costs no round.
+MEASURED_BY = {"network.rtt": "rtt", "network.throughput": "throughput"}
+
+
+def plan(selected: Callable[[str], bool]) -> tuple[str, ...]:
+    """The measurements the probe is told to make: those the SELECTED checks need."""
+    return tuple(measurement for name, measurement in MEASURED_BY.items() if selected(name))
+
+
 NODE_SLOWER = 4.0  # a node whose best pair is this many times slower than the median pair is a straggler
 PAIR_SLOWER = 10.0  # a pair this many times slower than the median (neither node explaining it) is named
 RTT_MARGIN_MS = 1.0  # and a round trip must be at least this much longer: sub-millisecond times vary by nature
@@ -124,8 +135,10 @@ def evaluate(
     cidr: str | None = None,
     not_ready: dict[str, float] | None = None,
     ready_after: dict[str, float] | None = None,
+    measure: tuple[str, ...] = tuple(MEASURED_BY.values()),
 ) -> list[CheckResult]:
     """All network.* checks from the probe records (node name -> record). ERRORS: node -> why no record.
+    MEASURE: the measurements the probe was told to make (plan()).
     NOT_READY: node -> the seconds the controller waited for its probe to listen, in vain; READY_AFTER: node ->
     seconds until it listened. The connections of a node that was not ready are not the network's fault."""
     not_ready = not_ready or {}
@@ -135,7 +148,7 @@ def evaluate(
     results += tcp_checks({n: r for n, r in records.items() if n not in not_ready}, peers, cidr)
     results += resolve_checks(records, peers)
     results.append(mtu_check(records))
-    results += perf_checks(records)
+    results += perf_checks(records, measure)
     return results
 
 
@@ -159,12 +172,12 @@ def perf_pairs(records: dict[str, dict]) -> tuple[list[dict], list[dict]]:
                 continue
             if "error" in entry:
                 failed.append({"a": name, "b": entry["peer"], "error": entry["error"]})
-            elif entry.get("rtt_ms") is not None:
+            elif any(entry.get(key) is not None for key in ("rtt_ms", "out_mbps", "in_mbps")):
                 measured.append(
                     {
                         "a": name,
                         "b": entry["peer"],
-                        "rtt_ms": entry["rtt_ms"],
+                        "rtt_ms": entry.get("rtt_ms"),
                         "a_to_b": entry.get("out_mbps"),
                         "b_to_a": entry.get("in_mbps"),
                     }
@@ -172,9 +185,16 @@ def perf_pairs(records: dict[str, dict]) -> tuple[list[dict], list[dict]]:
     return measured, failed
 
 
-def perf_checks(records: dict[str, dict]) -> list[CheckResult]:
+def perf_checks(records: dict[str, dict], measure: tuple[str, ...] = tuple(MEASURED_BY.values())) -> list[CheckResult]:
     """network.rtt and network.throughput: nodes (every pair of theirs slow) and pairs far slower than the
-    median, named with the numbers."""
+    median, named with the numbers. A check whose measurement was not in MEASURE is SKIP (not measured)."""
+    return [
+        r if MEASURED_BY[r.name] in measure else emit(r.name, Status.SKIP, f"{r.name}: not measured (not selected)")
+        for r in _perf_checks(records)
+    ]
+
+
+def _perf_checks(records: dict[str, dict]) -> list[CheckResult]:
     if not any("perf" in r for r in records.values()):
         why = "one node: no pair to measure" if len(records) == 1 else "the probes did not measure the pairs"
         return [emit("network.rtt", Status.SKIP, why), emit("network.throughput", Status.SKIP, why)]
@@ -190,6 +210,9 @@ def perf_checks(records: dict[str, dict]) -> list[CheckResult]:
 
 
 def rtt_check(measured: list[dict], failed: list[dict], unmeasured: str) -> CheckResult:
+    measured = [p for p in measured if p["rtt_ms"] is not None]
+    if not measured:
+        return emit("network.rtt", Status.SKIP, "no round trip was measured")
     median = _median([p["rtt_ms"] for p in measured])
     best: dict[str, float] = {}
     for p in measured:
