@@ -68,9 +68,7 @@ def evaluate_shared(
     free = {n: a.get("free_bytes") for n, a in answers.items() if a.get("free_bytes") is not None}
     data = {"path": path, "writer": writer, "free_bytes": free, "problems": problems}
     if problems:
-        return emit(
-            SHARED_DIR, Status.FAIL, f"--shared-dir {path}: " + "; ".join(problems), data=data
-        )
+        return emit(SHARED_DIR, Status.FAIL, f"--shared-dir {path}: " + "; ".join(problems), data=data)
     least = min(free.values()) if free else None
     return emit(
         SHARED_DIR,

@@ -126,7 +126,9 @@ def run(members: list[Member], ctx: Context) -> list[CheckResult]:
             m.name, peers, [config.master_port, port], window, (ready, go, wait + GO_SLACK), (perf_port, measure)
         )
         command = remote.command(m.facts.python, m.transport.workdir, "netprobe", *args)
-        answer = m.transport.run(command, timeout=wait + GO_SLACK + window + (perf_time(len(members)) if measure else 0) + 30)
+        answer = m.transport.run(
+            command, timeout=wait + GO_SLACK + window + (perf_time(len(members)) if measure else 0) + 30
+        )
         (config.host_dir(m.name) / "network.json").write_text(answer.stdout)
         (config.host_dir(m.name) / "network.stderr").write_text(answer.stderr)
         try:

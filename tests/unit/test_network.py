@@ -326,10 +326,10 @@ def test_the_probe_makes_only_the_measurements_it_is_told(tmp_path):
     """Two real probes on this machine (127.0.0.1 and 127.0.0.2): --measure throughput makes no round trip."""
     ports = [str(stage.pick_ephemeral_port(random.Random(seed))) for seed in (7, 8)]
     peers = ["--peer", "a=127.0.0.1", "--peer", "b=127.0.0.2", "--port", ports[0]]
+    probe = [sys.executable, "-m", "clustercheck.remote.netprobe", "mesh", "--duration", "3", *peers]
     probes = [
         subprocess.Popen(
-            [sys.executable, "-m", "clustercheck.remote.netprobe", "mesh", "--self", me, "--duration", "3", *peers]
-            + ["--perf-port", ports[1], "--measure", "throughput"],
+            [*probe, "--self", me, "--perf-port", ports[1], "--measure", "throughput"],
             stdout=subprocess.PIPE,
             text=True,
         )

@@ -27,7 +27,7 @@ def test_no_result_is_built_outside_the_registry():
 
 
 def test_a_result_under_an_undeclared_name_is_refused():
-    with pytest.raises(registry.UndeclaredCheck, match="'network.rtt_typo' is not declared"):
+    with pytest.raises(registry.UndeclaredCheck, match=r"'network\.rtt_typo' is not declared"):
         registry.result("network.rtt_typo", None, registry.warn("slow"))
     with pytest.raises(registry.UndeclaredCheck):
         registry.emit("network.rtt_typo", Status.WARN, "slow")
