@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
@@ -27,6 +28,12 @@ class Metric:
     name: str  # e.g. network_rtt_seconds
     unit: str  # seconds, bytes, bytes_per_second, ratio, or "" for a plain number
     help: str
+
+    def of(self, value: Any, **labels: str) -> tuple[Measure, ...]:
+        """VALUE measured, as a one-element tuple; none when VALUE is not a finite number (not measured)."""
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            return ()
+        return (Measure(self, float(value), labels),)
 
 
 @dataclass(frozen=True)

@@ -14,8 +14,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from clustercheck.checks.registry import declare, emit
-from clustercheck.model import CheckResult, Status
+from clustercheck.model import CheckResult, Metric, Status
 
+GB = 1e9  # busbw_gbps is in GB/s of 10^9 bytes, as nccl-tests reports it
+BUSBW = Metric(
+    "allreduce_busbw_bytes_per_second",
+    "bytes_per_second",
+    "all_reduce bus bandwidth (nccl-tests' busbw) by message size; host is empty for the whole cluster.",
+)
+BUSBW_PEAK = Metric(
+    "allreduce_busbw_peak_bytes_per_second", "bytes_per_second", "Highest all_reduce bus bandwidth of the sweep."
+)
 COLLECTIVES = ("allreduce", "allgather", "broadcast")
 LOCAL_PREFIX = "local."
 _PROVES = {
@@ -197,12 +206,15 @@ def _check(name: str, host: str | None, scope: str, rows: list[dict], ranks: int
             "NET/IB or NVLink rather than NET/Socket), the link speed (`ethtool`, `ibstat`), the MTU, and that "
             "NCCL_SOCKET_IFNAME names the cluster interface."
         )
+    labels = {"check": name, "host": host or ""}
+    measures = [m for r in rows for m in BUSBW.of(r["busbw_gbps"] * GB, **labels, size_bytes=str(int(r["bytes"])))]
     return emit(
         name,
         status,
         message,
         host=host,
         remediation=remediation,
+        measures=(*measures, *BUSBW_PEAK.of(best["busbw_gbps"] * GB, **labels)),
         data={
             "ranks": ranks,
             "backend": backend,

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from clustercheck.checks.consistency import compare
 from clustercheck.checks.registry import declare, emit
-from clustercheck.model import CheckResult, Status
+from clustercheck.model import CheckResult, Metric, Status
 
 STAGE = "network"
 declare(
@@ -88,6 +88,12 @@ def plan(selected: Callable[[str], bool]) -> tuple[str, ...]:
     """The measurements the probe is told to make: those the SELECTED checks need."""
     return tuple(measurement for name, measurement in MEASURED_BY.items() if selected(name))
 
+
+MTU = Metric("network_mtu_bytes", "bytes", "MTU of the node's cluster interface.")
+RTT = Metric("network_rtt_seconds", "seconds", "TCP round trip time between two nodes (host and peer).")
+THROUGHPUT = Metric(
+    "network_throughput_bytes_per_second", "bytes_per_second", "TCP throughput measured from host to peer."
+)
 
 NODE_SLOWER = 4.0  # a node whose best pair is this many times slower than the median pair is a straggler
 PAIR_SLOWER = 10.0  # a pair this many times slower than the median (neither node explaining it) is named
@@ -225,6 +231,7 @@ def rtt_check(measured: list[dict], failed: list[dict], unmeasured: str) -> Chec
     nodes = sorted(n for n, v in best.items() if slow(v, NODE_SLOWER))
     pairs = [p for p in measured if slow(p["rtt_ms"], PAIR_SLOWER) and p["a"] not in nodes and p["b"] not in nodes]
     data = {"median_ms": median, "best_ms": best, "slow_nodes": nodes, "pairs": measured, "unmeasured": failed}
+    measures = tuple(m for p in measured for m in RTT.of(p["rtt_ms"] / 1000, host=p["a"], peer=p["b"]))
     texts = [
         f"{n}'s round trips are all slow: {best[n]:.2f} ms at best, the median pair takes {median:.2f} ms"
         for n in nodes
@@ -233,12 +240,13 @@ def rtt_check(measured: list[dict], failed: list[dict], unmeasured: str) -> Chec
     if failed:
         texts.append(f"not measured: {unmeasured}")
     if texts:
-        return emit("network.rtt", Status.WARN, "; ".join(texts), data=data)
+        return emit("network.rtt", Status.WARN, "; ".join(texts), data=data, measures=measures)
     return emit(
         "network.rtt",
         Status.PASS,
         f"TCP round trip {_ms(median)} (median of {len(measured)} pairs); no node or pair far above it",
         data=data,
+        measures=measures,
     )
 
 
@@ -282,14 +290,16 @@ def throughput_check(measured: list[dict], failed: list[dict], unmeasured: str) 
         "slow_pairs": [{"from": s, "to": r, "mbps": rate} for s, r, rate in slow_pairs],
         "unmeasured": failed,
     }
+    measures = tuple(m for s, r, rate in flows for m in THROUGHPUT.of(rate * 1e6 / 8, host=s, peer=r))
     if texts:
-        return emit("network.throughput", Status.WARN, "; ".join(texts), data=data)
+        return emit("network.throughput", Status.WARN, "; ".join(texts), data=data, measures=measures)
     return emit(
         "network.throughput",
         Status.PASS,
         f"TCP throughput {median:.0f} Mbit/s (median of {len(flows)} transfers, {len(measured)} pairs); no node or "
         "pair far below it",
         data=data,
+        measures=measures,
     )
 
 
@@ -582,6 +592,7 @@ def mtu_check(records: dict[str, dict]) -> CheckResult:
     mtus = {name: r.get("mtu") for name, r in sorted(records.items())}
     interfaces = {name: r.get("interface") for name, r in sorted(records.items())}
     data = {"mtu": mtus, "interface": interfaces}
+    measures = tuple(m for n, v in mtus.items() for m in MTU.of(v, host=n, interface=interfaces[n] or ""))
     unknown = sorted(n for n, m in mtus.items() if m is None)
     known = Counter(m for m in mtus.values() if m is not None)
     if not known:
@@ -590,6 +601,7 @@ def mtu_check(records: dict[str, dict]) -> CheckResult:
             Status.SKIP,
             "no node reported the MTU of its cluster interface",
             data=data,
+            measures=measures,
         )
     if len(known) > 1:  # the same verdict as consistency.mtu: the odd nodes against the majority, or no majority
         finding = compare({n: m for n, m in mtus.items() if m is not None}, "cluster interface MTU")
@@ -601,7 +613,7 @@ def mtu_check(records: dict[str, dict]) -> CheckResult:
                 f"Set the MTU to {majority} on {where} (e.g. `ip link set dev IFACE mtu {majority}` and in the "
                 "netplan/network configuration), and on the switch ports; mismatched MTUs hang large transfers."
             )
-        return emit("network.mtu", Status.FAIL, finding.message, remediation=remediation, data=data)
+        return emit("network.mtu", Status.FAIL, finding.message, remediation=remediation, data=data, measures=measures)
     majority = next(iter(known))
     if unknown:
         return emit(
@@ -609,5 +621,8 @@ def mtu_check(records: dict[str, dict]) -> CheckResult:
             Status.WARN,
             f"MTU {majority} on the cluster interfaces; unknown on {', '.join(unknown)} (interface not found)",
             data=data,
+            measures=measures,
         )
-    return emit("network.mtu", Status.PASS, f"cluster interface MTU {majority} on every node", data=data)
+    return emit(
+        "network.mtu", Status.PASS, f"cluster interface MTU {majority} on every node", data=data, measures=measures
+    )
