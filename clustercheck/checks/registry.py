@@ -13,6 +13,10 @@ a deselected check (--skip) is SKIP without running, a GPU check on a node witho
 that could not be collected is the check's `unknown` status with the reason, and an exception is ERROR.
 Cross-node checks (`cluster_check`) take every node's facts. Checks that a multi-node stage emits are declared
 with `declare` so the catalog (`clustercheck checks`) and the JUnit test set know them before the stage runs.
+
+Every result is made here: `result(name, host, finding)` (and `emit`, the same with the finding written out) adds
+the name, the host and the declared fix, and refuses a name nobody declared. A finding carries its measured values
+typed (`measures`, see model.Metric), which the metrics outputs render.
 """
 
 from __future__ import annotations
