@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from clustercheck.checks import network, registry
 from clustercheck.model import Status
 from clustercheck.stages import network as stage
@@ -322,20 +324,22 @@ def test_a_check_whose_measurement_was_not_made_is_skip_and_the_other_is_judged(
     assert "median of 6 transfers, 3 pairs" in throughput.message
 
 
-def test_the_probe_makes_only_the_measurements_it_is_told(tmp_path):
-    """Two real probes on this machine (127.0.0.1 and 127.0.0.2): --measure throughput makes no round trip."""
-    ports = [str(stage.pick_ephemeral_port(random.Random(seed))) for seed in (7, 8)]
+@pytest.mark.parametrize(
+    ("measure", "made", "not_made"), [("throughput", "out_mbps", "rtt_ms"), ("rtt", "rtt_ms", "out_mbps")]
+)
+def test_the_probe_makes_only_the_measurements_it_is_told(measure, made, not_made):
+    """Two real probes on this machine (127.0.0.1 and 127.0.0.2), told one measurement: the other is not made."""
+    rng = random.Random(measure)
+    ports = [str(stage.pick_ephemeral_port(rng)) for _ in range(2)]
     peers = ["--peer", "a=127.0.0.1", "--peer", "b=127.0.0.2", "--port", ports[0]]
     probe = [sys.executable, "-m", "clustercheck.remote.netprobe", "mesh", "--duration", "3", *peers]
     probes = [
         subprocess.Popen(
-            [*probe, "--self", me, "--perf-port", ports[1], "--measure", "throughput"],
-            stdout=subprocess.PIPE,
-            text=True,
+            [*probe, "--self", me, "--perf-port", ports[1], "--measure", measure], stdout=subprocess.PIPE, text=True
         )
         for me in ("a", "b")
     ]
     records = [json.loads(p.communicate(timeout=60)[0].splitlines()[-1]) for p in probes]
     entries = [e for r in records for e in r["perf"] if not e.get("served")]
     assert len(entries) == 1 and "error" not in entries[0], entries
-    assert entries[0]["out_mbps"] > 0 and "rtt_ms" not in entries[0]
+    assert entries[0][made] > 0 and not_made not in entries[0]
