@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
@@ -20,6 +21,36 @@ class Status(str, Enum):
 
 
 @dataclass(frozen=True)
+class Metric:
+    """A measured quantity the metrics outputs carry: its name with its unit (Prometheus' naming, without the
+    clustercheck_ prefix), the unit alone and what it is. Declared once, next to the check that measures it."""
+
+    name: str  # e.g. network_rtt_seconds
+    unit: str  # seconds, bytes, bytes_per_second, ratio, or "" for a plain number
+    help: str
+
+    def of(self, value: Any, **labels: str) -> tuple[Measure, ...]:
+        """VALUE measured, as a one-element tuple; none when VALUE is not a finite number (not measured)."""
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            return ()
+        return (Measure(self, float(value), labels),)
+
+
+@dataclass(frozen=True)
+class Measure:
+    """One measured value of a check, typed: which metric, the value in the metric's unit, and its labels (the
+    host it belongs to, a peer, a message size)."""
+
+    metric: Metric
+    value: float
+    labels: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def unit(self) -> str:
+        return self.metric.unit
+
+
+@dataclass(frozen=True)
 class CheckResult:
     """One check's outcome on one host (or the cluster). Frozen: a result is made once, never edited; a stage
     that must say more makes a new one."""
@@ -30,6 +61,7 @@ class CheckResult:
     host: str | None = None  # None for a cluster-wide check
     remediation: str = ""
     data: dict[str, Any] = field(default_factory=dict)
+    measures: tuple[Measure, ...] = ()  # its measured values, typed (the JSON report carries data, as before)
 
     def to_dict(self) -> dict[str, Any]:
         return {

@@ -13,9 +13,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from clustercheck.checks.registry import declare
-from clustercheck.model import CheckResult, Status
+from clustercheck.checks.registry import declare, emit
+from clustercheck.model import CheckResult, Metric, Status
 
+GB = 1e9  # busbw_gbps is in GB/s of 10^9 bytes, as nccl-tests reports it
+BUSBW = Metric(
+    "allreduce_busbw_bytes_per_second",
+    "bytes_per_second",
+    "all_reduce bus bandwidth (nccl-tests' busbw) by message size; host is empty for the whole cluster.",
+)
+BUSBW_PEAK = Metric(
+    "allreduce_busbw_peak_bytes_per_second", "bytes_per_second", "Highest all_reduce bus bandwidth of the sweep."
+)
 COLLECTIVES = ("allreduce", "allgather", "broadcast")
 LOCAL_PREFIX = "local."
 _PROVES = {
@@ -69,7 +78,7 @@ def evaluate(records: list[dict], world_size: int, prefix: str = "", host: str |
                 else f"no result from rank(s) {', '.join(map(str, missing))}"
             )
             results.append(
-                CheckResult(
+                emit(
                     name=prefix + name,
                     status=Status.FAIL,
                     message=f"{where}{prefix}{name} did not complete: {cause}",
@@ -97,7 +106,7 @@ def evaluate(records: list[dict], world_size: int, prefix: str = "", host: str |
         if total_wrong:
             bad = ", ".join(f"rank {r}: {w}" for r, w in sorted(wrong.items()) if w)
             results.append(
-                CheckResult(
+                emit(
                     name=prefix + name,
                     status=Status.FAIL,
                     message=f"{where}{name} returned wrong values (#wrong {bad})",
@@ -109,7 +118,7 @@ def evaluate(records: list[dict], world_size: int, prefix: str = "", host: str |
             )
         else:
             results.append(
-                CheckResult(
+                emit(
                     name=prefix + name,
                     status=Status.PASS,
                     message=f"{where}{name} correct on {world_size} ranks ({elements} elements, #wrong 0)",
@@ -197,12 +206,15 @@ def _check(name: str, host: str | None, scope: str, rows: list[dict], ranks: int
             "NET/IB or NVLink rather than NET/Socket), the link speed (`ethtool`, `ibstat`), the MTU, and that "
             "NCCL_SOCKET_IFNAME names the cluster interface."
         )
-    return CheckResult(
+    labels = {"check": name, "host": host or ""}
+    measures = [m for r in rows for m in BUSBW.of(r["busbw_gbps"] * GB, **labels, size_bytes=str(int(r["bytes"])))]
+    return emit(
         name,
         status,
         message,
         host=host,
         remediation=remediation,
+        measures=(*measures, *BUSBW_PEAK.of(best["busbw_gbps"] * GB, **labels)),
         data={
             "ranks": ranks,
             "backend": backend,
@@ -224,8 +236,8 @@ def evaluate_bandwidth(
     first = next((r for r in records if r.get("rank") == 0), None)
     if first is None or not first.get("ok") or "bandwidth" not in first:
         why = "the collectives job did not complete" if first is None or not first.get("ok") else "sweep not run"
-        return [CheckResult("allreduce.bandwidth", Status.SKIP, f"no bandwidth results: {why}")] + [
-            CheckResult("allreduce.bandwidth.intra_node", Status.SKIP, f"{h}: no bandwidth results: {why}", host=h)
+        return [emit("allreduce.bandwidth", Status.SKIP, f"no bandwidth results: {why}")] + [
+            emit("allreduce.bandwidth.intra_node", Status.SKIP, f"{h}: no bandwidth results: {why}", host=h)
             for h in hosts
         ]
     backend = first.get("backend")
@@ -253,7 +265,7 @@ def evaluate_bandwidth(
     for host in hosts:
         if host not in measured:
             results.append(
-                CheckResult(
+                emit(
                     "allreduce.bandwidth.intra_node",
                     Status.SKIP,
                     f"{host}: measured only on nodes with several GPUs in a multi-node job",

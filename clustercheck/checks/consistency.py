@@ -7,12 +7,14 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable
+from dataclasses import replace
 from statistics import median
 from typing import Any
 
 from clustercheck.checks.registry import Finding, cluster_check, fail, passed, skip, warn
 from clustercheck.config import DEFAULT_MAX_CLOCK_OFFSET
 from clustercheck.facts.model import NodeFacts
+from clustercheck.model import Metric
 
 
 def too_few(nodes: list[NodeFacts]) -> str | None:
@@ -134,6 +136,15 @@ _same(
     fix="Synchronize every node to the same NTP servers (chrony) and check `chronyc tracking`.",
 )
 def clocks(nodes: list[NodeFacts], config: Any) -> Finding:
+    finding = _clocks(nodes, config)
+    offsets = sorted(finding.data["offsets_s"].items())
+    return replace(finding, measures=tuple(m for host, o in offsets for m in CLOCK_OFFSET.of(o, host=host)))
+
+
+CLOCK_OFFSET = Metric("clock_offset_seconds", "seconds", "A node's clock minus the control machine's clock.")
+
+
+def _clocks(nodes: list[NodeFacts], config: Any) -> Finding:
     bound = getattr(config, "clock_bound", DEFAULT_MAX_CLOCK_OFFSET)
     offsets = {n.host: n.clock_offset for n in nodes}
     known = {h: o for h, o in offsets.items() if o is not None}

@@ -9,13 +9,13 @@ from __future__ import annotations
 
 from collections import Counter
 
-from clustercheck.checks.registry import declare
+from clustercheck.checks.registry import declare, emit
 from clustercheck.model import CheckResult, Status
 
 STAGE = "data"
 SHARED_DIR = "data.shared_dir"
 PATHS = "data.paths"
-_shared = declare(
+declare(
     SHARED_DIR,
     stage=STAGE,
     scope="cluster",
@@ -24,7 +24,7 @@ _shared = declare(
     fix="Mount the same shared filesystem (NFS, Lustre, ...) at this path on every node, writable for the training "
     "user; a node that reads no token has a local directory there (the mount is missing).",
 )
-_paths = declare(
+declare(
     PATHS,
     stage=STAGE,
     scope="cluster",
@@ -68,11 +68,9 @@ def evaluate_shared(
     free = {n: a.get("free_bytes") for n, a in answers.items() if a.get("free_bytes") is not None}
     data = {"path": path, "writer": writer, "free_bytes": free, "problems": problems}
     if problems:
-        return CheckResult(
-            SHARED_DIR, Status.FAIL, f"--shared-dir {path}: " + "; ".join(problems), remediation=_shared.fix, data=data
-        )
+        return emit(SHARED_DIR, Status.FAIL, f"--shared-dir {path}: " + "; ".join(problems), data=data)
     least = min(free.values()) if free else None
-    return CheckResult(
+    return emit(
         SHARED_DIR,
         Status.PASS,
         f"--shared-dir {path} is one writable filesystem on all {len(answers)} nodes (a token written on {writer} "
@@ -128,8 +126,8 @@ def evaluate_paths(answers: dict[str, dict], errors: dict[str, str], order: list
             "missing_on": missing,
         }
     if problems:
-        return CheckResult(PATHS, Status.FAIL, "data paths: " + "; ".join(problems), remediation=_paths.fix, data=data)
+        return emit(PATHS, Status.FAIL, "data paths: " + "; ".join(problems), data=data)
     described = ", ".join(
         f"{p} ({d['files']} files, {_size(d['bytes'])}, sample {d['sample_hash']})" for p, d in data["paths"].items()
     )
-    return CheckResult(PATHS, Status.PASS, f"the same on all {len(order)} nodes: {described}", data=data)
+    return emit(PATHS, Status.PASS, f"the same on all {len(order)} nodes: {described}", data=data)

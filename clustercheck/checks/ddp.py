@@ -10,8 +10,8 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import asdict, dataclass
 
-from clustercheck.checks.registry import declare
-from clustercheck.model import CheckResult, Status
+from clustercheck.checks.registry import declare, emit
+from clustercheck.model import CheckResult, Metric, Status
 
 NAME = "ddp_equivalence"
 declare(
@@ -128,10 +128,22 @@ def against_reference(records: list[dict], rank0: dict, label: str, reference_na
     return problems, data
 
 
+PARAM_DIFF = Metric(
+    "ddp_max_abs_param_diff",
+    "",
+    "Largest absolute difference between the DDP model's parameters and the single-process reference's.",
+)
+EFFICIENCY = Metric(
+    "ddp_scaling_efficiency_ratio",
+    "ratio",
+    "DDP samples per second over world size times the single-process reference's (1 is perfect scaling).",
+)
+
+
 def evaluate(records: list[dict], world_size: int) -> CheckResult:
     if stopped := incomplete(records, world_size):
         cause, data = stopped
-        return CheckResult(
+        return emit(
             NAME,
             Status.FAIL,
             f"DDP run did not complete: {cause}",
@@ -162,6 +174,7 @@ def evaluate(records: list[dict], world_size: int) -> CheckResult:
         "ddp_losses": rank0["losses"],
         **compared,
     }
+    measures = (*PARAM_DIFF.of(rank0["max_abs_param_diff"]), *EFFICIENCY.of(efficiency))
     data_hashes = Counter(r.get("data_hash") for r in records)
     if len(data_hashes) > 1:
         usual = rank0["data_hash"] if data_hashes[rank0["data_hash"]] >= max(data_hashes.values()) else None
@@ -178,7 +191,7 @@ def evaluate(records: list[dict], world_size: int) -> CheckResult:
 
     setting = f"{world_size} ranks ({rank0.get('backend')}, {rank0.get('dtype')}), {rank0.get('steps')} steps"
     if problems:
-        return CheckResult(
+        return emit(
             NAME,
             Status.FAIL,
             f"DDP on {setting} is not equivalent to single-process training: " + "; ".join(problems),
@@ -186,19 +199,21 @@ def evaluate(records: list[dict], world_size: int) -> CheckResult:
             "torch/CUDA/NCCL versions and the environment on their nodes (the consistency checks), and look for "
             "faulty GPUs. A curve that parts at step 1 means the data or model differs from the first step.",
             data=data,
+            measures=measures,
         )
     eff = f", scaling efficiency {efficiency:.0%}" if efficiency is not None else ""
-    return CheckResult(
+    return emit(
         NAME,
         Status.PASS,
         f"DDP on {setting} matches single-process training: max param diff {rank0['max_abs_param_diff']:.2g}, "
         f"accuracy {rank0['ddp']['accuracy']:.3f} vs {reference['accuracy']:.3f}, all ranks bit-identical{eff}",
         data=data,
+        measures=measures,
     )
 
 
 CHECKPOINT = "checkpoint"
-_checkpoint = declare(
+declare(
     CHECKPOINT,
     stage="ddp",
     scope="cluster",
@@ -216,9 +231,7 @@ def evaluate_checkpoint(records: list[dict], world_size: int) -> CheckResult:
     run's losses and parameters equal the uninterrupted run's bit for bit."""
     mine = [r for r in records if r.get("ok") and "checkpoint" in r]
     if records and all(r.get("ok") for r in records) and all(r.get("steps", 0) < 2 for r in records):
-        return CheckResult(
-            CHECKPOINT, Status.SKIP, "checkpoint skipped: a DDP run of fewer than 2 steps has no half-way"
-        )
+        return emit(CHECKPOINT, Status.SKIP, "checkpoint skipped: a DDP run of fewer than 2 steps has no half-way")
     if len(mine) < world_size or not any(r["rank"] == 0 for r in mine):
         missing = sorted(set(range(world_size)) - {r["rank"] for r in mine})
         failed = sorted(r["rank"] for r in records if not r.get("ok"))
@@ -226,7 +239,7 @@ def evaluate_checkpoint(records: list[dict], world_size: int) -> CheckResult:
         if failed:
             first = next(r for r in records if r["rank"] == failed[0])
             why += f" (rank {first['rank']} on {first.get('host', '?')}: {first.get('error', 'unknown error')})"
-        return CheckResult(
+        return emit(
             CHECKPOINT,
             Status.FAIL,
             f"checkpoint round trip did not complete: {why}",
@@ -286,14 +299,13 @@ def evaluate_checkpoint(records: list[dict], world_size: int) -> CheckResult:
         f"loaded by {world_size} ranks ({data['via']}) in at most {data['load_seconds']:.3f} s"
     )
     if problems:
-        return CheckResult(
+        return emit(
             CHECKPOINT,
             Status.FAIL,
             f"checkpoint round trip: {'; '.join(problems)} ({how})",
-            remediation=_checkpoint.fix,
             data=data,
         )
-    return CheckResult(
+    return emit(
         CHECKPOINT,
         Status.PASS,
         f"checkpoint round trip: {how}; the resumed run equals the uninterrupted run bit for bit",

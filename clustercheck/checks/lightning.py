@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections import defaultdict
 
 from clustercheck.checks.ddp import against_reference, incomplete, where
-from clustercheck.checks.registry import Finding, declare, fail, passed, skip
+from clustercheck.checks.registry import Finding, declare, emit, fail, passed, skip
 from clustercheck.model import CheckResult, Status
 
 STAGE = "lightning"
@@ -30,7 +30,7 @@ IMPORT_CHECK = declare(
     "(SKIP where it does not, FAIL when --only lightning asked for it)",
     fix=INSTALL,
 )
-_ddp = declare(
+declare(
     NAME,
     stage=STAGE,
     scope="cluster",
@@ -81,7 +81,7 @@ def expected_view(record: dict, world_size: int, num_nodes: int) -> dict:
 def evaluate(records: list[dict], world_size: int, num_nodes: int) -> CheckResult:
     if stopped := incomplete(records, world_size):
         cause, data = stopped
-        return CheckResult(
+        return emit(
             NAME,
             Status.FAIL,
             f"the Lightning run did not complete: {cause}",
@@ -127,14 +127,13 @@ def evaluate(records: list[dict], world_size: int, num_nodes: int) -> CheckResul
         f"({num_nodes} nodes x {per_node}, {rank0.get('backend')}, {rank0.get('dtype')}), {rank0.get('steps')} steps"
     )
     if problems:
-        return CheckResult(
+        return emit(
             NAME,
             Status.FAIL,
             f"{setting}: " + "; ".join(problems),
-            remediation=_ddp.fix,
             data=data,
         )
-    return CheckResult(
+    return emit(
         NAME,
         Status.PASS,
         f"{setting} matches a single-process Lightning run: max param diff {rank0['max_abs_param_diff']:.2g}, "

@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import ipaddress
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from clustercheck.checks.consistency import compare
 from clustercheck.checks.registry import declare, emit
-from clustercheck.model import CheckResult, Status
+from clustercheck.model import CheckResult, Metric, Status
 
 STAGE = "network"
 declare(
@@ -78,6 +79,22 @@ declare(
     "(`tc qdisc show dev IFACE`), errors and drops in `ip -s link`, and the switch port.",
 )
 
+# The probe's perf rounds make only the measurements of the selected checks (netprobe --measure), so a skipped
+# check costs no round.
+MEASURED_BY = {"network.rtt": "rtt", "network.throughput": "throughput"}
+
+
+def plan(selected: Callable[[str], bool]) -> tuple[str, ...]:
+    """The measurements the probe is told to make: those the SELECTED checks need."""
+    return tuple(measurement for name, measurement in MEASURED_BY.items() if selected(name))
+
+
+MTU = Metric("network_mtu_bytes", "bytes", "MTU of the node's cluster interface.")
+RTT = Metric("network_rtt_seconds", "seconds", "TCP round trip time between two nodes (host and peer).")
+THROUGHPUT = Metric(
+    "network_throughput_bytes_per_second", "bytes_per_second", "TCP throughput measured from host to peer."
+)
+
 NODE_SLOWER = 4.0  # a node whose best pair is this many times slower than the median pair is a straggler
 PAIR_SLOWER = 10.0  # a pair this many times slower than the median (neither node explaining it) is named
 RTT_MARGIN_MS = 1.0  # and a round trip must be at least this much longer: sub-millisecond times vary by nature
@@ -124,8 +141,10 @@ def evaluate(
     cidr: str | None = None,
     not_ready: dict[str, float] | None = None,
     ready_after: dict[str, float] | None = None,
+    measure: tuple[str, ...] = tuple(MEASURED_BY.values()),
 ) -> list[CheckResult]:
     """All network.* checks from the probe records (node name -> record). ERRORS: node -> why no record.
+    MEASURE: the measurements the probe was told to make (plan()).
     NOT_READY: node -> the seconds the controller waited for its probe to listen, in vain; READY_AFTER: node ->
     seconds until it listened. The connections of a node that was not ready are not the network's fault."""
     not_ready = not_ready or {}
@@ -135,7 +154,7 @@ def evaluate(
     results += tcp_checks({n: r for n, r in records.items() if n not in not_ready}, peers, cidr)
     results += resolve_checks(records, peers)
     results.append(mtu_check(records))
-    results += perf_checks(records)
+    results += perf_checks(records, measure)
     return results
 
 
@@ -159,12 +178,12 @@ def perf_pairs(records: dict[str, dict]) -> tuple[list[dict], list[dict]]:
                 continue
             if "error" in entry:
                 failed.append({"a": name, "b": entry["peer"], "error": entry["error"]})
-            elif entry.get("rtt_ms") is not None:
+            elif any(entry.get(key) is not None for key in ("rtt_ms", "out_mbps", "in_mbps")):
                 measured.append(
                     {
                         "a": name,
                         "b": entry["peer"],
-                        "rtt_ms": entry["rtt_ms"],
+                        "rtt_ms": entry.get("rtt_ms"),
                         "a_to_b": entry.get("out_mbps"),
                         "b_to_a": entry.get("in_mbps"),
                     }
@@ -172,9 +191,16 @@ def perf_pairs(records: dict[str, dict]) -> tuple[list[dict], list[dict]]:
     return measured, failed
 
 
-def perf_checks(records: dict[str, dict]) -> list[CheckResult]:
+def perf_checks(records: dict[str, dict], measure: tuple[str, ...] = tuple(MEASURED_BY.values())) -> list[CheckResult]:
     """network.rtt and network.throughput: nodes (every pair of theirs slow) and pairs far slower than the
-    median, named with the numbers."""
+    median, named with the numbers. A check whose measurement was not in MEASURE is SKIP (not measured)."""
+    return [
+        r if MEASURED_BY[r.name] in measure else emit(r.name, Status.SKIP, f"{r.name}: not measured (not selected)")
+        for r in _perf_checks(records)
+    ]
+
+
+def _perf_checks(records: dict[str, dict]) -> list[CheckResult]:
     if not any("perf" in r for r in records.values()):
         why = "one node: no pair to measure" if len(records) == 1 else "the probes did not measure the pairs"
         return [emit("network.rtt", Status.SKIP, why), emit("network.throughput", Status.SKIP, why)]
@@ -190,6 +216,9 @@ def perf_checks(records: dict[str, dict]) -> list[CheckResult]:
 
 
 def rtt_check(measured: list[dict], failed: list[dict], unmeasured: str) -> CheckResult:
+    measured = [p for p in measured if p["rtt_ms"] is not None]
+    if not measured:
+        return emit("network.rtt", Status.SKIP, "no round trip was measured")
     median = _median([p["rtt_ms"] for p in measured])
     best: dict[str, float] = {}
     for p in measured:
@@ -202,6 +231,7 @@ def rtt_check(measured: list[dict], failed: list[dict], unmeasured: str) -> Chec
     nodes = sorted(n for n, v in best.items() if slow(v, NODE_SLOWER))
     pairs = [p for p in measured if slow(p["rtt_ms"], PAIR_SLOWER) and p["a"] not in nodes and p["b"] not in nodes]
     data = {"median_ms": median, "best_ms": best, "slow_nodes": nodes, "pairs": measured, "unmeasured": failed}
+    measures = tuple(m for p in measured for m in RTT.of(p["rtt_ms"] / 1000, host=p["a"], peer=p["b"]))
     texts = [
         f"{n}'s round trips are all slow: {best[n]:.2f} ms at best, the median pair takes {median:.2f} ms"
         for n in nodes
@@ -210,12 +240,13 @@ def rtt_check(measured: list[dict], failed: list[dict], unmeasured: str) -> Chec
     if failed:
         texts.append(f"not measured: {unmeasured}")
     if texts:
-        return emit("network.rtt", Status.WARN, "; ".join(texts), data=data)
+        return emit("network.rtt", Status.WARN, "; ".join(texts), data=data, measures=measures)
     return emit(
         "network.rtt",
         Status.PASS,
         f"TCP round trip {_ms(median)} (median of {len(measured)} pairs); no node or pair far above it",
         data=data,
+        measures=measures,
     )
 
 
@@ -259,14 +290,16 @@ def throughput_check(measured: list[dict], failed: list[dict], unmeasured: str) 
         "slow_pairs": [{"from": s, "to": r, "mbps": rate} for s, r, rate in slow_pairs],
         "unmeasured": failed,
     }
+    measures = tuple(m for s, r, rate in flows for m in THROUGHPUT.of(rate * 1e6 / 8, host=s, peer=r))
     if texts:
-        return emit("network.throughput", Status.WARN, "; ".join(texts), data=data)
+        return emit("network.throughput", Status.WARN, "; ".join(texts), data=data, measures=measures)
     return emit(
         "network.throughput",
         Status.PASS,
         f"TCP throughput {median:.0f} Mbit/s (median of {len(flows)} transfers, {len(measured)} pairs); no node or "
         "pair far below it",
         data=data,
+        measures=measures,
     )
 
 
@@ -559,6 +592,7 @@ def mtu_check(records: dict[str, dict]) -> CheckResult:
     mtus = {name: r.get("mtu") for name, r in sorted(records.items())}
     interfaces = {name: r.get("interface") for name, r in sorted(records.items())}
     data = {"mtu": mtus, "interface": interfaces}
+    measures = tuple(m for n, v in mtus.items() for m in MTU.of(v, host=n, interface=interfaces[n] or ""))
     unknown = sorted(n for n, m in mtus.items() if m is None)
     known = Counter(m for m in mtus.values() if m is not None)
     if not known:
@@ -567,6 +601,7 @@ def mtu_check(records: dict[str, dict]) -> CheckResult:
             Status.SKIP,
             "no node reported the MTU of its cluster interface",
             data=data,
+            measures=measures,
         )
     if len(known) > 1:  # the same verdict as consistency.mtu: the odd nodes against the majority, or no majority
         finding = compare({n: m for n, m in mtus.items() if m is not None}, "cluster interface MTU")
@@ -578,7 +613,7 @@ def mtu_check(records: dict[str, dict]) -> CheckResult:
                 f"Set the MTU to {majority} on {where} (e.g. `ip link set dev IFACE mtu {majority}` and in the "
                 "netplan/network configuration), and on the switch ports; mismatched MTUs hang large transfers."
             )
-        return emit("network.mtu", Status.FAIL, finding.message, remediation=remediation, data=data)
+        return emit("network.mtu", Status.FAIL, finding.message, remediation=remediation, data=data, measures=measures)
     majority = next(iter(known))
     if unknown:
         return emit(
@@ -586,5 +621,8 @@ def mtu_check(records: dict[str, dict]) -> CheckResult:
             Status.WARN,
             f"MTU {majority} on the cluster interfaces; unknown on {', '.join(unknown)} (interface not found)",
             data=data,
+            measures=measures,
         )
-    return emit("network.mtu", Status.PASS, f"cluster interface MTU {majority} on every node", data=data)
+    return emit(
+        "network.mtu", Status.PASS, f"cluster interface MTU {majority} on every node", data=data, measures=measures
+    )

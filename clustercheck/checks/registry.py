@@ -13,6 +13,10 @@ a deselected check (--skip) is SKIP without running, a GPU check on a node witho
 that could not be collected is the check's `unknown` status with the reason, and an exception is ERROR.
 Cross-node checks (`cluster_check`) take every node's facts. Checks that a multi-node stage emits are declared
 with `declare` so the catalog (`clustercheck checks`) and the JUnit test set know them before the stage runs.
+
+Every result is made here: `result(name, host, finding)` (and `emit`, the same with the finding written out) adds
+the name, the host and the declared fix, and refuses a name nobody declared. A finding carries its measured values
+typed (`measures`, see model.Metric), which the metrics outputs render.
 """
 
 from __future__ import annotations
@@ -22,19 +26,20 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from clustercheck.facts.model import COULD_NOT_COLLECT, NodeFacts
-from clustercheck.model import CheckResult, Status
+from clustercheck.model import CheckResult, Measure, Status
 
 SCOPES = ("node", "cluster", "master")  # one result per node, one for the cluster, one on the first node
 
 
 @dataclass(frozen=True)
 class Finding:
-    """What a check function found; the runner adds the name, the host and the default fix."""
+    """What a check function found; the registry adds the name, the host and the default fix (result())."""
 
     status: Status
     message: str
     fix: str | None = None  # None: the check's default fix (shown for WARN, FAIL and ERROR)
     data: dict[str, Any] = field(default_factory=dict)
+    measures: tuple[Measure, ...] = ()  # the measured values the metrics outputs carry (report/prometheus.py)
 
 
 def passed(message: str, **data: Any) -> Finding:
@@ -65,26 +70,28 @@ class Check:
     unknown: Status = Status.WARN  # the outcome when a fact it reads could not be collected
     function: Callable[..., Finding] | None = None  # None: emitted by its stage
 
-    def result(self, host: str | None, finding: Finding) -> CheckResult:
-        message = f"{host}: {finding.message}" if host else finding.message
-        return self.emit(finding.status, message, host=host, remediation=finding.fix, data=finding.data)
-
-    def emit(
-        self,
-        status: Status,
-        message: str,
-        *,
-        host: str | None = None,
-        remediation: str | None = None,
-        data: dict[str, Any] | None = None,
-    ) -> CheckResult:
-        """A result of this check with MESSAGE as given (a stage's messages name their nodes themselves). A WARN,
-        FAIL or ERROR without a REMEDIATION of its own gets the check's declared fix."""
-        if status in (Status.PASS, Status.SKIP):
-            fix = remediation or ""
+    def result(self, host: str | None, finding: Finding, *, named: bool = False) -> CheckResult:
+        """This check's result on HOST (None: the cluster): its name, the host, and for a WARN, FAIL or ERROR
+        whose finding gives no fix of its own the declared fix. The message gets the host in front unless it is
+        NAMED already (a stage's messages name their nodes themselves)."""
+        message = f"{host}: {finding.message}" if host and not named else finding.message
+        if finding.status in (Status.PASS, Status.SKIP):
+            fix = finding.fix or ""
         else:
-            fix = remediation if remediation is not None else self.fix
-        return CheckResult(self.name, status, message, host=host, remediation=fix, data=dict(data or {}))
+            fix = finding.fix if finding.fix is not None else self.fix
+        return CheckResult(
+            self.name,
+            finding.status,
+            message,
+            host=host,
+            remediation=fix,
+            data=dict(finding.data),
+            measures=tuple(finding.measures),
+        )
+
+
+class UndeclaredCheck(LookupError):
+    """A result under a name the registry does not know: a bug (a typo, or a check nobody declared)."""
 
 
 REGISTRY: dict[str, Check] = {}
@@ -133,7 +140,18 @@ def declare(name: str, *, stage: str, scope: str, proves: str, fix: str = "") ->
 
 
 def get(name: str) -> Check:
-    return REGISTRY[name]
+    """The declared check NAME; an undeclared name raises UndeclaredCheck."""
+    try:
+        return REGISTRY[name]
+    except KeyError:
+        raise UndeclaredCheck(f"check {name!r} is not declared in the check registry") from None
+
+
+def result(name: str, host: str | None, finding: Finding) -> CheckResult:
+    """The one way a stage's finding becomes a result: the declared check NAME's result on HOST (None: the
+    cluster), the message as the stage wrote it (it names its nodes), the declared fix where the finding gives
+    none. An undeclared NAME raises UndeclaredCheck."""
+    return get(name).result(host, finding, named=True)
 
 
 def emit(
@@ -144,10 +162,10 @@ def emit(
     host: str | None = None,
     remediation: str | None = None,
     data: dict[str, Any] | None = None,
+    measures: tuple[Measure, ...] = (),
 ) -> CheckResult:
-    """A result of the declared check NAME, as a stage emits it (see Check.emit): its declared fix where the stage
-    gives none."""
-    return REGISTRY[name].emit(status, message, host=host, remediation=remediation, data=data)
+    """result() for a finding written out: STATUS, MESSAGE, REMEDIATION (None: the declared fix), DATA, MEASURES."""
+    return result(name, host, Finding(status, message, remediation, dict(data or {}), tuple(measures)))
 
 
 def of_stage(stage: str) -> list[Check]:

@@ -164,6 +164,7 @@ def open_listener(address: str, port: int) -> tuple[socket.socket | None, dict]:
 RETRY_AFTER = 0.3
 PERF_SECONDS = 0.2  # seconds of bulk transfer each way per pair
 PINGS = 10
+MEASUREMENTS = ("rtt", "throughput")  # what the perf rounds can measure; --measure names those to make
 CHUNK = 65536
 ROUND_WAIT = 10.0  # seconds a node waits for its partner of a round before giving that pair up
 
@@ -281,6 +282,7 @@ def mesh(
     ready_timeout: float = 60.0,
     perf_port: int | None = None,
     perf_seconds: float = PERF_SECONDS,
+    measure: tuple[str, ...] = MEASUREMENTS,
 ) -> dict:
     address = peers[me]
     started = time.monotonic()
@@ -292,7 +294,7 @@ def mesh(
         if sock:
             selector.register(sock, selectors.EVENT_READ, "listener")
     perf_listener = None
-    if perf_port:  # listening before the barrier, like the others; served only once the mesh is done
+    if perf_port and measure:  # listening before the barrier, like the others; served only once the mesh is done
         perf_listener, state = open_listener(address, perf_port)
         listen_states.append({**state, "perf": True})
     barrier: dict = {}
@@ -360,7 +362,7 @@ def mesh(
     selector.close()
     perf = None
     if perf_listener is not None:
-        perf = perf_rounds(me, peers, perf_port, perf_listener, perf_seconds)
+        perf = perf_rounds(me, peers, perf_port, perf_listener, perf_seconds, measure)
         perf_listener.close()
 
     interface = interface_of(address)
@@ -442,36 +444,40 @@ def _receive_stream(sock: socket.socket) -> tuple[int, float]:
         received += CHUNK
 
 
-def _measure(sock: socket.socket, seconds: float) -> dict:
-    """The client's side of one pair: round trips, then bulk data out and back (the server answers each)."""
-    rtts = []
-    for _ in range(PINGS + 1):
-        t0 = time.monotonic()
-        sock.sendall(b"p")
-        _recv_exactly(sock, 1)
-        rtts.append(time.monotonic() - t0)
-    rtts = sorted(rtts[1:])  # the first one warms the path up
-    _send_for(sock, seconds)
-    got, took = _readline(sock).split()[:2]
-    received, down_seconds = _receive_stream(sock)
-    return {
-        "rtt_ms": round(rtts[len(rtts) // 2] * 1000, 4),
-        "out_mbps": _mbps(int(got), float(took)),
-        "in_mbps": _mbps(received, down_seconds),
-    }
+def _measure(sock: socket.socket, seconds: float, measure: tuple[str, ...]) -> dict:
+    """The client's side of one pair: round trips, then bulk data out and back (the server answers each), each
+    only where MEASURE asks for it."""
+    entry: dict = {}
+    if "rtt" in measure:
+        rtts = []
+        for _ in range(PINGS + 1):
+            t0 = time.monotonic()
+            sock.sendall(b"p")
+            _recv_exactly(sock, 1)
+            rtts.append(time.monotonic() - t0)
+        rtts = sorted(rtts[1:])  # the first one warms the path up
+        entry["rtt_ms"] = round(rtts[len(rtts) // 2] * 1000, 4)
+    if "throughput" in measure:
+        _send_for(sock, seconds)
+        got, took = _readline(sock).split()[:2]
+        received, down_seconds = _receive_stream(sock)
+        entry.update(out_mbps=_mbps(int(got), float(took)), in_mbps=_mbps(received, down_seconds))
+    return entry
 
 
 def _mbps(size: int, seconds: float) -> float | None:
     return round(size * 8 / seconds / 1e6, 1) if seconds > 0 else None
 
 
-def _serve(sock: socket.socket, seconds: float) -> None:
-    """The server's side of one pair."""
-    for _ in range(PINGS + 1):
-        sock.sendall(_recv_exactly(sock, 1))
-    received, took = _receive_stream(sock)
-    sock.sendall(f"{received} {took:.6f}\n".encode())
-    _send_for(sock, seconds)
+def _serve(sock: socket.socket, seconds: float, measure: tuple[str, ...]) -> None:
+    """The server's side of one pair (every node is given the same MEASURE)."""
+    if "rtt" in measure:
+        for _ in range(PINGS + 1):
+            sock.sendall(_recv_exactly(sock, 1))
+    if "throughput" in measure:
+        received, took = _receive_stream(sock)
+        sock.sendall(f"{received} {took:.6f}\n".encode())
+        _send_for(sock, seconds)
     sock.recv(1)  # the client closes first
 
 
@@ -491,7 +497,9 @@ def _connect(address: str, port: int, source: str, until: float) -> socket.socke
             time.sleep(RETRY_AFTER)
 
 
-def perf_rounds(me: str, peers: dict[str, str], port: int, listener: socket.socket, seconds: float) -> list[dict]:
+def perf_rounds(
+    me: str, peers: dict[str, str], port: int, listener: socket.socket, seconds: float, measure: tuple[str, ...]
+) -> list[dict]:
     """Round trip time and throughput with every peer, one peer at a time, in the rounds of schedule(): in each
     round the first node of a pair connects, the second serves. A node that is ahead waits for its partner
     (its connection queues at the partner's listener), so no node is ever in two measurements at once."""
@@ -509,7 +517,7 @@ def perf_rounds(me: str, peers: dict[str, str], port: int, listener: socket.sock
                 sock = _connect(peers[partner], port, peers[me], time.monotonic() + ROUND_WAIT)
                 sock.settimeout(3 * ROUND_WAIT)  # the partner may still be busy with an earlier round
                 sock.sendall(f"PERF {me} {number}\n".encode())
-                entry.update(_measure(sock, seconds))
+                entry.update(_measure(sock, seconds, measure))
             else:
                 sock = early.pop((partner, number), None)
                 give_up = time.monotonic() + ROUND_WAIT
@@ -527,7 +535,7 @@ def perf_rounds(me: str, peers: dict[str, str], port: int, listener: socket.sock
                         conn.close()
                 if sock is None:
                     raise TimeoutError(f"{partner} did not connect within {ROUND_WAIT:.0f} s")
-                _serve(sock, seconds)
+                _serve(sock, seconds, measure)
                 entry["served"] = True
         except (OSError, ValueError) as exc:
             entry["error"] = str(exc) or type(exc).__name__
@@ -590,6 +598,9 @@ def main(argv: list[str] | None = None) -> int:
     p_mesh.add_argument("--hostname", default=None, help="the name this node answers with (default: its hostname)")
     p_mesh.add_argument("--perf-port", type=int, default=None, help="measure RTT and throughput on this port")
     p_mesh.add_argument("--perf-seconds", type=float, default=PERF_SECONDS, help="bulk transfer each way")
+    p_mesh.add_argument(
+        "--measure", action="append", choices=MEASUREMENTS, default=None, help="what the perf rounds measure (repeat)"
+    )
     p_mesh.add_argument("--go-file", default=None, help="connect only once this file exists (it holds the seconds)")
     p_mesh.add_argument("--ready-file", default=None, help="written once the listeners are up")
     p_mesh.add_argument("--ready-timeout", type=float, default=60.0, help="seconds to wait for the go file")
@@ -640,6 +651,7 @@ def main(argv: list[str] | None = None) -> int:
         ready_timeout=args.ready_timeout,
         perf_port=args.perf_port,
         perf_seconds=args.perf_seconds,
+        measure=tuple(args.measure or ()),
     )
     print(json.dumps(record))
     return 0

@@ -263,7 +263,7 @@ class Pipeline:
             connected = self.factory(node, self.run_id, lambda t: self._register(node, t))
         except HostKeyError as exc:
             self._host_key_error = True
-            return None, CheckResult(  # the transport's message names the node and the address already
+            return None, registry.emit(  # the transport's message names the node and the address already
                 check.name,
                 Status.FAIL,
                 str(exc),
@@ -276,7 +276,7 @@ class Pipeline:
             message = str(exc) if str(exc).startswith(node.name) else f"{node.name}: {exc}"
             data = getattr(exc, "data", {})
             fix = connection.connect_fix(exc, data)
-            return None, CheckResult(check.name, Status.FAIL, message, host=node.name, remediation=fix, data=data)
+            return None, registry.emit(check.name, Status.FAIL, message, host=node.name, remediation=fix, data=data)
         if self._abort.is_set():
             raise core.Aborted
         return connected.transport, check.result(node.name, registry.passed(connected.description, **connected.data))

@@ -23,7 +23,7 @@ def run(members: list[Member], ctx: Context) -> list[CheckResult]:
         outcome = torchjob.run(members, "collectives", ctx)
     except (launch.LaunchError, collectives.ThresholdError, TransportError, OSError) as exc:
         return [
-            CheckResult(name, Status.ERROR, f"{name}: {exc}")
+            registry.emit(name, Status.ERROR, f"{name}: {exc}")
             for name in (*collectives.COLLECTIVES, "allreduce.bandwidth")
         ] + [
             transport.TRANSPORT.result(m.name, registry.skip(f"the collectives job did not start: {exc}"))
@@ -70,7 +70,7 @@ def run_local(member: Member, ctx: Context, port: int) -> list[CheckResult]:
         )
     except (launch.LaunchError, TransportError, OSError) as exc:
         return [
-            CheckResult(
+            registry.emit(
                 f"{collectives.LOCAL_PREFIX}{n}",
                 Status.ERROR,
                 f"{member.name}: {exc}",

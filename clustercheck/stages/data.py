@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import secrets
 
-from clustercheck.checks import data
+from clustercheck.checks import data, registry
 from clustercheck.model import CheckResult, Status
 from clustercheck.run.fanout import fanout
 from clustercheck.stages import Context, Member, remote
@@ -76,12 +76,12 @@ def run(members: list[Member], ctx: Context) -> list[CheckResult]:
     if config.shared_dir:
         results.append(shared_dir(members, ctx, config.shared_dir))
     else:
-        results.append(CheckResult(data.SHARED_DIR, Status.SKIP, f"{data.SHARED_DIR} skipped: no --shared-dir given"))
+        results.append(registry.emit(data.SHARED_DIR, Status.SKIP, f"{data.SHARED_DIR} skipped: no --shared-dir given"))
     if config.data_paths:
         results.append(data_paths(members, ctx, config.data_paths))
     else:
         results.append(
-            CheckResult(
+            registry.emit(
                 data.PATHS, Status.SKIP, f"{data.PATHS} skipped: no --data-path given (nor clustercheck_data_paths)"
             )
         )

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from clustercheck.checks import ddp
+from clustercheck.checks import ddp, registry
 from clustercheck.model import CheckResult, Status
 from clustercheck.stages import Context, Member, launch, torchjob
 from clustercheck.transport import TransportError
@@ -19,7 +19,7 @@ def run(members: list[Member], ctx: Context) -> list[CheckResult]:
     try:
         outcome = torchjob.run(members, "ddp", ctx, worker_args=args or None)
     except (launch.LaunchError, TransportError, OSError) as exc:
-        return [CheckResult(name, Status.ERROR, f"{name}: {exc}") for name in (ddp.NAME, ddp.CHECKPOINT)]
+        return [registry.emit(name, Status.ERROR, f"{name}: {exc}") for name in (ddp.NAME, ddp.CHECKPOINT)]
     results = [
         ddp.evaluate(outcome.records, outcome.world_size),
         ddp.evaluate_checkpoint(outcome.records, outcome.world_size),

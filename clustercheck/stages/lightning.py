@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 
-from clustercheck.checks import lightning
+from clustercheck.checks import lightning, registry
 from clustercheck.model import CheckResult, Status
 from clustercheck.run.fanout import fanout
 from clustercheck.stages import Context, Member, launch, remote, torchjob
@@ -45,7 +45,7 @@ def run(members: list[Member], ctx: Context) -> list[CheckResult]:
         why = f"Lightning does not import on {', '.join(str(h) for h in missing)}"
         return [
             *results,
-            CheckResult(
+            registry.emit(
                 lightning.NAME,
                 status,
                 f"{lightning.NAME} {'failed' if required else 'skipped'}: {why}",
@@ -58,7 +58,7 @@ def run(members: list[Member], ctx: Context) -> list[CheckResult]:
     if len(per_node) > 1:
         return [
             *results,
-            CheckResult(
+            registry.emit(
                 lightning.NAME,
                 Status.FAIL,
                 f"Lightning needs the same number of devices on every node; these nodes have {sorted(per_node)}",
@@ -69,5 +69,5 @@ def run(members: list[Member], ctx: Context) -> list[CheckResult]:
     try:
         outcome = torchjob.run(members, "lightning", ctx, worker_args=args)
     except (launch.LaunchError, TransportError, OSError) as exc:
-        return [*results, CheckResult(lightning.NAME, Status.ERROR, f"{lightning.NAME}: {exc}")]
+        return [*results, registry.emit(lightning.NAME, Status.ERROR, f"{lightning.NAME}: {exc}")]
     return results + torchjob.judged([lightning.evaluate(outcome.records, outcome.world_size, len(members))], outcome)

@@ -38,9 +38,15 @@ def pick_ephemeral_port(rng: random.Random | None = None) -> int:
 
 
 def mesh_args(
-    me: str, peers: list[network.Peer], ports: list[int], duration: float, barrier: tuple[str, str, float] | None = None
+    me: str,
+    peers: list[network.Peer],
+    ports: list[int],
+    duration: float,
+    barrier: tuple[str, str, float] | None = None,
+    perf: tuple[int, tuple[str, ...]] | None = None,
 ) -> list[str]:
-    """The probe's arguments on node ME. BARRIER: (ready file, go file, seconds to wait for the go file)."""
+    """The probe's arguments on node ME. BARRIER: (ready file, go file, seconds to wait for the go file). PERF:
+    (port, measurements) for the perf rounds (network.plan()); none when no measurement is wanted."""
     args = ["mesh", "--self", me, "--duration", f"{duration:g}"]
     for peer in peers:
         args += ["--peer", f"{peer.name}={peer.address}"]
@@ -51,6 +57,10 @@ def mesh_args(
     if barrier:
         ready, go, wait = barrier
         args += ["--ready-file", ready, "--go-file", go, "--ready-timeout", f"{wait:g}"]
+    if perf and perf[1]:
+        args += ["--perf-port", str(perf[0])]
+        for measurement in perf[1]:
+            args += ["--measure", measurement]
     return args
 
 
@@ -102,6 +112,7 @@ def run(members: list[Member], ctx: Context) -> list[CheckResult]:
     peers = [network.Peer(m.name, m.address, m.hostname) for m in members]
     records: dict[str, dict] = {}
     errors: dict[str, str] = {}
+    measure = network.plan(config.selection.check_selected)  # a deselected check costs no perf round
     wait = ready_timeout(len(members))
     window = connect_window(config.network_duration, len(members))
 
@@ -111,10 +122,13 @@ def run(members: list[Member], ctx: Context) -> list[CheckResult]:
 
     def probe(m: Member) -> None:
         ready, go = files(m)
-        args = mesh_args(m.name, peers, [config.master_port, port], window, (ready, go, wait + GO_SLACK))
-        args += ["--perf-port", str(perf_port)]
+        args = mesh_args(
+            m.name, peers, [config.master_port, port], window, (ready, go, wait + GO_SLACK), (perf_port, measure)
+        )
         command = remote.command(m.facts.python, m.transport.workdir, "netprobe", *args)
-        answer = m.transport.run(command, timeout=wait + GO_SLACK + window + perf_time(len(members)) + 30)
+        answer = m.transport.run(
+            command, timeout=wait + GO_SLACK + window + (perf_time(len(members)) if measure else 0) + 30
+        )
         (config.host_dir(m.name) / "network.json").write_text(answer.stdout)
         (config.host_dir(m.name) / "network.stderr").write_text(answer.stderr)
         try:
@@ -170,6 +184,7 @@ def run(members: list[Member], ctx: Context) -> list[CheckResult]:
         cidr=cluster_network(members),
         not_ready=not_ready,
         ready_after=ready_after,
+        measure=measure,
     )
     if len(members) == 1:  # one node: the ranks meet on 127.0.0.1 whatever the hostname resolves to
         name = members[0].name

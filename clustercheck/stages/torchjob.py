@@ -18,6 +18,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
+from clustercheck.checks import registry
 from clustercheck.model import CheckResult, Status
 from clustercheck.run.fanout import fanout
 from clustercheck.stages import Context, Member, launch, remote, rootcause, watchdog
@@ -307,7 +308,7 @@ def judged(results: list[CheckResult], outcome: JobOutcome) -> list[CheckResult]
         ):
             # A check of a node the failure does not name: it could not run to the end there, through no fault of
             # that node's; its result is kept, as a SKIP saying why.
-            r = CheckResult(
+            r = registry.emit(
                 r.name,
                 Status.SKIP,
                 f"{r.host}: {r.name} did not run to the end: {outcome.failure}",
@@ -316,7 +317,7 @@ def judged(results: list[CheckResult], outcome: JobOutcome) -> list[CheckResult]
             )
         elif r.status in (Status.FAIL, Status.ERROR, Status.SKIP):
             where = f"{r.host}: " if r.host else ""
-            r = CheckResult(
+            r = registry.emit(
                 r.name,
                 Status.FAIL,
                 f"{where}{r.name} did not complete: {outcome.failure}",

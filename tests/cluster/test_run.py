@@ -118,6 +118,23 @@ def test_hashed_known_hosts_entries_are_understood(cluster, tmp_path):
     assert all(checks_of(proc)[("connect", n.name)]["status"] == "PASS" for n in cluster.nodes)
 
 
+def test_a_skipped_network_measurement_is_not_made_on_the_nodes(cluster, tmp_path):
+    """--skip network.rtt: the probes on the nodes make no round trip (their records have none), and network.rtt
+    is SKIP in the usual shape while network.throughput is judged."""
+    args = ["--only", "network", "--skip", "network.rtt", "--format", "json", "--master-port", "29631"]
+    proc = clustercheck(cluster, tmp_path, *args)
+    assert "Traceback" not in proc.stderr
+    checks = checks_of(proc)
+    rtt = checks[("network.rtt", None)]
+    assert rtt["status"] == "SKIP" and rtt["message"] == "network.rtt skipped: not selected (--skip network.rtt)"
+    assert checks[("network.throughput", None)]["status"] in ("PASS", "WARN"), checks[("network.throughput", None)]
+    made = []
+    for node in cluster.nodes:
+        record = json.loads((tmp_path / "run" / "hosts" / node.name / "network.json").read_text().splitlines()[-1])
+        made += [e for e in record["perf"] if not e.get("served") and "error" not in e]
+    assert made and all("out_mbps" in e and "rtt_ms" not in e for e in made), made
+
+
 def test_a_timed_out_torch_job_is_killed_on_every_node(torch_cluster, tmp_path):
     proc = clustercheck(torch_cluster, tmp_path, "--timeout", "1", "--format", "json", "--master-port", "29641")
     assert proc.returncode == 1

@@ -144,6 +144,8 @@ def test_clock_offsets_within_the_bound():
     nodes[2].clock_offset = 2.0
     late = consistency.clocks(nodes, config)
     assert late.status is Status.FAIL and "n2 is +1.990 s" in late.message
+    offsets = {m.labels["host"]: (m.metric.name, m.value) for m in late.measures}  # typed, for the metrics
+    assert offsets == {f"n{i}": ("clock_offset_seconds", o) for i, o in enumerate((0.01, -0.02, 2.0))}
 
 
 def test_junit_has_a_suite_per_host_and_a_case_per_check():

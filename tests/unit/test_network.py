@@ -5,7 +5,11 @@ from __future__ import annotations
 import copy
 import json
 import random
+import subprocess
+import sys
 from pathlib import Path
+
+import pytest
 
 from clustercheck.checks import network, registry
 from clustercheck.model import Status
@@ -298,3 +302,44 @@ def test_a_name_resolving_to_loopback_is_named_with_the_address_found_in_the_fix
     (failing,) = [r for r in named(evaluate(records), "network.resolve") if r.status is Status.FAIL]
     assert "node2 resolves to loopback 127.0.0.1" in failing.message
     assert "remove the '127.0.0.1 node2' line(s)" in failing.remediation and "127.0.1.1" not in failing.remediation
+
+
+def test_the_probe_is_told_the_measurements_of_the_selected_checks_only():
+    assert network.plan(lambda name: True) == ("rtt", "throughput")
+    assert network.plan(lambda name: name != "network.rtt") == ("throughput",)
+    assert network.plan(lambda name: not name.startswith("network.")) == ()
+    peers = [network.Peer("a", "10.0.0.1"), network.Peer("b", "10.0.0.2")]
+    command = stage.mesh_args("a", peers, [29500], 8, perf=(50000, ("throughput",)))
+    assert command[-4:] == ["--perf-port", "50000", "--measure", "throughput"]
+    assert "--perf-port" not in stage.mesh_args("a", peers, [29500], 8, perf=(50000, ()))
+
+
+def test_a_check_whose_measurement_was_not_made_is_skip_and_the_other_is_judged():
+    records = load("netprobe-healthy.json")
+    for record in records.values():
+        for entry in record["perf"]:
+            entry.pop("rtt_ms", None)
+    rtt, throughput = network.perf_checks(records, ("throughput",))
+    assert rtt.status is Status.SKIP and throughput.status is Status.PASS
+    assert "median of 6 transfers, 3 pairs" in throughput.message
+
+
+@pytest.mark.parametrize(
+    ("measure", "made", "not_made"), [("throughput", "out_mbps", "rtt_ms"), ("rtt", "rtt_ms", "out_mbps")]
+)
+def test_the_probe_makes_only_the_measurements_it_is_told(measure, made, not_made):
+    """Two real probes on this machine (127.0.0.1 and 127.0.0.2), told one measurement: the other is not made."""
+    rng = random.Random(measure)
+    ports = [str(stage.pick_ephemeral_port(rng)) for _ in range(2)]
+    peers = ["--peer", "a=127.0.0.1", "--peer", "b=127.0.0.2", "--port", ports[0]]
+    probe = [sys.executable, "-m", "clustercheck.remote.netprobe", "mesh", "--duration", "3", *peers]
+    probes = [
+        subprocess.Popen(
+            [*probe, "--self", me, "--perf-port", ports[1], "--measure", measure], stdout=subprocess.PIPE, text=True
+        )
+        for me in ("a", "b")
+    ]
+    records = [json.loads(p.communicate(timeout=60)[0].splitlines()[-1]) for p in probes]
+    entries = [e for r in records for e in r["perf"] if not e.get("served")]
+    assert len(entries) == 1 and "error" not in entries[0], entries
+    assert entries[0][made] > 0 and not_made not in entries[0]

@@ -520,3 +520,24 @@ def test_a_node_that_cannot_be_cleaned_up_is_named_with_the_reason(tmp_path):
         "deadline, and the next run stops whatever is left"
     )
     assert cli.cleanup_message({}) == "processes started on the nodes were stopped"
+
+
+def _mesh_commands(cluster: Cluster) -> list[list[str]]:
+    return [c for t in cluster.transports.values() for c in t.commands if "netprobe" in c and "mesh" in c]
+
+
+def test_a_skipped_network_measurement_is_not_made_and_reported_skip_as_usual(tmp_path):
+    cluster = Cluster()
+    outcome = cluster.run(tmp_path, selection=Selection(only=("network",), skip=("network.rtt", "local.*")))
+    for command in _mesh_commands(cluster):  # the probe is told to measure throughput only: no RTT round
+        assert [command[i + 1] for i, word in enumerate(command) if word == "--measure"] == ["throughput"]
+    results = by_key(outcome.results)
+    rtt = results[("network.rtt", None)]
+    assert rtt.status is Status.SKIP and rtt.message == "network.rtt skipped: not selected (--skip network.rtt)"
+    assert results[("network.throughput", None)].status is Status.PASS
+
+    both = Cluster()
+    outcome = both.run(tmp_path / "both", selection=Selection(only=("network",), skip=("network.rtt", "network.th*")))
+    assert _mesh_commands(both) and not any("--perf-port" in c for c in _mesh_commands(both))  # no perf round
+    assert by_key(outcome.results)[("network.throughput", None)].status is Status.SKIP
+    assert by_key(outcome.results)[("network.tcp", None)].status is Status.PASS

@@ -16,7 +16,7 @@ from harness import real_results
 
 from clustercheck import report
 from clustercheck.checks import network, registry
-from clustercheck.model import CheckResult, Status
+from clustercheck.model import CheckResult, Metric, Status
 from clustercheck.report import FORMAT_NAMES, Report, markdown, prometheus
 
 RECORDS = Path(__file__).parent / "records"
@@ -336,3 +336,14 @@ def test_a_skipped_ddp_stage_is_named_in_the_verdict_with_the_option_that_skippe
         "NOT VERIFIED for multi-node PyTorch: network, collectives passed; ddp did not run (not selected (--skip ddp))"
     )
     assert document.next_step == "run the same command without --skip ddp to verify ddp"
+
+
+def test_prometheus_takes_its_metrics_from_the_measures_and_knows_no_check_by_name(tmp_path):
+    depth = Metric("queue_depth_bytes", "bytes", "A new check's measured value.")
+    new = CheckResult("gpu.new", Status.PASS, "m", host="node1", measures=depth.of(4096, host="node1"))
+    text = prometheus.render(Report([new], ["node1"]))
+    assert promtool(text, tmp_path).returncode == 0
+    assert ("clustercheck_queue_depth_bytes", {"host": "node1"}, 4096) in samples(text)
+    assert "# HELP clustercheck_queue_depth_bytes A new check's measured value." in text.splitlines()
+    source = Path(prometheus.__file__).read_text()
+    assert [name for name in registry.REGISTRY if f'"{name}"' in source] == []
