@@ -11,7 +11,6 @@ from clustercheck.facts.model import (
     Address,
     Firewall,
     LaunchSetting,
-    Memlock,
     NodeFacts,
     Package,
     Space,
@@ -38,14 +37,6 @@ def build(
 
     def command(name: str) -> dict[str, Any]:
         return commands.get(name) or {"error": "not collected"}
-
-    def section(name: str) -> dict[str, Any] | None:
-        value = raw.get(name)
-        if not isinstance(value, dict) or not value or "error" in value:
-            missing[name] = (value or {}).get("error") if isinstance(value, dict) else None
-            missing[name] = missing[name] or COULD_NOT_COLLECT
-            return None
-        return value
 
     facts = NodeFacts(
         node=node,
@@ -114,9 +105,6 @@ def build(
         facts.disks = known
     else:
         missing["disks"] = COULD_NOT_COLLECT
-    limit = section("memlock")
-    if limit:
-        facts.memlock = Memlock(limit.get("soft"), limit.get("hard"))
     _hardware_and_environment(facts)
     return facts
 

@@ -136,6 +136,10 @@ class Memlock:
     soft: int | None  # None: unlimited
     hard: int | None
 
+    @classmethod
+    def from_probe(cls, value: dict[str, Any]) -> Memlock:
+        return cls(value["soft"], value["hard"])
+
 
 @dataclass(frozen=True)
 class Hostname:
@@ -343,7 +347,7 @@ class NodeFacts:
     mtus: dict[str, int] | None = fact(node.mtus, mtus_by_iface)
     shm: Space | None = fact(node.shm, Space.from_probe)
     disks: list[Space] | None = None
-    memlock: Memlock | None = None
+    memlock: Memlock | None = fact(node.memlock, Memlock.from_probe)
     hostname: Hostname | None = fact(node.hostname_facts, Hostname.from_probe)
     packages: Packages | None = fact(node.packages, Packages.from_probe)
     launch_env: list[LaunchSetting] | None = None

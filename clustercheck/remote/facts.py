@@ -292,6 +292,7 @@ def shm():
     return disk_free("/dev/shm")
 
 
+@fact("memlock")
 def memlock():
     soft, hard = resource.getrlimit(resource.RLIMIT_MEMLOCK)
     return {
@@ -497,7 +498,6 @@ def main():
         "python": {"executable": sys.executable, "version": platform.python_version()},
         "disk_root": probe(lambda: disk_free("/")),
         "disk_tmp": probe(lambda: disk_free(tempfile.gettempdir())),
-        "memlock": probe(memlock),
         "launch_files": probe(launch_files),
         "gpu_bridges": probe(gpu_bridges),
     }
