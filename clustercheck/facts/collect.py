@@ -10,18 +10,13 @@ from clustercheck.facts.model import (
     COULD_NOT_COLLECT,
     Address,
     Firewall,
-    Hostname,
     LaunchSetting,
-    Memlock,
-    NetDev,
     NodeFacts,
-    OsInfo,
     Package,
-    Packages,
-    RdmaPort,
     Space,
     TimeSync,
     Torch,
+    declared,
 )
 from clustercheck.inventory import Node
 
@@ -43,14 +38,6 @@ def build(
     def command(name: str) -> dict[str, Any]:
         return commands.get(name) or {"error": "not collected"}
 
-    def section(name: str) -> dict[str, Any] | None:
-        value = raw.get(name)
-        if not isinstance(value, dict) or not value or "error" in value:
-            missing[name] = (value or {}).get("error") if isinstance(value, dict) else None
-            missing[name] = missing[name] or COULD_NOT_COLLECT
-            return None
-        return value
-
     facts = NodeFacts(
         node=node,
         python=python,
@@ -63,10 +50,15 @@ def build(
         raw=raw,
     )
     facts.python_version = (raw.get("python") or {}).get("version")
-
-    info = section("os")
-    if info:
-        facts.os = OsInfo(**{k: info.get(k) for k in OsInfo.__dataclass_fields__})
+    for name, declaration in declared().items():
+        value = raw.get(declaration.key, {"error": COULD_NOT_COLLECT})
+        if isinstance(value, dict) and set(value) == {"error"}:  # the probe failed: what it said
+            missing[name] = str(value["error"] or COULD_NOT_COLLECT)
+            continue
+        try:
+            setattr(facts, name, declaration.parse(value))
+        except (TypeError, ValueError, KeyError, AttributeError):
+            missing[name] = COULD_NOT_COLLECT
 
     facts.torch = _torch(raw.get("torch"), missing)
     probed = (raw.get("torch") or {}).get("packages") if isinstance(raw.get("torch"), dict) else None
@@ -91,8 +83,6 @@ def build(
         missing["kernel_log"] = log.get("error") or _last_line(log) or COULD_NOT_COLLECT
 
     facts.fabricmanager = command("fabricmanager").get("out", "").strip() or None
-    switches = raw.get("nvswitches")
-    facts.nvswitches = switches if isinstance(switches, int) else None
 
     facts.time = _time(command("timedatectl"), command("chronyc"))
     state = parse.firewall_state(command("ufw"), command("nft"), command("iptables"))
@@ -105,14 +95,8 @@ def build(
         missing["addresses"] = addr.get("error") or _last_line(addr) or COULD_NOT_COLLECT
     route = command("ip_route")
     facts.default_route = route.get("out", "") if route.get("rc") == 0 else None
-    mtus = raw.get("mtu")
-    if isinstance(mtus, dict) and "error" not in mtus:
-        facts.mtus = {k: v for k, v in mtus.items() if isinstance(v, int)}
     facts.interface, facts.interface_how = cluster_interface(facts)
 
-    shm = section("shm")
-    if shm:
-        facts.shm = Space(shm["path"], shm["free_bytes"], shm["total_bytes"])
     disks = [raw.get("disk_root"), raw.get("disk_tmp")]
     known = [
         Space(d["path"], d["free_bytes"], d["total_bytes"]) for d in disks if isinstance(d, dict) and "free_bytes" in d
@@ -121,30 +105,13 @@ def build(
         facts.disks = known
     else:
         missing["disks"] = COULD_NOT_COLLECT
-    limit = section("memlock")
-    if limit:
-        facts.memlock = Memlock(limit.get("soft"), limit.get("hard"))
-    _hardware_and_environment(facts, section)
-    name = raw.get("hostname")
-    if isinstance(name, dict) and name:
-        facts.hostname = Hostname(name.get("hostname", "?"), list(name.get("addresses") or []), name.get("error"))
-    else:
-        missing["hostname"] = COULD_NOT_COLLECT
+    _hardware_and_environment(facts)
     return facts
 
 
-def _hardware_and_environment(facts: NodeFacts, section) -> None:
-    """Packages, launch environment files, network devices, RDMA ports, kernel modules and command line."""
+def _hardware_and_environment(facts: NodeFacts) -> None:
+    """Launch environment files, NVLink and the GPUs' PCIe bridges."""
     raw = facts.raw
-    packages = section("packages")
-    if packages:
-        pip = packages.get("pip") if isinstance(packages.get("pip"), dict) else {}
-        conda = packages.get("conda") if isinstance(packages.get("conda"), dict) else None
-        facts.packages = Packages(
-            {_dist_name(k): str(v) for k, v in pip.items()},
-            {str(k): str(v) for k, v in conda.items()} if conda is not None else None,
-            packages.get("prefix"),
-        )
     files = raw.get("launch_files")
     if isinstance(files, dict) and "error" not in files:
         settings = []
@@ -159,40 +126,6 @@ def _hardware_and_environment(facts: NodeFacts, section) -> None:
             facts.missing["launch_env"] = f"could not read {', '.join(unreadable)}"
     else:
         facts.missing["launch_env"] = _why(files)
-    devs = raw.get("netdevs")
-    if isinstance(devs, dict) and "error" not in devs:
-        facts.netdevs = {
-            name: NetDev(
-                name, parse._int(str(d.get("type"))), bool(d.get("bridge")), bool(d.get("virtual")), d.get("operstate")
-            )
-            for name, d in devs.items()
-            if isinstance(d, dict)
-        }
-    else:
-        facts.missing["netdevs"] = _why(devs)
-    ib = raw.get("infiniband")
-    if isinstance(ib, dict) and "error" not in ib:
-        facts.rdma_ports = [
-            RdmaPort(
-                device,
-                port,
-                parse.ib_field(p.get("state")),
-                parse.ib_field(p.get("phys_state")),
-                p.get("rate"),
-                parse.ib_rate_gbps(p.get("rate")),
-                p.get("link_layer"),
-            )
-            for device, ports in sorted(ib.items())
-            if isinstance(ports, dict)
-            for port, p in sorted(ports.items())
-        ]
-    else:
-        facts.missing["rdma_ports"] = _why(ib)
-    modules = raw.get("modules")
-    if isinstance(modules, list):
-        facts.modules = [str(m) for m in modules]
-    else:
-        facts.missing["modules"] = _why(modules)
     for name, parser in (("nvlink", parse.parse_nvlink_status), ("nvlink_errors", parse.parse_nvlink_errors)):
         answer = (raw.get("commands") or {}).get(name) or {}
         if answer.get("rc") == 0:
@@ -214,24 +147,11 @@ def _hardware_and_environment(facts: NodeFacts, section) -> None:
         facts.missing["gpu_bridges"] = _why(bridges)
     virt = (raw.get("commands") or {}).get("virt") or {}
     facts.virt = (virt.get("out") or "").strip() or None
-    facts.dcgmi = raw.get("dcgmi") if isinstance(raw.get("dcgmi"), str) else None
-    cmdline = raw.get("cmdline")
-    if isinstance(cmdline, str):
-        facts.cmdline = cmdline
-    else:
-        facts.missing["cmdline"] = _why(cmdline)
 
 
 def _why(value: Any) -> str:
     """Why a probe's value is missing: its recorded error, else "could not collect"."""
     return str(value.get("error") or COULD_NOT_COLLECT) if isinstance(value, dict) else COULD_NOT_COLLECT
-
-
-def _dist_name(name: str) -> str:
-    """A distribution's canonical name (PEP 503), so nodes that spell it differently compare equal."""
-    import re
-
-    return re.sub(r"[-_.]+", "-", str(name)).lower()
 
 
 def _last_line(out: dict[str, Any]) -> str | None:

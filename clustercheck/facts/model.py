@@ -1,19 +1,84 @@
-"""The typed facts of one node, as every check reads them.
+"""The typed facts of one node, as every check reads them, and the declaration of each fact.
 
 A field is None when it could not be collected; `missing[field]` then says why. Checks read fields, never the
 collector's raw JSON (kept in `raw` for the run directory only).
+
+A per-node fact is declared once, as its NodeFacts field: `memlock: Memlock | None = fact(node.memlock,
+Memlock.from_probe)` names the node-side probe (clustercheck/remote/facts.py, where `@fact("memlock")` gives the
+key it reports under) and the parser that turns the probe's value into the field's type. The collector
+(collect.build) fills every declared field from these declarations; the tests check every declaration against
+the node side and the recorded outputs.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field, fields
 from ipaddress import IPv4Interface, IPv6Interface
 from typing import Any
 
-from clustercheck.facts.parse import NvidiaSmi
 from clustercheck.inventory import Node
+from clustercheck.remote import facts as node
 
 COULD_NOT_COLLECT = "could not collect"
+
+
+@dataclass(frozen=True)
+class Fact:
+    """A fact the collector reports under a key of its own: the node-side function that gathers it and the
+    parser of its value (which raises TypeError, ValueError, KeyError or AttributeError on a value it cannot
+    read: "could not collect")."""
+
+    probe: Callable[[], Any]
+    parse: Callable[[Any], Any]
+
+    @property
+    def key(self) -> str:
+        """The key the node side reports this fact under (its @fact declaration)."""
+        keys = [key for key, function in node.PROBES.items() if function is self.probe]
+        if len(keys) != 1:
+            raise LookupError(f"{self.probe.__name__} is not declared with @fact in clustercheck/remote/facts.py")
+        return keys[0]
+
+
+def fact(probe: Callable[[], Any], parse: Callable[[Any], Any]) -> Any:
+    """A NodeFacts field filled from PROBE's value by PARSE; None (and why, in `missing`) when it failed."""
+    return field(default=None, metadata={"fact": Fact(probe, parse)})
+
+
+# nvidia-smi -q, parsed (parse.parse_nvidia_smi_q)
+@dataclass
+class Gpu:
+    bus_id: str
+    name: str | None = None
+    persistence: str | None = None  # "Enabled" / "Disabled"
+    ecc_uncorrected: int | None = None  # volatile uncorrectable errors since the driver loaded
+    throttle_active: list[str] = field(default_factory=list)  # hardware-protection reasons only
+    fabric_state: str | None = None  # "Completed" on a healthy NVSwitch board
+    fabric_status: str | None = None
+    processes: list[str] = field(default_factory=list)  # "pid name"
+    uuid: str | None = None
+    serial: str | None = None
+    vbios: str | None = None
+    pcie_gen: int | None = None  # current PCIe link generation (GPUs lower it at idle to save power)
+    pcie_gen_max: int | None = None  # what GPU and host both support ("Max", or "Host Max"/"Device Max")
+    pcie_width: int | None = None  # current link width (lanes)
+    pcie_width_max: int | None = None
+    remap_pending: bool | None = None  # "Remapped Rows/Pending": a GPU reset applies the remap
+    remap_failure: bool | None = None  # "Remapping Failure Occurred": the GPU ran out of spare rows
+    remapped_uncorrectable: int | None = None
+    power_limit_w: float | None = None  # the enforced power cap
+    power_default_w: float | None = None  # the board's default power limit
+    app_clocks_mhz: dict[str, int] = field(default_factory=dict)  # Applications Clocks (Graphics, Memory)
+    app_clocks_default_mhz: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass
+class NvidiaSmi:
+    driver: str | None = None
+    cuda: str | None = None
+    gpus: list[Gpu] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -50,6 +115,10 @@ class OsInfo:
     cpus: int | None
     mem_total_bytes: int | None
 
+    @classmethod
+    def from_probe(cls, value: dict[str, Any]) -> OsInfo:
+        return cls(**{k: value.get(k) for k in cls.__dataclass_fields__})
+
 
 @dataclass(frozen=True)
 class Space:
@@ -57,11 +126,19 @@ class Space:
     free_bytes: int
     total_bytes: int
 
+    @classmethod
+    def from_probe(cls, value: dict[str, Any]) -> Space:
+        return cls(value["path"], value["free_bytes"], value["total_bytes"])
+
 
 @dataclass(frozen=True)
 class Memlock:
     soft: int | None  # None: unlimited
     hard: int | None
+
+    @classmethod
+    def from_probe(cls, value: dict[str, Any]) -> Memlock:
+        return cls(value["soft"], value["hard"])
 
 
 @dataclass(frozen=True)
@@ -69,6 +146,10 @@ class Hostname:
     name: str
     addresses: list[str]  # what the name resolves to on the node; empty when it does not resolve
     error: str | None = None
+
+    @classmethod
+    def from_probe(cls, value: dict[str, Any]) -> Hostname:
+        return cls(value.get("hostname", "?"), list(value.get("addresses") or []), value.get("error"))
 
 
 @dataclass(frozen=True)
@@ -99,6 +180,21 @@ class Packages:
     conda: dict[str, str] | None  # conda package -> "version=build" in a conda environment, else None
     prefix: str | None = None
 
+    @classmethod
+    def from_probe(cls, value: dict[str, Any]) -> Packages:
+        pip = value.get("pip") if isinstance(value.get("pip"), dict) else {}
+        conda = value.get("conda") if isinstance(value.get("conda"), dict) else None
+        return cls(
+            {_dist_name(k): str(v) for k, v in pip.items()},
+            {str(k): str(v) for k, v in conda.items()} if conda is not None else None,
+            value.get("prefix"),
+        )
+
+
+def _dist_name(name: str) -> str:
+    """A distribution's canonical name (PEP 503), so nodes that spell it differently compare equal."""
+    return re.sub(r"[-_.]+", "-", str(name)).lower()
+
 
 @dataclass(frozen=True)
 class LaunchSetting:
@@ -123,6 +219,22 @@ class NetDev:
         return self.type == 772 or self.name == "lo"
 
 
+def netdevs_by_name(value: dict[str, Any]) -> dict[str, NetDev]:
+    """The collector's `netdevs` (each interface's sysfs type, bridge, virtual and operstate) by name."""
+    return {
+        name: NetDev(name, _int(d.get("type")), bool(d.get("bridge")), bool(d.get("virtual")), d.get("operstate"))
+        for name, d in value.items()
+        if isinstance(d, dict)
+    }
+
+
+def _int(text: Any) -> int | None:
+    try:
+        return int(str(text))
+    except ValueError:
+        return None
+
+
 @dataclass(frozen=True)
 class RdmaPort:
     device: str  # mlx5_0
@@ -140,6 +252,62 @@ class RdmaPort:
     @property
     def active(self) -> bool:
         return self.state == "ACTIVE" and self.phys_state == "LinkUp"
+
+
+def rdma_ports_of(value: dict[str, Any]) -> list[RdmaPort]:
+    """The collector's `infiniband` (/sys/class/infiniband/DEVICE/ports/PORT/{state,phys_state,rate,link_layer})
+    as ports; [] where the node has no RDMA device."""
+    return [
+        RdmaPort(
+            device,
+            port,
+            ib_field(p.get("state")),
+            ib_field(p.get("phys_state")),
+            p.get("rate"),
+            ib_rate_gbps(p.get("rate")),
+            p.get("link_layer"),
+        )
+        for device, ports in sorted(value.items())
+        if isinstance(ports, dict)
+        for port, p in sorted(ports.items())
+    ]
+
+
+def ib_field(text: str | None) -> str | None:
+    """/sys/class/infiniband/*/ports/*/state is "4: ACTIVE", phys_state "5: LinkUp": the name part."""
+    if text is None:
+        return None
+    return text.split(":", 1)[-1].strip() or None
+
+
+def ib_rate_gbps(text: str | None) -> float | None:
+    """'400 Gb/sec (4X NDR)' -> 400.0."""
+    match = re.match(r"\s*([\d.]+)\s*Gb/sec", text or "")
+    return float(match[1]) if match else None
+
+
+def mtus_by_iface(value: dict[str, Any]) -> dict[str, int]:
+    return {k: v for k, v in value.items() if isinstance(v, int)}
+
+
+def strings(value: list[Any]) -> list[str]:
+    if not isinstance(value, list):
+        raise TypeError(f"a list was expected, not {type(value).__name__}")
+    return [str(v) for v in value]
+
+
+def text(value: str) -> str:
+    if not isinstance(value, str):
+        raise TypeError(f"a string was expected, not {type(value).__name__}")
+    return value
+
+
+def count(value: Any) -> int | None:
+    return value if isinstance(value, int) else None
+
+
+def path(value: Any) -> str | None:
+    return value if isinstance(value, str) else None
 
 
 @dataclass(frozen=True)
@@ -164,36 +332,36 @@ class NodeFacts:
     clock_offset: float | None = None  # node clock minus control clock, seconds
     clock_uncertainty: float | None = None
     python_version: str | None = None
-    os: OsInfo | None = None
+    os: OsInfo | None = fact(node.os_facts, OsInfo.from_probe)
     torch: Torch | None = None
     imports: list[Package] = field(default_factory=list)  # torchvision, python_env_packages: the torch probe
     smi: NvidiaSmi | None = None  # nvidia-smi -q; None when nvidia-smi is not there or failed
     smi_error: str | None = None  # why nvidia-smi gave nothing (not found, or its last line)
     kernel_log: str | None = None
     fabricmanager: str | None = None  # `systemctl is-active nvidia-fabricmanager`
-    nvswitches: int | None = None
+    nvswitches: int | None = fact(node.nvswitches, count)
     time: TimeSync | None = None
     firewall: Firewall | None = None
     addresses: list[Address] | None = None
     default_route: str | None = None  # `ip route get` output
-    mtus: dict[str, int] | None = None
-    shm: Space | None = None
+    mtus: dict[str, int] | None = fact(node.mtus, mtus_by_iface)
+    shm: Space | None = fact(node.shm, Space.from_probe)
     disks: list[Space] | None = None
-    memlock: Memlock | None = None
-    hostname: Hostname | None = None
-    packages: Packages | None = None
+    memlock: Memlock | None = fact(node.memlock, Memlock.from_probe)
+    hostname: Hostname | None = fact(node.hostname_facts, Hostname.from_probe)
+    packages: Packages | None = fact(node.packages, Packages.from_probe)
     launch_env: list[LaunchSetting] | None = None
-    netdevs: dict[str, NetDev] | None = None
-    rdma_ports: list[RdmaPort] | None = None  # [] where the node has no RDMA device
-    modules: list[str] | None = None  # loaded kernel modules
-    cmdline: str | None = None  # /proc/cmdline
+    netdevs: dict[str, NetDev] | None = fact(node.netdevs, netdevs_by_name)
+    rdma_ports: list[RdmaPort] | None = fact(node.infiniband, rdma_ports_of)  # [] where the node has no RDMA device
+    modules: list[str] | None = fact(node.kernel_modules, strings)  # loaded kernel modules
+    cmdline: str | None = fact(node.cmdline, text)  # /proc/cmdline
     nvlink: dict[str, dict[str, Any]] | None = None  # nvidia-smi nvlink -s, parsed (parse.parse_nvlink_status)
     nvlink_errors: dict[str, dict[str, Any]] | None = None  # nvidia-smi nvlink -e (parse.parse_nvlink_errors)
     gpu_bridges: dict[str, list[str]] | None = None  # GPU BDF -> the bridges above it, root complex first
     gpu_iommu: dict[str, str] = field(default_factory=dict)  # GPU BDF -> IOMMU domain type (identity, DMA, ...)
     acs: dict[str, Any] = field(default_factory=dict)  # bridge BDF -> parse.parse_acs_control of its lspci -vvv
     virt: str | None = None  # systemd-detect-virt --vm: none, kvm, microsoft, ...
-    dcgmi: str | None = None  # where dcgmi is installed
+    dcgmi: str | None = fact(node.dcgmi, path)  # where dcgmi is installed
     dcgm: DcgmDiag | None = None  # set by the core stage when --dcgm-level asks for it
     interface: str | None = None  # the cluster interface, chosen once (see collect.cluster_interface)
     interface_how: str = "not found"
@@ -230,3 +398,8 @@ class NodeFacts:
 
     def why_missing(self, name: str) -> str:
         return self.missing.get(name, COULD_NOT_COLLECT)
+
+
+def declared() -> dict[str, Fact]:
+    """Every declared fact, by the NodeFacts field it fills."""
+    return {f.name: f.metadata["fact"] for f in fields(NodeFacts) if "fact" in f.metadata}

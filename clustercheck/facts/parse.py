@@ -8,47 +8,16 @@ from __future__ import annotations
 
 import ipaddress
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
+
+from clustercheck.facts.model import Gpu, NvidiaSmi
 
 # Throttle reasons that say the hardware protects itself; the others (Idle, application clocks,
 # power cap under load, sync boost) are normal operation.
 BAD_THROTTLE = ("HW Slowdown", "HW Thermal Slowdown", "HW Power Brake Slowdown", "SW Thermal Slowdown")
 GPU_HEADER = re.compile(r"^GPU [0-9A-Fa-f]+:[0-9A-Fa-f]+:[0-9A-Fa-f]+\.[0-9A-Fa-f]+$")
 XID_RE = re.compile(r"NVRM: Xid \((?P<pci>[^)]*)\): (?P<xid>\d+)")
-
-
-@dataclass
-class Gpu:
-    bus_id: str
-    name: str | None = None
-    persistence: str | None = None  # "Enabled" / "Disabled"
-    ecc_uncorrected: int | None = None  # volatile uncorrectable errors since the driver loaded
-    throttle_active: list[str] = field(default_factory=list)  # hardware-protection reasons only
-    fabric_state: str | None = None  # "Completed" on a healthy NVSwitch board
-    fabric_status: str | None = None
-    processes: list[str] = field(default_factory=list)  # "pid name"
-    uuid: str | None = None
-    serial: str | None = None
-    vbios: str | None = None
-    pcie_gen: int | None = None  # current PCIe link generation (GPUs lower it at idle to save power)
-    pcie_gen_max: int | None = None  # what GPU and host both support ("Max", or "Host Max"/"Device Max")
-    pcie_width: int | None = None  # current link width (lanes)
-    pcie_width_max: int | None = None
-    remap_pending: bool | None = None  # "Remapped Rows/Pending": a GPU reset applies the remap
-    remap_failure: bool | None = None  # "Remapping Failure Occurred": the GPU ran out of spare rows
-    remapped_uncorrectable: int | None = None
-    power_limit_w: float | None = None  # the enforced power cap
-    power_default_w: float | None = None  # the board's default power limit
-    app_clocks_mhz: dict[str, int] = field(default_factory=dict)  # Applications Clocks (Graphics, Memory)
-    app_clocks_default_mhz: dict[str, int] = field(default_factory=dict)
-
-
-@dataclass
-class NvidiaSmi:
-    driver: str | None = None
-    cuda: str | None = None
-    gpus: list[Gpu] = field(default_factory=list)
 
 
 def parse_nvidia_smi_q(text: str) -> NvidiaSmi:
@@ -288,10 +257,6 @@ def firewall_state(ufw: dict[str, Any], nft: dict[str, Any], iptables: dict[str,
     return state
 
 
-def version_key(value: Any) -> str | None:
-    return None if value in (None, "") else str(value)
-
-
 ENV_LINE = re.compile(r"^\s*(?:export\s+)?(?P<name>[A-Za-z_][A-Za-z0-9_]*)=(?P<value>.*?)\s*$")
 LAUNCH_PREFIXES = ("NCCL_", "GLOO_")
 
@@ -320,19 +285,6 @@ def parse_ifname_list(value: str) -> tuple[bool, bool, list[str]]:
     exact = value.startswith("=")
     value = value.lstrip("=")
     return exclude, exact, [n.strip() for n in value.split(",") if n.strip()]
-
-
-def ib_field(text: str | None) -> str | None:
-    """/sys/class/infiniband/*/ports/*/state is "4: ACTIVE", phys_state "5: LinkUp": the name part."""
-    if text is None:
-        return None
-    return text.split(":", 1)[-1].strip() or None
-
-
-def ib_rate_gbps(text: str | None) -> float | None:
-    """'400 Gb/sec (4X NDR)' -> 400.0."""
-    match = re.match(r"\s*([\d.]+)\s*Gb/sec", text or "")
-    return float(match[1]) if match else None
 
 
 def iommu_mode(cmdline: str) -> str:

@@ -80,6 +80,23 @@ COMMANDS = {
 }
 OUTPUT_LIMIT = 200_000
 
+# Every per-node fact the collector reports under a key of its own, declared once with @fact: its key and the
+# function that gathers it. The controller's NodeFacts names each of these functions in the field it fills
+# (clustercheck/facts/model.py); the raw outputs of COMMANDS, torch and the disk, launch-file and GPU-bridge
+# probes are read by hand there.
+PROBES = {}
+
+
+def fact(key):
+    """Declare FUNCTION as the probe of the fact reported under KEY."""
+
+    def declare(function):
+        assert key not in PROBES, key
+        PROBES[key] = function
+        return function
+
+    return declare
+
 
 def run(command, timeout=20):
     """Run a probe command; never raises."""
@@ -234,6 +251,7 @@ class TorchProbe:
             return {"error": f"the import probe printed no JSON: {lines[-1][:200]}"}
 
 
+@fact("os")
 def os_facts():
     release = {}
     with open("/etc/os-release") as fh:
@@ -269,6 +287,12 @@ def disk_free(path):
     return {"path": path, "free_bytes": st.f_bavail * st.f_frsize, "total_bytes": st.f_blocks * st.f_frsize}
 
 
+@fact("shm")
+def shm():
+    return disk_free("/dev/shm")
+
+
+@fact("memlock")
 def memlock():
     soft, hard = resource.getrlimit(resource.RLIMIT_MEMLOCK)
     return {
@@ -277,6 +301,7 @@ def memlock():
     }
 
 
+@fact("hostname")
 def hostname_facts():
     name = socket.gethostname()
     try:
@@ -287,6 +312,7 @@ def hostname_facts():
     return {"hostname": name, "addresses": addresses}
 
 
+@fact("mtu")
 def mtus():
     result = {}
     for iface in sorted(os.listdir("/sys/class/net")):
@@ -298,6 +324,7 @@ def mtus():
     return result
 
 
+@fact("nvswitches")
 def nvswitches():
     path = "/proc/driver/nvidia-nvswitch/devices"
     return len(os.listdir(path)) if os.path.isdir(path) else 0
@@ -307,6 +334,7 @@ LAUNCH_FILES = ("/etc/environment", "/etc/nccl.conf")  # and /etc/profile.d/*.sh
 FILE_LIMIT = 64_000
 
 
+@fact("packages")
 def packages():
     """The environment's Python distributions (what `pip freeze` lists) and, in a conda environment, its
     conda-meta records (what `conda list` shows), without running pip or conda."""
@@ -352,6 +380,7 @@ def launch_files():
     return files
 
 
+@fact("netdevs")
 def netdevs():
     """Every network interface: its ARP type (772 loopback, 1 Ethernet, 32 InfiniBand), whether it is a bridge
     or virtual (veth, docker0), and its state."""
@@ -371,6 +400,7 @@ def netdevs():
     return result
 
 
+@fact("infiniband")
 def infiniband():
     """RDMA ports from /sys/class/infiniband (InfiniBand and RoCE alike); {} when there are none."""
     root = "/sys/class/infiniband"
@@ -419,9 +449,21 @@ def gpu_bridges():
     return {"gpus": gpus, "lspci": lspci, "iommu": iommu}
 
 
+@fact("modules")
 def kernel_modules():
     with open("/proc/modules") as fh:
         return sorted(line.split()[0] for line in fh if line.strip())
+
+
+@fact("cmdline")
+def cmdline():
+    return read_text("/proc/cmdline").strip()
+
+
+@fact("dcgmi")
+def dcgmi():
+    """Where dcgmi is installed; None when it is not."""
+    return shutil.which("dcgmi")
 
 
 def run_all(commands):
@@ -454,25 +496,14 @@ def main():
     facts = {
         "collector": 1,
         "python": {"executable": sys.executable, "version": platform.python_version()},
-        "os": probe(os_facts),
-        "shm": probe(lambda: disk_free("/dev/shm")),
         "disk_root": probe(lambda: disk_free("/")),
         "disk_tmp": probe(lambda: disk_free(tempfile.gettempdir())),
-        "memlock": probe(memlock),
-        "hostname": probe(hostname_facts),
-        "mtu": probe(mtus),
-        "nvswitches": probe(nvswitches),
-        "packages": probe(packages),
         "launch_files": probe(launch_files),
-        "netdevs": probe(netdevs),
-        "infiniband": probe(infiniband),
-        "modules": probe(kernel_modules),
-        "cmdline": probe(lambda: read_text("/proc/cmdline").strip()),
         "gpu_bridges": probe(gpu_bridges),
-        "dcgmi": shutil.which("dcgmi"),
-        "commands": commands(),
-        "torch": {"error": "the environment's python does not exist"} if torch is None else probe(torch.result),
     }
+    facts.update((key, probe(function)) for key, function in PROBES.items())
+    facts["commands"] = commands()
+    facts["torch"] = {"error": "the environment's python does not exist"} if torch is None else probe(torch.result)
     json.dump(facts, sys.stdout)
     sys.stdout.write("\n")
     return 0

@@ -1,12 +1,22 @@
-"""Parsers of the facts collector's raw outputs, on recorded outputs."""
+"""Parsers of the facts collector's raw outputs, on recorded outputs; every declared fact against the node side
+and the recorded collector outputs."""
 
 from __future__ import annotations
 
+import ast
+import json
+import sys
 from pathlib import Path
 
+import pytest
+
+from clustercheck.facts import collect, model
 from clustercheck.facts import parse as facts
+from clustercheck.inventory import Node
+from clustercheck.remote import facts as node
 
 DATA = Path(__file__).parent / "data"
+RECORDS = sorted((Path(__file__).parent / "records").glob("facts-*.json"))  # the collector's output on real nodes
 H800 = (DATA / "nvidia-smi-q-h800.txt").read_text()
 
 
@@ -117,3 +127,52 @@ def test_torch_and_its_cuda_version_are_read_from_torch_version_py_without_an_im
     assert read("2.7.1-cuda-12.9-source-build.txt") == {"version": "2.7.1-700", "cuda": "12.9"}
     assert read("1.3.1-cuda-10.1.txt") == {"version": "1.3.1", "cuda": "10.1"}  # the form without a type
     assert parse_torch_version_file("") == {}  # nothing known: the import tells
+
+
+def test_the_node_side_and_the_controller_agree_on_every_facts_key():
+    """Each probe the node side declares (@fact) fills exactly one NodeFacts field, and each declared field names
+    a declared probe: a fact added on one side only fails here."""
+    keys = [declaration.key for declaration in model.declared().values()]
+    assert sorted(keys) == sorted(node.PROBES)
+    assert "memlock" in keys and model.declared()["memlock"].probe is node.memlock
+
+
+def built(path: Path) -> model.NodeFacts:
+    return collect.build(
+        Node(name="node1", address="node1"), json.loads(path.read_text()), python="python3", python_source="python3"
+    )
+
+
+@pytest.mark.parametrize("name", sorted(model.declared()))
+def test_every_declared_fact_is_read_from_a_recorded_collector_output(name):
+    """A declared fact has recorded test data: a real collector output (tests/unit/records/README.md) that holds
+    its key, and its parser reads every recorded value that is not a probe's error."""
+    key = model.declared()[name].key
+    holding = [path for path in RECORDS if key in json.loads(path.read_text())]
+    assert holding, f"no recorded collector output holds {key!r} (tests/unit/records/facts-*.json)"
+    for path in holding:
+        value = json.loads(path.read_text())[key]
+        if isinstance(value, dict) and set(value) == {"error"}:
+            continue
+        found = built(path)
+        assert name not in found.missing, (path.name, found.missing[name])
+
+
+def test_a_probe_that_failed_is_missing_with_its_error_and_an_unreadable_value_could_not_be_collected():
+    raw = json.loads(RECORDS[0].read_text())
+    raw["memlock"] = {"error": "OSError: [Errno 1] Operation not permitted"}  # what probe() records
+    raw["shm"] = "not an object"
+    del raw["os"]
+    found = collect.build(Node(name="node1", address="node1"), raw, python="python3", python_source="python3")
+    assert found.memlock is None and found.missing["memlock"] == "OSError: [Errno 1] Operation not permitted"
+    assert found.shm is None and found.missing["shm"] == model.COULD_NOT_COLLECT
+    assert found.os is None and found.missing["os"] == model.COULD_NOT_COLLECT
+
+
+def test_the_node_side_collector_needs_only_the_standard_library():
+    """remote/facts.py runs on each node's own python (as old as Ubuntu 20.04's 3.8) from the uploaded bundle:
+    it imports nothing beyond the standard library, and nothing of the controller's."""
+    tree = ast.parse(Path(node.__file__).read_text())
+    imported = {alias.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for alias in n.names}
+    imported |= {n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
+    assert imported <= set(sys.stdlib_module_names), imported - set(sys.stdlib_module_names)
