@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import nodeimages
 import paramiko
 import pytest
 import testcluster
@@ -131,11 +132,11 @@ def test_ubuntu_nodes_install_from_the_archive_through_the_apt_cache(ubuntu_clus
 def test_ubuntu_archive_key_is_trusted_only_with_its_fingerprint(tmp_path):
     """The keyring debootstrap verifies Ubuntu's Release files with holds the archive key with the published
     fingerprint and nothing else; a keyring without that key (Debian's) would not be taken."""
-    keyring = testcluster.ubuntu_keyring()
-    assert testcluster.fingerprints(keyring) == ["F6ECB3762474EDA9D21B7022871920D1991BC93C"]
+    keyring = nodeimages.ubuntu_keyring()
+    assert nodeimages.fingerprints(keyring) == ["F6ECB3762474EDA9D21B7022871920D1991BC93C"]
     debian = Path("/usr/share/keyrings/debian-archive-keyring.gpg")
     if debian.exists():
-        assert testcluster.UBUNTU_ARCHIVE_KEY not in testcluster.fingerprints(debian)
+        assert nodeimages.UBUNTU_ARCHIVE_KEY not in nodeimages.fingerprints(debian)
 
 
 def test_up_refuses_an_unknown_os_and_a_count_mismatch():
