@@ -283,8 +283,12 @@ def image_exists(tag: str) -> bool:
 
 
 def fingerprints(keyring: Path) -> list[str]:
-    """The primary-key fingerprints in an OpenPGP keyring file, read without importing it anywhere."""
-    out = run(["gpg", "--batch", "--with-colons", "--show-keys", str(keyring)]).stdout
+    """The primary-key fingerprints in an OpenPGP keyring file, read without importing it anywhere.
+
+    gpg gets a home directory of its own: builders running side by side would otherwise race to create ~/.gnupg.
+    """
+    with tempfile.TemporaryDirectory(prefix="gnupg-") as home:
+        out = run(["gpg", "--batch", "--homedir", home, "--with-colons", "--show-keys", str(keyring)]).stdout
     found, primary = [], False
     for line in out.splitlines():
         fields = line.split(":")
@@ -413,6 +417,11 @@ def ensure_image(os_name: str = DEFAULT_OS) -> str:
 def ensure_images(os_names: list[str]) -> dict[str, str]:
     """OS name -> image tag for every OS named, building the missing images side by side."""
     wanted = sorted({distro(o).os for o in os_names})
+    if any(distro(o).ubuntu and not image_exists(image_tag(distro(o))) for o in wanted):
+        # What the Ubuntu builds share is made once, before they run side by side, not three times at once: the
+        # archive keyring (one download, one check) and the apt cache (one daemon on its port).
+        ubuntu_keyring()
+        ensure_apt_cache()
     with ThreadPoolExecutor(max_workers=len(wanted) or 1) as pool:
         tags = dict(zip(wanted, pool.map(ensure_image, wanted), strict=True))
     return tags

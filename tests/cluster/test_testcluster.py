@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import nodeimages
@@ -144,3 +145,17 @@ def test_up_refuses_an_unknown_os_and_a_count_mismatch():
         testcluster.up(1, name="never", os_name="ubuntu18.04")
     with pytest.raises(testcluster.ClusterError, match=r"2 node\(s\) but 3 OS name"):
         testcluster.up(2, name="never", os_name=["focal", "jammy", "noble"])
+
+
+def test_keyrings_are_read_without_the_users_gnupg_directory(tmp_path, monkeypatch):
+    """The Ubuntu images build side by side, each reading the archive keyring's fingerprints: on a fresh machine
+    gpg calls racing to create ~/.gnupg failed all but one build ("can't create directory ... File exists").
+    Reading a keyring uses no ~/.gnupg at all: it works where none can be made."""
+    keyring = nodeimages.ubuntu_keyring()
+    home = tmp_path / "home"
+    home.write_text("")  # a file: no ~/.gnupg can be created under it
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.delenv("GNUPGHOME", raising=False)
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        found = list(pool.map(lambda _: nodeimages.fingerprints(keyring), range(4)))
+    assert found == [[nodeimages.UBUNTU_ARCHIVE_KEY]] * 4
