@@ -95,11 +95,24 @@ def test_the_table_lists_every_test_folder():
     assert set(readme_table()) == folders
 
 
-def test_the_marker_is_declared():
-    import tomllib
+def pytest_options() -> dict:
+    import tomllib  # Python 3.11+, as tests/test_readme.py reads pyproject.toml
 
-    markers = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]["markers"]
-    assert any(m.startswith("cluster:") for m in markers)
+    return tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]
+
+
+def test_the_marker_is_declared():
+    assert any(m.startswith("cluster:") for m in pytest_options()["markers"])
+
+
+def test_the_plain_run_takes_every_folder_those_without_docker_first():
+    """The README's test command runs every folder but tests/acceptance (your own cluster), and the folders that
+    need no Docker before those that do: they run while the node images download in the background."""
+    needs = readme_table()
+    folders = [path.split("/")[1] for path in pytest_options()["testpaths"] if not path.endswith(".py")]
+    assert sorted(folders) == sorted(f for f, need in needs.items() if need != "a cluster")
+    docker = [needs[f] == DOCKER for f in folders]
+    assert docker == sorted(docker), folders
 
 
 def test_the_folders_that_need_nothing_collect_without_torch_or_docker(tmp_path):
