@@ -226,30 +226,35 @@ def ensure_apt_cache() -> int | None:
     home = CACHE_DIR / "apt-cacher-ng"
     for sub in ("cache", "log"):
         (home / sub).mkdir(parents=True, exist_ok=True)
-    log(f"starting apt-cacher-ng on port {APT_CACHE_PORT} (cache: {home / 'cache'})")
-    subprocess.Popen(
-        [
-            binary,
-            "-c",
-            "/etc/apt-cacher-ng",
-            "ForeGround=1",
-            f"Port={APT_CACHE_PORT}",
-            f"CacheDir={home / 'cache'}",
-            f"LogDir={home / 'log'}",
-            f"PidFile={home / 'pid'}",
-            f"SocketPath={home / 'socket'}",
-        ],
-        stdout=open(home / "log" / "daemon.log", "ab"),  # noqa: SIM115 - handed to the daemon
-        stderr=subprocess.STDOUT,
-        stdin=subprocess.DEVNULL,
-        start_new_session=True,
-    )
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
+    with open(home / ".start-lock", "w") as lock:
+        # One starter at a time: daemons started side by side on one port all fail to answer.
+        fcntl.flock(lock, fcntl.LOCK_EX)
         if _apt_cache_answers():
             return APT_CACHE_PORT
-        time.sleep(0.5)
-    raise ClusterError(f"apt-cacher-ng did not answer on port {APT_CACHE_PORT}; see {home / 'log'}")
+        log(f"starting apt-cacher-ng on port {APT_CACHE_PORT} (cache: {home / 'cache'})")
+        subprocess.Popen(
+            [
+                binary,
+                "-c",
+                "/etc/apt-cacher-ng",
+                "ForeGround=1",
+                f"Port={APT_CACHE_PORT}",
+                f"CacheDir={home / 'cache'}",
+                f"LogDir={home / 'log'}",
+                f"PidFile={home / 'pid'}",
+                f"SocketPath={home / 'socket'}",
+            ],
+            stdout=open(home / "log" / "daemon.log", "ab"),  # noqa: SIM115 - handed to the daemon
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            if _apt_cache_answers():
+                return APT_CACHE_PORT
+            time.sleep(0.5)
+        raise ClusterError(f"apt-cacher-ng did not answer on port {APT_CACHE_PORT}; see {home / 'log'}")
 
 
 # --------------------------------------------------------------------------- image

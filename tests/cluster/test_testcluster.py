@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
+import socket
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -159,3 +162,27 @@ def test_keyrings_are_read_without_the_users_gnupg_directory(tmp_path, monkeypat
     with ThreadPoolExecutor(max_workers=4) as pool:
         found = list(pool.map(lambda _: nodeimages.fingerprints(keyring), range(4)))
     assert found == [[nodeimages.UBUNTU_ARCHIVE_KEY]] * 4
+
+
+def port_in_use(port: int) -> bool:
+    with socket.socket() as probe:
+        return probe.connect_ex(("127.0.0.1", port)) == 0
+
+
+def test_the_apt_cache_is_started_once_when_asked_side_by_side(tmp_path, monkeypatch, capfd):
+    """The session's background image builds and its first cluster ask for the apt cache at the same moment: one
+    daemon starts, and both get its port."""
+    if not nodeimages.shutil.which("apt-cacher-ng", path="/usr/sbin:/usr/local/sbin"):
+        pytest.skip("apt-cacher-ng is not installed")
+    port = next(p for p in range(3150, 3200) if not port_in_use(p))  # apt-cacher-ng refuses ephemeral ports
+    monkeypatch.setattr(nodeimages, "APT_CACHE_PORT", port)
+    monkeypatch.setattr(nodeimages, "CACHE_DIR", tmp_path)
+    try:
+        with ThreadPoolExecutor(max_workers=3) as pool:
+            ports = list(pool.map(lambda _: nodeimages.ensure_apt_cache(), range(3)))
+    finally:
+        pid = tmp_path / "apt-cacher-ng" / "pid"
+        if pid.exists():
+            os.kill(int(pid.read_text().strip()), signal.SIGTERM)
+    assert ports == [port] * 3
+    assert capfd.readouterr().err.count("starting apt-cacher-ng") == 1
