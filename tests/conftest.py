@@ -157,7 +157,7 @@ def pytest_collection_finish(session):
     the Ubuntu images build while the Debian cluster converges. The fixtures wait for them through the builders'
     own locks, and report a failure themselves (a failed download here only means they try again)."""
     cluster_items = [item for item in session.items if item.get_closest_marker("cluster")]
-    if not cluster_items:
+    if not cluster_items or session.config.option.collectonly:
         return
     wanted = [testcluster.DEFAULT_OS]
     if any("ubuntu" in item.nodeid or "ubuntu_cluster" in item.fixturenames for item in cluster_items):
