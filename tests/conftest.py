@@ -152,10 +152,11 @@ def pure_wheelhouse(wheelhouse: Path) -> Path:
 
 
 def pytest_collection_finish(session):
-    """On a fresh machine the node images (debootstrap, network-bound) and the torch wheelhouse are downloaded
-    before anything else, all at once in the background, instead of each when a test's cluster first needs it:
-    the Ubuntu images build while the Debian cluster converges. The fixtures wait for them through the builders'
-    own locks, and report a failure themselves (a failed download here only means they try again)."""
+    """On a fresh machine the node images (debootstrap, network-bound) and the torch wheelhouse the collected
+    cluster tests need are made from the session's start, side by side in the background, instead of each when a
+    test's cluster first needs it: they build while the tests without Docker run (pyproject's testpaths take those
+    first). The fixtures wait for them through the builders' own locks, and report a failure themselves (a failed
+    download here only means they try again)."""
     cluster_items = [item for item in session.items if item.get_closest_marker("cluster")]
     if not cluster_items or session.config.option.collectonly:
         return
