@@ -338,8 +338,6 @@ def build_rootfs(tarball: Path, d: Distro | None = None) -> None:
     d = d or DISTROS[DEFAULT_OS]
     if not shutil.which("debootstrap"):
         raise ClusterError("debootstrap is not installed (apt-get install debootstrap)")
-    workdir = Path(tempfile.mkdtemp(prefix=f"testnode-{d.suite}-", dir=tarball.parent))
-    root = workdir / "rootfs"
     cmd = ["debootstrap", "--variant=minbase", f"--include={','.join(PACKAGES)}"]
     env = dict(os.environ)
     if d.ubuntu:
@@ -347,6 +345,9 @@ def build_rootfs(tarball: Path, d: Distro | None = None) -> None:
         port = ensure_apt_cache()
         if port:  # debootstrap downloads with wget, which honours http_proxy
             env["http_proxy"] = f"http://127.0.0.1:{port}/"
+    # Made once nothing before the build can fail, so a failure leaves no work directory behind.
+    workdir = Path(tempfile.mkdtemp(prefix=f"testnode-{d.suite}-", dir=tarball.parent))
+    root = workdir / "rootfs"
     cmd += [d.suite, str(root), d.mirror]
     if d.script:
         cmd.append(f"/usr/share/debootstrap/scripts/{d.script}")

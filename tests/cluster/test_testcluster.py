@@ -186,3 +186,18 @@ def test_the_apt_cache_is_started_once_when_asked_side_by_side(tmp_path, monkeyp
             os.kill(int(pid.read_text().strip()), signal.SIGTERM)
     assert ports == [port] * 3
     assert capfd.readouterr().err.count("starting apt-cacher-ng") == 1
+
+
+def test_an_image_build_that_cannot_start_leaves_no_work_directory(tmp_path, monkeypatch):
+    """A build that fails before debootstrap runs (here the Ubuntu keyring cannot be had) leaves the images
+    directory as it found it: no empty work directory per failed attempt."""
+    if not nodeimages.shutil.which("debootstrap"):
+        pytest.skip("debootstrap is not installed")
+
+    def no_keyring():
+        raise nodeimages.ClusterError("ubuntu-keyring could not be fetched")
+
+    monkeypatch.setattr(nodeimages, "ubuntu_keyring", no_keyring)
+    with pytest.raises(nodeimages.ClusterError, match="could not be fetched"):
+        nodeimages.build_rootfs(tmp_path / "noble.tar", nodeimages.distro("ubuntu24.04"))
+    assert list(tmp_path.iterdir()) == []
