@@ -8,9 +8,11 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
+import nodeimages
 import pytest
 import testcluster
 import torchenv
@@ -147,6 +149,32 @@ def pure_wheelhouse(wheelhouse: Path) -> Path:
         if not (target / wheel.name).exists():
             shutil.copy2(wheel, target / wheel.name)
     return target
+
+
+def pytest_collection_finish(session):
+    """On a fresh machine the node images (debootstrap, network-bound) and the torch wheelhouse the collected
+    cluster tests need are made from the session's start, side by side in the background, instead of each when a
+    test's cluster first needs it: they build while the tests without Docker run (pyproject's testpaths take those
+    first). The fixtures wait for them through the builders' own locks, and report a failure themselves (a failed
+    download here only means they try again)."""
+    cluster_items = [item for item in session.items if item.get_closest_marker("cluster")]
+    if not cluster_items or session.config.option.collectonly:
+        return
+    wanted = [testcluster.DEFAULT_OS]
+    if any("ubuntu" in item.nodeid or "ubuntu_cluster" in item.fixturenames for item in cluster_items):
+        wanted += UBUNTU_RELEASES
+    threading.Thread(target=_quietly, args=(build_wheelhouse,), name="prefetch-wheelhouse", daemon=True).start()
+    threading.Thread(target=_quietly, args=(_node_images, wanted), name="prefetch-images", daemon=True).start()
+
+
+def _node_images(os_names: list[str]) -> None:
+    testcluster.ensure_docker(start=os.geteuid() == 0)
+    testcluster.ensure_images(os_names)
+
+
+def _quietly(work, *args) -> None:
+    with contextlib.suppress(nodeimages.ClusterError, subprocess.SubprocessError, OSError):
+        work(*args)
 
 
 def pytest_ignore_collect(collection_path, config):

@@ -3,10 +3,15 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
+import socket
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import nodeimages
 import paramiko
 import pytest
 import testcluster
@@ -131,11 +136,11 @@ def test_ubuntu_nodes_install_from_the_archive_through_the_apt_cache(ubuntu_clus
 def test_ubuntu_archive_key_is_trusted_only_with_its_fingerprint(tmp_path):
     """The keyring debootstrap verifies Ubuntu's Release files with holds the archive key with the published
     fingerprint and nothing else; a keyring without that key (Debian's) would not be taken."""
-    keyring = testcluster.ubuntu_keyring()
-    assert testcluster.fingerprints(keyring) == ["F6ECB3762474EDA9D21B7022871920D1991BC93C"]
+    keyring = nodeimages.ubuntu_keyring()
+    assert nodeimages.fingerprints(keyring) == ["F6ECB3762474EDA9D21B7022871920D1991BC93C"]
     debian = Path("/usr/share/keyrings/debian-archive-keyring.gpg")
     if debian.exists():
-        assert testcluster.UBUNTU_ARCHIVE_KEY not in testcluster.fingerprints(debian)
+        assert nodeimages.UBUNTU_ARCHIVE_KEY not in nodeimages.fingerprints(debian)
 
 
 def test_up_refuses_an_unknown_os_and_a_count_mismatch():
@@ -143,3 +148,56 @@ def test_up_refuses_an_unknown_os_and_a_count_mismatch():
         testcluster.up(1, name="never", os_name="ubuntu18.04")
     with pytest.raises(testcluster.ClusterError, match=r"2 node\(s\) but 3 OS name"):
         testcluster.up(2, name="never", os_name=["focal", "jammy", "noble"])
+
+
+def test_keyrings_are_read_without_the_users_gnupg_directory(tmp_path, monkeypatch):
+    """The Ubuntu images build side by side, each reading the archive keyring's fingerprints: on a fresh machine
+    gpg calls racing to create ~/.gnupg failed all but one build ("can't create directory ... File exists").
+    Reading a keyring uses no ~/.gnupg at all: it works where none can be made."""
+    keyring = nodeimages.ubuntu_keyring()
+    home = tmp_path / "home"
+    home.write_text("")  # a file: no ~/.gnupg can be created under it
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.delenv("GNUPGHOME", raising=False)
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        found = list(pool.map(lambda _: nodeimages.fingerprints(keyring), range(4)))
+    assert found == [[nodeimages.UBUNTU_ARCHIVE_KEY]] * 4
+
+
+def port_in_use(port: int) -> bool:
+    with socket.socket() as probe:
+        return probe.connect_ex(("127.0.0.1", port)) == 0
+
+
+def test_the_apt_cache_is_started_once_when_asked_side_by_side(tmp_path, monkeypatch, capfd):
+    """The session's background image builds and its first cluster ask for the apt cache at the same moment: one
+    daemon starts, and both get its port."""
+    if not nodeimages.shutil.which("apt-cacher-ng", path="/usr/sbin:/usr/local/sbin"):
+        pytest.skip("apt-cacher-ng is not installed")
+    port = next(p for p in range(3150, 3200) if not port_in_use(p))  # apt-cacher-ng refuses ephemeral ports
+    monkeypatch.setattr(nodeimages, "APT_CACHE_PORT", port)
+    monkeypatch.setattr(nodeimages, "CACHE_DIR", tmp_path)
+    try:
+        with ThreadPoolExecutor(max_workers=3) as pool:
+            ports = list(pool.map(lambda _: nodeimages.ensure_apt_cache(), range(3)))
+    finally:
+        pid = tmp_path / "apt-cacher-ng" / "pid"
+        if pid.exists():
+            os.kill(int(pid.read_text().strip()), signal.SIGTERM)
+    assert ports == [port] * 3
+    assert capfd.readouterr().err.count("starting apt-cacher-ng") == 1
+
+
+def test_an_image_build_that_cannot_start_leaves_no_work_directory(tmp_path, monkeypatch):
+    """A build that fails before debootstrap runs (here the Ubuntu keyring cannot be had) leaves the images
+    directory as it found it: no empty work directory per failed attempt."""
+    if not nodeimages.shutil.which("debootstrap"):
+        pytest.skip("debootstrap is not installed")
+
+    def no_keyring():
+        raise nodeimages.ClusterError("ubuntu-keyring could not be fetched")
+
+    monkeypatch.setattr(nodeimages, "ubuntu_keyring", no_keyring)
+    with pytest.raises(nodeimages.ClusterError, match="could not be fetched"):
+        nodeimages.build_rootfs(tmp_path / "noble.tar", nodeimages.distro("ubuntu24.04"))
+    assert list(tmp_path.iterdir()) == []

@@ -24,11 +24,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-sys.path.insert(0, str(Path(__file__).resolve().parent / "standins"))
-import build_repo
-
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent.parent
+sys.path.insert(0, str(REPO / "tests" / "ansible" / "standins"))  # the stand-in repository the converges serve
+import build_repo  # noqa: E402
 
 BRANCHES = ["570", "580", "590"]  # one per naming shape in roles/nvidia_driver/vars/main.yml
 REPO_DISTROS = sorted(

@@ -1,0 +1,159 @@
+"""The README's table of test folders (`### Tests, by what they need`) is true: it lists every folder under tests/,
+the folders it says need nothing collect with neither torch nor Docker there, and every test that starts a test
+cluster carries the `cluster` marker (so `-m "not cluster"` runs without Docker), none in a folder that needs no
+Docker. Each check collects the suite in a child pytest (collection only: seconds)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+TESTS = REPO / "tests"
+DOCKER = "Docker"
+
+# A plugin for the child pytest: with BLOCK_TORCH set, torch and lightning cannot be imported; after collection it
+# writes each test's folder, markers and whether it starts a test cluster (its function, or a fixture it uses,
+# calls own_cluster or testcluster.up) to $OUT as JSON.
+PLUGIN = """
+import importlib.abc, inspect, json, os, sys
+from pathlib import Path
+
+if os.environ.get("BLOCK_TORCH"):
+    class _NoTorch(importlib.abc.MetaPathFinder):
+        def find_spec(self, name, path=None, target=None):
+            if name.split(".")[0] in ("torch", "lightning", "pytorch_lightning"):
+                raise ImportError(f"{name} is blocked: this folder must not need torch")
+            return None
+    sys.meta_path.insert(0, _NoTorch())
+
+STARTS = ("own_cluster(", "testcluster.up(")
+
+def _starts_cluster(func):
+    try:
+        return any(s in inspect.getsource(func) for s in STARTS)
+    except (OSError, TypeError):
+        return False
+
+def _folder(path):
+    parts = path.relative_to(os.environ["TESTS"]).parts if path.is_relative_to(os.environ["TESTS"]) else ()
+    return parts[0] if len(parts) > 1 else ""
+
+def pytest_collection_finish(session):
+    items = []
+    for item in session.items:
+        funcs = [getattr(item, "function", None)]
+        funcs += [d.func for defs in item._fixtureinfo.name2fixturedefs.values() for d in defs]
+        items.append({
+            "nodeid": item.nodeid,
+            "folder": _folder(Path(str(item.path))),
+            "markers": sorted({m.name for m in item.iter_markers()}),
+            "starts_cluster": any(_starts_cluster(f) for f in funcs if f is not None),
+        })
+    Path(os.environ["OUT"]).write_text(json.dumps(items))
+"""
+
+
+def readme_table() -> dict[str, str]:
+    """Folder name -> what it needs, from the README's table."""
+    text = (REPO / "README.md").read_text()
+    table = text.split("### Tests, by what they need", 1)[1].split("\n\n", 2)[1]
+    needs = {}
+    for row in table.splitlines()[2:]:
+        cells = [c.strip() for c in row.strip("|").split("|")]
+        folder = re.fullmatch(r"`tests/(\w+)/`", cells[0])
+        assert folder, row
+        needs[folder.group(1)] = cells[2]
+    return needs
+
+
+def collect(tmp_path: Path, *args: str, block_torch: bool = False) -> list[dict]:
+    (tmp_path / "layout_plugin.py").write_text(PLUGIN)
+    out = tmp_path / "items.json"
+    env = {**os.environ, "TESTS": str(TESTS), "OUT": str(out), "PYTHONPATH": str(tmp_path)}
+    if block_torch:
+        env["BLOCK_TORCH"] = "1"
+        # No Docker either: a `docker` first on PATH that fails, as on a machine without it.
+        bin_dir = tmp_path / "bin"
+        bin_dir.mkdir()
+        (bin_dir / "docker").write_text("#!/bin/sh\necho 'docker: not installed' >&2\nexit 127\n")
+        (bin_dir / "docker").chmod(0o755)
+        env["PATH"] = f"{bin_dir}{os.pathsep}{env['PATH']}"
+    cmd = [sys.executable, "-m", "pytest", "-c", str(REPO / "pyproject.toml"), "--collect-only", "-q"]
+    cmd += ["-p", "no:cacheprovider", "-p", "layout_plugin"]
+    proc = subprocess.run([*cmd, *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+    return json.loads(out.read_text())
+
+
+def test_the_table_lists_every_test_folder():
+    folders = {p.name for p in TESTS.iterdir() if p.is_dir() and not p.name.startswith((".", "__"))}
+    assert set(readme_table()) == folders
+
+
+def pytest_options() -> dict:
+    import tomllib  # Python 3.11+, as tests/test_readme.py reads pyproject.toml
+
+    return tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]
+
+
+def test_the_marker_is_declared():
+    assert any(m.startswith("cluster:") for m in pytest_options()["markers"])
+
+
+def test_the_plain_run_takes_every_folder_those_without_docker_first():
+    """The README's test command runs every folder but tests/acceptance (your own cluster), and the folders that
+    need no Docker before those that do: they run while the node images download in the background."""
+    needs = readme_table()
+    folders = [path.split("/")[1] for path in pytest_options()["testpaths"] if not path.endswith(".py")]
+    assert sorted(folders) == sorted(f for f, need in needs.items() if need != "a cluster")
+    docker = [needs[f] == DOCKER for f in folders]
+    assert docker == sorted(docker), folders
+
+
+def test_the_folders_that_need_nothing_collect_without_torch_or_docker(tmp_path):
+    plain = sorted(f for f, needs in readme_table().items() if needs == "nothing")
+    assert "unit" in plain
+    items = collect(tmp_path, *(f"tests/{f}" for f in plain), block_torch=True)
+    assert {i["folder"] for i in items} == set(plain)
+    assert [i["nodeid"] for i in items if "cluster" in i["markers"] or i["starts_cluster"]] == []
+
+
+def test_every_test_that_starts_a_cluster_carries_the_marker(tmp_path):
+    needs = readme_table()
+    items = collect(tmp_path, "tests")
+    starting = [i for i in items if i["starts_cluster"]]
+    assert starting, "no test starts a test cluster: the check below would prove nothing"
+    assert [i["nodeid"] for i in starting if "cluster" not in i["markers"]] == []
+    marked_elsewhere = [i["nodeid"] for i in items if "cluster" in i["markers"] and DOCKER not in needs[i["folder"]]]
+    assert marked_elsewhere == []
+    for folder in {i["folder"] for i in starting}:
+        assert needs[folder] == DOCKER, folder
+
+
+# A test that starts a cluster through a fixture and lacks the marker (the collection must see both).
+PROBE = """
+import pytest
+from conftest import own_cluster
+
+@pytest.fixture
+def small():
+    with own_cluster(1, "probe") as up:
+        yield up
+
+def test_uses_it(small):
+    pass
+"""
+
+
+def test_a_marker_missing_on_a_cluster_test_is_found(tmp_path):
+    """The collection above sees a test that starts a cluster through a fixture, without the marker."""
+    probe = tmp_path / "probe"
+    probe.mkdir()
+    (probe / "test_probe.py").write_text(PROBE)
+    items = [i for i in collect(tmp_path, str(probe)) if "probe" in i["nodeid"]]
+    assert [(i["starts_cluster"], i["markers"]) for i in items] == [(True, [])]
