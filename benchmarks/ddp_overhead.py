@@ -36,7 +36,7 @@ from clustercheck.config import RunConfig, SshSettings
 from clustercheck.model import Status
 from clustercheck.run.pipeline import Pipeline
 from clustercheck.run.selection import Selection
-from clustercheck.stages import remote
+from clustercheck.stages import bundle
 from clustercheck.transport import factory
 from clustercheck.transport.params import load_config
 
@@ -100,7 +100,7 @@ def prepare_by_hand(nodes: common.Nodes) -> None:
     """The node-side bundle into the benchmark's directory on every node (not timed: a person copies it once)."""
     for node in nodes.nodes:
         common.ssh(node, f"rm -rf {BY_HAND_DIR}")
-        common.put(node, remote.bundle(), remote.path(BY_HAND_DIR))
+        common.put(node, bundle.bundle(), bundle.path(BY_HAND_DIR))
 
 
 def by_hand(nodes: common.Nodes, commands: dict[str, str]) -> tuple[float, float]:

@@ -29,7 +29,7 @@ from clustercheck.model import CheckResult, Status
 from clustercheck.run.fanout import fanout
 from clustercheck.run.pipeline import Pipeline
 from clustercheck.run.selection import Selection
-from clustercheck.stages import Member, core, remote, rootcause
+from clustercheck.stages import Member, bundle, core, rootcause
 from clustercheck.stages.launch import LaunchError, NodeLaunch, NodeSpec
 from clustercheck.transport import CommandResult, HostKeyError, Transport, TransportError, new_run_id
 from clustercheck.transport.factory import Factory
@@ -185,10 +185,10 @@ class Launch:
         python, source, missing = core.find_python(node, transport, self.options.python)
         if missing:
             raise NotStarted(f"{node.name}: the environment python {missing} ({source}) does not run")
-        remote.install(transport)
+        bundle.install(transport)
         timeout = self.options.facts_timeout
         got = transport.run(
-            remote.command(python, transport.workdir, "facts", str(max(10.0, timeout - 15))), timeout=timeout
+            bundle.command(python, transport.workdir, "facts", str(max(10.0, timeout - 15))), timeout=timeout
         )
         try:
             raw = json.loads(got.stdout.strip().splitlines()[-1])

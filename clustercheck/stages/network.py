@@ -23,7 +23,7 @@ import time
 from clustercheck.checks import network, registry
 from clustercheck.model import CheckResult, Status
 from clustercheck.run.fanout import fanout
-from clustercheck.stages import Context, Member, remote
+from clustercheck.stages import Context, Member, bundle
 
 NAME = "network"
 NEEDS_TORCH = False
@@ -113,7 +113,7 @@ def run(members: list[Member], ctx: Context) -> list[CheckResult]:
         ready, go = files(m)
         args = mesh_args(m.name, peers, [config.master_port, port], window, (ready, go, wait + GO_SLACK))
         args += ["--perf-port", str(perf_port)]
-        command = remote.command(m.facts.python, m.transport.workdir, "netprobe", *args)
+        command = bundle.command(m.facts.python, m.transport.workdir, "netprobe", *args)
         answer = m.transport.run(command, timeout=wait + GO_SLACK + window + perf_time(len(members)) + 30)
         (config.host_dir(m.name) / "network.json").write_text(answer.stdout)
         (config.host_dir(m.name) / "network.stderr").write_text(answer.stderr)
@@ -122,7 +122,7 @@ def run(members: list[Member], ctx: Context) -> list[CheckResult]:
         except (ValueError, IndexError):
             errors[m.name] = answer.cause()
 
-    fanout(lambda m: remote.install(m.transport), members, name=lambda m: m.name)
+    fanout(lambda m: bundle.install(m.transport), members, name=lambda m: m.name)
     # Phase one: every node's probe binds its listeners; phase two starts once every node reported ready (or
     # the wait ran out), so no connection is tried towards a node that is not listening yet.
     started = time.monotonic()
@@ -135,7 +135,7 @@ def run(members: list[Member], ctx: Context) -> list[CheckResult]:
 
     def await_ready(m: Member) -> None:
         ready, go = files(m)
-        command = remote.command(m.facts.python, m.transport.workdir, "netprobe", "wait-ready", ready, "--or", go)
+        command = bundle.command(m.facts.python, m.transport.workdir, "netprobe", "wait-ready", ready, "--or", go)
         if m.transport.run([*command, "--timeout", f"{wait:g}"], timeout=wait + 15).ok:
             ready_after[m.name] = round(time.monotonic() - started, 3)
 
@@ -148,7 +148,7 @@ def run(members: list[Member], ctx: Context) -> list[CheckResult]:
         time.sleep(0.1)
     fanout(
         lambda m: m.transport.run(
-            remote.command(m.facts.python, m.transport.workdir, "netprobe", "go", files(m)[1], f"{window:g}"),
+            bundle.command(m.facts.python, m.transport.workdir, "netprobe", "go", files(m)[1], f"{window:g}"),
             timeout=30,
         ),
         members,
