@@ -15,14 +15,15 @@ from rich.console import Console
 
 from clustercheck import __version__, catalog, inventory, report
 from clustercheck.checks.collectives import ThresholdError, parse_min_busbw
-from clustercheck.config import DEFAULT_MAX_CLOCK_OFFSET, RunConfig, SshSettings
+from clustercheck.checks.consistency import DEFAULT_MAX_CLOCK_OFFSET
+from clustercheck.config import RunConfig
 from clustercheck.exitcodes import ExitCode
 from clustercheck.model import Status, overall_status
 from clustercheck.report import Report, text
 from clustercheck.run.pipeline import Pipeline
-from clustercheck.run.selection import STAGES, Selection, SelectionError
+from clustercheck.selection import DISTRIBUTED, STAGES, Selection, SelectionError
 from clustercheck.transport import TransportError, factory
-from clustercheck.transport.params import Timeouts, load_config
+from clustercheck.transport.params import SshSettings, Timeouts, load_config
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -151,7 +152,7 @@ def cli() -> None:
 @click.option(
     "--skip",
     multiple=True,
-    help="Skip a stage (network, data, collectives, ddp, lightning) or the checks whose name matches this glob, "
+    help=f"Skip a stage ({', '.join(DISTRIBUTED)}) or the checks whose name matches this glob, "
     "e.g. 'local.*' (repeatable).",
 )
 @click.option(

@@ -19,20 +19,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from clustercheck import report
-from clustercheck.config import RunConfig, SshSettings
+from clustercheck.config import RunConfig
 from clustercheck.facts import collect
 from clustercheck.facts.model import NodeFacts
+from clustercheck.fanout import fanout
 from clustercheck.inventory import Node
 from clustercheck.launcher import command as cmd
 from clustercheck.launcher import detached, output, sameness
 from clustercheck.model import CheckResult, Status
-from clustercheck.run.fanout import fanout
 from clustercheck.run.pipeline import Pipeline
-from clustercheck.run.selection import Selection
+from clustercheck.selection import Selection
 from clustercheck.stages import Member, bundle, core, rootcause
 from clustercheck.stages.launch import LaunchError, NodeLaunch, NodeSpec
 from clustercheck.transport import CommandResult, HostKeyError, Transport, TransportError, new_run_id
 from clustercheck.transport.factory import Factory
+from clustercheck.transport.params import SshSettings
 
 FAILURE_GRACE = 5.0  # seconds the other nodes get to end on their own once one node's torchrun failed
 FOREVER = 10 * 365 * 24 * 3600.0  # a training job has no deadline of ours

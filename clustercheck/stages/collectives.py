@@ -11,7 +11,6 @@ from clustercheck.stages import Context, Member, launch, torchjob
 from clustercheck.transport import TransportError
 
 NAME = "collectives"
-NEEDS_TORCH = True
 LOCAL_STAGE = "local-collectives"  # the node-local job's directory on the node and in the run directory
 
 

@@ -10,13 +10,11 @@ import json
 import secrets
 
 from clustercheck.checks import data
+from clustercheck.fanout import fanout
 from clustercheck.model import CheckResult, Status
-from clustercheck.run.fanout import fanout
 from clustercheck.stages import Context, Member, bundle
 
 NAME = "data"
-NEEDS_TORCH = False
-GATES = False  # a FAIL here does not skip the stages after it
 
 
 def _ask(m: Member, ctx: Context, args: list[str], log: str) -> dict:

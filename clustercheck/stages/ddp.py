@@ -8,7 +8,6 @@ from clustercheck.stages import Context, Member, launch, torchjob
 from clustercheck.transport import TransportError
 
 NAME = "ddp"
-NEEDS_TORCH = True
 WORKER_ARGS: list[str] = []  # extra arguments of the DDP worker (e.g. --steps N)
 
 

@@ -8,13 +8,12 @@ from __future__ import annotations
 import json
 
 from clustercheck.checks import lightning
+from clustercheck.fanout import fanout
 from clustercheck.model import CheckResult, Status
-from clustercheck.run.fanout import fanout
 from clustercheck.stages import Context, Member, bundle, launch, torchjob
 from clustercheck.transport import TransportError
 
 NAME = "lightning"
-NEEDS_TORCH = True
 
 
 def _probe(m: Member, ctx: Context) -> dict:

@@ -21,12 +21,11 @@ import threading
 import time
 
 from clustercheck.checks import network, registry
+from clustercheck.fanout import fanout
 from clustercheck.model import CheckResult, Status
-from clustercheck.run.fanout import fanout
 from clustercheck.stages import Context, Member, bundle
 
 NAME = "network"
-NEEDS_TORCH = False
 EPHEMERAL_RANGE = (49152, 60999)  # IANA dynamic ports, below Linux's default ip_local_port_range top
 READY_BASE, READY_PER_NODE = 30.0, 1.0  # seconds every probe gets to listen: 30 s, plus 1 s a node
 GO_SLACK = 30.0  # the probe waits this much longer for the go file than the controller waits for ready

@@ -18,8 +18,8 @@ import threading
 import time
 from dataclasses import dataclass, field
 
+from clustercheck.fanout import fanout
 from clustercheck.model import CheckResult, Status
-from clustercheck.run.fanout import fanout
 from clustercheck.stages import Context, Member, bundle, launch, rootcause, watchdog
 from clustercheck.transport import CommandResult, TransportError
 
