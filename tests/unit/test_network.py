@@ -5,7 +5,10 @@ from __future__ import annotations
 import copy
 import json
 import random
+import re
 from pathlib import Path
+
+import pytest
 
 from clustercheck.checks import network, registry
 from clustercheck.model import Status
@@ -298,3 +301,19 @@ def test_a_name_resolving_to_loopback_is_named_with_the_address_found_in_the_fix
     (failing,) = [r for r in named(evaluate(records), "network.resolve") if r.status is Status.FAIL]
     assert "node2 resolves to loopback 127.0.0.1" in failing.message
     assert "remove the '127.0.0.1 node2' line(s)" in failing.remediation and "127.0.1.1" not in failing.remediation
+
+
+def test_the_probe_offers_only_what_the_network_stage_uses(capsys):
+    """Every subcommand and option of the node-side probe is one the stages run: nothing kept for a test."""
+    from clustercheck.remote import netprobe
+
+    def offered(*argv: str) -> set[str]:
+        with pytest.raises(SystemExit):
+            netprobe.main([*argv, "--help"])
+        return set(re.findall(r"(?<![\w-])--[\w-]+", capsys.readouterr().out)) - {"--help"}
+
+    peers = [network.Peer("a", "10.0.0.1"), network.Peer("b", "10.0.0.2", hostname="gpu-02")]
+    used = stage.mesh_args("a", peers, [29500], 8, ("ready", "go", 60))
+    assert offered("mesh") == {arg for arg in used if arg.startswith("--")} | {"--perf-port"}
+    with pytest.raises(SystemExit):
+        netprobe.main(["port-holder", "1"])
