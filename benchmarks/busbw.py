@@ -28,7 +28,7 @@ from pathlib import Path
 import common
 from common import BenchmarkError, say
 
-from clustercheck.stages import remote
+from clustercheck.stages import bundle
 
 HERE = Path(__file__).resolve().parent
 REF_DIR = "/tmp/ccbench-busbw"  # not /tmp/clustercheck-*: clustercheck's leftover sweep would take it for its own
@@ -69,7 +69,7 @@ def reference_commands(recorded: dict[str, str], sizes: list[int], warmup: int, 
     out = {}
     for name, line in recorded.items():
         words = shlex.split(line)
-        at = next((i for i, w in enumerate(words) if w.endswith("/" + remote.FILE)), None)
+        at = next((i for i, w in enumerate(words) if w.endswith("/" + bundle.FILE)), None)
         if at is None:
             raise BenchmarkError(f"{name}: no clustercheck program in the recorded torchrun line: {line}")
         words = [WORKDIR.sub(REF_DIR, w) for w in words[:at]]

@@ -32,13 +32,13 @@ import common
 from common import BenchmarkError, say
 
 from clustercheck.checks import ddp
-from clustercheck.config import RunConfig, SshSettings
+from clustercheck.config import RunConfig
 from clustercheck.model import Status
 from clustercheck.run.pipeline import Pipeline
-from clustercheck.run.selection import Selection
-from clustercheck.stages import remote
+from clustercheck.selection import Selection
+from clustercheck.stages import bundle
 from clustercheck.transport import factory
-from clustercheck.transport.params import load_config
+from clustercheck.transport.params import SshSettings, load_config
 
 BY_HAND_DIR = "/tmp/ccbench-ddp"  # not /tmp/clustercheck-*: clustercheck's leftover sweep would take it for its own
 WORKDIR = re.compile(r"/tmp/clustercheck-[A-Za-z0-9_.-]+")
@@ -100,7 +100,7 @@ def prepare_by_hand(nodes: common.Nodes) -> None:
     """The node-side bundle into the benchmark's directory on every node (not timed: a person copies it once)."""
     for node in nodes.nodes:
         common.ssh(node, f"rm -rf {BY_HAND_DIR}")
-        common.put(node, remote.bundle(), remote.path(BY_HAND_DIR))
+        common.put(node, bundle.bundle(), bundle.path(BY_HAND_DIR))
 
 
 def by_hand(nodes: common.Nodes, commands: dict[str, str]) -> tuple[float, float]:

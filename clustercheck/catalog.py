@@ -1,11 +1,11 @@
-"""The catalog of checks, from the registry: `clustercheck checks` and the README's checks tables."""
+"""The catalog of checks, from the registry: `clustercheck checks`, the README's stage table and checks tables."""
 
 from __future__ import annotations
 
 import json
 
 from clustercheck import checks
-from clustercheck.run.selection import STAGES
+from clustercheck.selection import DECLARED, STAGES
 
 
 def entries() -> list[dict]:
@@ -51,3 +51,23 @@ def markdown_tables() -> str:
             out.append(f"| `{e['name']}` | {e['scope']} | {proves} | {cell} |")
         out.append("")
     return "\n".join(out).rstrip() + "\n"
+
+
+def stage_table() -> str:
+    """The stages, what runs in each and its checks, for the README (a test keeps the README equal to this)."""
+    out = ["| stage | what runs | checks |", "| --- | --- | --- |"]
+    for stage in DECLARED:
+        names = [e["name"] for e in entries() if e["stage"] == stage.name]
+        out.append(f"| `{stage.name}` | {stage.runs} | {', '.join(f'`{n}`' for n in families(names))} |")
+    return "\n".join(out) + "\n"
+
+
+def families(names: list[str]) -> list[str]:
+    """NAMES in order, three or more sharing a first word (gpu.ecc, gpu.xid, ...) as one `gpu.*`."""
+    first = [n.split(".")[0] for n in names]
+    out: list[str] = []
+    for name, word in zip(names, first, strict=True):
+        shown = f"{word}.*" if "." in name and sum(w == word for w in first) >= 3 else name
+        if shown not in out:
+            out.append(shown)
+    return out

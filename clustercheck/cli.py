@@ -15,14 +15,15 @@ from rich.console import Console
 
 from clustercheck import __version__, catalog, inventory, report
 from clustercheck.checks.collectives import ThresholdError, parse_min_busbw
-from clustercheck.config import DEFAULT_MAX_CLOCK_OFFSET, RunConfig, SshSettings
+from clustercheck.checks.consistency import DEFAULT_MAX_CLOCK_OFFSET
+from clustercheck.config import RunConfig
 from clustercheck.exitcodes import ExitCode
 from clustercheck.model import Status, overall_status
 from clustercheck.report import Report, text
 from clustercheck.run.pipeline import Pipeline
-from clustercheck.run.selection import STAGES, Selection, SelectionError
+from clustercheck.selection import DISTRIBUTED, STAGES, Selection, SelectionError
 from clustercheck.transport import TransportError, factory
-from clustercheck.transport.params import Timeouts, load_config
+from clustercheck.transport.params import SshSettings, Timeouts, load_config
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -151,7 +152,7 @@ def cli() -> None:
 @click.option(
     "--skip",
     multiple=True,
-    help="Skip a stage (network, data, collectives, ddp, lightning) or the checks whose name matches this glob, "
+    help=f"Skip a stage ({', '.join(DISTRIBUTED)}) or the checks whose name matches this glob, "
     "e.g. 'local.*' (repeatable).",
 )
 @click.option(
@@ -430,8 +431,9 @@ def launch(
 ) -> None:
     """Run a training script on every node under torchrun: clustercheck launch --hosts INV -- [TORCHRUN OPTIONS]
     train.py [ARGS]. The exit status is the job's."""
+    from clustercheck.launcher import codesync, records, session
     from clustercheck.launcher import command as launch_command
-    from clustercheck.launcher import records, session
+    from clustercheck.launcher.job import HostKeysRefused, LaunchOptions, NotStarted
     from clustercheck.stages.launch import LaunchError
 
     if sync and chdir:
@@ -445,11 +447,11 @@ def launch(
     try:
         launch_command.check_nnodes(user_command, len(nodes))
         if sync and not user_command.is_module:
-            session.sync_script(Path(sync), user_command.script)
+            codesync.sync_script(Path(sync), user_command.script)
     except LaunchError as exc:
         raise UsageError(str(exc)) from exc
     run_path = _make_run_dir(run_dir, "launch-%Y%m%d-%H%M%S")
-    options = session.LaunchOptions(
+    options = LaunchOptions(
         command=user_command,
         run_dir=run_path,
         ssh=ssh,
@@ -474,16 +476,16 @@ def launch(
             job_run.connect()
             script, cwd, code = job_run.prepare()
             plans = job_run.plan(script, cwd)
-        except session.HostKeysRefused as exc:
+        except HostKeysRefused as exc:
             raise UsageError(f"host key verification failed, nothing was started: {exc}") from exc
-        except session.NotStarted as exc:
+        except NotStarted as exc:
             raise UsageError(str(exc), ExitCode.NOT_STARTED) from exc
         except LaunchError as exc:
             raise UsageError(str(exc)) from exc
         if detach:
             try:
                 names = job_run.start_detached(code)
-            except session.NotStarted as exc:
+            except NotStarted as exc:
                 raise UsageError(str(exc), ExitCode.NOT_STARTED) from exc
             hosts_ref = str(Path(hosts).resolve()) if Path(hosts).exists() else hosts
             records.save(
@@ -571,13 +573,15 @@ def _unasked_error(not_asked: dict[str, str], total: int, what: str) -> UsageErr
 @_ssh_options
 def jobs_command(hosts: str, limit: str | None, show_all: bool, **ssh_opts) -> None:
     """List the detached jobs on the nodes: their id, state on every node, and when they started."""
-    from clustercheck.launcher import detached, session
+    from clustercheck.launcher import detached
+    from clustercheck.launcher.connections import Connections
+    from clustercheck.launcher.job import HostKeysRefused
 
     nodes, ssh = _nodes_and_ssh(hosts, limit, **ssh_opts)
     try:
-        with session.Nodes(nodes, factory.default(ssh)) as reach:
+        with Connections(nodes, factory.default(ssh)) as reach:
             answers = reach.run(lambda name: detached.list_command())
-    except session.HostKeysRefused as exc:
+    except HostKeysRefused as exc:
         raise UsageError(f"host key verification failed: {exc}") from exc
     not_asked = _not_asked(reach, answers)
     per_job: dict[str, dict] = {}
@@ -610,16 +614,18 @@ def jobs_command(hosts: str, limit: str | None, show_all: bool, **ssh_opts) -> N
 @_ssh_options
 def logs_command(job: str, follow: bool, hosts: str | None, limit: str | None, **ssh_opts) -> None:
     """Show a detached job's output from every node, each line prefixed with node/rank."""
-    from clustercheck.launcher import detached, session
+    from clustercheck.launcher import detached
+    from clustercheck.launcher.connections import Connections
+    from clustercheck.launcher.job import HostKeysRefused
 
     nodes, ssh, record = _job_nodes(job, hosts, limit, ssh_opts)
     try:
-        with session.Nodes(nodes, factory.default(ssh)) as reach:
+        with Connections(nodes, factory.default(ssh)) as reach:
             _reached(reach, lambda line: click.echo(f"clustercheck: {line}", err=True))
             results = reach.stream(
                 detached.logs_command(job, follow), click.echo, record.first_ranks if record else None
             )
-    except session.HostKeysRefused as exc:
+    except HostKeysRefused as exc:
         raise UsageError(f"host key verification failed: {exc}") from exc
     not_asked = _not_asked(reach, results)
     missing = [name for name, r in results.items() if r.exit_status == 4]
@@ -638,13 +644,15 @@ def logs_command(job: str, follow: bool, hosts: str | None, limit: str | None, *
 @_ssh_options
 def stop_command(job: str, hosts: str | None, limit: str | None, **ssh_opts) -> None:
     """Stop a detached job on every node (SIGTERM, then SIGKILL after 15 s); its output stays on the nodes."""
-    from clustercheck.launcher import detached, session
+    from clustercheck.launcher import detached
+    from clustercheck.launcher.connections import Connections
+    from clustercheck.launcher.job import HostKeysRefused
 
     nodes, ssh, _ = _job_nodes(job, hosts, limit, ssh_opts)
     try:
-        with session.Nodes(nodes, factory.default(ssh)) as reach:
+        with Connections(nodes, factory.default(ssh)) as reach:
             results = reach.run(lambda name: detached.stop_command(job), timeout=detached.STOP_TIMEOUT + 45)
-    except session.HostKeysRefused as exc:
+    except HostKeysRefused as exc:
         raise UsageError(f"host key verification failed: {exc}") from exc
     not_asked = _not_asked(reach, results)
     problems = [f"{len(not_asked)} of {len(nodes)} node(s) not reached: {_named(not_asked)}"] if not_asked else []

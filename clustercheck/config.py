@@ -5,20 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import paramiko
-
-from clustercheck.run.selection import Selection
-from clustercheck.transport.params import Timeouts
-
-DEFAULT_MAX_CLOCK_OFFSET = 0.5  # seconds between any two nodes
-
-
-@dataclass(frozen=True)
-class SshSettings:
-    timeouts: Timeouts = field(default_factory=Timeouts)
-    accept_new_host_keys: bool = False
-    known_hosts: tuple[str, ...] = ()  # replaces the user's known_hosts files when given
-    config: paramiko.SSHConfig | None = None
+from clustercheck.checks.consistency import DEFAULT_MAX_CLOCK_OFFSET
+from clustercheck.selection import Selection
+from clustercheck.transport.params import SshSettings
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Rewrite the README's checks tables from the check registry (clustercheck checks --format markdown)."""
+"""Rewrite the README's stage table and checks tables from the stage list and the check registry (clustercheck
+checks --format markdown)."""
 
 import re
 import sys
@@ -8,15 +9,21 @@ from pathlib import Path
 from clustercheck import catalog
 
 README = Path(__file__).resolve().parent.parent / "README.md"
-PATTERN = re.compile(r"(<!-- BEGIN checks[^\n]*-->\n).*?(<!-- END checks -->)", re.S)
+BLOCKS = {"stages": catalog.stage_table, "checks": catalog.markdown_tables}
+
+
+def block(name: str) -> re.Pattern:
+    return re.compile(rf"(<!-- BEGIN {name}[^\n]*-->\n).*?(<!-- END {name} -->)", re.S)
 
 
 def main() -> int:
     text = README.read_text()
-    if not PATTERN.search(text):
-        print("README.md has no <!-- BEGIN checks --> ... <!-- END checks --> block", file=sys.stderr)
-        return 1
-    README.write_text(PATTERN.sub(lambda m: m.group(1) + catalog.markdown_tables() + m.group(2), text))
+    for name, render in BLOCKS.items():
+        if not block(name).search(text):
+            print(f"README.md has no <!-- BEGIN {name} --> ... <!-- END {name} --> block", file=sys.stderr)
+            return 1
+        text = block(name).sub(lambda m, render=render: m.group(1) + render() + m.group(2), text)
+    README.write_text(text)
     return 0
 
 

@@ -6,7 +6,7 @@ import re
 from pathlib import Path
 
 from clustercheck import catalog
-from clustercheck.run.selection import STAGES
+from clustercheck.selection import STAGES
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -44,3 +44,12 @@ def test_readme_checks_tables_are_the_catalog():
     listed = re.search(r"<!-- BEGIN checks[^\n]*-->\n(.*?)<!-- END checks -->", text, re.S)
     assert listed, "the README lost its generated checks tables"
     assert listed.group(1) == catalog.markdown_tables(), "regenerate: scripts/checks_docs.py"
+
+
+def test_readme_stage_table_is_the_stage_list():
+    from clustercheck import catalog
+
+    text = (REPO / "README.md").read_text()
+    listed = re.search(r"<!-- BEGIN stages[^\n]*-->\n(.*?)<!-- END stages -->", text, re.S)
+    assert listed, "the README lost its generated stage table"
+    assert listed.group(1) == catalog.stage_table(), "regenerate: scripts/checks_docs.py"

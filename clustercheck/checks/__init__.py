@@ -16,7 +16,7 @@ from clustercheck.checks import pcie  # noqa: F401
 from clustercheck.checks import fabric  # noqa: F401
 from clustercheck.checks import system  # noqa: F401
 from clustercheck.checks import collectives  # noqa: F401
-from clustercheck.checks import transport  # noqa: F401
+from clustercheck.checks import nccl_net  # noqa: F401
 from clustercheck.checks import consistency  # noqa: F401
 from clustercheck.checks import network  # noqa: F401
 from clustercheck.checks import data  # noqa: F401

@@ -12,9 +12,10 @@ from statistics import median
 from typing import Any
 
 from clustercheck.checks.registry import Finding, cluster_check, fail, passed, skip, warn
-from clustercheck.config import DEFAULT_MAX_CLOCK_OFFSET
 from clustercheck.facts.model import NodeFacts
 from clustercheck.model import Metric
+
+DEFAULT_MAX_CLOCK_OFFSET = 0.5  # seconds between any two nodes (--max-clock-offset)
 
 
 def too_few(nodes: list[NodeFacts]) -> str | None:

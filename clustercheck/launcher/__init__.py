@@ -7,5 +7,12 @@ sameness.py   what the code is, the script's directory hashed on every node, and
               node-side program, which also records the launches from a directory so their outputs are not code)
 detached.py   a job under a transient systemd unit on each node: the command lines and their answers (pure)
 records.py    the control machine's record of a detached job, so `logs JOB` and `stop JOB` find its nodes
-session.py    the I/O: connecting, the preflight, the checks, starting, streaming and stopping
+job.py        what a launch is: its options, how it refuses to start (NotStarted), how a foreground job ends
+session.py    a launch from start to end (Launch), each step in its own module:
+  preflight.py    the core and network stages through the pipeline; a FAIL or ERROR refuses the launch
+  connect.py      every node reached, its python and cluster address found (the facts collector)
+  codesync.py     the code compared on every node, or uploaded with --sync; the running-from-here records
+  foreground.py   torchrun on every node, output streamed, every node stopped when one fails
+  background.py   a systemd unit per node (--detach), started on all of them or on none
+connections.py  the nodes of a detached job reached again for `jobs`, `logs` and `stop`
 """

@@ -2,6 +2,6 @@
 workers; Python 3.8 and later, the oldest python of a supported Ubuntu).
 
 It is uploaded once per node and run from there as `python -m clustercheck_remote.<program>` (the controller side
-is clustercheck/stages/remote.py): `facts` (the facts collector), `netprobe` (the network probe), and the
+is clustercheck/stages/bundle.py): `facts` (the facts collector), `netprobe` (the network probe), and the
 torchrun workers `collectives` and `ddp`, which share `common`.
 """

@@ -281,7 +281,6 @@ def mesh(
     ready_file: str | None = None,
     ready_timeout: float = 60.0,
     perf_port: int | None = None,
-    perf_seconds: float = PERF_SECONDS,
     measure: tuple[str, ...] = MEASUREMENTS,
 ) -> dict:
     address = peers[me]
@@ -362,7 +361,7 @@ def mesh(
     selector.close()
     perf = None
     if perf_listener is not None:
-        perf = perf_rounds(me, peers, perf_port, perf_listener, perf_seconds, measure)
+        perf = perf_rounds(me, peers, perf_port, perf_listener, PERF_SECONDS, measure)
         perf_listener.close()
 
     interface = interface_of(address)
@@ -595,17 +594,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     p_mesh.add_argument("--port", action="append", type=int, required=True, help="a TCP port to probe (repeat)")
     p_mesh.add_argument("--duration", type=float, default=10.0, help="seconds before the probe gives up")
-    p_mesh.add_argument("--hostname", default=None, help="the name this node answers with (default: its hostname)")
     p_mesh.add_argument("--perf-port", type=int, default=None, help="measure RTT and throughput on this port")
-    p_mesh.add_argument("--perf-seconds", type=float, default=PERF_SECONDS, help="bulk transfer each way")
     p_mesh.add_argument(
         "--measure", action="append", choices=MEASUREMENTS, default=None, help="what the perf rounds measure (repeat)"
     )
     p_mesh.add_argument("--go-file", default=None, help="connect only once this file exists (it holds the seconds)")
     p_mesh.add_argument("--ready-file", default=None, help="written once the listeners are up")
     p_mesh.add_argument("--ready-timeout", type=float, default=60.0, help="seconds to wait for the go file")
-    p_holder = sub.add_parser("port-holder", help="name the processes listening on a port")
-    p_holder.add_argument("port", type=int)
     sub.add_parser("free-port", help="print a TCP port free on 127.0.0.1 (for a node-local torch job)")
     p_wait = sub.add_parser("wait-ready", help="wait until a probe's ready file exists")
     p_wait.add_argument("file")
@@ -632,25 +627,20 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "go":
         write_atomic(args.file, f"{args.seconds:g}\n")
         return 0
-    if args.command == "port-holder":
-        print(json.dumps({"port": args.port, "holders": port_holders(args.port)}))
-        return 0
     peers = dict(args.peer)
     if args.me not in peers:
         parser.error(f"--self {args.me} is not among the --peer names")
-    hostname = args.hostname or socket.gethostname()
     record = mesh(
         args.me,
         peers,
         args.port,
         args.duration,
-        hostname,
+        socket.gethostname(),
         dict(args.hostname_of),
         go_file=args.go_file,
         ready_file=args.ready_file,
         ready_timeout=args.ready_timeout,
         perf_port=args.perf_port,
-        perf_seconds=args.perf_seconds,
         measure=tuple(args.measure or ()),
     )
     print(json.dumps(record))

@@ -86,7 +86,7 @@ def stage_summaries(results: list[CheckResult], durations: dict[str, float] | No
     """Every stage, in the order they run, from its checks' results (the check registry says which stage emits
     which check) and the seconds each stage ran."""
     from clustercheck.checks import REGISTRY
-    from clustercheck.run.selection import STAGES
+    from clustercheck.selection import STAGES
 
     durations = durations or {}
     by_stage: dict[str, list[CheckResult]] = {stage: [] for stage in STAGES}

@@ -1,2 +1,1 @@
-"""Running the stages over the nodes: selection before work (selection.py), the fan-out helper (fanout.py), and
-the pipeline that drives the stages and cleans every node up (pipeline.py)."""
+"""Running the stages over the nodes: the pipeline that drives them and cleans every node up (pipeline.py)."""

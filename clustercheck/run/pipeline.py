@@ -18,10 +18,12 @@ from clustercheck.checks import connection, registry
 from clustercheck.config import RunConfig
 from clustercheck.facts import parse
 from clustercheck.facts.model import NodeFacts
+from clustercheck.fanout import fanout
 from clustercheck.inventory import Node
 from clustercheck.model import CheckResult, Status
-from clustercheck.run.fanout import fanout
-from clustercheck.stages import DISTRIBUTED, Context, Member, core, modules
+from clustercheck.selection import DISTRIBUTED
+from clustercheck.selection import stage as declared
+from clustercheck.stages import Context, Member, core, modules
 from clustercheck.transport import HostKeyError, Transport, TransportError, new_run_id
 from clustercheck.transport.factory import Factory
 
@@ -158,7 +160,7 @@ class Pipeline:
                 why = f"not selected (--skip {' '.join(selection.globs)})"
             elif blocked:
                 why = blocked
-            elif module.NEEDS_TORCH and no_torch:
+            elif declared(stage).needs_torch and no_torch:
                 why = f"torch does not import on {', '.join(no_torch)}"
             if why:
                 for check in checks:
@@ -173,7 +175,7 @@ class Pipeline:
             self._durations[stage] = time.monotonic() - started
             results += stage_results
             problems = [r for r in stage_results if r.status.is_problem]
-            if problems and getattr(module, "GATES", True):
+            if problems and declared(stage).gates:
                 blocked = f"the {stage} stage failed ({problems[0].message})"
                 if stage == "network":
                     blocked = f"the network stage failed, so no torch job was started ({problems[0].message})"

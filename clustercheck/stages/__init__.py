@@ -1,26 +1,26 @@
-"""The stages of `clustercheck run`, in order: core (per node), then network, collectives and ddp over every node
-at once. Each multi-node stage is one module with one interface:
+"""The stages of `clustercheck run`, in the order clustercheck/selection.py declares them: core (per node), then
+the multi-node stages over every node at once. Each multi-node stage is one module, named as its stage, with one
+interface:
 
     NAME: str               the stage's name (--only/--skip take it)
-    NEEDS_TORCH: bool       whether it starts torch (it then skips when torch does not import on a node)
     run(members, ctx) -> list[CheckResult]
 
-The checks each stage emits are declared in the check registry under their stage; the pipeline
-(clustercheck/run/pipeline.py) reports them as SKIP, in the shape a run gives, when the stage does not run.
+Whether a stage needs torch and whether its failure stops the stages after it are declared with the stage
+(selection.DECLARED). The checks each stage emits are declared in the check registry under their stage; the
+pipeline (clustercheck/run/pipeline.py) reports them as SKIP, in the shape a run gives, when the stage does not run.
 """
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from clustercheck.config import RunConfig
 from clustercheck.facts.model import NodeFacts
 from clustercheck.inventory import Node
-from clustercheck.run.selection import STAGES
+from clustercheck.selection import DISTRIBUTED
 from clustercheck.transport import Transport
-
-DISTRIBUTED = STAGES[1:]
 
 Progress = Callable[[str, str], None]
 
@@ -51,6 +51,4 @@ class Context:
 
 def modules() -> dict:
     """Stage name -> its module, for the multi-node stages."""
-    from clustercheck.stages import collectives, data, ddp, lightning, network
-
-    return {"network": network, "data": data, "collectives": collectives, "ddp": ddp, "lightning": lightning}
+    return {name: importlib.import_module(f"{__name__}.{name}") for name in DISTRIBUTED}

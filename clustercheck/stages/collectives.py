@@ -5,13 +5,12 @@ from __future__ import annotations
 
 import time
 
-from clustercheck.checks import collectives, registry, transport
+from clustercheck.checks import collectives, nccl_net, registry
 from clustercheck.model import CheckResult, Status
 from clustercheck.stages import Context, Member, launch, torchjob
 from clustercheck.transport import TransportError
 
 NAME = "collectives"
-NEEDS_TORCH = True
 LOCAL_STAGE = "local-collectives"  # the node-local job's directory on the node and in the run directory
 
 
@@ -26,7 +25,7 @@ def run(members: list[Member], ctx: Context) -> list[CheckResult]:
             registry.emit(name, Status.ERROR, f"{name}: {exc}")
             for name in (*collectives.COLLECTIVES, "allreduce.bandwidth")
         ] + [
-            transport.TRANSPORT.result(m.name, registry.skip(f"the collectives job did not start: {exc}"))
+            nccl_net.TRANSPORT.result(m.name, registry.skip(f"the collectives job did not start: {exc}"))
             for m in members
         ]
     results = collectives.evaluate(outcome.records, outcome.world_size)
@@ -48,11 +47,11 @@ def transport_results(members: list[Member], outcome: torchjob.JobOutcome, ctx: 
                 for p in sorted(config.host_dir(m.name).glob("nccl-*.log"))
                 if p.stat().st_mtime >= since
             ]
-            finding = transport.judge_nccl(transport.parse_nccl_log("\n".join(logs)), m.facts, expect)
+            finding = nccl_net.judge_nccl(nccl_net.parse_nccl_log("\n".join(logs)), m.facts, expect)
         else:
             records = [r for r in outcome.records if r.get("node") == m.name]
-            finding = transport.judge_gloo(records, m.facts, m.interface, config.master_port, expect)
-        out.append(transport.TRANSPORT.result(m.name, finding))
+            finding = nccl_net.judge_gloo(records, m.facts, m.interface, config.master_port, expect)
+        out.append(nccl_net.TRANSPORT.result(m.name, finding))
     return out
 
 

@@ -18,7 +18,7 @@ from clustercheck.facts import collect, parse
 from clustercheck.facts.model import DcgmDiag, NodeFacts
 from clustercheck.inventory import Node
 from clustercheck.model import CheckResult, Status
-from clustercheck.stages import Context, Member, collectives, network, remote
+from clustercheck.stages import Context, Member, bundle, collectives, network
 from clustercheck.transport import Transport, TransportError, parse_stale, stale_sweep_script
 
 NAME = "core"
@@ -136,7 +136,7 @@ def run_host(node: Node, transport: Transport, ctx: Context, step) -> HostOutcom
     with ThreadPoolExecutor(max_workers=3, thread_name_prefix=f"{node.name}-core") as pool:
         leftovers = pool.submit(stop_leftovers, node, transport)
         clock = pool.submit(measure_clock_offset, transport)
-        upload = pool.submit(remote.install, transport)
+        upload = pool.submit(bundle.install, transport)
         python, source, missing = find_python(node, transport, config.python)
     outcome.results.append(leftovers.result())
     offset, uncertainty = clock.result()
@@ -151,7 +151,7 @@ def run_host(node: Node, transport: Transport, ctx: Context, step) -> HostOutcom
     for package in node.packages:
         args += ["--package", package]
     started = time.monotonic()
-    collected = transport.run(remote.command(python, transport.workdir, "facts", *args), timeout=config.command_timeout)
+    collected = transport.run(bundle.command(python, transport.workdir, "facts", *args), timeout=config.command_timeout)
     (host_dir / "facts.json").write_text(collected.stdout)
     (host_dir / "facts.stderr").write_text(collected.stderr)
     raw = None
@@ -258,7 +258,7 @@ def local_collectives(facts: NodeFacts, transport: Transport, ctx: Context) -> l
 def local_port(transport: Transport, python: str) -> int:
     """A port free on the node's loopback for its node-local job, never the master port: a stale process there is
     the network stage's finding (network.master_port), not the node-local collectives'."""
-    answer = transport.run(remote.command(python, transport.workdir, "netprobe", "free-port"), timeout=30)
+    answer = transport.run(bundle.command(python, transport.workdir, "netprobe", "free-port"), timeout=30)
     with contextlib.suppress(ValueError):
         port = int(answer.stdout.strip())
         if answer.ok and 1024 <= port <= 65535:

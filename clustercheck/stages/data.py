@@ -10,19 +10,17 @@ import json
 import secrets
 
 from clustercheck.checks import data, registry
+from clustercheck.fanout import fanout
 from clustercheck.model import CheckResult, Status
-from clustercheck.run.fanout import fanout
-from clustercheck.stages import Context, Member, remote
+from clustercheck.stages import Context, Member, bundle
 
 NAME = "data"
-NEEDS_TORCH = False
-GATES = False  # a FAIL here does not skip the stages after it
 
 
 def _ask(m: Member, ctx: Context, args: list[str], log: str) -> dict:
-    remote.install(m.transport)
+    bundle.install(m.transport)
     answer = m.transport.run(
-        remote.command(m.facts.python, m.transport.workdir, "data", *args), timeout=ctx.config.command_timeout
+        bundle.command(m.facts.python, m.transport.workdir, "data", *args), timeout=ctx.config.command_timeout
     )
     with open(ctx.config.host_dir(m.name) / f"{log}.json", "a") as fh:
         fh.write(answer.stdout)

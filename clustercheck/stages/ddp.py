@@ -8,12 +8,10 @@ from clustercheck.stages import Context, Member, launch, torchjob
 from clustercheck.transport import TransportError
 
 NAME = "ddp"
-NEEDS_TORCH = True
-WORKER_ARGS: list[str] = []  # extra arguments of the DDP worker (e.g. --steps N)
 
 
 def run(members: list[Member], ctx: Context) -> list[CheckResult]:
-    args = list(WORKER_ARGS)
+    args: list[str] = []
     if ctx.config.shared_dir:  # the checkpoint round trip goes through the shared directory
         args += ["--checkpoint-dir", f"{ctx.config.shared_dir.rstrip('/')}/.clustercheck-{members[0].transport.run_id}"]
     try:

@@ -2,7 +2,7 @@
 
 Static rendezvous: every node is told the number of nodes, its own rank, and the first node's cluster
 address and port, as `torchrun --nnodes N --node-rank R --master-addr A --master-port P`. The worker is a program
-of the node-side bundle (stages/remote.py), uploaded into RUN_DIR on each node; torchrun runs the bundle as its
+of the node-side bundle (stages/bundle.py), uploaded into RUN_DIR on each node; torchrun runs the bundle as its
 script with the program's name as the first argument.
 """
 
@@ -12,7 +12,7 @@ import json
 import shlex
 from dataclasses import dataclass, field
 
-from clustercheck.stages import remote
+from clustercheck.stages import bundle
 
 CPU_RANKS_PER_NODE = 2  # ranks on a node without GPUs, unless the user says otherwise
 
@@ -155,7 +155,7 @@ def plan(
             master_addr=master,
             master_port=master_port,
             log_dir=f"{output_dir(node.run_dir, stage)}/torchrun-logs",
-            script=remote.path(node.run_dir),
+            script=bundle.path(node.run_dir),
             script_args=[worker, "--out", output_dir(node.run_dir, stage), "--backend", backend, *(worker_args or [])],
         )
         env = torchrun_env(backend, interface, node.run_dir, (extra_env or {}).get(node.name))

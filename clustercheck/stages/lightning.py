@@ -8,19 +8,18 @@ from __future__ import annotations
 import json
 
 from clustercheck.checks import lightning, registry
+from clustercheck.fanout import fanout
 from clustercheck.model import CheckResult, Status
-from clustercheck.run.fanout import fanout
-from clustercheck.stages import Context, Member, launch, remote, torchjob
+from clustercheck.stages import Context, Member, bundle, launch, torchjob
 from clustercheck.transport import TransportError
 
 NAME = "lightning"
-NEEDS_TORCH = True
 
 
 def _probe(m: Member, ctx: Context) -> dict:
-    remote.install(m.transport)
+    bundle.install(m.transport)
     answer = m.transport.run(
-        remote.command(m.facts.python, m.transport.workdir, "lightning", "probe"), timeout=ctx.config.command_timeout
+        bundle.command(m.facts.python, m.transport.workdir, "lightning", "probe"), timeout=ctx.config.command_timeout
     )
     (ctx.config.host_dir(m.name) / "lightning-probe.json").write_text(answer.stdout + answer.stderr)
     try:

@@ -21,12 +21,11 @@ import threading
 import time
 
 from clustercheck.checks import network, registry
+from clustercheck.fanout import fanout
 from clustercheck.model import CheckResult, Status
-from clustercheck.run.fanout import fanout
-from clustercheck.stages import Context, Member, remote
+from clustercheck.stages import Context, Member, bundle
 
 NAME = "network"
-NEEDS_TORCH = False
 EPHEMERAL_RANGE = (49152, 60999)  # IANA dynamic ports, below Linux's default ip_local_port_range top
 READY_BASE, READY_PER_NODE = 30.0, 1.0  # seconds every probe gets to listen: 30 s, plus 1 s a node
 GO_SLACK = 30.0  # the probe waits this much longer for the go file than the controller waits for ready
@@ -125,7 +124,7 @@ def run(members: list[Member], ctx: Context) -> list[CheckResult]:
         args = mesh_args(
             m.name, peers, [config.master_port, port], window, (ready, go, wait + GO_SLACK), (perf_port, measure)
         )
-        command = remote.command(m.facts.python, m.transport.workdir, "netprobe", *args)
+        command = bundle.command(m.facts.python, m.transport.workdir, "netprobe", *args)
         answer = m.transport.run(
             command, timeout=wait + GO_SLACK + window + (perf_time(len(members)) if measure else 0) + 30
         )
@@ -136,7 +135,7 @@ def run(members: list[Member], ctx: Context) -> list[CheckResult]:
         except (ValueError, IndexError):
             errors[m.name] = answer.cause()
 
-    fanout(lambda m: remote.install(m.transport), members, name=lambda m: m.name)
+    fanout(lambda m: bundle.install(m.transport), members, name=lambda m: m.name)
     # Phase one: every node's probe binds its listeners; phase two starts once every node reported ready (or
     # the wait ran out), so no connection is tried towards a node that is not listening yet.
     started = time.monotonic()
@@ -149,7 +148,7 @@ def run(members: list[Member], ctx: Context) -> list[CheckResult]:
 
     def await_ready(m: Member) -> None:
         ready, go = files(m)
-        command = remote.command(m.facts.python, m.transport.workdir, "netprobe", "wait-ready", ready, "--or", go)
+        command = bundle.command(m.facts.python, m.transport.workdir, "netprobe", "wait-ready", ready, "--or", go)
         if m.transport.run([*command, "--timeout", f"{wait:g}"], timeout=wait + 15).ok:
             ready_after[m.name] = round(time.monotonic() - started, 3)
 
@@ -162,7 +161,7 @@ def run(members: list[Member], ctx: Context) -> list[CheckResult]:
         time.sleep(0.1)
     fanout(
         lambda m: m.transport.run(
-            remote.command(m.facts.python, m.transport.workdir, "netprobe", "go", files(m)[1], f"{window:g}"),
+            bundle.command(m.facts.python, m.transport.workdir, "netprobe", "go", files(m)[1], f"{window:g}"),
             timeout=30,
         ),
         members,

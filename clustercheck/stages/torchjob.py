@@ -19,9 +19,9 @@ import time
 from dataclasses import dataclass, field
 
 from clustercheck.checks import registry
+from clustercheck.fanout import fanout
 from clustercheck.model import CheckResult, Status
-from clustercheck.run.fanout import fanout
-from clustercheck.stages import Context, Member, launch, remote, rootcause, watchdog
+from clustercheck.stages import Context, Member, bundle, launch, rootcause, watchdog
 from clustercheck.transport import CommandResult, TransportError
 
 FAILURE_GRACE = 5.0  # seconds the other nodes get to report their own failure before they are stopped
@@ -98,7 +98,7 @@ def run(
     world = launch.world_size(plans)
     ranks = launch.ranks_by_node(plans)
     for plan in plans:
-        remote.install(by_name[plan.node.name].transport)
+        bundle.install(by_name[plan.node.name].transport)
         (config.host_dir(plan.node.name) / f"{stage}.command").write_text(plan.shell() + "\n")
 
     lock = threading.Lock()

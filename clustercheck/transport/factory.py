@@ -10,12 +10,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from clustercheck.config import SshSettings
 from clustercheck.inventory import Node
 from clustercheck.transport import Transport, TransportError
 from clustercheck.transport.hostkeys import known_hosts_name
 from clustercheck.transport.local import LocalTransport
-from clustercheck.transport.params import resolve
+from clustercheck.transport.params import SshSettings, resolve
 from clustercheck.transport.ssh import SSHTransport
 
 

@@ -47,6 +47,16 @@ class Timeouts:
     auth: float = 15.0  # authentication
 
 
+@dataclass(frozen=True)
+class SshSettings:
+    """The run's SSH settings from the command line: the same for every node."""
+
+    timeouts: Timeouts = field(default_factory=Timeouts)
+    accept_new_host_keys: bool = False
+    known_hosts: tuple[str, ...] = ()  # replaces the user's known_hosts files when given
+    config: paramiko.SSHConfig | None = None
+
+
 @dataclass
 class ConnectParams:
     """Where and how to connect, after the inventory, ~/.ssh/config and the command line are merged."""

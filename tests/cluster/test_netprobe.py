@@ -16,13 +16,13 @@ import pytest
 
 from clustercheck.checks import network
 from clustercheck.model import Status
+from clustercheck.stages import bundle
 from clustercheck.stages import network as stage
-from clustercheck.stages import remote
 
 pytestmark = pytest.mark.cluster
 
 PROBE_DIR = "/tmp/clustercheck-netprobe-test"
-PROBE = remote.path(PROBE_DIR)
+PROBE = bundle.path(PROBE_DIR)
 MASTER_PORT = 29500
 CHAIN = "CLUSTERCHECK-TEST"  # our own iptables chain, so cleanup removes exactly what we added
 
@@ -57,7 +57,7 @@ def nodes(cluster):
     for _name, (_, client) in clients.items():
         run(client, f"mkdir -p {PROBE_DIR}")
         with client.open_sftp() as sftp, sftp.open(PROBE, "wb") as fh:
-            fh.write(remote.bundle())
+            fh.write(bundle.bundle())
         saved_hosts[_name] = run(client, "cat /etc/hosts")
         # What the setup playbook does: every node knows every node's cluster address by name.
         kept = "".join(line + "\n" for line in saved_hosts[_name].splitlines() if not line.endswith(tuple(clients)))

@@ -17,7 +17,7 @@ from harness import torch_fault_on_node
 
 from clustercheck.checks import collectives, ddp
 from clustercheck.model import Status
-from clustercheck.stages import launch, remote
+from clustercheck.stages import bundle, launch
 
 pytestmark = pytest.mark.cluster
 
@@ -75,8 +75,8 @@ def job(nodes, worker: str, master_port: int, extra_env=None, worker_args=None):
     for plan in plans:
         client = nodes[plan.node.name][1]
         run(client, f"rm -rf {plan.node.run_dir}/{worker} && mkdir -p {plan.node.run_dir}")
-        with client.open_sftp() as sftp, sftp.open(remote.path(plan.node.run_dir), "wb") as fh:
-            fh.write(remote.bundle())
+        with client.open_sftp() as sftp, sftp.open(bundle.path(plan.node.run_dir), "wb") as fh:
+            fh.write(bundle.bundle())
     exits = {}
     parallel(lambda p: exits.__setitem__(p.node.name, run(nodes[p.node.name][1], p.shell(), timeout=240)), plans)
     records = []

@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from clustercheck.stages import launch, remote
+from clustercheck.stages import bundle, launch
 
 
 @dataclass
@@ -66,7 +66,7 @@ def run_job(
     )
     procs = []
     for plan in plans:
-        remote.write(plan.node.run_dir)
+        bundle.write(plan.node.run_dir)
         log = open(Path(plan.node.run_dir) / "torchrun.log", "w")  # noqa: SIM115 - closed below
         env = dict(os.environ)
         if plan.node.name in (faults or {}):

@@ -11,13 +11,13 @@ import sys
 import pytest
 
 from clustercheck.facts import model
-from clustercheck.stages import remote
+from clustercheck.stages import bundle
 
 
 def test_every_probe_of_the_collector_answers_on_this_machine(tmp_path):
-    bundle = remote.write(tmp_path)
+    pyz = bundle.write(tmp_path)
     proc = subprocess.run(
-        [sys.executable, bundle, "facts", "60", "--package", "pytest", "--package", "no-such-distribution"],
+        [sys.executable, pyz, "facts", "60", "--package", "pytest", "--package", "no-such-distribution"],
         capture_output=True,
         text=True,
         timeout=120,
@@ -37,8 +37,8 @@ def test_every_probe_of_the_collector_answers_on_this_machine(tmp_path):
 
 
 def collect(tmp_path, python: str, *args: str, env=None) -> dict:
-    bundle = remote.write(tmp_path)
-    proc = subprocess.run([python, bundle, "facts", "60", *args], capture_output=True, text=True, timeout=120, env=env)
+    pyz = bundle.write(tmp_path)
+    proc = subprocess.run([python, pyz, "facts", "60", *args], capture_output=True, text=True, timeout=120, env=env)
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout.strip().splitlines()[-1])
 

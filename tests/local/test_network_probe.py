@@ -13,8 +13,8 @@ import time
 from clustercheck.checks import network
 from clustercheck.model import Status
 from clustercheck.remote import netprobe
+from clustercheck.stages import bundle
 from clustercheck.stages import network as stage
-from clustercheck.stages import remote
 
 PROC_NET_TCP = """\
   sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode
@@ -62,7 +62,7 @@ def free_port() -> int:
 
 
 def run_mesh(names_addrs: dict[str, str], ports: list[int], duration: float, only: list[str] | None = None):
-    probe = remote.write(tmp_dir())
+    probe = bundle.write(tmp_dir())
     peers = [network.Peer(n, a) for n, a in names_addrs.items()]
     procs = {
         name: subprocess.Popen(
@@ -122,7 +122,7 @@ def test_a_held_master_port_is_named_with_pid_and_command():
 
 
 def test_bad_peer_argument_is_a_usage_error():
-    probe = remote.write(tmp_dir())
+    probe = bundle.write(tmp_dir())
     proc = subprocess.run(
         [sys.executable, probe, "netprobe", "mesh", "--self", "a", "--peer", "nonsense", "--port", "1"],
         capture_output=True,
@@ -133,7 +133,7 @@ def test_bad_peer_argument_is_a_usage_error():
 
 
 def start_barrier_probe(name: str, peers, ports: list[int], workdir: str, window: float) -> subprocess.Popen:
-    probe = remote.write(workdir)
+    probe = bundle.write(workdir)
     barrier = (f"{workdir}/{name}.ready", f"{workdir}/{name}.go", 30.0)
     return subprocess.Popen(
         [sys.executable, probe, "netprobe", *stage.mesh_args(name, peers, ports, window, barrier)],
@@ -154,7 +154,7 @@ def test_probes_connect_only_after_the_go_signal_so_a_late_node_is_not_a_firewal
     procs["n3"] = start_barrier_probe("n3", peers, ports, workdir, window=2)
     for name in LOOPBACK:  # the controller's two phases: wait for every node's ready file, then go everywhere
         wait = subprocess.run(
-            [sys.executable, f"{workdir}/{remote.FILE}", "netprobe", "wait-ready", f"{workdir}/{name}.ready"],
+            [sys.executable, f"{workdir}/{bundle.FILE}", "netprobe", "wait-ready", f"{workdir}/{name}.ready"],
             capture_output=True,
             text=True,
             timeout=30,
@@ -162,7 +162,7 @@ def test_probes_connect_only_after_the_go_signal_so_a_late_node_is_not_a_firewal
         assert wait.returncode == 0, wait.stdout
     for name in LOOPBACK:
         subprocess.run(
-            [sys.executable, f"{workdir}/{remote.FILE}", "netprobe", "go", f"{workdir}/{name}.go", "2"], check=True
+            [sys.executable, f"{workdir}/{bundle.FILE}", "netprobe", "go", f"{workdir}/{name}.go", "2"], check=True
         )
     records = {n: json.loads(p.communicate(timeout=30)[0]) for n, p in procs.items()}
     assert records["localhost"]["barrier"]["go_after"] >= 3  # it waited, listening, for the late node
@@ -176,7 +176,7 @@ def test_a_probe_that_gets_no_go_signal_says_so_and_ends():
     workdir = tmp_dir()
     ports = [free_port(), free_port()]
     peers = [network.Peer(n, a) for n, a in LOOPBACK.items()]
-    probe = remote.write(workdir)
+    probe = bundle.write(workdir)
     barrier = (f"{workdir}/r", f"{workdir}/g", 1.0)
     out = subprocess.run(
         [sys.executable, probe, "netprobe", *stage.mesh_args("localhost", peers, ports, 2, barrier)],
@@ -195,7 +195,7 @@ def test_probes_measure_round_trips_and_throughput_of_every_pair_in_rounds():
     ports = [free_port(), free_port()]
     perf_port = free_port()
     peers = [network.Peer(n, a) for n, a in LOOPBACK.items()]
-    probe = remote.write(workdir)
+    probe = bundle.write(workdir)
     procs = {
         n: subprocess.Popen(
             [sys.executable, probe, "netprobe", *stage.mesh_args(n, peers, ports, 5), "--perf-port", str(perf_port)],

@@ -11,7 +11,7 @@ from test_pipeline import NAMES, Cluster, by_key
 from clustercheck.checks import connection
 from clustercheck.facts.parse import IDENTITY_SCRIPT, parse_identity
 from clustercheck.model import Status
-from clustercheck.run.selection import Selection
+from clustercheck.selection import Selection
 from clustercheck.transport import CommandResult
 
 # What IDENTITY_SCRIPT printed on two Debian 12 containers of the Docker test cluster: one kernel, so one boot ID.

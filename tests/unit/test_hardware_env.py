@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from test_checks import H800, by_name, node_facts
 
-from clustercheck.checks import consistency, registry, transport
+from clustercheck.checks import consistency, nccl_net, registry
 from clustercheck.facts import parse
 from clustercheck.model import Status
 
@@ -71,46 +71,46 @@ def facts(name="node1", **raw):
     ],
 )
 def test_the_network_gdr_and_intra_node_paths_are_read_from_real_nccl_logs(log, network, gdr, intra):
-    found = transport.parse_nccl_log((NCCL / log).read_text())
+    found = nccl_net.parse_nccl_log((NCCL / log).read_text())
     assert found.network == network
     assert found.gdr is gdr
     assert dict(found.intra) == intra
 
 
 def test_hcas_interfaces_and_disabled_gdr_are_named():
-    roce = transport.parse_nccl_log((NCCL / "roce-nccl-1537.log").read_text())
+    roce = nccl_net.parse_nccl_log((NCCL / "roce-nccl-1537.log").read_text())
     assert roce.hcas == {"mlx5_0:1": "RoCE", "mlx5_1:1": "RoCE"}
     assert roce.gdr_disabled == ["mlx5_0", "mlx5_1"]
     assert roce.oob == "primaryip"
-    assert transport.parse_nccl_log((NCCL / "socket-nccl-226.log").read_text()).socket_ifaces == ["ens3"]
-    assert transport.parse_nccl_log((NCCL / "ib-nv_peer_memory-56.log").read_text()).ib_disabled is False
-    assert transport.parse_nccl_log((NCCL / "socket-p2p-ipc-nccl-952.log").read_text()).channel_nets == {"Socket": 2}
+    assert nccl_net.parse_nccl_log((NCCL / "socket-nccl-226.log").read_text()).socket_ifaces == ["ens3"]
+    assert nccl_net.parse_nccl_log((NCCL / "ib-nv_peer_memory-56.log").read_text()).ib_disabled is False
+    assert nccl_net.parse_nccl_log((NCCL / "socket-p2p-ipc-nccl-952.log").read_text()).channel_nets == {"Socket": 2}
 
 
 def test_nccl_on_sockets_beside_an_active_rdma_port_is_a_warning_with_the_cause():
-    log = transport.parse_nccl_log((NCCL / "socket-nccl-1232.log").read_text())
+    log = nccl_net.parse_nccl_log((NCCL / "socket-nccl-1232.log").read_text())
     node = facts(infiniband=ROCE)
-    found = transport.judge_nccl(log, node, None)
+    found = nccl_net.judge_nccl(log, node, None)
     assert found.status is Status.WARN
     assert "NCCL over sockets" in found.message and "active roce port(s) (mlx5_0:1, mlx5_1:1)" in found.message
     with_disable = facts(infiniband=ROCE, launch_files={"/etc/environment": "NCCL_IB_DISABLE=1\n"})
-    assert "NCCL_IB_DISABLE=1 is set" in transport.judge_nccl(log, with_disable, None).message
-    assert transport.judge_nccl(log, facts(), None).status is Status.PASS  # no RDMA hardware: sockets expected
+    assert "NCCL_IB_DISABLE=1 is set" in nccl_net.judge_nccl(log, with_disable, None).message
+    assert nccl_net.judge_nccl(log, facts(), None).status is Status.PASS  # no RDMA hardware: sockets expected
 
 
 def test_the_expected_transport_is_enforced():
-    ib = transport.parse_nccl_log((NCCL / "ib-gdr-aks-rdma-infiniband-pr36.log").read_text())
-    assert transport.judge_nccl(ib, facts(), "ib").status is Status.PASS
-    wrong = transport.judge_nccl(ib, facts(), "roce")
+    ib = nccl_net.parse_nccl_log((NCCL / "ib-gdr-aks-rdma-infiniband-pr36.log").read_text())
+    assert nccl_net.judge_nccl(ib, facts(), "ib").status is Status.PASS
+    wrong = nccl_net.judge_nccl(ib, facts(), "roce")
     assert wrong.status is Status.FAIL and "roce was expected" in wrong.message
-    sockets = transport.parse_nccl_log((NCCL / "socket-p2p-ipc-nccl-952.log").read_text())
-    assert transport.judge_nccl(sockets, facts(), "ib").status is Status.FAIL
-    assert transport.judge_nccl(transport.parse_nccl_log(""), facts(), "ib").status is Status.SKIP
+    sockets = nccl_net.parse_nccl_log((NCCL / "socket-p2p-ipc-nccl-952.log").read_text())
+    assert nccl_net.judge_nccl(sockets, facts(), "ib").status is Status.FAIL
+    assert nccl_net.judge_nccl(nccl_net.parse_nccl_log(""), facts(), "ib").status is Status.SKIP
 
 
 def test_ib_without_gpudirect_on_a_gpu_node_names_missing_peermem():
-    log = transport.parse_nccl_log((NCCL / "ib-p2p-nccl-1412.log").read_text())
-    found = transport.judge_nccl(log, facts(smi=H800), None)
+    log = nccl_net.parse_nccl_log((NCCL / "ib-p2p-nccl-1412.log").read_text())
+    found = nccl_net.judge_nccl(log, facts(smi=H800), None)
     assert found.status is Status.WARN and "nvidia-peermem is not loaded" in found.message
 
 
@@ -136,7 +136,7 @@ def test_gloo_reports_the_interface_its_connections_bound_to():
             ]
         }
     ]
-    found = transport.judge_gloo(records, node, "eth0", 29500, None)
+    found = nccl_net.judge_gloo(records, node, "eth0", 29500, None)
     assert found.status is Status.PASS and found.message == "gloo ranks bound to eth0 (10.0.0.5)"
     loop = [
         {
@@ -145,7 +145,7 @@ def test_gloo_reports_the_interface_its_connections_bound_to():
             ]
         }
     ]
-    wrong = transport.judge_gloo(loop, node, "eth0", 29500, None)
+    wrong = nccl_net.judge_gloo(loop, node, "eth0", 29500, None)
     assert wrong.status is Status.FAIL and "bound to lo" in wrong.message
 
 

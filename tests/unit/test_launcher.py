@@ -200,9 +200,9 @@ def test_environments_caches_run_directories_and_gitignored_files_are_not_the_co
     expected = {".gitignore", "keep.ckpt", "lib/model.py", "logs/kept.log", "nested/outputs/kept.py", "train.py"}
     tree = hashed(code, skip=(str(code / "my-runs"),))
     assert set(tree.files) == expected and tree.error is None
-    from clustercheck.launcher import session
+    from clustercheck.launcher import codesync
 
-    with tarfile.open(fileobj=io.BytesIO(session.archive(code, (str(code / "my-runs"),)))) as tar:
+    with tarfile.open(fileobj=io.BytesIO(codesync.archive(code, (str(code / "my-runs"),)))) as tar:
         assert set(tar.getnames()) == expected  # --sync uploads the same files
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import json
 import random
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -343,3 +344,16 @@ def test_the_probe_makes_only_the_measurements_it_is_told(measure, made, not_mad
     entries = [e for r in records for e in r["perf"] if not e.get("served")]
     assert len(entries) == 1 and "error" not in entries[0], entries
     assert entries[0][made] > 0 and not_made not in entries[0]
+
+
+def test_the_probe_offers_only_what_the_network_stage_uses(capsys):
+    """Every option of the node-side probe's mesh is one the network stage passes: nothing kept for a test."""
+    from clustercheck.remote import netprobe
+
+    with pytest.raises(SystemExit):
+        netprobe.main(["mesh", "--help"])
+    offered = set(re.findall(r"(?<![\w-])--[\w-]+", capsys.readouterr().out)) - {"--help"}
+    passed = set(re.findall(r'"(--[\w-]+)"', Path(stage.__file__).read_text()))
+    assert offered and offered <= passed, sorted(offered - passed)
+    with pytest.raises(SystemExit):
+        netprobe.main(["port-holder", "1"])

@@ -23,7 +23,7 @@ from clustercheck.config import RunConfig
 from clustercheck.inventory import Node
 from clustercheck.model import Status
 from clustercheck.run.pipeline import Pipeline
-from clustercheck.run.selection import STAGES, Selection
+from clustercheck.selection import STAGES, Selection
 from clustercheck.transport import CommandResult, HostKeyError, SessionQuirks, TransportError, workdir_for
 from clustercheck.transport.factory import Connected
 

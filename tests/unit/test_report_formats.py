@@ -320,7 +320,7 @@ def test_the_same_fix_on_several_nodes_is_one_line_naming_them():
 
 
 def test_a_skipped_ddp_stage_is_named_in_the_verdict_with_the_option_that_skipped_it():
-    from clustercheck.run.selection import Selection
+    from clustercheck.selection import Selection
 
     healthy = json.loads((RECORDS / "netprobe-healthy.json").read_text())
     from clustercheck.checks import collectives

@@ -73,7 +73,7 @@ def test_a_check_the_schema_does_not_describe_keeps_any_data():
 
 
 def test_each_stage_s_outcome_and_duration_are_in_the_report_and_the_schema():
-    from clustercheck.run.selection import STAGES
+    from clustercheck.selection import STAGES
 
     durations = {"core": 21.3456, "network": 3.2, "collectives": 20.0, "ddp": 15.5}
     doc = document(durations=durations)

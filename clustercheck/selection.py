@@ -1,0 +1,97 @@
+"""The stages of a run, declared once, and what runs of them, decided before anything runs (like pytest's
+deselection): --only STAGE and --skip STAGE|GLOB.
+
+`DECLARED` is the one stage list: the pipeline's order, --only's choices, --skip's help, the catalog and the
+README's stage table come from it (each stage's checks are the ones the check registry declares under its name).
+A deselected stage does no work and reports every check it would have emitted as SKIP; a deselected check is
+SKIP without being judged. The core stage always runs: the others need the facts it collects.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Stage:
+    name: str  # --only and --skip take it; its module is clustercheck/stages/<name>.py
+    runs: str  # what runs, in the README's stage table
+    needs_torch: bool = False  # it starts torch: SKIP when torch does not import on a node
+    gates: bool = True  # a problem here skips the stages after it
+
+
+DECLARED = (  # in the order they run
+    Stage(
+        "core",
+        "per node: connect, facts, per-node checks, node-local collectives; then cross-node consistency",
+    ),
+    Stage("network", "a TCP probe on every node at once (python3 only, no torch)"),
+    Stage(
+        "data",
+        "`--shared-dir` is one writable filesystem on every node; every `--data-path` has the same content on every "
+        "node (python3 only)",
+        gates=False,  # the torch stages do not read the user's data
+    ),
+    Stage(
+        "collectives",
+        "torchrun on every node: collective correctness and an all_reduce bandwidth sweep",
+        needs_torch=True,
+    ),
+    Stage(
+        "ddp",
+        "torchrun on every node: DDP against a single-process reference, and a checkpoint saved half-way by rank 0, "
+        "loaded by every rank and resumed",
+        needs_torch=True,
+    ),
+    Stage(
+        "lightning",
+        "where Lightning imports on every node: torchrun on every node running "
+        '`Trainer(num_nodes=N, devices=K, strategy="ddp")` against a single-process Lightning run',
+        needs_torch=True,
+    ),
+)
+STAGES = tuple(s.name for s in DECLARED)
+DISTRIBUTED = STAGES[1:]  # the multi-node stages, over every node at once
+
+
+def stage(name: str) -> Stage:
+    return next(s for s in DECLARED if s.name == name)
+
+
+class SelectionError(ValueError):
+    """--only/--skip that cannot work; printed as one line."""
+
+
+@dataclass(frozen=True)
+class Selection:
+    only: tuple[str, ...] = ()  # stages asked for with --only
+    skip: tuple[str, ...] = ()  # stages and check-name globs given to --skip
+
+    def __post_init__(self) -> None:
+        unknown = [s for s in self.only if s not in STAGES]
+        if unknown:
+            raise SelectionError(f"--only {unknown[0]}: not a stage ({', '.join(STAGES)})")
+        if "core" in self.skip:
+            raise SelectionError("--skip core: the core stage collects the facts every other stage needs; use --only")
+
+    @property
+    def globs(self) -> tuple[str, ...]:
+        return tuple(s for s in self.skip if s not in STAGES)
+
+    def stage_selected(self, stage: str) -> bool:
+        if stage == "core":
+            return True
+        return (not self.only or stage in self.only) and stage not in self.skip
+
+    def why_not_stage(self, stage: str) -> str:
+        if stage in self.skip:
+            return f"not selected (--skip {stage})"
+        return f"not selected (--only {' '.join(self.only)})"
+
+    def check_selected(self, name: str) -> bool:
+        return not any(fnmatch.fnmatchcase(name, pattern) for pattern in self.globs)
+
+    def why_not_check(self, name: str) -> str:
+        pattern = next(p for p in self.globs if fnmatch.fnmatchcase(name, p))
+        return f"not selected (--skip {pattern})"

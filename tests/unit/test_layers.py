@@ -1,0 +1,123 @@
+"""clustercheck's layers point one way: no import cycle between its subpackages and top-level modules, and the
+pure checks import without the SSH library (docs/architecture.md gives the order)."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[2] / "clustercheck"
+NODE_SIDE = "remote"  # the programs that run on the nodes: bundled on their own, they import no clustercheck
+
+
+def unit(module: str) -> str | None:
+    """clustercheck.stages.core -> stages, clustercheck.config -> config; None outside clustercheck's parts."""
+    parts = module.split(".")
+    if parts[0] != "clustercheck" or len(parts) < 2 or parts[1] in ("__main__", NODE_SIDE):
+        return None
+    return parts[1]
+
+
+def imports(path: Path) -> set[str]:
+    """The clustercheck modules PATH imports, wherever in the file (a function's lazy import counts too)."""
+    here = list(path.relative_to(PACKAGE.parent).parts[:-1])  # the package the file is in
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                package = here[: len(here) - node.level + 1]
+                base = ".".join([*package, base] if base else package)
+            found.add(base)
+            found.update(f"{base}.{alias.name}" for alias in node.names)  # `from clustercheck import catalog`
+    return found
+
+
+def graph() -> dict[str, set[str]]:
+    edges: dict[str, set[str]] = {}
+    for path in PACKAGE.rglob("*.py"):
+        module = ".".join(path.relative_to(PACKAGE.parent).with_suffix("").parts).removesuffix(".__init__")
+        source = unit(module)
+        if source is None:
+            continue
+        for target in filter(None, map(unit, imports(path))):
+            if target != source and ((PACKAGE / target).is_dir() or (PACKAGE / f"{target}.py").exists()):
+                edges.setdefault(source, set()).add(target)
+    return edges
+
+
+def cycle(edges: dict[str, set[str]]) -> list[str] | None:
+    """One import cycle as the path that closes it, or None."""
+    done: set[str] = set()
+
+    def visit(node: str, path: list[str]) -> list[str] | None:
+        if node in path:
+            return [*path[path.index(node) :], node]
+        if node in done:
+            return None
+        for target in sorted(edges.get(node, ())):
+            found = visit(target, [*path, node])
+            if found:
+                return found
+        done.add(node)
+        return None
+
+    for start in sorted(edges):
+        found = visit(start, [])
+        if found:
+            return found
+    return None
+
+
+def test_the_cycle_finder_finds_a_cycle():
+    assert cycle({"config": {"transport"}, "transport": {"inventory", "config"}}) == ["config", "transport", "config"]
+    assert cycle({"run": {"stages"}, "stages": {"checks"}}) is None
+
+
+def test_no_import_cycle_between_clustercheck_subpackages():
+    edges = graph()
+    assert edges["run"] >= {"stages"} and "launcher" in edges["cli"]  # the walk sees the imports it must
+    assert cycle(edges) is None, " -> ".join(cycle(edges) or [])
+
+
+def test_the_pure_layers_import_without_paramiko():
+    checks = sorted(p.stem for p in (PACKAGE / "checks").glob("*.py") if p.stem != "__init__")
+    assert "consistency" in checks and "nccl_net" in checks
+    modules = [
+        "clustercheck.checks",
+        *(f"clustercheck.checks.{name}" for name in checks),
+        "clustercheck.catalog",
+        "clustercheck.selection",
+    ]
+    script = f"""
+import importlib, sys
+
+class NoParamiko:
+    def find_spec(self, name, path=None, target=None):
+        if name == "paramiko" or name.startswith("paramiko."):
+            raise ImportError("paramiko is blocked here")
+        return None
+
+sys.meta_path.insert(0, NoParamiko())
+for name in list(sys.modules):
+    if name.startswith("paramiko"):
+        del sys.modules[name]
+for module in {modules!r}:
+    importlib.import_module(module)
+assert "paramiko" not in sys.modules
+print("imported", len({modules!r}))
+"""
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert f"imported {len(modules)}" in proc.stdout
+    blocked = subprocess.run(
+        [sys.executable, "-c", script.replace(repr(modules), repr(["clustercheck.transport.ssh"]))],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert "paramiko is blocked here" in blocked.stderr  # the blocker does block
