@@ -596,7 +596,11 @@ def main(argv: list[str] | None = None) -> int:
     p_mesh.add_argument("--duration", type=float, default=10.0, help="seconds before the probe gives up")
     p_mesh.add_argument("--perf-port", type=int, default=None, help="measure RTT and throughput on this port")
     p_mesh.add_argument(
-        "--measure", action="append", choices=MEASUREMENTS, default=None, help="what the perf rounds measure (repeat)"
+        "--measure",
+        action="append",
+        choices=MEASUREMENTS,
+        default=None,
+        help="what the perf rounds measure (repeat; default: all)",
     )
     p_mesh.add_argument("--go-file", default=None, help="connect only once this file exists (it holds the seconds)")
     p_mesh.add_argument("--ready-file", default=None, help="written once the listeners are up")
@@ -641,7 +645,7 @@ def main(argv: list[str] | None = None) -> int:
         ready_file=args.ready_file,
         ready_timeout=args.ready_timeout,
         perf_port=args.perf_port,
-        measure=tuple(args.measure or ()),
+        measure=tuple(args.measure or MEASUREMENTS),
     )
     print(json.dumps(record))
     return 0
