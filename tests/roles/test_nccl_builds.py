@@ -4,21 +4,19 @@ publishes (tests/ansible/standins/SOURCES.md: 2.27.x for +cuda12.4, +cuda12.9 an
 from __future__ import annotations
 
 import importlib.util
+import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent.parent
+sys.path.insert(0, str(REPO / "tests" / "ansible" / "standins"))  # the stand-in repository the converges serve
+import build_repo  # noqa: E402
+
 _spec = importlib.util.spec_from_file_location("nccl_builds", REPO / "roles/nccl/filter_plugins/nccl_builds.py")
 nccl = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(nccl)
 
 OFFERED = [
-    "2.25.1-1+cuda12.8",
-    "2.26.2-1+cuda12.8",
-    "2.27.3-1+cuda12.4",
-    "2.27.3-1+cuda12.9",
-    "2.27.7-1+cuda12.4",
-    "2.27.7-1+cuda12.9",
-    "2.27.7-1+cuda13.0",
+    *build_repo.NCCL_BUILDS,  # the builds the stand-in repository serves to the converges
     "2.18.5-1-2",  # Ubuntu's own libnccl2 (universe): not a CUDA build, never chosen
 ]
 

@@ -81,6 +81,18 @@ echo "nvcc: TEST DOUBLE, release {cuda}"
 """
 
 
+# NCCL: each release built for a few CUDA minors only (none of 2.27.x for 12.8), as NVIDIA's repository publishes.
+NCCL_BUILDS = (
+    "2.25.1-1+cuda12.8",
+    "2.26.2-1+cuda12.8",
+    "2.27.3-1+cuda12.4",
+    "2.27.3-1+cuda12.9",
+    "2.27.7-1+cuda12.4",
+    "2.27.7-1+cuda12.9",
+    "2.27.7-1+cuda13.0",
+)
+
+
 @dataclass
 class Package:
     name: str
@@ -170,16 +182,7 @@ def _packages(keyring: bytes) -> list[Package]:
         nvcc = {f"usr/local/cuda-{cuda}/bin/nvcc": (NVCC.format(cuda=cuda), 0o755)}
         packages.append(Package(f"cuda-toolkit-{cuda.replace('.', '-')}", version, files=nvcc))
     packages += [Package("cudnn9-cuda-12", "9.10.2.21-1"), Package("cudnn9-cuda-13", "9.17.1.4-1")]
-    # NCCL: each release built for a few CUDA minors only (none of 2.27.x for 12.8).
-    for build in (
-        "2.25.1-1+cuda12.8",
-        "2.26.2-1+cuda12.8",
-        "2.27.3-1+cuda12.4",
-        "2.27.3-1+cuda12.9",
-        "2.27.7-1+cuda12.4",
-        "2.27.7-1+cuda12.9",
-        "2.27.7-1+cuda13.0",
-    ):
+    for build in NCCL_BUILDS:
         packages += [Package("libnccl2", build), Package("libnccl-dev", build, depends=f"libnccl2 (= {build})")]
     return packages
 
