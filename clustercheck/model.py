@@ -45,10 +45,6 @@ class Measure:
     value: float
     labels: dict[str, str] = field(default_factory=dict)
 
-    @property
-    def unit(self) -> str:
-        return self.metric.unit
-
 
 @dataclass(frozen=True)
 class CheckResult:
