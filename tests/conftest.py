@@ -37,11 +37,12 @@ def _need_docker() -> None:
 def own_cluster(size: int, what: str, suffix: str = "", os_name=testcluster.DEFAULT_OS, user: str = "root"):
     """SIZE fresh nodes under the name TESTCLUSTER_NAME (default cc) + SUFFIX, removed afterwards.
 
-    TESTCLUSTER_NAME names the cluster, so separate checkouts can test side by side. OS_NAME and USER as
-    for testcluster.up: one OS or one per node; the login user (passwordless sudo) when not root.
+    TESTCLUSTER_NAME names the cluster, so separate checkouts can test side by side; a pytest-xdist worker adds
+    its own name (-gw1), so two lanes never share a cluster by accident. OS_NAME and USER as for testcluster.up:
+    one OS or one per node; the login user (passwordless sudo) when not root.
     """
     _need_docker()
-    name = os.environ.get("TESTCLUSTER_NAME", testcluster.DEFAULT_NAME) + suffix
+    name = os.environ.get("TESTCLUSTER_NAME", testcluster.DEFAULT_NAME) + _LANE + suffix
     try:
         up = testcluster.up(size, name=name, os_name=os_name, user=user)
     except testcluster.ClusterError as exc:
@@ -50,6 +51,28 @@ def own_cluster(size: int, what: str, suffix: str = "", os_name=testcluster.DEFA
         yield up
     finally:
         testcluster.down(name)
+
+
+# The pytest-xdist worker this process is ("-gw0"), or "" in a run without workers.
+_LANE = f"-{os.environ['PYTEST_XDIST_WORKER']}" if os.environ.get("PYTEST_XDIST_WORKER") else ""
+
+# Lanes (pyproject's addopts: -n 2 --dist loadgroup). A session cluster is made once per worker that needs it, so
+# the tests on one cluster go to one worker as one group; a module's own cluster is its module's group. The
+# localhost tests are one group: they bind fixed ports on this machine. Everything else is spread test by test.
+SESSION_CLUSTERS = {"cluster": "debian-cluster", "ubuntu_cluster": "ubuntu-cluster"}
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items):
+    """Give each test its lane group (pytest-xdist's xdist_group), before xdist reads the marker."""
+    for item in items:
+        group = next((g for fixture, g in SESSION_CLUSTERS.items() if fixture in item.fixturenames), None)
+        if group is None and item.get_closest_marker("cluster"):
+            group = item.path.relative_to(REPO).as_posix()
+        if group is None and item.path.is_relative_to(REPO / "tests" / "local"):
+            group = "localhost"
+        if group is not None:
+            item.add_marker(pytest.mark.xdist_group(group))
 
 
 @pytest.fixture(scope="session")
