@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import json
 import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -37,11 +39,12 @@ def _need_docker() -> None:
 def own_cluster(size: int, what: str, suffix: str = "", os_name=testcluster.DEFAULT_OS, user: str = "root"):
     """SIZE fresh nodes under the name TESTCLUSTER_NAME (default cc) + SUFFIX, removed afterwards.
 
-    TESTCLUSTER_NAME names the cluster, so separate checkouts can test side by side. OS_NAME and USER as
-    for testcluster.up: one OS or one per node; the login user (passwordless sudo) when not root.
+    TESTCLUSTER_NAME names the cluster, so separate checkouts can test side by side; a pytest-xdist worker adds
+    its own name (-gw1), so two lanes never share a cluster by accident. OS_NAME and USER as for testcluster.up:
+    one OS or one per node; the login user (passwordless sudo) when not root.
     """
     _need_docker()
-    name = os.environ.get("TESTCLUSTER_NAME", testcluster.DEFAULT_NAME) + suffix
+    name = os.environ.get("TESTCLUSTER_NAME", testcluster.DEFAULT_NAME) + _LANE + suffix
     try:
         up = testcluster.up(size, name=name, os_name=os_name, user=user)
     except testcluster.ClusterError as exc:
@@ -50,6 +53,72 @@ def own_cluster(size: int, what: str, suffix: str = "", os_name=testcluster.DEFA
         yield up
     finally:
         testcluster.down(name)
+
+
+# The pytest-xdist worker this process is ("-gw0"), or "" in a run without workers.
+_LANE = f"-{os.environ['PYTEST_XDIST_WORKER']}" if os.environ.get("PYTEST_XDIST_WORKER") else ""
+
+# Lanes (pyproject's addopts: -n 2 --dist loadscope, pytest-xdist): a session cluster is made once in each worker
+# that needs it, so the tests on one cluster go to one worker as one group; a module's own cluster makes its module
+# a group. The localhost tests are one group: they bind fixed ports on this machine. Everything else is spread test
+# by test. The workers know each test's fixtures and write the groups down; the controller's scheduler reads them.
+SESSION_CLUSTERS = {"cluster": "debian-cluster", "ubuntu_cluster": "ubuntu-cluster"}
+LANE_GROUPS = pytest.StashKey[Path]()
+
+
+def lane_group(item) -> str | None:
+    """The group ITEM runs in, or None for a test any worker can take alone."""
+    group = next((g for fixture, g in SESSION_CLUSTERS.items() if fixture in item.fixturenames), None)
+    if group is None and item.get_closest_marker("cluster"):
+        group = item.path.relative_to(REPO).as_posix()
+    if group is None and item.path.is_relative_to(REPO / "tests" / "local"):
+        group = "localhost"
+    return group
+
+
+def pytest_configure(config):
+    if config.getoption("numprocesses", default=None) and not hasattr(config, "workerinput"):
+        config.stash[LANE_GROUPS] = Path(tempfile.mkdtemp(prefix="clustercheck-lanes-")) / "groups.json"
+
+
+def pytest_unconfigure(config):
+    groups = config.stash.get(LANE_GROUPS, None)
+    if groups is not None:
+        shutil.rmtree(groups.parent, ignore_errors=True)
+
+
+def pytest_configure_node(node):
+    """(controller) Where each worker writes the groups it collected."""
+    node.workerinput["lane_groups"] = str(node.config.stash[LANE_GROUPS])
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """(controller) Whole groups to one worker at a time, the largest first (xdist's scope scheduling), with the
+    groups the workers wrote; a test in none is a group of its own."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    path = config.stash[LANE_GROUPS]
+
+    class LaneScheduling(LoadScopeScheduling):
+        groups: dict[str, str] | None = None
+
+        def _split_scope(self, nodeid: str) -> str:
+            if self.groups is None:
+                self.groups = json.loads(path.read_text())
+            return self.groups.get(nodeid, nodeid)
+
+    return LaneScheduling(config, log)
+
+
+def _write_lane_groups(session) -> None:
+    """(worker) Each collected test's group, for the controller's scheduler; written whole, then renamed."""
+    target = getattr(session.config, "workerinput", {}).get("lane_groups")
+    if not target:
+        return
+    groups = {item.nodeid: group for item in session.items if (group := lane_group(item))}
+    part = Path(f"{target}.{os.getpid()}")
+    part.write_text(json.dumps(groups))
+    part.replace(target)
 
 
 @pytest.fixture(scope="session")
@@ -157,6 +226,7 @@ def pytest_collection_finish(session):
     test's cluster first needs it: they build while the tests without Docker run (pyproject's testpaths take those
     first). The fixtures wait for them through the builders' own locks, and report a failure themselves (a failed
     download here only means they try again)."""
+    _write_lane_groups(session)
     cluster_items = [item for item in session.items if item.get_closest_marker("cluster")]
     if not cluster_items or session.config.option.collectonly:
         return
@@ -249,8 +319,6 @@ def reports_match_the_schema(request):
     yield
     if tmp_path is None or not tmp_path.exists():
         return
-    import json
-
     import jsonschema
 
     from clustercheck import report

@@ -83,7 +83,7 @@ def collect(tmp_path: Path, *args: str, block_torch: bool = False) -> list[dict]
         (bin_dir / "docker").write_text("#!/bin/sh\necho 'docker: not installed' >&2\nexit 127\n")
         (bin_dir / "docker").chmod(0o755)
         env["PATH"] = f"{bin_dir}{os.pathsep}{env['PATH']}"
-    cmd = [sys.executable, "-m", "pytest", "-c", str(REPO / "pyproject.toml"), "--collect-only", "-q"]
+    cmd = [sys.executable, "-m", "pytest", "-c", str(REPO / "pyproject.toml"), "--collect-only", "-q", "-n", "0"]
     cmd += ["-p", "no:cacheprovider", "-p", "layout_plugin"]
     proc = subprocess.run([*cmd, *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
