@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from clustercheck.checks.registry import Finding, fail, node_check, passed, warn
+from typing import Any
+
+from clustercheck.checks.registry import Finding, cluster_check, fail, node_check, passed, skip, warn
+from clustercheck.facts import parse
 from clustercheck.facts.model import COULD_NOT_COLLECT, NodeFacts
 from clustercheck.model import Status
 
@@ -189,3 +192,102 @@ def firewall(facts: NodeFacts) -> Finding:
     if not state.active:
         return warn("no firewall is active: every port is open to every network", **data)
     return passed(f"{state.tool} active ({state.rules} rule(s))", **data)
+
+
+# The base role's values (roles/base/defaults/main.yml, base_sysctl; a test keeps them equal), enough for a few
+# thousand nodes; larger clusters get more.
+NEIGH_BASE = {
+    "net.ipv4.neigh.default.gc_thresh1": 8192,
+    "net.ipv4.neigh.default.gc_thresh2": 16384,
+    "net.ipv4.neigh.default.gc_thresh3": 32768,
+}
+
+
+def neigh_settings(nodes: int) -> dict[str, int]:
+    """The thresholds for NODES: the base role's, or for a larger cluster gc_thresh1 the next power of two at or
+    above twice the nodes, gc_thresh2 twice that and gc_thresh3 four times."""
+    low = max(NEIGH_BASE["net.ipv4.neigh.default.gc_thresh1"], 1 << (2 * nodes - 1).bit_length())
+    return {
+        "net.ipv4.neigh.default.gc_thresh1": low,
+        "net.ipv4.neigh.default.gc_thresh2": 2 * low,
+        "net.ipv4.neigh.default.gc_thresh3": 4 * low,
+    }
+
+
+def _neigh_fix(nodes: int) -> str:
+    lines = "; ".join(f"{key} = {value}" for key, value in neigh_settings(nodes).items())
+    return (
+        f"Write {lines} to /etc/sysctl.d/90-clustercheck.conf on the named nodes (the setup playbook's base role "
+        "writes them) and run `sysctl --system`."
+    )
+
+
+@cluster_check(
+    "neighbour.table",
+    proves="every node's kernel neighbour (ARP) table holds an entry for every node of the run with room to spare "
+    "(net.ipv4.neigh.default.gc_thresh2 at least the number of nodes, gc_thresh3 at least twice it), and no node's "
+    "kernel log says the table overflowed",
+    fix=_neigh_fix(1),
+)
+def neighbour_table(nodes: list[NodeFacts], config: Any) -> Finding:
+    """Past gc_thresh3 the kernel drops new neighbours ("neighbor table overflow!"): connections to some nodes fail
+    at random, seen as flaky NCCL; past gc_thresh2 it evicts entries every 5 s. A node talks to every other node,
+    on each network it shares with them, so a cluster of N nodes needs N entries per network at the least."""
+    count = len(nodes)
+    overflowed: dict[str, list[str]] = {}
+    small, shared, unknown = [], [], []
+    for facts in nodes:
+        lines = parse.neighbour_overflows(facts.kernel_log) if facts.kernel_log else []
+        if lines:
+            overflowed[facts.host] = lines
+        limits = facts.neigh
+        if limits is None:
+            unknown.append(facts.host)
+        elif limits.gc_thresh3 is None or limits.gc_thresh2 is None:
+            shared.append(facts.host)
+        elif limits.gc_thresh2 < count or limits.gc_thresh3 < 2 * count:
+            small.append(f"{facts.host} (gc_thresh2 {limits.gc_thresh2}, gc_thresh3 {limits.gc_thresh3})")
+    data: dict[str, Any] = {
+        "nodes": count,
+        "overflowed": overflowed,
+        "too_small": small,
+        "host_namespace": shared,
+        "not_collected": unknown,
+    }
+    fix = _neigh_fix(count)
+    if overflowed:
+        said = "; ".join(
+            f"{host}: {_times(len(lines))}, last: {lines[-1]}" for host, lines in sorted(overflowed.items())
+        )
+        return fail(
+            f"the kernel's neighbour table overflowed, so connections to some nodes fail at random: {said}",
+            fix=fix,
+            **data,
+        )
+    if small:
+        return warn(
+            f"neighbour table too small for {count} nodes on {', '.join(small)}: at least gc_thresh2 "
+            f"{count} and gc_thresh3 {2 * count}",
+            fix=fix,
+            **data,
+        )
+    if unknown and len(unknown) == count:
+        return warn(f"neighbour table limits: {COULD_NOT_COLLECT} on {', '.join(unknown)}", fix=fix, **data)
+    if len(shared) == count:
+        return skip(
+            "neighbour table limits not shown in the nodes' network namespaces (containers share their host's "
+            "table); no overflow in the kernel log",
+            **data,
+        )
+    notes = []
+    if shared:
+        notes.append(f"not shown on {', '.join(shared)} (a container's namespace)")
+    if unknown:
+        notes.append(f"{COULD_NOT_COLLECT} on {', '.join(unknown)}")
+    more = f" ({'; '.join(notes)})" if notes else ""
+    nodes_said = "1 node" if count == 1 else f"{count} nodes"
+    return passed(f"room for {nodes_said} in every node's neighbour table, no overflow{more}", **data)
+
+
+def _times(count: int) -> str:
+    return "once" if count == 1 else f"{count} times"

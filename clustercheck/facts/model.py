@@ -142,6 +142,22 @@ class Memlock:
 
 
 @dataclass(frozen=True)
+class NeighThresholds:
+    """net.ipv4.neigh.default.gc_thresh2 (above it the kernel evicts entries older than 5 s) and gc_thresh3 (the
+    table's hard limit: a new neighbour past it is dropped, "neighbor table overflow!"); both None where the node's
+    network namespace does not show them (a container, which shares its host's table)."""
+
+    gc_thresh2: int | None
+    gc_thresh3: int | None
+
+    @classmethod
+    def from_probe(cls, value: dict[str, Any]) -> NeighThresholds:
+        if not value:
+            return cls(None, None)
+        return cls(int(value["gc_thresh2"]), int(value["gc_thresh3"]))
+
+
+@dataclass(frozen=True)
 class Hostname:
     name: str
     addresses: list[str]  # what the name resolves to on the node; empty when it does not resolve
@@ -348,6 +364,7 @@ class NodeFacts:
     shm: Space | None = fact(node.shm, Space.from_probe)
     disks: list[Space] | None = None
     memlock: Memlock | None = fact(node.memlock, Memlock.from_probe)
+    neigh: NeighThresholds | None = fact(node.neigh_thresholds, NeighThresholds.from_probe)
     hostname: Hostname | None = fact(node.hostname_facts, Hostname.from_probe)
     packages: Packages | None = fact(node.packages, Packages.from_probe)
     launch_env: list[LaunchSetting] | None = None

@@ -163,6 +163,16 @@ def parse_xids(kernel_log: str) -> list[dict[str, Any]]:
     return found
 
 
+# The kernel's message when its neighbour table is full: "neighbour: arp_cache: neighbor table overflow!" (5.x and
+# later; ndisc_cache for IPv6), "Neighbour table overflow." (2.x).
+NEIGH_OVERFLOW_RE = re.compile(r"neighbou?r table overflow", re.IGNORECASE)
+
+
+def neighbour_overflows(kernel_log: str) -> list[str]:
+    """The kernel log's "neighbor table overflow" lines."""
+    return [line.strip() for line in kernel_log.splitlines() if NEIGH_OVERFLOW_RE.search(line)]
+
+
 def parse_timedatectl(text: str) -> dict[str, str]:
     """`timedatectl show -p ...` -> {NTPSynchronized: yes, NTP: yes, ...}."""
     return dict(line.split("=", 1) for line in text.splitlines() if "=" in line)

@@ -292,6 +292,18 @@ def shm():
     return disk_free("/dev/shm")
 
 
+# The kernel's IPv4 neighbour (ARP) table limits. They exist in the host's initial network namespace only: a
+# container with a namespace of its own has no default/ directory there (it shares the host's table), reported {}.
+NEIGH_DEFAULTS = "/proc/sys/net/ipv4/neigh/default"
+
+
+@fact("neigh_thresholds")
+def neigh_thresholds():
+    if not os.path.isdir(NEIGH_DEFAULTS):
+        return {}
+    return {name: int(read_text(os.path.join(NEIGH_DEFAULTS, name))) for name in ("gc_thresh2", "gc_thresh3")}
+
+
 @fact("memlock")
 def memlock():
     soft, hard = resource.getrlimit(resource.RLIMIT_MEMLOCK)

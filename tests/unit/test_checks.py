@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import json
 import xml.etree.ElementTree as ET
+from dataclasses import replace
 from pathlib import Path
 
 from clustercheck import report
-from clustercheck.checks import consistency, registry
-from clustercheck.facts import collect
-from clustercheck.facts.model import NodeFacts
+from clustercheck.checks import consistency, registry, system
+from clustercheck.facts import collect, parse
+from clustercheck.facts.model import NeighThresholds, NodeFacts
 from clustercheck.inventory import Node
 from clustercheck.model import CheckResult, Status
 
@@ -222,3 +223,73 @@ def test_shm_between_the_failure_and_the_recommended_size_warns():
     facts.shm = type(facts.shm)("/dev/shm", half, half)
     result = by_name(facts)["shm.size"]
     assert result.status is Status.WARN and "0.50 GiB, less than 1 GiB" in result.message
+
+
+def test_the_kernels_neighbour_table_overflow_lines_of_both_eras_are_found():
+    data = Path(__file__).parent / "data"
+    old = parse.neighbour_overflows((data / "kernel-log-neighbour-overflow-lkml-2001.txt").read_text())
+    assert old == [
+        "Jul 28 19:47:44 sunburn kernel: Neighbour table overflow.",
+        "Jul 28 19:47:49 sunburn kernel: Neighbour table overflow.",
+    ]
+    new = parse.neighbour_overflows((data / "kernel-log-neighbour-overflow-netdev-2019.txt").read_text())
+    assert new == ["neighbour: arp_cache: neighbor table overflow!"]
+    assert parse.neighbour_overflows("NVRM: Xid (PCI:0000:18:00): 79, GPU has fallen off the bus.") == []
+
+
+def copies(facts: NodeFacts, count: int) -> list[NodeFacts]:
+    return [
+        replace(facts, node=Node(name=f"node{i}", address=f"10.0.{i // 250}.{i % 250 + 1}"))
+        for i in range(1, count + 1)
+    ]
+
+
+def test_the_neighbour_table_is_judged_against_the_number_of_nodes():
+    """The development machine's kernel defaults (gc_thresh2 512, gc_thresh3 1024) hold three nodes, not 600."""
+    localhost = recorded_node("facts-debian12-localhost.json")
+    assert localhost.neigh == NeighThresholds(512, 1024)
+    small = system.neighbour_table(copies(localhost, 3), None)
+    assert small.status is Status.PASS and "room for 3 nodes" in small.message
+    big = system.neighbour_table(copies(localhost, 600), None)
+    assert big.status is Status.WARN
+    assert "too small for 600 nodes on node1 (gc_thresh2 512, gc_thresh3 1024)" in big.message
+    assert "net.ipv4.neigh.default.gc_thresh3 = 32768" in big.fix  # the base role's values hold 600 nodes
+    huge = system.neighbour_table(copies(localhost, 5000), None)
+    assert "net.ipv4.neigh.default.gc_thresh1 = 16384" in huge.fix and "gc_thresh3 = 65536" in huge.fix
+
+
+def test_a_node_whose_kernel_log_says_the_table_overflowed_fails_by_name():
+    localhost = recorded_node("facts-debian12-localhost.json")
+    nodes = copies(localhost, 3)
+    nodes[2] = replace(
+        nodes[2],
+        kernel_log=(Path(__file__).parent / "data" / "kernel-log-neighbour-overflow-netdev-2019.txt").read_text(),
+    )
+    result = system.neighbour_table(nodes, None)
+    assert result.status is Status.FAIL
+    assert "node3: once, last: neighbour: arp_cache: neighbor table overflow!" in result.message
+    assert "node1" not in result.message
+
+
+def test_containers_that_do_not_show_the_table_skip_it():
+    """Recorded in a test node: a container's own network namespace has no neigh/default (the host's table)."""
+    container = recorded_node("facts-node3-shm-tmp-chrony.json")
+    assert container.neigh == NeighThresholds(None, None)
+    result = system.neighbour_table(copies(container, 3), None)
+    assert result.status is Status.SKIP and "containers share their host's table" in result.message
+    mixed = system.neighbour_table(
+        [
+            *copies(container, 2),
+            replace(recorded_node("facts-debian12-localhost.json"), node=Node(name="node9", address="node9")),
+        ],
+        None,
+    )
+    assert mixed.status is Status.PASS and "not shown on node1, node2" in mixed.message
+
+
+def test_the_neighbour_fix_names_the_thresholds_the_base_role_writes():
+    import yaml
+
+    defaults = yaml.safe_load((Path(__file__).parents[2] / "roles" / "base" / "defaults" / "main.yml").read_text())
+    written = {k: v for k, v in defaults["base_sysctl"].items() if k.startswith("net.ipv4.neigh.")}
+    assert written == system.NEIGH_BASE
