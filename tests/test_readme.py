@@ -53,3 +53,17 @@ def test_readme_stage_table_is_the_stage_list():
     listed = re.search(r"<!-- BEGIN stages[^\n]*-->\n(.*?)<!-- END stages -->", text, re.S)
     assert listed, "the README lost its generated stage table"
     assert listed.group(1) == catalog.stage_table(), "regenerate: scripts/checks_docs.py"
+
+
+def test_the_acceptance_suite_without_an_inventory_is_one_usage_error_in_the_lanes_too():
+    """The README's acceptance command needs --ansible-inventory: without it, one line and pytest's usage-error
+    status, before anything runs, with the test lanes (pyproject's -n 2) as in one process."""
+    import subprocess
+    import sys
+
+    for lanes in ("2", "0"):
+        cmd = [sys.executable, "-m", "pytest", "tests/acceptance", "--hosts=local://", "-p", "no:cacheprovider"]
+        proc = subprocess.run([*cmd, "-n", lanes], cwd=REPO, capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 4, proc.stdout[-2000:] + proc.stderr[-2000:]
+        said = [line for line in (proc.stdout + proc.stderr).splitlines() if line.strip()]
+        assert said == ["ERROR: the acceptance tests need --ansible-inventory=PATH (the inventory site.yml ran with)"]

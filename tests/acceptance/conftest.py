@@ -14,14 +14,15 @@ import testinfra
 from testinfra.utils.ansible_runner import AnsibleRunner
 
 
+def pytest_configure(config):
+    """A usage error before anything runs (pytest's exit status 4), also in the test lanes' controller."""
+    if not config.getoption("ansible_inventory", default=None):
+        raise pytest.UsageError("the acceptance tests need --ansible-inventory=PATH (the inventory site.yml ran with)")
+
+
 @pytest.fixture(scope="session")
 def runner(request) -> AnsibleRunner:
-    inventory = request.config.getoption("ansible_inventory")
-    if not inventory:
-        pytest.exit(
-            "the acceptance tests need --ansible-inventory=PATH (the inventory site.yml ran with)", returncode=4
-        )
-    return AnsibleRunner(inventory)
+    return AnsibleRunner(request.config.getoption("ansible_inventory"))
 
 
 @pytest.fixture(scope="session")

@@ -82,7 +82,7 @@ def test_check_mode_runs_clean(converged_cluster, wheelhouse):
 
 def acceptance(cluster, *args: str) -> subprocess.CompletedProcess:
     """The acceptance suite, as a user runs it against their inventory."""
-    cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-n", "0", "--timeout=600"]
+    cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "--timeout=600"]  # in lanes, as users run it
     cmd += [*(args or [str(REPO / "tests" / "acceptance")]), "--hosts=ansible://gpu_nodes"]
     cmd += [f"--ansible-inventory={cluster.inventory}"]
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
