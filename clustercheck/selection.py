@@ -19,6 +19,7 @@ class Stage:
     runs: str  # what runs, in the README's stage table
     needs_torch: bool = False  # it starts torch: SKIP when torch does not import on a node
     gates: bool = True  # a problem here skips the stages after it
+    asked_by: str | None = None  # an option without which the stage reports nothing (not even SKIP)
 
 
 DECLARED = (  # in the order they run
@@ -50,9 +51,16 @@ DECLARED = (  # in the order they run
         '`Trainer(num_nodes=N, devices=K, strategy="ddp")` against a single-process Lightning run',
         needs_torch=True,
     ),
+    Stage(
+        "baseline",
+        "with `--baseline REPORT.json` only: this run's figures, versions and nodes against an earlier report's "
+        "(nothing without it)",
+        gates=False,
+        asked_by="--baseline",
+    ),
 )
 STAGES = tuple(s.name for s in DECLARED)
-DISTRIBUTED = STAGES[1:]  # the multi-node stages, over every node at once
+DISTRIBUTED = tuple(s.name for s in DECLARED[1:] if s.asked_by is None)  # the multi-node stages, over every node
 
 
 def stage(name: str) -> Stage:
