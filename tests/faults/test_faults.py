@@ -13,6 +13,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import re
+import shlex
 import signal
 import subprocess
 import time
@@ -399,6 +400,10 @@ def chrony_stopped(cluster, tmp_path, row):
         verdict = run(cluster, tmp_path, row)
     finally:
         on_node(node2, "systemctl start chrony")
+    sync = checks(verdict)[("time.sync", "node2")]  # the base role sets chrony up: its line puts it right
+    assert sync["fix_command"] == shlex.join(
+        ["ansible-playbook", "site.yml", "-i", cluster.inventory, "--limit", "node2", "--tags", "base"]
+    )
     return verdict
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import jsonschema
+from test_checks import recorded_node
 
 from clustercheck import report
 from clustercheck.checks import registry, setup_roles
@@ -13,8 +14,6 @@ from clustercheck.checks.consistency import compare
 from clustercheck.model import Status
 from clustercheck.report import Report
 from clustercheck.report import json as json_report
-
-from test_checks import recorded_node
 
 
 def test_a_node_finding_gains_the_command_of_the_role_that_sets_it():
