@@ -4,7 +4,8 @@ deselection): --only STAGE and --skip STAGE|GLOB.
 `DECLARED` is the one stage list: the pipeline's order, --only's choices, --skip's help, the catalog and the
 README's stage table come from it (each stage's checks are the ones the check registry declares under its name).
 A deselected stage does no work and reports every check it would have emitted as SKIP; a deselected check is
-SKIP without being judged. The core stage always runs: the others need the facts it collects.
+SKIP without being judged. The core stage always runs: the others need the facts it collects. A stage an option
+asks for (baseline, by --baseline) runs whenever the option is given, whatever --only keeps, unless --skip names it.
 """
 
 from __future__ import annotations
@@ -87,10 +88,12 @@ class Selection:
     def globs(self) -> tuple[str, ...]:
         return tuple(s for s in self.skip if s not in STAGES)
 
-    def stage_selected(self, stage: str) -> bool:
-        if stage == "core":
+    def stage_selected(self, name: str) -> bool:
+        if name == "core":
             return True
-        return (not self.only or stage in self.only) and stage not in self.skip
+        if stage(name).asked_by:  # its option asks for it, whatever --only keeps of the others
+            return name not in self.skip
+        return (not self.only or name in self.only) and name not in self.skip
 
     def why_not_stage(self, stage: str) -> str:
         if stage in self.skip:

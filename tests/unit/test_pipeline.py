@@ -564,5 +564,8 @@ def test_baseline_checks_appear_only_with_a_baseline_and_compare_this_runs_figur
     assert results[("baseline.versions", None)].status is Status.PASS
     assert {results[("baseline.collector", n)].status for n in ("node1", "node2", "node3")} <= {Status.PASS}
     assert "baseline" in second.durations
+    network_only = Cluster().run(tmp_path / "network", baseline=given, selection=Selection(only=("network",)))
+    assert by_key(network_only.results)[("baseline.throughput", None)].status is Status.FAIL  # --baseline asked
+    assert by_key(network_only.results)[("baseline.ddp_step", None)].status is Status.SKIP  # not measured now
     skipped = Cluster().run(tmp_path / "third", baseline=given, selection=Selection(skip=("baseline",)))
     assert {r.status for r in skipped.results if r.name.startswith("baseline.")} == {Status.SKIP}
