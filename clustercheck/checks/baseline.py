@@ -302,16 +302,30 @@ def hosts_changed(baseline: dict[str, Any], current: dict[str, Any]) -> tuple[li
 # ---------------------------------------------------------------------------------------------- the checks
 
 for _figure, _proves in (
-    ("busbw", "all_reduce bus bandwidth at every message size from 1 MiB, across the cluster and within each node"),
-    ("rtt", "every measured node pair's TCP round trip time"),
-    ("throughput", "every measured node pair's TCP throughput, each way"),
-    ("ddp_step", "the DDP stage's time per training step"),
+    (
+        "busbw",
+        "all_reduce bus bandwidth at each message size from 1 MiB (across the cluster, and within each node) has not "
+        "fallen below the baseline report's by more than its tolerance",
+    ),
+    (
+        "rtt",
+        "no measured node pair's TCP round trip time has risen above the baseline report's by more than its tolerance",
+    ),
+    (
+        "throughput",
+        "no measured node pair's TCP throughput (each way) has fallen below the baseline report's by more "
+        "than its tolerance",
+    ),
+    (
+        "ddp_step",
+        "the DDP stage's time per training step has not risen above the baseline report's by more than its tolerance",
+    ),
 ):
     declare(
         f"baseline.{_figure}",
         stage=STAGE,
         scope="cluster",
-        proves=f"with --baseline: {_proves} is within its tolerance of the baseline report's",
+        proves=f"with --baseline: {_proves}",
         fix="Find what changed since the baseline on the node or pair named (a link renegotiated at a lower speed: "
         "`ethtool IFACE`; a traffic shaper: `tc qdisc show`; another job on the node; a driver or NCCL update); "
         "`clustercheck diff BASELINE.json NEW.json` lists every change.",
@@ -320,7 +334,8 @@ declare(
     "baseline.collector",
     stage=STAGE,
     scope="node",
-    proves="with --baseline: the node's facts collector takes no longer than its tolerance over the baseline's",
+    proves="with --baseline: the node's facts collector has not slowed down past the baseline report's by more than "
+    "its tolerance",
     fix="Look at what slows the node: its load (`uptime`, `top`), a slow or full disk, a hung mount, a slow "
     "`import torch` (a changed environment).",
 )

@@ -39,3 +39,15 @@ def test_a_cross_node_finding_names_the_nodes_that_differ_and_a_host_list_gets_n
     (fixed,) = setup_roles.with_fix_commands([result], "/srv/my inventory")
     assert fixed.fix_command == "ansible-playbook site.yml -i '/srv/my inventory' --limit node3,node4 --tags python_env"
     assert setup_roles.with_fix_commands([result], None) == [result]  # --hosts node1,node2 or localhost
+
+
+def test_the_readme_lists_the_mapping():
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    table = text.split("| role (tag) | checks |", 1)[1].split("\n\n", 1)[0]
+    listed = {}
+    for row in table.strip().splitlines()[1:]:
+        role, names = (cell.strip() for cell in row.strip("|").split("|"))
+        listed.update({name.strip("` "): role.strip("`") for name in names.split(",")})
+    assert listed == setup_roles.ROLE_OF
