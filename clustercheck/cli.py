@@ -21,6 +21,7 @@ from clustercheck.config import RunConfig
 from clustercheck.exitcodes import ExitCode
 from clustercheck.model import Status, overall_status
 from clustercheck.report import Report, text
+from clustercheck.report import diff as report_diff
 from clustercheck.run.pipeline import Pipeline
 from clustercheck.selection import DISTRIBUTED, STAGES, Selection, SelectionError
 from clustercheck.transport import TransportError, factory
@@ -330,7 +331,7 @@ def _load_report(path: str) -> dict:
 @click.option(
     "--format",
     "fmt",
-    type=click.Choice(["text", "markdown", "json"]),
+    type=click.Choice(report_diff.FORMATS),
     default="text",
     show_default=True,
     help="text for people, markdown for CI summaries and pull requests, json for scripts.",
@@ -345,11 +346,9 @@ def _load_report(path: str) -> dict:
 def diff_command(old: str, new: str, fmt: str, tolerances: tuple[str, ...]) -> None:
     """What changed between two JSON reports of a cluster: nodes added or gone, versions, check statuses, figures
     worse than their tolerance. Exit 1 when a figure got worse past its FAIL bound."""
-    from clustercheck.report import diff
-
     bounds = _tolerances(tolerances)
-    changes = diff.diff(_load_report(old), _load_report(new), bounds)
-    click.echo(diff.render(changes, fmt))
+    changes = report_diff.diff(_load_report(old), _load_report(new), bounds)
+    click.echo(report_diff.render(changes, fmt))
     sys.exit(ExitCode.CHECK_FAILED if changes.failed else ExitCode.OK)
 
 

@@ -92,36 +92,34 @@ def to_json(d: Diff) -> dict[str, Any]:
     }
 
 
-def _lines(d: Diff, bullet: str, code) -> list[str]:
-    sections: list[tuple[str, list[str]]] = [
+def _sections(d: Diff, code) -> list[tuple[str, list[str]]]:
+    return [
         ("nodes", [f"{code(h)} added" for h in d.hosts_added] + [f"{code(h)} gone" for h in d.hosts_gone]),
         ("versions", [v.message for v in d.versions]),
         ("statuses", [f"{code(s.where)}: {s.old} -> {s.new}" for s in d.statuses]),
-        (
-            "figures worse than their tolerance",
-            [f"{c.status.value} {c.message}" for c in d.figures],
-        ),
+        ("figures worse than their tolerance", [f"{c.status.value} {c.message}" for c in d.figures]),
     ]
-    out = []
-    for title, items in sections:
-        out.append(f"{title}: " + ("none" if not items else f"{len(items)}"))
-        out += [f"{bullet}{item}" for item in items]
-    return out
 
 
 def _summary(d: Diff) -> str:
-    when = f"{d.old.get('started_at') or '?'} -> {d.new.get('started_at') or '?'}"
+    old, new = d.old.get("started_at"), d.new.get("started_at")
+    when = f"{old or '?'} -> {new or '?'}: " if old or new else ""
     verdict = f"{d.old.get('status')} -> {d.new.get('status')}"
     worse = f"{len(d.figures)} of {d.compared} figure(s) worse than their tolerance"
-    return f"{when}: {verdict}; {worse}" + ("; a regression past its FAIL bound" if d.failed else "")
+    return f"{when}{verdict}; {worse}" + ("; a regression past its FAIL bound" if d.failed else "")
 
 
 def render(d: Diff, fmt: str) -> str:
     if fmt == "json":
         return json.dumps(to_json(d), indent=2)
     if fmt == "markdown":
-        body = []
-        for line in _lines(d, "- ", lambda t: f"`{t}`"):
-            body.append(line if line.startswith("- ") else f"\n**{line.split(':')[0]}**: {line.split(': ', 1)[1]}\n")
-        return "\n".join([f"### clustercheck diff\n\n{_summary(d)}", *body]).replace("\n\n\n", "\n\n")
-    return "\n".join([_summary(d), *_lines(d, "  ", str)])
+        out = ["### clustercheck diff", "", _summary(d)]
+        for title, items in _sections(d, lambda t: f"`{t}`"):
+            out += ["", f"**{title}**: {len(items) or 'none'}"] + (
+                [""] + [f"- {item}" for item in items] if items else []
+            )
+        return "\n".join(out)
+    out = [_summary(d)]
+    for title, items in _sections(d, str):
+        out += [f"{title}: {len(items) or 'none'}"] + [f"  {item}" for item in items]
+    return "\n".join(out)
