@@ -211,3 +211,10 @@ def test_the_changes_of_two_reports_are_one_computation():
     assert {c.key for c in changes.figures if c.figure == "throughput"} == {
         c["key"] for c in run.data["changes"] if c["status"] != "PASS"
     }
+
+
+def test_the_schema_knows_every_figure():
+    schema = json.loads(report.schema_text())
+    figure = schema["$defs"]["baseline"]["properties"]["changes"]["items"]["properties"]["figure"]
+    assert figure["enum"] == list(baseline.FIGURES)
+    assert schema["$defs"]["stage"]["properties"]["name"]["enum"][-1] == baseline.STAGE
