@@ -13,12 +13,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from clustercheck.checks.collectives import size_text
 from clustercheck.checks.network import RTT_MARGIN_MS
 from clustercheck.checks.registry import declare, emit
 from clustercheck.model import CheckResult, Status
 
 STAGE = "baseline"
-BUSBW_FROM_BYTES = 1 << 20  # busbw is judged from 1 MiB on: below it the run-to-run spread exceeds a regression
+BUSBW_FROM_BYTES = 1 << 20  # busbw is compared from 1 MiB on: below it the run-to-run spread exceeds a regression
 
 
 @dataclass(frozen=True)
@@ -119,13 +120,6 @@ class Baseline:
 # ---------------------------------------------------------------------------------------------- what a report holds
 
 
-def _size(n: int) -> str:
-    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if n >= scale and n % scale == 0:
-            return f"{n // scale} {unit}"
-    return f"{n} B"
-
-
 def _number(value: Any) -> float | None:
     return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
 
@@ -142,8 +136,8 @@ def figures(checks: list[dict]) -> dict[str, dict[str, float]]:
             where = "cluster" if host is None else f"{host} intra-node"
             for row in data.get("sizes") or []:
                 size, busbw = row.get("bytes"), _number(row.get("busbw_gbps"))
-                if isinstance(size, int) and busbw is not None:
-                    out["busbw"][f"{where} all_reduce busbw at {_size(size)}"] = busbw
+                if isinstance(size, int) and size >= BUSBW_FROM_BYTES and busbw is not None:
+                    out["busbw"][f"{where} all_reduce busbw at {size_text(size)}"] = busbw
         elif name == "network.rtt":
             for pair in data.get("pairs") or []:
                 rtt = _number(pair.get("rtt_ms"))
@@ -175,19 +169,12 @@ def versions(checks: list[dict]) -> dict[str, dict[str, Any]]:
     return out
 
 
-def _busbw_size(key: str) -> int:
-    """The message size of a busbw figure's KEY (`... at 64 MiB`)."""
-    number, _, unit = key.rsplit(" at ", 1)[1].partition(" ")
-    return int(number) * {"GiB": 1 << 30, "MiB": 1 << 20, "KiB": 1 << 10, "B": 1}[unit]
-
-
 # ---------------------------------------------------------------------------------------------- the comparison
 
 
 @dataclass(frozen=True)
 class Change:
-    """One figure of one node or pair, then (the baseline) and now; status PASS, WARN or FAIL (SKIP: not judged,
-    e.g. a busbw size below BUSBW_FROM_BYTES)."""
+    """One figure of one node or pair, then (the baseline) and now; status PASS, WARN or FAIL."""
 
     figure: str
     key: str
@@ -250,8 +237,6 @@ def compare(then: dict[str, float], now: dict[str, float], figure: Figure, toler
     changes = []
     for key in sorted(set(then) & set(now)):
         change, status = judge(figure, tolerance, then[key], now[key])
-        if figure.name == "busbw" and _busbw_size(key) < BUSBW_FROM_BYTES:
-            status = Status.SKIP
         changes.append(Change(figure.name, key, then[key], now[key], change, status))
     return Comparison(figure.name, changes, sorted(set(now) - set(then)), sorted(set(then) - set(now)))
 
@@ -415,7 +400,7 @@ def _judged_result(
         more = f"; and {len(regressions) - SHOWN} more" if len(regressions) > SHOWN else ""
         text = "; ".join(c.message for c in regressions[:SHOWN]) + more
         return emit(name, worst, f"{text} ({tolerance.describe()}){_notes(comparison)}", host=host, data=data)
-    judged = [c for c in comparison.changes if c.status is not Status.SKIP and c.change_pct is not None]
+    judged = [c for c in comparison.changes if c.change_pct is not None]
     if len(comparison.changes) == 1 and judged:
         text = f"{comparison.changes[0].message}: within its tolerance"
     else:
