@@ -265,7 +265,7 @@ def run(
         expect_transport=expect_transport,
         dcgm_level=dcgm_level,
         baseline=baseline,
-        inventory=hosts if Path(hosts).exists() else None,
+        inventory=_inventory(hosts),
     )
     started_at = time.time()
     host_stages: dict[str, str] = {n.name: "waiting" for n in nodes}
@@ -307,6 +307,12 @@ def run(
         )
         sys.exit(ExitCode.USAGE_ERROR)
     sys.exit(ExitCode.CHECK_FAILED if overall_status(results) is Status.FAIL else ExitCode.OK)
+
+
+def _inventory(hosts: str) -> str | None:
+    """--hosts as the user gave it when it is an inventory (a file or directory), for the fix commands' -i; a
+    host list or localhost is none."""
+    return hosts if Path(hosts).exists() else None
 
 
 def _tolerances(texts: tuple[str, ...]):
@@ -533,6 +539,7 @@ def launch(
         chdir=chdir,
         preflight=not no_preflight,
         detach=detach,
+        inventory=_inventory(hosts),
     )
 
     def say(line: str) -> None:
