@@ -14,7 +14,7 @@ import click
 from rich.console import Console
 
 from clustercheck import __version__, catalog, inventory, report
-from clustercheck.checks.baseline import Baseline, ToleranceError, parse_tolerances
+from clustercheck.checks.baseline import DEFAULT_TOLERANCES, Baseline, ToleranceError, parse_tolerances
 from clustercheck.checks.collectives import ThresholdError, parse_min_busbw
 from clustercheck.checks.consistency import DEFAULT_MAX_CLOCK_OFFSET
 from clustercheck.config import RunConfig
@@ -193,8 +193,9 @@ def cli() -> None:
     multiple=True,
     metavar="FIGURE=WARN[:FAIL]",
     help="How much worse than the baseline a figure may get, in percent: WARN past the first bound, FAIL past the "
-    "second; FIGURE is busbw (10:25), rtt (50:200), throughput (20:50), ddp_step (20:50) or collector (50:200) "
-    "(repeatable).",
+    "second; FIGURE (default) is "
+    + ", ".join(f"{name} ({bounds.text})" for name, bounds in DEFAULT_TOLERANCES.items())
+    + " (repeatable).",
 )
 def run(
     hosts: str,

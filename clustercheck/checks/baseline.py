@@ -78,6 +78,11 @@ class Tolerance:
     def describe(self) -> str:
         return f"WARN past {self.warn_pct:g} %" + (f", FAIL past {self.fail_pct:g} %" if self.fail_pct else "")
 
+    @property
+    def text(self) -> str:
+        """As --baseline-tolerance takes it: WARN[:FAIL]."""
+        return f"{self.warn_pct:g}" + (f":{self.fail_pct:g}" if self.fail_pct is not None else "")
+
 
 DEFAULT_TOLERANCES = {name: Tolerance(f.warn_pct, f.fail_pct) for name, f in FIGURES.items()}
 

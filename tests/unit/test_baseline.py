@@ -218,3 +218,15 @@ def test_the_schema_knows_every_figure():
     figure = schema["$defs"]["baseline"]["properties"]["changes"]["items"]["properties"]["figure"]
     assert figure["enum"] == list(baseline.FIGURES)
     assert schema["$defs"]["stage"]["properties"]["name"]["enum"][-1] == baseline.STAGE
+
+
+def test_the_documented_defaults_are_the_tolerances():
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    row = next(line for line in readme.splitlines() if line.startswith("| `--baseline-tolerance FIGURE=WARN[:FAIL]` |"))
+    defaults = ", ".join(f"`{name}={bounds.text}`" for name, bounds in baseline.DEFAULT_TOLERANCES.items())
+    assert f"| {defaults} |" in row
+    help_text = " ".join(CliRunner().invoke(cli, ["run", "--help"], terminal_width=400).output.split())
+    assert (
+        "FIGURE (default) is busbw (10:25), rtt (50:200), throughput (20:50), ddp_step (20:50), collector (50:200)"
+        in help_text
+    )
