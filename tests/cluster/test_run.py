@@ -219,7 +219,11 @@ def test_a_second_run_against_the_first_names_a_regression_with_then_and_now(tor
     collector time and the versions compared for real; the first report's throughput from node2 made ten times
     what was measured, so this run is -90 % there and FAILs naming node2's pairs. Only the network stage: the
     comparison of busbw and the DDP step is tested on a real run's report in tests/unit/test_baseline.py."""
-    first = clustercheck(torch_cluster, tmp_path / "first", "--format", "json", "--only", "network")
+    for run in ("first", "second"):
+        (tmp_path / run).mkdir()
+    first = clustercheck(
+        torch_cluster, tmp_path / "first", "--format", "json", "--only", "network", "--master-port", "29623"
+    )
     assert first.returncode == 0, first.stderr[-3000:]
     report = json.loads(first.stdout)
     flows = next(c for c in report["checks"] if c["name"] == "network.throughput")["data"]["flows"]
@@ -230,8 +234,9 @@ def test_a_second_run_against_the_first_names_a_regression_with_then_and_now(tor
     baseline = tmp_path / "baseline.json"
     baseline.write_text(json.dumps(report))
     second = clustercheck(
-        torch_cluster, tmp_path / "second", "--format", "json", "--only", "network", "--baseline", str(baseline)
-    )
+        torch_cluster, tmp_path / "second", "--format", "json", "--only", "network", "--master-port", "29623",
+        "--baseline", str(baseline),
+    )  # fmt: skip
     assert second.returncode == 1, second.stderr[-3000:]
     assert "Traceback" not in second.stderr
     checks = checks_of(second)
