@@ -34,12 +34,17 @@ ROLE_OF = {  # check -> the role (and tag) of site.yml that sets what it checks
     "ulimit.memlock": "base",
     "time.sync": "base",
     "firewall": "firewall",
+    "network.tcp": "firewall",
 }
+RECEIVER = {"network.tcp"}  # reported by the node that connected; the role's setting is on the node it connects to
 PROBLEMS = (Status.WARN, Status.FAIL, Status.ERROR)
 
 
 def nodes_of(result: CheckResult) -> list[str]:
-    """The nodes RESULT finds wrong: its host, or for a cross-node check the nodes its data says differ."""
+    """The nodes RESULT finds wrong: its host (for a connection, the node connected to), or for a cross-node check
+    the nodes its data says differ."""
+    if result.name in RECEIVER:
+        return [result.data["to"]] if isinstance(result.data.get("to"), str) else []
     if result.host is not None:
         return [result.host]
     nodes: list[str] = []

@@ -51,3 +51,14 @@ def test_the_readme_lists_the_mapping():
         role, names = (cell.strip() for cell in row.strip("|").split("|"))
         listed.update({name.strip("` "): role.strip("`") for name in names.split(",")})
     assert listed == setup_roles.ROLE_OF
+
+
+def test_a_connection_refused_names_the_firewall_of_the_node_connected_to():
+    """The probe's records of the test cluster with node3 dropping new connections from the other nodes."""
+    from test_network import evaluate, load
+
+    results = evaluate(load("netprobe-node3-firewall.json"), cidr="172.30.82.0/24")
+    fixed = [r for r in setup_roles.with_fix_commands(results, "hosts.ini") if r.name == "network.tcp"]
+    failed = [r for r in fixed if r.status is Status.FAIL]
+    assert [(r.host, r.data["to"]) for r in failed] == [("node1", "node3"), ("node2", "node3")]
+    assert {r.fix_command for r in failed} == {"ansible-playbook site.yml -i hosts.ini --limit node3 --tags firewall"}
