@@ -14,12 +14,14 @@ import click
 from rich.console import Console
 
 from clustercheck import __version__, catalog, inventory, report
+from clustercheck.checks.baseline import DEFAULT_TOLERANCES, Baseline, ToleranceError, parse_tolerances
 from clustercheck.checks.collectives import ThresholdError, parse_min_busbw
 from clustercheck.checks.consistency import DEFAULT_MAX_CLOCK_OFFSET
 from clustercheck.config import RunConfig
 from clustercheck.exitcodes import ExitCode
 from clustercheck.model import Status, overall_status
 from clustercheck.report import Report, text
+from clustercheck.report import diff as report_diff
 from clustercheck.run.pipeline import Pipeline
 from clustercheck.selection import DISTRIBUTED, STAGES, Selection, SelectionError
 from clustercheck.transport import TransportError, factory
@@ -177,6 +179,24 @@ def cli() -> None:
     help="A dataset path that must have the same content on every node (file count, total size, a hash of a "
     "sample of its files); repeatable (default: the inventory's clustercheck_data_paths).",
 )
+@click.option(
+    "--baseline",
+    "baseline_path",
+    default=None,
+    metavar="REPORT.json",
+    help="An earlier JSON report of this cluster: this run's figures, versions and nodes are compared with it "
+    "(the baseline.* checks).",
+)
+@click.option(
+    "--baseline-tolerance",
+    "baseline_tolerances",
+    multiple=True,
+    metavar="FIGURE=WARN[:FAIL]",
+    help="How much worse than the baseline a figure may get, in percent: WARN past the first bound, FAIL past the "
+    "second; FIGURE (default) is "
+    + ", ".join(f"{name} ({bounds.text})" for name, bounds in DEFAULT_TOLERANCES.items())
+    + " (repeatable).",
+)
 def run(
     hosts: str,
     limit: str | None,
@@ -202,8 +222,14 @@ def run(
     only: tuple[str, ...],
     shared_dir: str | None,
     data_paths: tuple[str, ...],
+    baseline_path: str | None,
+    baseline_tolerances: tuple[str, ...],
 ) -> None:
     """Check every node, the consistency between them, and print a verdict."""
+    tolerances = _tolerances(baseline_tolerances)
+    if baseline_tolerances and baseline_path is None:
+        raise UsageError("--baseline-tolerance: give the report to compare with (--baseline REPORT.json)")
+    baseline = Baseline(_load_report(baseline_path), baseline_path, tolerances) if baseline_path else None
     if min_busbw is not None:
         try:
             parse_min_busbw(min_busbw)
@@ -239,6 +265,8 @@ def run(
         data_paths=data_paths or next((n.data_paths for n in nodes if n.data_paths), ()),
         expect_transport=expect_transport,
         dcgm_level=dcgm_level,
+        baseline=baseline,
+        inventory=_inventory(hosts),
     )
     started_at = time.time()
     host_stages: dict[str, str] = {n.name: "waiting" for n in nodes}
@@ -280,6 +308,55 @@ def run(
         )
         sys.exit(ExitCode.USAGE_ERROR)
     sys.exit(ExitCode.CHECK_FAILED if overall_status(results) is Status.FAIL else ExitCode.OK)
+
+
+def _inventory(hosts: str) -> str | None:
+    """--hosts as the user gave it when it is an inventory (a file or directory), for the fix commands' -i; a
+    host list or localhost is none."""
+    return hosts if Path(hosts).exists() else None
+
+
+def _tolerances(texts: tuple[str, ...]):
+    try:
+        return parse_tolerances(texts)
+    except ToleranceError as exc:
+        raise UsageError(str(exc)) from exc
+
+
+def _load_report(path: str) -> dict:
+    from clustercheck.report.load import ReportError, load
+
+    try:
+        return load(path)
+    except ReportError as exc:
+        raise UsageError(str(exc)) from exc
+
+
+@cli.command("diff")
+@click.argument("old", metavar="OLD.json")
+@click.argument("new", metavar="NEW.json")
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(report_diff.FORMATS),
+    default="text",
+    show_default=True,
+    help="text for people, markdown for CI summaries and pull requests, json for scripts.",
+)
+@click.option(
+    "--tolerance",
+    "tolerances",
+    multiple=True,
+    metavar="FIGURE=WARN[:FAIL]",
+    help="As run's --baseline-tolerance: how much worse a figure may get, in percent (repeatable).",
+)
+def diff_command(old: str, new: str, fmt: str, tolerances: tuple[str, ...]) -> None:
+    """What changed between two JSON reports of a cluster: nodes added or gone, versions, check statuses, figures
+    worse than their tolerance. Exit 1 when a figure got worse past its FAIL bound."""
+    bounds = _tolerances(tolerances)
+    changes = report_diff.diff(_load_report(old), _load_report(new), bounds)
+    click.echo(report_diff.render(changes, fmt))
+    sys.exit(ExitCode.CHECK_FAILED if changes.failed else ExitCode.OK)
 
 
 @cli.command("checks")
@@ -463,6 +540,7 @@ def launch(
         chdir=chdir,
         preflight=not no_preflight,
         detach=detach,
+        inventory=_inventory(hosts),
     )
 
     def say(line: str) -> None:

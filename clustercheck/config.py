@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from clustercheck.checks.baseline import Baseline
 from clustercheck.checks.consistency import DEFAULT_MAX_CLOCK_OFFSET
 from clustercheck.selection import Selection
 from clustercheck.transport.params import SshSettings
@@ -29,6 +30,8 @@ class RunConfig:
     stall_timeout: float = 60.0  # a torch job's ranks silent this long on one node (while others wait): named
     dcgm_level: int | None = None  # --dcgm-level: run dcgmi diag -r LEVEL on nodes that have it
     expect_transport: str | None = None  # --expect-transport: ib, roce or socket (else each node's inventory var)
+    baseline: Baseline | None = None  # --baseline: the earlier report this run is compared with
+    inventory: str | None = None  # --hosts when it is an inventory: the fix commands name it (-i INVENTORY)
 
     def host_dir(self, name: str) -> Path:
         path = self.run_dir / "hosts" / name

@@ -58,9 +58,10 @@ class CheckResult:
     remediation: str = ""
     data: dict[str, Any] = field(default_factory=dict)
     measures: tuple[Measure, ...] = ()  # its measured values, typed (the JSON report carries data, as before)
+    fix_command: str | None = None  # the setup line that puts it right on the nodes it names (checks/setup_roles.py)
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        out = {
             "name": self.name,
             "host": self.host,
             "status": self.status.value,
@@ -68,6 +69,9 @@ class CheckResult:
             "remediation": self.remediation,
             "data": self.data,
         }
+        if self.fix_command is not None:
+            out["fix_command"] = self.fix_command
+        return out
 
 
 def overall_status(results: list[CheckResult]) -> Status:

@@ -4,7 +4,8 @@ deselection): --only STAGE and --skip STAGE|GLOB.
 `DECLARED` is the one stage list: the pipeline's order, --only's choices, --skip's help, the catalog and the
 README's stage table come from it (each stage's checks are the ones the check registry declares under its name).
 A deselected stage does no work and reports every check it would have emitted as SKIP; a deselected check is
-SKIP without being judged. The core stage always runs: the others need the facts it collects.
+SKIP without being judged. The core stage always runs: the others need the facts it collects. A stage an option
+asks for (baseline, by --baseline) runs whenever the option is given, whatever --only keeps, unless --skip names it.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ class Stage:
     runs: str  # what runs, in the README's stage table
     needs_torch: bool = False  # it starts torch: SKIP when torch does not import on a node
     gates: bool = True  # a problem here skips the stages after it
+    asked_by: str | None = None  # an option without which the stage reports nothing (not even SKIP)
 
 
 DECLARED = (  # in the order they run
@@ -50,9 +52,16 @@ DECLARED = (  # in the order they run
         '`Trainer(num_nodes=N, devices=K, strategy="ddp")` against a single-process Lightning run',
         needs_torch=True,
     ),
+    Stage(
+        "baseline",
+        "with `--baseline REPORT.json` only: this run's figures, versions and nodes against an earlier report's "
+        "(nothing without it)",
+        gates=False,
+        asked_by="--baseline",
+    ),
 )
 STAGES = tuple(s.name for s in DECLARED)
-DISTRIBUTED = STAGES[1:]  # the multi-node stages, over every node at once
+DISTRIBUTED = tuple(s.name for s in DECLARED[1:] if s.asked_by is None)  # the multi-node stages, over every node
 
 
 def stage(name: str) -> Stage:
@@ -79,10 +88,12 @@ class Selection:
     def globs(self) -> tuple[str, ...]:
         return tuple(s for s in self.skip if s not in STAGES)
 
-    def stage_selected(self, stage: str) -> bool:
-        if stage == "core":
+    def stage_selected(self, name: str) -> bool:
+        if name == "core":
             return True
-        return (not self.only or stage in self.only) and stage not in self.skip
+        if stage(name).asked_by:  # its option asks for it, whatever --only keeps of the others
+            return name not in self.skip
+        return (not self.only or name in self.only) and name not in self.skip
 
     def why_not_stage(self, stage: str) -> str:
         if stage in self.skip:

@@ -5,7 +5,8 @@ then the checks each multi-node stage emits.
 The areas: connection, environment (python, torch, launch environment), gpu, pcie, fabric (RDMA),
 system (OS, memory, disk, time, names, firewall),
 collectives (node-local and across nodes, bandwidth), transport (what NCCL/gloo really used), consistency, network,
-data (shared directory, data paths), ddp (with the checkpoint round trip), lightning.
+data (shared directory, data paths), ddp (with the checkpoint round trip), lightning, and baseline (this run
+against an earlier report, with --baseline).
 """
 
 # isort: off
@@ -22,6 +23,7 @@ from clustercheck.checks import network  # noqa: F401
 from clustercheck.checks import data  # noqa: F401
 from clustercheck.checks import ddp  # noqa: F401
 from clustercheck.checks import lightning  # noqa: F401
+from clustercheck.checks import baseline  # noqa: F401
 
 # isort: on
 from clustercheck.checks.registry import REGISTRY, Check, get

@@ -176,7 +176,8 @@ def parse_min_busbw(text: str | float | None) -> Thresholds:
     return Thresholds(fail_below=fail, warn_below=warn)
 
 
-def _size(n: int) -> str:
+def size_text(n: int) -> str:
+    """A message size as nccl-tests users read it: 64 KiB, 1 MiB, 1 GiB."""
     for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
         if n >= scale and n % scale == 0:
             return f"{n // scale} {unit}"
@@ -190,9 +191,9 @@ def peak(rows: list[dict]) -> dict:
 def _check(name: str, host: str | None, scope: str, rows: list[dict], ranks: int, backend, thresholds) -> CheckResult:
     best = peak(rows)
     status = thresholds.judge(best["busbw_gbps"])
-    table = ", ".join(f"{_size(r['bytes'])}: {r['busbw_gbps']:.3g}" for r in rows)
+    table = ", ".join(f"{size_text(r['bytes'])}: {r['busbw_gbps']:.3g}" for r in rows)
     message = (
-        f"{scope} all_reduce busbw peak {best['busbw_gbps']:.3g} GB/s at {_size(best['bytes'])} over {ranks} ranks"
+        f"{scope} all_reduce busbw peak {best['busbw_gbps']:.3g} GB/s at {size_text(best['bytes'])} over {ranks} ranks"
         f" ({backend}); busbw by size in GB/s: {table}"
     )
     if status is not Status.PASS:

@@ -288,6 +288,7 @@ def throughput_check(measured: list[dict], failed: list[dict], unmeasured: str) 
         "slow_senders": slow_out,
         "slow_receivers": slow_in,
         "slow_pairs": [{"from": s, "to": r, "mbps": rate} for s, r, rate in slow_pairs],
+        "flows": [{"from": s, "to": r, "mbps": rate} for s, r, rate in flows],
         "unmeasured": failed,
     }
     measures = tuple(m for s, r, rate in flows for m in THROUGHPUT.of(rate * 1e6 / 8, host=s, peer=r))

@@ -22,7 +22,7 @@ typed (`measures`, see model.Metric), which the metrics outputs render.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from clustercheck.facts.model import COULD_NOT_COLLECT, NodeFacts
@@ -166,6 +166,13 @@ def emit(
 ) -> CheckResult:
     """result() for a finding written out: STATUS, MESSAGE, REMEDIATION (None: the declared fix), DATA, MEASURES."""
     return result(name, host, Finding(status, message, remediation, dict(data or {}), tuple(measures)))
+
+
+def with_fix_command(result: CheckResult, command: str) -> CheckResult:
+    """RESULT with COMMAND, the setup line that puts it right (checks/setup_roles.py), in its remediation and as
+    data."""
+    remediation = f"{result.remediation} Or rerun the role that sets it: {command}".strip()
+    return replace(result, remediation=remediation, fix_command=command)
 
 
 def of_stage(stage: str) -> list[Check]:

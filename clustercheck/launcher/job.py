@@ -42,6 +42,7 @@ class LaunchOptions:
     preflight: bool = True
     detach: bool = False
     facts_timeout: float = 120.0
+    inventory: str | None = None  # --hosts when it is an inventory: the preflight's fix commands name it
 
 
 @dataclass

@@ -27,6 +27,7 @@ def run(nodes: list[Node], options: LaunchOptions, factory: Factory, say: Echo) 
         python=o.python,
         master_port=o.master_port,
         ssh=o.ssh,
+        inventory=o.inventory,
     )
     say(f"preflight: core and network checks on {len(nodes)} node(s)")
     started = time.time()

@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from clustercheck.checks import connection, registry
+from clustercheck.checks import baseline, connection, registry, setup_roles
 from clustercheck.config import RunConfig
 from clustercheck.facts import parse
 from clustercheck.facts.model import NodeFacts
@@ -93,6 +93,8 @@ class Pipeline:
             )
             self._durations["core"] = time.monotonic() - started
             results += self._multinode()
+            results += self._baseline(results)
+            results = setup_roles.with_fix_commands(results, self.config.inventory)
         except KeyboardInterrupt as exc:  # Ctrl-C or SIGTERM: kill what we started everywhere, then say where not
             raise Interrupted(self.abort()) from exc
         except BaseException:  # a bug: kill what we started everywhere, then let it propagate
@@ -180,6 +182,25 @@ class Pipeline:
                 if stage == "network":
                     blocked = f"the network stage failed, so no torch job was started ({problems[0].message})"
         return results
+
+    def _baseline(self, results: list[CheckResult]) -> list[CheckResult]:
+        """With --baseline: this run's results against the earlier report's (nothing reported without it)."""
+        given = self.config.baseline
+        if given is None:
+            return []
+        selection = self.config.selection
+        if not selection.stage_selected(baseline.STAGE):
+            why = selection.why_not_stage(baseline.STAGE)
+            return [
+                r
+                for check in registry.of_stage(baseline.STAGE)
+                for r in registry.skipped(check, list(self.ctx.hosts), why)
+            ]
+        started = time.monotonic()
+        current = {"hosts": list(self.ctx.hosts), "checks": [r.to_dict() for r in results]}
+        compared = [self._deselect(r) for r in baseline.evaluate(given, current)]
+        self._durations[baseline.STAGE] = time.monotonic() - started
+        return compared
 
     def _deselect(self, result: CheckResult) -> CheckResult:
         selection = self.config.selection

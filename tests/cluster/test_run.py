@@ -7,6 +7,7 @@ clustercheck must name (a node down, a changed host key, Ctrl-C, ...) are tests/
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import xml.etree.ElementTree as ET
@@ -211,3 +212,48 @@ def test_a_torchvision_that_does_not_import_is_named_on_its_node(torch_cluster, 
     assert "operator torchvision::nms does not exist" in result["message"]
     assert result["remediation"]
     assert checks[("torch.import", "node1")]["status"] == "PASS"
+
+
+def test_a_second_run_against_the_first_names_a_regression_with_then_and_now(torch_cluster, tmp_path):
+    """`--baseline` of a real run: the network's figures (every pair's round trip and throughput), each node's
+    collector time and the versions compared for real; the first report's throughput from node2 made ten times
+    what was measured, so this run is -90 % there and FAILs naming node2's pairs. Only the network stage: the
+    comparison of busbw and the DDP step is tested on a real run's report in tests/unit/test_baseline.py."""
+    for run in ("first", "second"):
+        (tmp_path / run).mkdir()
+    first = clustercheck(
+        torch_cluster, tmp_path / "first", "--format", "json", "--only", "network", "--master-port", "29623"
+    )
+    assert first.returncode == 0, first.stderr[-3000:]
+    report = json.loads(first.stdout)
+    flows = next(c for c in report["checks"] if c["name"] == "network.throughput")["data"]["flows"]
+    assert len(flows) == 6  # every pair, each way
+    for flow in flows:
+        if flow["from"] == "node2":
+            flow["mbps"] *= 10
+    baseline = tmp_path / "baseline.json"
+    baseline.write_text(json.dumps(report))
+    second = clustercheck(
+        torch_cluster, tmp_path / "second", "--format", "json", "--only", "network", "--master-port", "29623",
+        "--baseline", str(baseline),
+    )  # fmt: skip
+    assert second.returncode == 1, second.stderr[-3000:]
+    assert "Traceback" not in second.stderr
+    checks = checks_of(second)
+    throughput = checks[("baseline.throughput", None)]
+    assert throughput["status"] == "FAIL", throughput
+    named = {c["key"] for c in throughput["data"]["changes"] if c["status"] == "FAIL"}
+    assert named >= {"node2 -> node1", "node2 -> node3"}, throughput  # and any pair the shared machine slowed
+    assert re.search(
+        r"node2 -> node[13] throughput [\d.]+ [MG]bit/s, baseline [\d.]+ [MG]bit/s \(-\d+ %\)", throughput["message"]
+    )
+    rtt = checks[("baseline.rtt", None)]
+    assert {c["key"] for c in rtt["data"]["changes"]} == {"node1 <-> node2", "node1 <-> node3", "node2 <-> node3"}
+    assert all(c["now"] > 0 and c["baseline"] > 0 for c in rtt["data"]["changes"])
+    for name in ("node1", "node2", "node3"):
+        (collector,) = checks[("baseline.collector", name)]["data"]["changes"]
+        assert collector["key"] == name and collector["now"] > 0 and collector["baseline"] > 0
+    versions = checks[("baseline.versions", None)]
+    assert versions["status"] == "PASS" and "torch" in versions["message"], versions
+    assert {s["name"] for s in json.loads(second.stdout)["stages"]} >= {"core", "network", "baseline"}
+    assert "baseline" not in {s["name"] for s in report["stages"]}  # the first run, without --baseline, has none

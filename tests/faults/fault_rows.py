@@ -291,4 +291,17 @@ ROWS = [
         ("--only", "core", "--only", "network", "--skip", "local.*"),
         node="node1",
     ),
+    Fault(
+        "link-slowed-baseline",
+        "a link slowed on one node, caught against the cluster's baseline",
+        "node2's egress rate-limited to 50 Mbit/s (`tc qdisc add dev eth0 root tbf rate 50mbit burst 64kb latency "
+        "50ms` on node2) after a healthy `--only network` run, whose JSON report is the run's `--baseline`",
+        ExitCode.CHECK_FAILED,
+        "baseline.throughput",
+        "cluster",
+        r"^node2 -> node[13] throughput \d+ Mbit/s, baseline [\d.]+ [MG]bit/s \(-\d+ %\)",
+        60,
+        ("--only", "network", "--skip", "local.*", "--master-port", "29625"),
+        node="node2",
+    ),
 ]

@@ -13,6 +13,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import re
+import shlex
 import signal
 import subprocess
 import time
@@ -399,6 +400,10 @@ def chrony_stopped(cluster, tmp_path, row):
         verdict = run(cluster, tmp_path, row)
     finally:
         on_node(node2, "systemctl start chrony")
+    sync = checks(verdict)[("time.sync", "node2")]  # the base role sets chrony up: its line puts it right
+    assert sync["fix_command"] == shlex.join(
+        ["ansible-playbook", "site.yml", "-i", cluster.inventory, "--limit", "node2", "--tags", "base"]
+    )
     return verdict
 
 
@@ -691,4 +696,30 @@ def same_machine_twice(cluster, tmp_path, row):
     assert ("facts", twin) not in found  # nothing ran twice on node1
     tcp = found[("network.tcp", None)]
     assert tcp["status"] == "SKIP" and "the same machine as" in tcp["message"], tcp
+    return verdict
+
+
+@injects("link-slowed-baseline")
+def link_slowed_baseline(cluster, tmp_path, row):
+    """The cluster's own earlier figures catch what no threshold does: a healthy run's report, then node2's link
+    shaped to 50 Mbit/s (a link renegotiated at a lower speed), then the same run against that report."""
+    (tmp_path / "healthy").mkdir()
+    healthy = subprocess.run(
+        clustercheck_command(cluster, tmp_path / "healthy", *row.args, "--format", "json"),
+        capture_output=True,
+        text=True,
+        timeout=row.deadline + 120,
+    )
+    assert healthy.returncode == 0, healthy.stderr[-3000:]
+    baseline = tmp_path / "baseline.json"
+    baseline.write_text(healthy.stdout)
+    node2 = cluster.node("node2")
+    on_node(node2, "tc qdisc add dev eth0 root tbf rate 50mbit burst 64kb latency 50ms")
+    try:
+        verdict = run(cluster, tmp_path, row, "--baseline", str(baseline))
+    finally:
+        on_node(node2, "tc qdisc del dev eth0 root")
+    throughput = checks(verdict)[("baseline.throughput", None)]
+    slowed = {c["key"] for c in throughput["data"]["changes"] if c["status"] == "FAIL"}
+    assert slowed >= {"node2 -> node1", "node2 -> node3"}, throughput
     return verdict

@@ -7,6 +7,7 @@ import json
 import os
 import shutil
 import subprocess
+from pathlib import Path
 
 import pytest
 from harness import run_cli
@@ -48,3 +49,35 @@ def test_markdown_summary_to_stdout(tmp_path):
     assert "network, collectives, ddp did not run (not selected (--only core))" in proc.stdout.splitlines()[0]
     assert "Next: run the same command without --only core to verify network, collectives, ddp" in proc.stdout
     assert "| `torch.import` | PASS |" in proc.stdout
+
+
+def test_a_run_against_a_real_report_compares_this_machines_figures(tmp_path):
+    """`--baseline` of a recorded real report of this kind of machine (tests/unit/records/report-localhost.json):
+    the core stage's real collector time and versions compared with it, the figures this run does not measure
+    (--only core) SKIP, and nothing of the baseline stage in the earlier report itself."""
+    recorded = Path(__file__).resolve().parents[1] / "unit" / "records" / "report-localhost.json"
+    proc = run_cli(
+        "run", "--hosts", "localhost", "--only", "core", "--format", "json", "--run-dir", str(tmp_path / "run"),
+        "--baseline", str(recorded), "--baseline-tolerance", "collector=1000",
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    checks = {(c["name"], c["host"]): c for c in json.loads(proc.stdout)["checks"]}
+    (collector,) = checks[("baseline.collector", "localhost")]["data"]["changes"]
+    assert collector["baseline"] == 2.169 and collector["now"] > 0
+    assert checks[("baseline.versions", None)]["status"] in ("PASS", "WARN")  # another machine may run other versions
+    assert "torch" in checks[("baseline.versions", None)]["message"]
+    assert checks[("baseline.ddp_step", None)]["status"] == "SKIP"  # --only core: no DDP job
+    assert checks[("baseline.busbw", None)]["message"] == "baseline.busbw: not measured in this run"
+    assert not [c for c in json.loads(recorded.read_text())["checks"] if c["name"].startswith("baseline.")]
+
+
+def test_a_baseline_that_is_not_a_report_stops_the_run_before_it_starts(tmp_path):
+    other = tmp_path / "notes.json"
+    other.write_text('{"hosts": ["node1"]}')
+    proc = run_cli("run", "--hosts", "localhost", "--baseline", str(other), "--run-dir", str(tmp_path / "run"))
+    assert proc.returncode == 4 and proc.stdout == ""
+    assert proc.stderr.startswith(f"clustercheck: error: {other}: schema_version None, this clustercheck reads")
+    assert proc.stderr.count("\n") == 1  # one line
+    assert not (tmp_path / "run").exists()  # nothing ran
+    bad = run_cli("run", "--hosts", "localhost", "--baseline-tolerance", "busbw=5")
+    assert bad.returncode == 4 and "give the report to compare with (--baseline REPORT.json)" in bad.stderr

@@ -51,3 +51,21 @@ def test_detection_is_its_own_role_not_tagged_with_others():
     assert any(r == "nvidia_driver" for r, _ in tasks), "nvidia_driver must run when python_env is skipped"
     assert DETECT in "\n".join(f"{r} : {t}" for r, t in tasks)
     assert "nvidia_gpu" not in ROLES, "detection is imported by the roles that need it, not listed in the play"
+
+
+def test_every_fix_command_names_a_tag_of_site_yml_and_a_check_of_the_registry():
+    """The mapping from checks to the roles that set what they check (checks/setup_roles.py) stays in step with
+    site.yml's real tags, as ansible-playbook lists them, and with the check registry."""
+    from clustercheck.checks import REGISTRY, setup_roles
+
+    proc = subprocess.run(
+        [str(Path(sys.executable).parent / "ansible-playbook"), "-i", "localhost,", "--list-tags", "site.yml"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    tags = {t.strip() for line in re.findall(r"TASK TAGS: \[(.*)\]", proc.stdout) for t in line.split(",")}
+    assert set(setup_roles.ROLE_OF.values()) <= tags - {"always"}
+    assert set(setup_roles.ROLE_OF) <= set(REGISTRY)

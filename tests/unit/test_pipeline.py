@@ -541,3 +541,31 @@ def test_a_skipped_network_measurement_is_not_made_and_reported_skip_as_usual(tm
     assert _mesh_commands(both) and not any("--perf-port" in c for c in _mesh_commands(both))  # no perf round
     assert by_key(outcome.results)[("network.throughput", None)].status is Status.SKIP
     assert by_key(outcome.results)[("network.tcp", None)].status is Status.PASS
+
+
+def test_baseline_checks_appear_only_with_a_baseline_and_compare_this_runs_figures(tmp_path):
+    from clustercheck.checks import baseline
+    from clustercheck.report import Report
+    from clustercheck.report import json as json_report
+
+    first = Cluster().run(tmp_path / "first")
+    assert not [r for r in first.results if r.name.startswith("baseline.")] and "baseline" not in first.durations
+    document = json_report.document(Report(first.results, ["node1", "node2", "node3"], durations=first.durations))
+    for flow in next(c for c in document["checks"] if c["name"] == "network.throughput")["data"]["flows"]:
+        if flow["from"] == "node2":
+            flow["mbps"] *= 4  # the baseline moved 4 times as much: now is -75 %
+    given = baseline.Baseline(document, "first.json", baseline.DEFAULT_TOLERANCES)
+    second = Cluster().run(tmp_path / "second", baseline=given)
+    results = by_key(second.results)
+    throughput = results[("baseline.throughput", None)]
+    assert throughput.status is Status.FAIL
+    assert throughput.message.startswith("node2 -> node1 throughput") and "(-75 %)" in throughput.message
+    assert results[("baseline.rtt", None)].status is Status.PASS
+    assert results[("baseline.versions", None)].status is Status.PASS
+    assert {results[("baseline.collector", n)].status for n in ("node1", "node2", "node3")} <= {Status.PASS}
+    assert "baseline" in second.durations
+    network_only = Cluster().run(tmp_path / "network", baseline=given, selection=Selection(only=("network",)))
+    assert by_key(network_only.results)[("baseline.throughput", None)].status is Status.FAIL  # --baseline asked
+    assert by_key(network_only.results)[("baseline.ddp_step", None)].status is Status.SKIP  # not measured now
+    skipped = Cluster().run(tmp_path / "third", baseline=given, selection=Selection(skip=("baseline",)))
+    assert {r.status for r in skipped.results if r.name.startswith("baseline.")} == {Status.SKIP}

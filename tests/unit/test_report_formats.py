@@ -223,8 +223,10 @@ def one_node_core_only() -> list[CheckResult]:
     results = [registry.get("connect").result("localhost", registry.passed("local"))]
     results += registry.run_node_checks(facts, lambda name: True, "")
     results += registry.run_cluster_checks([facts], None, lambda name: True, "")
+    from clustercheck.selection import stage
+
     for check in registry.REGISTRY.values():
-        if check.stage != "core":
+        if check.stage != "core" and stage(check.stage).asked_by is None:  # baseline: nothing without --baseline
             results += registry.skipped(check, ["localhost"], "not selected (--only core)")
     return results
 
