@@ -33,6 +33,7 @@ ROLE_OF = {  # check -> the role (and tag) of site.yml that sets what it checks
     "shm.size": "base",
     "ulimit.memlock": "base",
     "time.sync": "base",
+    "neighbour.table": "base",
     "firewall": "firewall",
     "network.tcp": "firewall",
 }

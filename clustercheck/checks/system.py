@@ -253,6 +253,7 @@ def neighbour_table(nodes: list[NodeFacts], config: Any) -> Finding:
         "too_small": small,
         "host_namespace": shared,
         "not_collected": unknown,
+        "differ": sorted(set(overflowed) | {entry.split(" ", 1)[0] for entry in small}),  # the nodes to fix
     }
     fix = _neigh_fix(count)
     if overflowed:

@@ -8,7 +8,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from clustercheck import report
-from clustercheck.checks import consistency, registry, system
+from clustercheck.checks import consistency, registry, setup_roles, system
 from clustercheck.facts import collect, parse
 from clustercheck.facts.model import NeighThresholds, NodeFacts
 from clustercheck.inventory import Node
@@ -269,6 +269,9 @@ def test_a_node_whose_kernel_log_says_the_table_overflowed_fails_by_name():
     assert result.status is Status.FAIL
     assert "node3: once, last: neighbour: arp_cache: neighbor table overflow!" in result.message
     assert "node1" not in result.message
+    assert setup_roles.fix_command(registry.get("neighbour.table").result(None, result), "hosts.ini") == (
+        "ansible-playbook site.yml -i hosts.ini --limit node3 --tags base"
+    )
 
 
 def test_containers_that_do_not_show_the_table_skip_it():
