@@ -82,18 +82,23 @@ def _check(node: Node, transport: LocalTransport) -> list[CheckResult]:
         cause = f"timed out after {COLLECTOR_DEADLINE:.0f} s" if answer.timed_out else answer.cause()
         finding = registry.Finding(Status.ERROR, f"could not collect facts with {python}: {cause}")
         return [facts_check.result(node.name, finding)]
+    took = time.monotonic() - started
+    results = [facts_check.result(node.name, registry.passed(f"facts collected with {python} in {took:.1f} s"))]
+    return results + judge(node, raw, python=python, source=source, missing=missing)
+
+
+def judge(node: Node, raw: dict, *, python: str, source: str, missing: str | None = None) -> list[CheckResult]:
+    """Every per-node check on the collector's output RAW, as node-health judges its node (pure)."""
     # No inventory says how many GPUs to expect here: the NVIDIA GPUs on the PCI bus do, so a GPU node whose
     # nvidia-smi hangs or fails is a FAIL (gpu.count), not a node without GPUs.
     on_bus = len(((raw.get("gpu_bridges") or {}).get("gpus")) or {})
-    node = replace(node, gpus_expected=on_bus or None)
+    node = replace(node, gpus_expected=on_bus or node.gpus_expected)
     # A node a health program watches is one of a cluster's: what matters only across nodes (a stopped time
     # service, a hostname that resolves to loopback) is judged as it is in a run over several nodes.
     facts = collect.build(
         node, raw, python=python, python_source=source, python_missing=missing, cluster_size=CLUSTER_MEMBER
     )
-    took = time.monotonic() - started
-    results = [facts_check.result(node.name, registry.passed(f"facts collected with {python} in {took:.1f} s"))]
-    return results + registry.run_node_checks(facts, lambda _: True, "not selected")
+    return registry.run_node_checks(facts, lambda _: True, "not selected")
 
 
 def slurm_update(health: Health, name: str, say: Callable[[str], None]) -> None:

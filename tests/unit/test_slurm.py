@@ -1,5 +1,6 @@
-"""node-health --slurm: the node's state read from `scontrol show node` (recorded outputs, tests/unit/data/slurm/)
-and what is done with it (drain on a FAIL, resume only from a drain of clustercheck's own), decided purely."""
+"""node-health's judgement and its Slurm side, pure: the per-node checks on recorded collector outputs as node-health
+judges its node, the node's state read from `scontrol show node` (recorded outputs, tests/unit/data/slurm/), and
+what is done with it (drain on a FAIL, resume only from a drain of clustercheck's own)."""
 
 from __future__ import annotations
 
@@ -120,3 +121,26 @@ def test_the_health_program_finds_the_system_programs_without_a_path_and_keeps_t
     )
     assert health.node_name({"SLURMD_NODENAME": "gpu07"}) == "gpu07"
     assert "." not in health.node_name({})
+
+
+def test_node_health_judges_its_node_as_one_of_a_cluster():
+    """A stopped chronyd is a FAIL there (a drain in Slurm), as in a run over several nodes, not the WARN of a
+    one-node run."""
+    raw = json.loads((RECORDS / "facts-node3-shm-tmp-chrony.json").read_text())
+    results = {r.name: r for r in health.judge(Node(name="node3", address="localhost"), raw, python="p", source="s")}
+    assert results["time.sync"].status is Status.FAIL and "chronyd does not answer" in results["time.sync"].message
+    assert results["shm.size"].status is Status.FAIL
+    assert results["gpu.count"].status is Status.SKIP  # no NVIDIA GPU on its PCI bus
+
+
+def test_a_gpu_on_the_bus_whose_nvidia_smi_hangs_fails_gpu_count():
+    """node3's record with one NVIDIA GPU on its PCI bus and nvidia-smi cut at its deadline (two values edited)."""
+    raw = json.loads((RECORDS / "facts-node3-shm-tmp-chrony.json").read_text())
+    raw["gpu_bridges"]["gpus"] = {"0000:17:00.0": ["0000:15:01.0"]}
+    raw["commands"]["nvidia_smi_q"] = {"error": "nvidia-smi timed out after 10 s"}
+    results = {r.name: r for r in health.judge(Node(name="node3", address="localhost"), raw, python="p", source="s")}
+    count = results["gpu.count"]
+    assert count.status is Status.FAIL
+    assert "1 GPU(s) expected, but nvidia-smi does not answer: nvidia-smi timed out after 10 s" in count.message
+    action = decide(SlurmNode("node3", ("IDLE",), None), list(results.values()))
+    assert action is not None and action.state == "drain"
