@@ -393,10 +393,11 @@ def node_health(use_slurm: bool, textfile_dir: str | None, fmt: str) -> None:
             raise UsageError(f"--textfile-dir {textfile_dir}: no such directory")
         if not os.access(directory, os.W_OK | os.X_OK):
             raise UsageError(f"--textfile-dir {textfile_dir}: cannot write there")
+    budget = health.Budget()
     # Run as slurmd runs it, with no PATH: the probes and scontrol live in the system's directories.
     os.environ["PATH"] = health.system_path(os.environ.get("PATH"))
     name = health.node_name(os.environ)
-    found = health.check(name)
+    found = health.check(name, budget)
     document = found.report
     if fmt == "json":
         click.echo(report.render(document, "json"))
@@ -418,7 +419,7 @@ def node_health(use_slurm: bool, textfile_dir: str | None, fmt: str) -> None:
         except OSError as exc:
             say(f"could not write {target}: {exc.strerror or exc}")
     if use_slurm:
-        health.slurm_update(found, name, say)
+        health.slurm_update(found, name, say, budget)
     sys.exit(ExitCode.CHECK_FAILED if found.failed else ExitCode.OK)
 
 

@@ -103,21 +103,24 @@ def session(node: Node, transport: Transport) -> CheckResult:
     return check.result(node.name, connection.session_finding(transport.quirks, shell))
 
 
-def find_python(node: Node, transport: Transport, configured: str | None) -> tuple[str, str, str | None]:
-    """(python to run the collector with, where it came from, the configured python when it is missing)."""
+def find_python(
+    node: Node, transport: Transport, configured: str | None, timeout: float = 30
+) -> tuple[str, str, str | None]:
+    """(python to run the collector with, where it came from, the configured python when it is missing); each of
+    its two commands within TIMEOUT seconds."""
     if configured:
         python, source = configured, "--python"
     elif node.python:
         python, source = node.python, "clustercheck_python in the inventory"
     else:
-        recorded = transport.run(["cat", RECORDED_PYTHON], timeout=30)
+        recorded = transport.run(["cat", RECORDED_PYTHON], timeout=timeout)
         if recorded.ok and recorded.stdout.strip():
             python, source = recorded.stdout.strip(), RECORDED_PYTHON
         elif node.is_local:
             python, source = sys.executable, "the python running clustercheck"
         else:
             python, source = "python3", "default"
-    probe = transport.run([python, "-c", "import sys; print(sys.executable)"], timeout=30)
+    probe = transport.run([python, "-c", "import sys; print(sys.executable)"], timeout=timeout)
     if probe.ok:
         return python, source, None
     return "python3", source, python
