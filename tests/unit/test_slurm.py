@@ -144,3 +144,12 @@ def test_a_gpu_on_the_bus_whose_nvidia_smi_hangs_fails_gpu_count():
     assert "1 GPU(s) expected, but nvidia-smi does not answer: nvidia-smi timed out after 10 s" in count.message
     action = decide(SlurmNode("node3", ("IDLE",), None), list(results.values()))
     assert action is not None and action.state == "drain"
+
+
+def test_no_step_of_node_health_gets_more_than_what_is_left_of_its_budget():
+    budget = health.Budget(3)
+    assert 2.5 < budget.give(health.COLLECTOR_DEADLINE) <= 3
+    assert budget.give(2) == 2
+    assert health.Budget(0).give(health.SCONTROL_DEADLINE) == 1  # a spent budget still lets a step answer
+    worst = health.PYTHON_DEADLINE * 2 + health.COLLECTOR_DEADLINE + health.SCONTROL_DEADLINE * 2
+    assert worst <= health.BUDGET < 60  # Slurm kills its health program at 60 s
