@@ -35,7 +35,7 @@ SCONTROL_DEADLINE = 6.0  # each scontrol command (show, then update)
 BUDGET = 50.0  # the whole program, under Slurm's 60 s: no step gets more than what is left of it
 SYSTEM_PATH = ("/usr/local/sbin", "/usr/local/bin", "/usr/sbin", "/usr/bin", "/sbin", "/bin")
 TEXTFILE = "clustercheck_node_health.prom"
-CLUSTER_MEMBER = 2  # the cluster size the checks are told: more than one node (see _check)
+CLUSTER_MEMBER = 2  # the cluster size the checks are told: more than one node (see judge)
 
 
 @dataclass(frozen=True)
