@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import os
 import signal
 import sys
 import tempfile
@@ -22,6 +23,7 @@ from clustercheck.exitcodes import ExitCode
 from clustercheck.model import Status, overall_status
 from clustercheck.report import Report, text
 from clustercheck.report import diff as report_diff
+from clustercheck.run import health
 from clustercheck.run.pipeline import Pipeline
 from clustercheck.selection import DISTRIBUTED, STAGES, Selection, SelectionError
 from clustercheck.transport import TransportError, factory
@@ -357,6 +359,68 @@ def diff_command(old: str, new: str, fmt: str, tolerances: tuple[str, ...]) -> N
     changes = report_diff.diff(_load_report(old), _load_report(new), bounds)
     click.echo(report_diff.render(changes, fmt))
     sys.exit(ExitCode.CHECK_FAILED if changes.failed else ExitCode.OK)
+
+
+@cli.command("node-health")
+@click.option(
+    "--slurm",
+    "use_slurm",
+    is_flag=True,
+    help="Drain this node in Slurm on a FAIL (reason 'clustercheck: CHECK: MESSAGE'); resume it when healthy "
+    "if it was drained by clustercheck. The node: SLURMD_NODENAME, else the short hostname.",
+)
+@click.option(
+    "--textfile-dir",
+    type=click.Path(file_okay=False),
+    default=None,
+    metavar="DIR",
+    help=f"Also write the results as Prometheus metrics to DIR/{health.TEXTFILE} (node_exporter's textfile "
+    "directory), replaced atomically.",
+)
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["text", "json"]),
+    default="text",
+    show_default=True,
+    help="text: one line per check; json: the JSON report (clustercheck schema).",
+)
+def node_health(use_slurm: bool, textfile_dir: str | None, fmt: str) -> None:
+    """Run the per-node checks on this machine, in seconds (Slurm's HealthCheckProgram). Exit 1 on a FAIL."""
+    if textfile_dir is not None:
+        directory = Path(textfile_dir)
+        if not directory.is_dir():
+            raise UsageError(f"--textfile-dir {textfile_dir}: no such directory")
+        if not os.access(directory, os.W_OK | os.X_OK):
+            raise UsageError(f"--textfile-dir {textfile_dir}: cannot write there")
+    budget = health.Budget()
+    # Run as slurmd runs it, with no PATH: the probes and scontrol live in the system's directories.
+    os.environ["PATH"] = health.system_path(os.environ.get("PATH"))
+    name = health.node_name(os.environ)
+    found = health.check(name, budget)
+    document = found.report
+    if fmt == "json":
+        click.echo(report.render(document, "json"))
+    else:
+        judged = sorted(document.results, key=lambda r: report.SEVERITY[r.status])
+        for line in text.result_lines(judged):
+            click.echo(line)
+        for line in text.fix_lines(judged):
+            click.echo(f"fix {line}")
+        click.echo(text.counts_line(document))
+
+    def say(line: str) -> None:
+        click.echo(f"clustercheck: {line}", err=True)
+
+    if textfile_dir is not None:
+        target = Path(textfile_dir) / health.TEXTFILE
+        try:
+            report.write_atomic(target, report.render(document, "prometheus") + "\n")
+        except OSError as exc:
+            say(f"could not write {target}: {exc.strerror or exc}")
+    if use_slurm:
+        health.slurm_update(found, name, say, budget)
+    sys.exit(ExitCode.CHECK_FAILED if found.failed else ExitCode.OK)
 
 
 @cli.command("checks")

@@ -3,7 +3,6 @@ environment python and the cluster address with the facts collector (unless the 
 
 from __future__ import annotations
 
-import json
 import threading
 from collections.abc import Callable
 
@@ -12,7 +11,7 @@ from clustercheck.facts.model import NodeFacts
 from clustercheck.fanout import fanout
 from clustercheck.inventory import Node
 from clustercheck.launcher.job import HostKeysRefused, LaunchOptions, NotStarted
-from clustercheck.stages import bundle, core
+from clustercheck.stages import core
 from clustercheck.transport import HostKeyError, Transport, TransportError
 from clustercheck.transport.factory import Factory
 
@@ -56,15 +55,10 @@ def collect_facts(node: Node, transport: Transport, options: LaunchOptions, clus
     python, source, missing = core.find_python(node, transport, options.python)
     if missing:
         raise NotStarted(f"{node.name}: the environment python {missing} ({source}) does not run")
-    bundle.install(transport)
     timeout = options.facts_timeout
-    got = transport.run(
-        bundle.command(python, transport.workdir, "facts", str(max(10.0, timeout - 15))), timeout=timeout
-    )
-    try:
-        raw = json.loads(got.stdout.strip().splitlines()[-1])
-    except (ValueError, IndexError):
-        raise NotStarted(f"{node.name}: could not collect facts with {python}: {got.cause()}") from None
+    raw, got = core.collect_raw(transport, python, timeout, str(max(10.0, timeout - 15)))
+    if raw is None:
+        raise NotStarted(f"{node.name}: could not collect facts with {python}: {got.cause()}")
     facts = collect.build(node, raw, python=python, python_source=source, cluster_size=cluster_size)
     if facts.torch_problem:
         raise NotStarted(f"{node.name}: {facts.torch_problem}")

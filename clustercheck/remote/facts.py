@@ -98,14 +98,17 @@ def fact(key):
     return declare
 
 
-def run(command, timeout=20):
+PROBE_TIMEOUT = 20.0  # seconds each probe command may take, unless --probe-timeout says otherwise
+
+
+def run(command, timeout=PROBE_TIMEOUT):
     """Run a probe command; never raises."""
     if not shutil.which(command[0]):
         return {"error": f"{command[0]} not found"}
     try:
         proc = subprocess.run(command, capture_output=True, text=True, errors="replace", timeout=timeout)
     except subprocess.TimeoutExpired:
-        return {"error": f"{command[0]} timed out after {timeout} s"}
+        return {"error": f"{command[0]} timed out after {timeout:g} s"}
     except OSError as exc:
         return {"error": f"{command[0]}: {exc}"}
     return {"rc": proc.returncode, "out": proc.stdout[-OUTPUT_LIMIT:], "err": proc.stderr[-2000:]}
@@ -478,12 +481,13 @@ def dcgmi():
     return shutil.which("dcgmi")
 
 
-def run_all(commands):
-    """Every probe command at once, each in a thread of its own (they wait on their programs, not on a CPU)."""
+def run_all(commands, timeout=PROBE_TIMEOUT):
+    """Every probe command at once, each in a thread of its own (they wait on their programs, not on a CPU), each
+    stopped at TIMEOUT seconds (a hung nvidia-smi is reported as such, the others still answer)."""
     results = {}
 
     def one(name, command):
-        results[name] = run(command)
+        results[name] = run(command, timeout)
 
     threads = [threading.Thread(target=one, args=item, daemon=True) for item in commands.items()]
     for thread in threads:
@@ -498,13 +502,14 @@ def run_all(commands):
 
 
 def main():
-    """facts TIMEOUT [--no-torch] [--package DIST ...]"""
+    """facts TIMEOUT [--no-torch] [--probe-timeout S] [--package DIST ...]"""
     torch_timeout = float(sys.argv[1]) if len(sys.argv) > 1 else 120
     wanted = [sys.argv[i + 1] for i, word in enumerate(sys.argv[:-1]) if word == "--package"]
+    probe_timeout = [float(sys.argv[i + 1]) for i, word in enumerate(sys.argv[:-1]) if word == "--probe-timeout"]
     # The slow probes first, each in the background: torch's import in a child process, the commands in
     # threads; the quick reads of /proc and /sys meanwhile.
     torch = None if "--no-torch" in sys.argv else TorchProbe(torch_timeout, wanted)
-    commands = run_all(COMMANDS)
+    commands = run_all(COMMANDS, probe_timeout[-1] if probe_timeout else PROBE_TIMEOUT)
     facts = {
         "collector": 1,
         "python": {"executable": sys.executable, "version": platform.python_version()},

@@ -53,6 +53,17 @@ def print_table(results: list[CheckResult], console: Console) -> None:
     console.print(table)
 
 
+def result_lines(results: list[CheckResult]) -> list[str]:
+    """One line per result, in the order given: `STATUS  check  message` (node-health's output, which a health
+    program's log keeps line by line)."""
+    width = max((len(r.name) for r in results), default=0)
+    lines = []
+    for r in results:
+        message = r.message.removeprefix(f"{r.host}: ") if r.host else r.message
+        lines.append(f"{r.status.value:<5} {r.name:<{width}}  {' '.join(message.split())}")
+    return lines
+
+
 def fix_lines(results: list[CheckResult]) -> list[str]:
     """The fixes of what warned or failed, in the order given: one line per check and fix, naming every host that
     needs it (the same fix on every node is one line, not one per node)."""

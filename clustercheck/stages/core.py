@@ -19,7 +19,7 @@ from clustercheck.facts.model import DcgmDiag, NodeFacts
 from clustercheck.inventory import Node
 from clustercheck.model import CheckResult, Status
 from clustercheck.stages import Context, Member, bundle, collectives, network
-from clustercheck.transport import Transport, TransportError, parse_stale, stale_sweep_script
+from clustercheck.transport import CommandResult, Transport, TransportError, parse_stale, stale_sweep_script
 
 NAME = "core"
 RECORDED_PYTHON = "/etc/clustercheck/python"
@@ -103,21 +103,24 @@ def session(node: Node, transport: Transport) -> CheckResult:
     return check.result(node.name, connection.session_finding(transport.quirks, shell))
 
 
-def find_python(node: Node, transport: Transport, configured: str | None) -> tuple[str, str, str | None]:
-    """(python to run the collector with, where it came from, the configured python when it is missing)."""
+def find_python(
+    node: Node, transport: Transport, configured: str | None, timeout: float = 30
+) -> tuple[str, str, str | None]:
+    """(python to run the collector with, where it came from, the configured python when it is missing); each of
+    its two commands within TIMEOUT seconds."""
     if configured:
         python, source = configured, "--python"
     elif node.python:
         python, source = node.python, "clustercheck_python in the inventory"
     else:
-        recorded = transport.run(["cat", RECORDED_PYTHON], timeout=30)
+        recorded = transport.run(["cat", RECORDED_PYTHON], timeout=timeout)
         if recorded.ok and recorded.stdout.strip():
             python, source = recorded.stdout.strip(), RECORDED_PYTHON
         elif node.is_local:
             python, source = sys.executable, "the python running clustercheck"
         else:
             python, source = "python3", "default"
-    probe = transport.run([python, "-c", "import sys; print(sys.executable)"], timeout=30)
+    probe = transport.run([python, "-c", "import sys; print(sys.executable)"], timeout=timeout)
     if probe.ok:
         return python, source, None
     return "python3", source, python
@@ -151,15 +154,11 @@ def run_host(node: Node, transport: Transport, ctx: Context, step) -> HostOutcom
     for package in node.packages:
         args += ["--package", package]
     started = time.monotonic()
-    collected = transport.run(bundle.command(python, transport.workdir, "facts", *args), timeout=config.command_timeout)
+    raw, collected = collect_raw(transport, python, config.command_timeout, *args)
     seconds = time.monotonic() - started  # the collector's own time (baseline.collector compares it)
     (host_dir / "facts.json").write_text(collected.stdout)
     (host_dir / "facts.stderr").write_text(collected.stderr)
-    raw = None
-    if collected.ok:
-        with contextlib.suppress(ValueError, IndexError):
-            raw = json.loads(collected.stdout.strip().splitlines()[-1])
-    if not isinstance(raw, dict):
+    if raw is None:
         cause = f"timed out after {config.command_timeout:.0f} s" if collected.timed_out else collected.cause()
         outcome.results.append(_facts_error(node, f"{node.name}: could not collect facts with {python}: {cause}"))
         return outcome
@@ -188,6 +187,18 @@ def run_host(node: Node, transport: Transport, ctx: Context, step) -> HostOutcom
     step("collectives on the node")
     outcome.results += local_collectives(facts, transport, ctx)
     return outcome
+
+
+def collect_raw(transport: Transport, python: str, timeout: float, *args: str) -> tuple[dict | None, CommandResult]:
+    """The bundle's facts program run with PYTHON under TIMEOUT (the bundle uploaded first, once per node and run):
+    the collector's JSON object (None when it printed none) and the command's result."""
+    bundle.install(transport)
+    answer = transport.run(bundle.command(python, transport.workdir, "facts", *args), timeout=timeout)
+    raw = None
+    if answer.ok:
+        with contextlib.suppress(ValueError, IndexError):
+            raw = json.loads(answer.stdout.strip().splitlines()[-1])
+    return (raw if isinstance(raw, dict) else None), answer
 
 
 def dcgm_diag(dcgmi: str, level: int, transport: Transport, host_dir) -> DcgmDiag:

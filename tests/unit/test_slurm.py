@@ -1,0 +1,155 @@
+"""node-health's judgement and its Slurm side, pure: the per-node checks on recorded collector outputs as node-health
+judges its node, the node's state read from `scontrol show node` (recorded outputs, tests/unit/data/slurm/), and
+what is done with it (drain on a FAIL, resume only from a drain of clustercheck's own)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from clustercheck.checks import registry
+from clustercheck.facts import collect
+from clustercheck.inventory import Node
+from clustercheck.model import Status
+from clustercheck.run import health
+from clustercheck.slurm import REASON_CHARS, Action, ParseError, SlurmNode, decide, drain_reason, parse_show_node
+
+DATA = Path(__file__).parent / "data" / "slurm"
+RECORDS = Path(__file__).parent / "records"
+
+
+def recorded(name: str) -> str:
+    return (DATA / name).read_text()
+
+
+def node3_results():
+    """The per-node checks on node3's recorded facts (/dev/shm at 64 MiB, a 32 MiB /tmp, chrony stopped)."""
+    raw = json.loads((RECORDS / "facts-node3-shm-tmp-chrony.json").read_text())
+    facts = collect.build(
+        Node(name="node3", address="node3"), raw, python="/usr/bin/python3", python_source="test", cluster_size=3
+    )
+    return registry.run_node_checks(facts, lambda _: True, "")
+
+
+def passing(results):
+    return [r for r in results if not r.status.is_problem]
+
+
+def test_slurms_own_documentation_sample_is_an_idle_node_without_a_reason():
+    node = parse_show_node(recorded("show-nodes-slurm-doc-mcs.txt"), "node0001")
+    assert node == SlurmNode("node0001", ("IDLE",), None)
+    assert not node.drained and not node.ours
+
+
+def test_a_node_that_is_not_in_the_answer_is_an_error_naming_what_was_there():
+    with pytest.raises(ParseError, match=r"no node node7 in scontrol's answer \(node0001\)"):
+        parse_show_node(recorded("show-nodes-slurm-doc-mcs.txt"), "node7")
+    with pytest.raises(ParseError, match="no node record"):
+        parse_show_node("", "node7")
+
+
+def test_the_drain_reason_names_the_first_failed_check_and_its_message_on_one_short_line():
+    results = node3_results()
+    failed = [r for r in results if r.status.is_problem]
+    assert [r.name for r in failed] == ["shm.size", "disk.free", "time.sync"]
+    reason = drain_reason(failed[0], len(failed) - 1)
+    assert reason.startswith("clustercheck: shm.size: /dev/shm is 64 MiB, less than 256 MiB")
+    assert reason.endswith(" (+2 more)") and len(reason) <= REASON_CHARS
+    assert "node3:" not in reason  # the node is the one being drained: its name is not repeated
+
+
+def test_the_drain_reason_holds_nothing_that_breaks_scontrol_or_a_log_line():
+    check = registry.get("time.sync")
+    result = check.result("n1", registry.fail("chronyd said \"no\"\nand 'stopped'\tnow; `x` $HOME"))
+    reason = drain_reason(result)
+    assert reason == "clustercheck: time.sync: chronyd said no and stopped now; x HOME"
+    assert Action("drain", "n1", reason).argv("/usr/bin/scontrol") == [
+        "/usr/bin/scontrol",
+        "update",
+        "nodename=n1",
+        "state=drain",
+        f"reason={reason}",
+    ]
+
+
+def test_a_fail_drains_an_idle_node():
+    results = node3_results()
+    action = decide(SlurmNode("node3", ("IDLE",), None), results)
+    assert action is not None and action.state == "drain" and action.node == "node3"
+    assert action.reason == drain_reason(results[[r.name for r in results].index("shm.size")], 2)
+
+
+def test_a_node_someone_else_drained_keeps_its_reason_and_stays_drained():
+    admin = SlurmNode("node3", ("IDLE", "DRAIN"), "disk replacement")
+    assert decide(admin, node3_results()) is None  # not overwritten by ours
+    assert decide(admin, passing(node3_results())) is None  # not resumed
+
+
+def test_a_healthy_run_resumes_a_node_drained_by_clustercheck_only():
+    ours = SlurmNode("node3", ("IDLE", "DRAIN"), "clustercheck: shm.size: /dev/shm is 64 MiB")
+    assert decide(ours, passing(node3_results())) == Action("resume", "node3")
+    draining = SlurmNode("node3", ("MIXED", "DRAIN"), "clustercheck: time.sync: chronyd does not answer")
+    assert decide(draining, passing(node3_results())) == Action("resume", "node3")
+    assert decide(SlurmNode("node3", ("IDLE",), None), passing(node3_results())) is None
+    assert decide(SlurmNode("node3", ("DOWN",), "Not responding"), passing(node3_results())) is None
+
+
+def test_a_node_drained_by_clustercheck_for_the_same_reason_is_left_alone_another_failure_updates_it():
+    results = node3_results()
+    failed = [r for r in results if r.status.is_problem]
+    same = SlurmNode("node3", ("IDLE", "DRAIN"), drain_reason(failed[0], 2))
+    assert decide(same, results) is None
+    older = SlurmNode("node3", ("IDLE", "DRAIN"), "clustercheck: gpu.xid: Xid 79 on GPU 0")
+    action = decide(older, results)
+    assert action is not None and action.state == "drain" and action.reason == same.reason
+
+
+def test_an_error_of_a_check_drains_as_a_fail_does():
+    check = registry.get("gpu.ecc")
+    errored = check.result("n1", registry.Finding(Status.ERROR, "check gpu.ecc failed: KeyError: 'ecc'"))
+    action = decide(SlurmNode("n1", ("IDLE",), None), [errored])
+    assert action is not None and action.reason == "clustercheck: gpu.ecc: check gpu.ecc failed: KeyError: ecc"
+
+
+def test_the_health_program_finds_the_system_programs_without_a_path_and_keeps_the_one_given():
+    assert health.system_path(None) == "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+    assert (
+        health.system_path("/opt/fake:/usr/bin")
+        == "/opt/fake:/usr/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/sbin:/bin"
+    )
+    assert health.node_name({"SLURMD_NODENAME": "gpu07"}) == "gpu07"
+    assert "." not in health.node_name({})
+
+
+def test_node_health_judges_its_node_as_one_of_a_cluster():
+    """A stopped chronyd is a FAIL there (a drain in Slurm), as in a run over several nodes, not the WARN of a
+    one-node run."""
+    raw = json.loads((RECORDS / "facts-node3-shm-tmp-chrony.json").read_text())
+    results = {r.name: r for r in health.judge(Node(name="node3", address="localhost"), raw, python="p", source="s")}
+    assert results["time.sync"].status is Status.FAIL and "chronyd does not answer" in results["time.sync"].message
+    assert results["shm.size"].status is Status.FAIL
+    assert results["gpu.count"].status is Status.SKIP  # no NVIDIA GPU on its PCI bus
+
+
+def test_a_gpu_on_the_bus_whose_nvidia_smi_hangs_fails_gpu_count():
+    """node3's record with one NVIDIA GPU on its PCI bus and nvidia-smi cut at its deadline (two values edited)."""
+    raw = json.loads((RECORDS / "facts-node3-shm-tmp-chrony.json").read_text())
+    raw["gpu_bridges"]["gpus"] = {"0000:17:00.0": ["0000:15:01.0"]}
+    raw["commands"]["nvidia_smi_q"] = {"error": "nvidia-smi timed out after 10 s"}
+    results = {r.name: r for r in health.judge(Node(name="node3", address="localhost"), raw, python="p", source="s")}
+    count = results["gpu.count"]
+    assert count.status is Status.FAIL
+    assert "1 GPU(s) expected, but nvidia-smi does not answer: nvidia-smi timed out after 10 s" in count.message
+    action = decide(SlurmNode("node3", ("IDLE",), None), list(results.values()))
+    assert action is not None and action.state == "drain"
+
+
+def test_no_step_of_node_health_gets_more_than_what_is_left_of_its_budget():
+    budget = health.Budget(3)
+    assert 2.5 < budget.give(health.COLLECTOR_DEADLINE) <= 3
+    assert budget.give(2) == 2
+    assert health.Budget(0).give(health.SCONTROL_DEADLINE) == 1  # a spent budget still lets a step answer
+    worst = health.PYTHON_DEADLINE * 2 + health.COLLECTOR_DEADLINE + health.SCONTROL_DEADLINE * 2
+    assert worst <= health.BUDGET < 60  # Slurm kills its health program at 60 s
