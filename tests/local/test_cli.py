@@ -9,6 +9,8 @@ from pathlib import Path
 import pytest
 from harness import run_cli
 
+from clustercheck import selection
+
 
 @pytest.fixture(scope="module")
 def full_run(tmp_path_factory):
@@ -78,9 +80,7 @@ def test_localhost_runs_every_stage_and_proves_ddp_equivalence_on_two_cpu_ranks(
 def test_every_check_a_run_reports_is_in_the_catalog_under_the_same_name(full_run, tmp_path):
     catalog = json.loads(run_cli("checks", "--format", "json").stdout)["checks"]
     known = {c["name"]: c for c in catalog}
-    assert all(
-        c["proves"] and c["stage"] in ("core", "network", "data", "collectives", "ddp", "lightning") for c in catalog
-    )
+    assert all(c["proves"] and c["stage"] in selection.STAGES for c in catalog)
     full = {c["name"] for c in json.loads(full_run[0].stdout)["checks"]}
     assert full <= set(known), full - set(known)
     for args in (["--only", "core"], ["--skip", "ddp", "--skip", "lightning"]):
