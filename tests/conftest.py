@@ -35,6 +35,10 @@ def _need_docker() -> None:
         pytest.skip(f"no Docker engine: {exc}")
 
 
+# The pytest-xdist worker this process is ("-gw0"), or "" in a run without workers.
+_LANE = f"-{os.environ['PYTEST_XDIST_WORKER']}" if os.environ.get("PYTEST_XDIST_WORKER") else ""
+
+
 @contextlib.contextmanager
 def own_cluster(size: int, what: str, suffix: str = "", os_name=testcluster.DEFAULT_OS, user: str = "root"):
     """SIZE fresh nodes under the name TESTCLUSTER_NAME (default cc) + SUFFIX, removed afterwards.
@@ -54,9 +58,6 @@ def own_cluster(size: int, what: str, suffix: str = "", os_name=testcluster.DEFA
     finally:
         testcluster.down(name)
 
-
-# The pytest-xdist worker this process is ("-gw0"), or "" in a run without workers.
-_LANE = f"-{os.environ['PYTEST_XDIST_WORKER']}" if os.environ.get("PYTEST_XDIST_WORKER") else ""
 
 # Lanes (pyproject's addopts: -n 2 --dist loadscope, pytest-xdist): a session cluster is made once in each worker
 # that needs it, so the tests on one cluster go to one worker as one group; a module's own cluster makes its module

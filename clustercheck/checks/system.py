@@ -272,7 +272,7 @@ def neighbour_table(nodes: list[NodeFacts], config: Any) -> Finding:
             fix=fix,
             **data,
         )
-    if unknown and len(unknown) == count:
+    if unknown and len(unknown) + len(shared) == count:  # no node's limits were read: nothing to say "room" of
         return warn(f"neighbour table limits: {COULD_NOT_COLLECT} on {', '.join(unknown)}", fix=fix, **data)
     if len(shared) == count:
         return skip(

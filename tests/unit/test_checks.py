@@ -296,3 +296,11 @@ def test_the_neighbour_fix_names_the_thresholds_the_base_role_writes():
     defaults = yaml.safe_load((Path(__file__).parents[2] / "roles" / "base" / "defaults" / "main.yml").read_text())
     written = {k: v for k, v in defaults["base_sysctl"].items() if k.startswith("net.ipv4.neigh.")}
     assert written == system.NEIGH_BASE
+
+
+def test_limits_read_on_no_node_are_never_called_room():
+    """A container's namespace on one node and a probe error on the other: no limits were read, so no PASS."""
+    container = recorded_node("facts-node3-shm-tmp-chrony.json")
+    (one, two) = copies(container, 2)
+    result = system.neighbour_table([one, replace(two, neigh=None)], None)
+    assert result.status is Status.WARN and "could not collect on node2" in result.message
