@@ -21,7 +21,7 @@ from clustercheck.checks.consistency import DEFAULT_MAX_CLOCK_OFFSET
 from clustercheck.config import RunConfig
 from clustercheck.exitcodes import ExitCode
 from clustercheck.model import Status, overall_status
-from clustercheck.report import Report, text
+from clustercheck.report import Report, prometheus, text
 from clustercheck.report import diff as report_diff
 from clustercheck.run import health
 from clustercheck.run.pipeline import Pipeline
@@ -415,7 +415,7 @@ def node_health(use_slurm: bool, textfile_dir: str | None, fmt: str) -> None:
     if textfile_dir is not None:
         target = Path(textfile_dir) / health.TEXTFILE
         try:
-            report.write_atomic(target, report.render(document, "prometheus") + "\n")
+            report.write_atomic(target, prometheus.render(document, source="node-health") + "\n")
         except OSError as exc:
             say(f"could not write {target}: {exc.strerror or exc}")
     if use_slurm:

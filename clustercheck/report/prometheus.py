@@ -6,7 +6,10 @@ typed measures, each a Metric declared next to its check, with its unit in the n
 This module knows no check by name: a new check is monitored from its first run, a new measure from its Metric.
 
 The textfile collector rejects samples with timestamps and metric families whose series differ in their label
-names, so neither appears here: a cluster-wide check has an empty `host` label.
+names, so neither appears here: a cluster-wide check has an empty `host` label. It also refuses a series that two
+files repeat, and a node can hold two of these files (a `clustercheck run` report, and `clustercheck node-health`'s
+own results): every series carries `source`, the command that wrote it (`run` or `node-health`), so the two never
+repeat each other while the same queries and alerts read both.
 """
 
 from __future__ import annotations
@@ -115,12 +118,19 @@ def _measurements(results: list[CheckResult]) -> Iterator[Family]:
     yield from families.values()
 
 
-def render(report: Report) -> str:
+SOURCES = ("run", "node-health")
+
+
+def render(report: Report, source: str = "run") -> str:
+    """REPORT as metrics; SOURCE, the command that made it, is the `source` label of every series."""
+    if source not in SOURCES:
+        raise ValueError(f"source must be one of {SOURCES}, not {source!r}")
     lines = []
     for family in _families(report):
         lines.append(f"# HELP {family.name} {_escape_help(family.help)}")
         lines.append(f"# TYPE {family.name} gauge")
-        for labels, value in family.samples:
+        for own, value in family.samples:
+            labels = {**own, "source": source}
             pairs = ",".join(f'{k}="{_escape_label(v)}"' for k, v in labels.items())
             lines.append(
                 f"{family.name}{{{pairs}}} {_format_value(value)}" if pairs else f"{family.name} {_format_value(value)}"

@@ -112,8 +112,10 @@ def test_node_exporter_serves_the_metrics_of_a_full_clustercheck_run(monitored, 
     assert "node_textfile_scrape_error 0" in text
     lines = text.splitlines()
     for n in monitored.nodes:
-        assert f'clustercheck_check_status{{check="torch.import",host="{n.name}",status="PASS"}} 0' in lines
-    assert 'clustercheck_check_status{check="ddp_equivalence",host="",status="PASS"} 0' in lines
+        assert (
+            f'clustercheck_check_status{{check="torch.import",host="{n.name}",status="PASS",source="run"}} 0' in lines
+        )
+    assert 'clustercheck_check_status{check="ddp_equivalence",host="",status="PASS",source="run"} 0' in lines
     assert 'clustercheck_run_status{status="' in text
     busbw = [line for line in lines if line.startswith("clustercheck_allreduce_busbw_bytes_per_second{")]
     assert busbw and all(float(line.rsplit(" ", 1)[1]) > 0 for line in busbw), busbw

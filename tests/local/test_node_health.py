@@ -96,8 +96,11 @@ def test_text_output_the_textfile_and_no_scontrol(tmp_path):
     name = socket.gethostname().split(".")[0]
     for line in checked:
         check = line.split()[1]
-        assert f'clustercheck_check_status{{check="{check}",host="{name}",status="{line.split()[0]}"}}' in text
-    assert "\nclustercheck_run_status{" in text and "\nclustercheck_run_duration_seconds " in text
+        assert (
+            f'clustercheck_check_status{{check="{check}",host="{name}",status="{line.split()[0]}",source="node-health"}}'
+            in text
+        )
+    assert "\nclustercheck_run_status{" in text and '\nclustercheck_run_duration_seconds{source="node-health"} ' in text
     tool = shutil.which("promtool")
     if tool:
         lint = subprocess.run([tool, "check", "metrics"], input=text, capture_output=True, text=True, timeout=60)

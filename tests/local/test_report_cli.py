@@ -37,7 +37,9 @@ def test_a_full_run_writes_prometheus_metrics_promtool_accepts(tmp_path):
         assert f'clustercheck_check_status{{check="{check["name"]}",host="{check["host"] or ""}",' in text
     for name in ("allreduce_busbw_bytes_per_second", "ddp_max_abs_param_diff", "ddp_scaling_efficiency_ratio"):
         assert f"\nclustercheck_{name}" in text
-    duration = next(line for line in text.splitlines() if line.startswith("clustercheck_run_duration_seconds "))
+    duration = next(
+        line for line in text.splitlines() if line.startswith('clustercheck_run_duration_seconds{source="run"} ')
+    )
     assert 0 < float(duration.split()[1]) < 300
 
 

@@ -28,8 +28,9 @@ def load(name: str):
     return json.loads((RECORDS / name).read_text())
 
 
-def samples(text: str) -> list[tuple[str, dict[str, str], float]]:
-    """The samples of a text exposition: (name, labels, value)."""
+def samples(text: str, source: str = "run") -> list[tuple[str, dict[str, str], float]]:
+    """The samples of a text exposition: (name, labels, value), each checked to carry `source` (the command that
+    wrote it), which is left out of the labels returned."""
     out = []
     for line in text.splitlines():
         if line.startswith("#") or not line:
@@ -37,6 +38,7 @@ def samples(text: str) -> list[tuple[str, dict[str, str], float]]:
         match = SAMPLE.match(line)
         assert match, f"not a sample line: {line!r}"
         labels = {k: bytes(v, "utf-8").decode("unicode_escape") for k, v in LABEL.findall(match["labels"] or "")}
+        assert labels.pop("source", None) == source, line
         out.append((match["name"], labels, float(match["value"])))
     return out
 
@@ -120,6 +122,32 @@ def test_prometheus_gives_an_unknown_check_its_status_only_and_escapes_labels(tm
     assert ("clustercheck_check_status", {"check": 'gpu.new"check', "host": "node\\1\nx", "status": "WARN"}, 2) in got
 
 
+def test_a_run_report_and_node_health_on_one_node_repeat_no_series(tmp_path):
+    # node_exporter refuses a series that two files of its textfile directory repeat; the head node holds the
+    # timer's `clustercheck run` report and its own node-health results, whose checks and hosts overlap.
+    results = real_results()
+    own = [r for r in results if r.host == "node1"]
+    files = {
+        "run": prometheus.render(Report(results, ["node1", "node2", "node3"], "x", 1, 2)),
+        "node-health": prometheus.render(Report(own, ["node1"], "y", 1, 2), source="node-health"),
+    }
+    series = [
+        (name, tuple(sorted(labels.items())), source)
+        for source, text in files.items()
+        for name, labels, _ in samples(text, source)
+    ]
+    assert len(set(series)) == len(series)
+    overlap = {(n, labels) for n, labels, s in series if s == "run"} & {
+        (n, labels) for n, labels, s in series if s == "node-health"
+    }
+    assert ("clustercheck_run_status", (("status", "FAIL"),)) in overlap  # without the label they would collide
+    for text in files.values():
+        proc = promtool(text, tmp_path)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+    with pytest.raises(ValueError):
+        prometheus.render(Report(own, ["node1"]), source="cron")
+
+
 def test_markdown_puts_the_verdict_and_the_failures_with_their_fixes_first():
     results = real_results()
     text = markdown.render(Report(results, ["node1", "node2", "node3"], "abc123", 0.0, 75))
@@ -174,7 +202,14 @@ def test_the_readme_query_for_failing_nodes_finds_them(tmp_path):
         )
         + 1
     ]
-    text = prometheus.render(Report(real_results(), ["node1", "node2", "node3"], "x", 1, 2))
+    results = real_results()
+    # node1's health program reports its own checks too: a check failing in both counts once.
+    text = "\n".join(
+        (
+            prometheus.render(Report(results, ["node1", "node2", "node3"], "x", 1, 2)),
+            prometheus.render(Report([r for r in results if r.host == "node1"], ["node1"]), source="node-health"),
+        )
+    )
     series = [
         {"series": line.rsplit(" ", 1)[0], "values": line.rsplit(" ", 1)[1]}
         for line in text.splitlines()
