@@ -1,7 +1,8 @@
 """The README's table of test folders (`### Tests, by what they need`) is true: it lists every folder under tests/,
 the folders it says need nothing collect with neither torch nor Docker there, and every test that starts a test
 cluster carries the `cluster` marker (so `-m "not cluster"` runs without Docker), none in a folder that needs no
-Docker. Each check collects the suite in a child pytest (collection only: seconds)."""
+Docker. Each check collects the suite in a child pytest (collection only: seconds); the lanes' check runs a few
+quick tests in two workers."""
 
 from __future__ import annotations
 
@@ -157,3 +158,36 @@ def test_a_marker_missing_on_a_cluster_test_is_found(tmp_path):
     (probe / "test_probe.py").write_text(PROBE)
     items = [i for i in collect(tmp_path, str(probe)) if "probe" in i["nodeid"]]
     assert [(i["starts_cluster"], i["markers"]) for i in items] == [(True, [])]
+
+
+def test_lanes_keep_a_group_on_one_worker():
+    """Two lanes (pyproject's `-n 2`): the tests of a group run on one worker, so a test cluster is made once and
+    localhost's fixed ports are never taken twice at a time. xdist's own scope (the module) would split these two
+    tests/local modules between the workers; tests/conftest.py's scheduler must not."""
+    local = [
+        "tests/local/test_launch_cli.py::test_no_script_is_a_usage_error",
+        "tests/local/test_node_health.py::test_bad_input_is_one_line_and_exit_4",
+    ]
+    spread = [
+        f"tests/unit/test_inventory.py::{name}"
+        for name in ("test_ansible_variables_and_group_vars_are_read", "test_host_list_forms")
+    ]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "-c",
+        str(REPO / "pyproject.toml"),
+        "-n",
+        "2",
+        "-v",
+        "-p",
+        "no:cacheprovider",
+    ]
+    proc = subprocess.run([*cmd, *local, *spread], cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    ran = re.findall(r"^\[(gw\d+)\] \[\s*\d+%\] PASSED (\S+)", proc.stdout, re.M)
+    workers = {worker for worker, test in ran if test.startswith("tests/local/")}
+    assert len([t for _, t in ran if t.startswith("tests/local/")]) >= 4, proc.stdout[-3000:]
+    assert len(workers) == 1, ran
+    assert {worker for worker, _ in ran} == {"gw0", "gw1"}, ran  # the rest spread over both
