@@ -4,11 +4,13 @@ folded into one line per reason; each stage's time; the counts, the verdict and 
 from __future__ import annotations
 
 import io
+import re
 from collections import Counter
 
+from rich.cells import cell_len
 from rich.console import Console
 from rich.markup import escape
-from rich.table import Table
+from rich.text import Span, Text
 
 from clustercheck.model import CheckResult, Status
 from clustercheck.report import CLUSTER_SUITE, SEVERITY, Report, StageSummary, duration_text, skip_reason
@@ -41,16 +43,121 @@ def print_report(report: Report, console: Console, raw_output: str | None = None
     console.print(f"next: {escape(report.next_step)}")
 
 
+COLUMNS = ("status", "check", "host", "message")
+# The table's frame, as rich draws its tables (box.HEAVY_HEAD): top, header, below the header, rows, bottom.
+TOP, HEAD, RULE, ROW, BOTTOM = "┏━┳┓", "┃ ┃┃", "┡━╇┩", "│ ││", "└─┴┘"
+
+
 def print_table(results: list[CheckResult], console: Console) -> None:
-    table = Table(show_lines=False)
-    for column in ("status", "check", "host", "message"):
-        table.add_column(column, overflow="fold")
-    for r in results:
-        message = r.message.removeprefix(f"{r.host}: ") if r.host else r.message  # the host has its own column
-        table.add_row(
-            f"[{STYLES[r.status]}]{r.status.value}[/]", escape(r.name), escape(r.host or CLUSTER_SUITE), escape(message)
+    console.print(table_text(results, console.width), soft_wrap=True)
+
+
+def table_text(results: list[CheckResult], width: int) -> Text:
+    """The results as a table WIDTH columns wide at most, the status coloured: a border, one row per result,
+    long cells wrapped within their column (a word longer than its column folded). Laid out in one pass over the
+    rows (rich's own Table measures and renders every cell through its layout engine several times: on a
+    cluster's thousands of rows it cost more than checking the nodes did)."""
+    rows = [
+        (
+            r.status.value,
+            r.name,
+            r.host or CLUSTER_SUITE,
+            r.message.removeprefix(f"{r.host}: ") if r.host else r.message,  # the host has its own column
         )
-    console.print(table)
+        for r in results
+    ]
+    widths = column_widths([COLUMNS, *rows], width)
+    lines: list[str] = [_rule(TOP, widths)]
+    spans: list[Span] = []
+    offset = len(lines[0]) + 1
+
+    def add(cells: tuple[str, ...], frame: str, styles: tuple[str | None, ...]) -> None:
+        nonlocal offset
+        wrapped = [_wrap(cell, w) for cell, w in zip(cells, widths)]
+        for i in range(max(len(w) for w in wrapped)):
+            line = frame[0]
+            for column, (parts, w) in enumerate(zip(wrapped, widths)):
+                part = parts[i] if i < len(parts) else ""
+                style = styles[column]
+                if style and part:
+                    start = offset + len(line) + 1
+                    spans.append(Span(start, start + len(part), style))
+                line += f" {part}{' ' * (w - _width(part))} " + (frame[3] if column == len(widths) - 1 else frame[2])
+            lines.append(line)
+            offset += len(line) + 1
+
+    add(COLUMNS, HEAD, ("table.header",) * len(COLUMNS))
+    lines.append(_rule(RULE, widths))
+    offset += len(lines[-1]) + 1
+    for row, r in zip(rows, results):
+        add(row, ROW, (STYLES[r.status], None, None, None))
+    lines.append(_rule(BOTTOM, widths))
+    return Text("\n".join(lines), spans=spans)
+
+
+def column_widths(rows: list[tuple[str, ...]], width: int) -> list[int]:
+    """Each column's width (its widest cell), the widest columns narrowed first until the table, with a space on
+    either side of every cell and the borders, fits within WIDTH."""
+    widths = [max(max((_width(line) for line in cell.split("\n")), default=0) for cell in column) for column in zip(*rows)]
+    excess = sum(widths) + 3 * len(widths) + 1 - width
+    while excess > 0:
+        widest = max(widths)
+        if widest <= 1:
+            break
+        below = max((w for w in widths if w < widest), default=0)
+        at = [i for i, w in enumerate(widths) if w == widest]
+        step = max(1, min(widest - max(below, 1), -(-excess // len(at))))
+        for i in at:
+            cut = min(step, excess)
+            widths[i] -= cut
+            excess -= cut
+            if not excess:
+                break
+    return widths
+
+
+def _rule(frame: str, widths: list[int]) -> str:
+    return frame[0] + frame[2].join(frame[1] * (w + 2) for w in widths) + frame[3]
+
+
+def _width(text: str) -> int:
+    return len(text) if text.isascii() else cell_len(text)
+
+
+def _wrap(cell: str, width: int) -> list[str]:
+    """CELL's lines within WIDTH: its own lines, each wrapped at spaces, a longer word folded."""
+    lines: list[str] = []
+    for paragraph in cell.split("\n"):
+        if _width(paragraph) <= width:
+            lines.append(paragraph)
+        elif paragraph.isascii():
+            lines += _wrap_words(paragraph, width)
+        else:  # wide characters: rich knows their cells
+            lines += [line.plain.rstrip() for line in Text(paragraph).wrap(_CONSOLE, width, overflow="fold")]
+    return lines
+
+
+def _wrap_words(paragraph: str, width: int) -> list[str]:
+    """An ASCII PARAGRAPH wrapped as rich wraps text: a word that does not fit starts the next line; a word wider
+    than the column is folded, its last piece continuing the line."""
+    lines, line = [], ""
+    for word in WORDS.findall(paragraph):
+        bare = word.rstrip()
+        if len(line) + len(bare) <= width:
+            line += word
+        elif len(bare) > width:
+            pieces = [word[i : i + width] for i in range(0, len(word), width)]
+            lines += ([line] if line else []) + pieces[:-1]
+            line = pieces[-1]
+        else:
+            lines.append(line)
+            line = word
+    lines.append(line)
+    return [line.rstrip() for line in lines]
+
+
+WORDS = re.compile(r"\s*\S+\s*")
+_CONSOLE = Console(width=1 << 16, color_system=None)
 
 
 def result_lines(results: list[CheckResult]) -> list[str]:
