@@ -10,7 +10,9 @@ from collections import Counter
 from rich.cells import cell_len
 from rich.console import Console
 from rich.markup import escape
-from rich.text import Span, Text
+from rich.segment import Segment, Segments
+from rich.style import Style
+from rich.text import Text
 
 from clustercheck.model import CheckResult, Status
 from clustercheck.report import CLUSTER_SUITE, SEVERITY, Report, StageSummary, duration_text, skip_reason
@@ -32,15 +34,16 @@ def print_report(report: Report, console: Console, raw_output: str | None = None
     judged = sorted((r for r in results if r.status is not Status.SKIP), key=lambda r: SEVERITY[r.status])
     if judged:
         print_table(judged, console)
-    for line in fix_lines(judged):
-        console.print(f"[bold]fix[/] {escape(line)}")
-    for line in skipped_lines(results, report.hosts):
-        console.print(f"[dim]{escape(line)}[/]")
+    lines = [f"[bold]fix[/] {escape(line)}" for line in fix_lines(judged)]
+    lines += [f"[dim]{escape(line)}[/]" for line in skipped_lines(results, report.hosts)]
     if report.stages:
-        console.print(escape(stages_line(report.stages)))
-    console.print(escape(counts_line(report, raw_output)))
-    console.print(f"[bold]{escape(report.verdict)}[/]")
-    console.print(f"next: {escape(report.next_step)}")
+        lines.append(escape(stages_line(report.stages)))
+    lines.append(escape(counts_line(report, raw_output)))
+    lines.append(f"[bold]{escape(report.verdict)}[/]")
+    lines.append(f"next: {escape(report.next_step)}")
+    # One print, without rich's highlighting of numbers and paths: on a cluster's hundreds of lines both cost more
+    # than the rest of the report; what matters is styled where it is written.
+    console.print("\n".join(lines), highlight=False)
 
 
 COLUMNS = ("status", "check", "host", "message")
@@ -49,14 +52,24 @@ TOP, HEAD, RULE, ROW, BOTTOM = "┏━┳┓", "┃ ┃┃", "┡━╇┩", "�
 
 
 def print_table(results: list[CheckResult], console: Console) -> None:
-    console.print(table_text(results, console.width), soft_wrap=True)
+    segments: list[Segment] = []
+    styles: dict[str, Style] = {}
+    for line in table_lines(results, console.width):
+        for piece, name in line:
+            style = styles.setdefault(name, console.get_style(name)) if name else None
+            segments.append(Segment(piece, style))
+        segments.append(Segment.line())
+    console.print(Segments(segments), soft_wrap=True)  # laid out already: rich writes the pieces as they are
 
 
-def table_text(results: list[CheckResult], width: int) -> Text:
+Line = list[tuple[str, str | None]]  # a line of the table: its pieces, each with its style's name (or none)
+
+
+def table_lines(results: list[CheckResult], width: int) -> list[Line]:
     """The results as a table WIDTH columns wide at most, the status coloured: a border, one row per result,
     long cells wrapped within their column (a word longer than its column folded). Laid out in one pass over the
-    rows (rich's own Table measures and renders every cell through its layout engine several times: on a
-    cluster's thousands of rows it cost more than checking the nodes did)."""
+    rows: rich's own Table measures and renders every cell through its layout engine several times, and on a
+    cluster's hundreds of rows it cost clustercheck more CPU than talking to the nodes did."""
     rows = [
         (
             r.status.value,
@@ -67,38 +80,39 @@ def table_text(results: list[CheckResult], width: int) -> Text:
         for r in results
     ]
     widths = column_widths([COLUMNS, *rows], width)
-    lines: list[str] = [_rule(TOP, widths)]
-    spans: list[Span] = []
-    offset = len(lines[0]) + 1
+    lines: list[Line] = [[(_rule(TOP, widths), None)]]
+    last = len(widths) - 1
 
     def add(cells: tuple[str, ...], frame: str, styles: tuple[str | None, ...]) -> None:
-        nonlocal offset
-        wrapped = [_wrap(cell, w) for cell, w in zip(cells, widths)]
+        wrapped = [_wrap(cell, w) for cell, w in zip(cells, widths, strict=True)]
         for i in range(max(len(w) for w in wrapped)):
-            line = frame[0]
-            for column, (parts, w) in enumerate(zip(wrapped, widths)):
+            line: Line = []
+            plain = frame[0]
+            for column, (parts, w) in enumerate(zip(wrapped, widths, strict=True)):
                 part = parts[i] if i < len(parts) else ""
-                style = styles[column]
-                if style and part:
-                    start = offset + len(line) + 1
-                    spans.append(Span(start, start + len(part), style))
-                line += f" {part}{' ' * (w - _width(part))} " + (frame[3] if column == len(widths) - 1 else frame[2])
-            lines.append(line)
-            offset += len(line) + 1
+                after = " " * (w - _width(part) + 1) + (frame[3] if column == last else frame[2])
+                if styles[column] and part:
+                    line += [(plain + " ", None), (part, styles[column])]
+                    plain = after
+                else:
+                    plain += f" {part}{after}"
+            lines.append([*line, (plain, None)])
 
     add(COLUMNS, HEAD, ("table.header",) * len(COLUMNS))
-    lines.append(_rule(RULE, widths))
-    offset += len(lines[-1]) + 1
-    for row, r in zip(rows, results):
+    lines.append([(_rule(RULE, widths), None)])
+    for row, r in zip(rows, results, strict=True):
         add(row, ROW, (STYLES[r.status], None, None, None))
-    lines.append(_rule(BOTTOM, widths))
-    return Text("\n".join(lines), spans=spans)
+    lines.append([(_rule(BOTTOM, widths), None)])
+    return lines
 
 
 def column_widths(rows: list[tuple[str, ...]], width: int) -> list[int]:
     """Each column's width (its widest cell), the widest columns narrowed first until the table, with a space on
     either side of every cell and the borders, fits within WIDTH."""
-    widths = [max(max((_width(line) for line in cell.split("\n")), default=0) for cell in column) for column in zip(*rows)]
+    widths = [
+        max(max((_width(line) for line in cell.split("\n")), default=0) for cell in column)
+        for column in zip(*rows, strict=True)
+    ]
     excess = sum(widths) + 3 * len(widths) + 1 - width
     while excess > 0:
         widest = max(widths)
