@@ -12,6 +12,7 @@ import pytest
 from clustercheck.transport import TransportError, hostkeys
 from clustercheck.transport.params import ConnectParams
 
+
 def host_key(directory: Path, name: str, kind: str = "ed25519") -> str:
     """`TYPE BASE64` of a fresh host key made by ssh-keygen."""
     path = directory / name
