@@ -294,12 +294,15 @@ def run(
         durations=outcome.durations,
         hosts_args=("--hosts", hosts, *(("--limit", limit) if limit else ())),
     )
-    (run_path / "report.json").write_text(report.render(document, "json") + "\n")
-    (run_path / "report.xml").write_text(report.render(document, "junit") + "\n")
-    if output:
-        report.write_atomic(Path(output), report.render(document, fmt) + "\n")
-    elif machine:
-        click.echo(report.render(document, fmt))
+    rendered = {kind: report.render(document, kind) for kind in ("json", "junit")}  # each rendered once
+    (run_path / "report.json").write_text(rendered["json"] + "\n")
+    (run_path / "report.xml").write_text(rendered["junit"] + "\n")
+    if output or machine:
+        asked = rendered.get(fmt) or report.render(document, fmt)
+        if output:
+            report.write_atomic(Path(output), asked + "\n")
+        else:
+            click.echo(asked)
     text.print_report(document, console, raw_output=str(run_path))
     if outcome.unclean:
         click.echo(f"clustercheck: {cleanup_message(outcome.unclean)}", err=True)

@@ -4,11 +4,15 @@ folded into one line per reason; each stage's time; the counts, the verdict and 
 from __future__ import annotations
 
 import io
+import re
 from collections import Counter
 
+from rich.cells import cell_len
 from rich.console import Console
 from rich.markup import escape
-from rich.table import Table
+from rich.segment import Segment, Segments
+from rich.style import Style
+from rich.text import Text
 
 from clustercheck.model import CheckResult, Status
 from clustercheck.report import CLUSTER_SUITE, SEVERITY, Report, StageSummary, duration_text, skip_reason
@@ -30,27 +34,144 @@ def print_report(report: Report, console: Console, raw_output: str | None = None
     judged = sorted((r for r in results if r.status is not Status.SKIP), key=lambda r: SEVERITY[r.status])
     if judged:
         print_table(judged, console)
-    for line in fix_lines(judged):
-        console.print(f"[bold]fix[/] {escape(line)}")
-    for line in skipped_lines(results, report.hosts):
-        console.print(f"[dim]{escape(line)}[/]")
+    lines = [f"[bold]fix[/] {escape(line)}" for line in fix_lines(judged)]
+    lines += [f"[dim]{escape(line)}[/]" for line in skipped_lines(results, report.hosts)]
     if report.stages:
-        console.print(escape(stages_line(report.stages)))
-    console.print(escape(counts_line(report, raw_output)))
-    console.print(f"[bold]{escape(report.verdict)}[/]")
-    console.print(f"next: {escape(report.next_step)}")
+        lines.append(escape(stages_line(report.stages)))
+    lines.append(escape(counts_line(report, raw_output)))
+    lines.append(f"[bold]{escape(report.verdict)}[/]")
+    lines.append(f"next: {escape(report.next_step)}")
+    # One print, without rich's highlighting of numbers and paths: on a cluster's hundreds of lines both cost more
+    # than the rest of the report; what matters is styled where it is written.
+    console.print("\n".join(lines), highlight=False)
+
+
+COLUMNS = ("status", "check", "host", "message")
+# The table's frame, as rich draws its tables (box.HEAVY_HEAD): top, header, below the header, rows, bottom.
+TOP, HEAD, RULE, ROW, BOTTOM = "┏━┳┓", "┃ ┃┃", "┡━╇┩", "│ ││", "└─┴┘"
 
 
 def print_table(results: list[CheckResult], console: Console) -> None:
-    table = Table(show_lines=False)
-    for column in ("status", "check", "host", "message"):
-        table.add_column(column, overflow="fold")
-    for r in results:
-        message = r.message.removeprefix(f"{r.host}: ") if r.host else r.message  # the host has its own column
-        table.add_row(
-            f"[{STYLES[r.status]}]{r.status.value}[/]", escape(r.name), escape(r.host or CLUSTER_SUITE), escape(message)
+    segments: list[Segment] = []
+    styles: dict[str, Style] = {}
+    for line in table_lines(results, console.width):
+        for piece, name in line:
+            style = styles.setdefault(name, console.get_style(name)) if name else None
+            segments.append(Segment(piece, style))
+        segments.append(Segment.line())
+    console.print(Segments(segments), soft_wrap=True)  # laid out already: rich writes the pieces as they are
+
+
+Line = list[tuple[str, str | None]]  # a line of the table: its pieces, each with its style's name (or none)
+
+
+def table_lines(results: list[CheckResult], width: int) -> list[Line]:
+    """The results as a table WIDTH columns wide at most, the status coloured: a border, one row per result,
+    long cells wrapped within their column (a word longer than its column folded). Laid out in one pass over the
+    rows: rich's own Table measures and renders every cell through its layout engine several times, and on a
+    cluster's hundreds of rows it cost clustercheck more CPU than talking to the nodes did."""
+    rows = [
+        (
+            r.status.value,
+            r.name,
+            r.host or CLUSTER_SUITE,
+            r.message.removeprefix(f"{r.host}: ") if r.host else r.message,  # the host has its own column
         )
-    console.print(table)
+        for r in results
+    ]
+    widths = column_widths([COLUMNS, *rows], width)
+    lines: list[Line] = [[(_rule(TOP, widths), None)]]
+    last = len(widths) - 1
+
+    def add(cells: tuple[str, ...], frame: str, styles: tuple[str | None, ...]) -> None:
+        wrapped = [_wrap(cell, w) for cell, w in zip(cells, widths, strict=True)]
+        for i in range(max(len(w) for w in wrapped)):
+            line: Line = []
+            plain = frame[0]
+            for column, (parts, w) in enumerate(zip(wrapped, widths, strict=True)):
+                part = parts[i] if i < len(parts) else ""
+                after = " " * (w - _width(part) + 1) + (frame[3] if column == last else frame[2])
+                if styles[column] and part:
+                    line += [(plain + " ", None), (part, styles[column])]
+                    plain = after
+                else:
+                    plain += f" {part}{after}"
+            lines.append([*line, (plain, None)])
+
+    add(COLUMNS, HEAD, ("table.header",) * len(COLUMNS))
+    lines.append([(_rule(RULE, widths), None)])
+    for row, r in zip(rows, results, strict=True):
+        add(row, ROW, (STYLES[r.status], None, None, None))
+    lines.append([(_rule(BOTTOM, widths), None)])
+    return lines
+
+
+def column_widths(rows: list[tuple[str, ...]], width: int) -> list[int]:
+    """Each column's width (its widest cell), the widest columns narrowed first until the table, with a space on
+    either side of every cell and the borders, fits within WIDTH."""
+    widths = [
+        max(max((_width(line) for line in cell.split("\n")), default=0) for cell in column)
+        for column in zip(*rows, strict=True)
+    ]
+    excess = sum(widths) + 3 * len(widths) + 1 - width
+    while excess > 0:
+        widest = max(widths)
+        if widest <= 1:
+            break
+        below = max((w for w in widths if w < widest), default=0)
+        at = [i for i, w in enumerate(widths) if w == widest]
+        step = max(1, min(widest - max(below, 1), -(-excess // len(at))))
+        for i in at:
+            cut = min(step, excess)
+            widths[i] -= cut
+            excess -= cut
+            if not excess:
+                break
+    return widths
+
+
+def _rule(frame: str, widths: list[int]) -> str:
+    return frame[0] + frame[2].join(frame[1] * (w + 2) for w in widths) + frame[3]
+
+
+def _width(text: str) -> int:
+    return len(text) if text.isascii() else cell_len(text)
+
+
+def _wrap(cell: str, width: int) -> list[str]:
+    """CELL's lines within WIDTH: its own lines, each wrapped at spaces, a longer word folded."""
+    lines: list[str] = []
+    for paragraph in cell.split("\n"):
+        if _width(paragraph) <= width:
+            lines.append(paragraph)
+        elif paragraph.isascii():
+            lines += _wrap_words(paragraph, width)
+        else:  # wide characters: rich knows their cells
+            lines += [line.plain.rstrip() for line in Text(paragraph).wrap(_CONSOLE, width, overflow="fold")]
+    return lines
+
+
+def _wrap_words(paragraph: str, width: int) -> list[str]:
+    """An ASCII PARAGRAPH wrapped as rich wraps text: a word that does not fit starts the next line; a word wider
+    than the column is folded, its last piece continuing the line."""
+    lines, line = [], ""
+    for word in WORDS.findall(paragraph):
+        bare = word.rstrip()
+        if len(line) + len(bare) <= width:
+            line += word
+        elif len(bare) > width:
+            pieces = [word[i : i + width] for i in range(0, len(word), width)]
+            lines += ([line] if line else []) + pieces[:-1]
+            line = pieces[-1]
+        else:
+            lines.append(line)
+            line = word
+    lines.append(line)
+    return [line.rstrip() for line in lines]
+
+
+WORDS = re.compile(r"\s*\S+\s*")
+_CONSOLE = Console(width=1 << 16, color_system=None)
 
 
 def result_lines(results: list[CheckResult]) -> list[str]:

@@ -1,13 +1,21 @@
 """Host keys, with OpenSSH's rules: known_hosts (hashed and [host]:port entries too) and the global file; an
 unknown key is refused unless the user opts in (like StrictHostKeyChecking=accept-new); a changed key is always
-refused."""
+refused.
+
+Each known_hosts file is read once per run (again only when it changes) into an index of its lines by host name;
+a connection builds key objects for its own host's lines only. paramiko's own loading parses every line into a key
+object and compares it with every line before it, once per connection: on a cluster whose known_hosts lists every
+node, that cost grows with the square of the nodes for each connection."""
 
 from __future__ import annotations
 
 import base64
+import binascii
 import hashlib
+import hmac
 import os
 import threading
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import paramiko
@@ -65,20 +73,87 @@ def changed(name: str, params: ConnectParams, exc: paramiko.BadHostKeyException)
 
 
 def load(client: paramiko.SSHClient, params: ConnectParams) -> None:
-    """The global files, then the user's, into CLIENT."""
-    for path in params.global_known_hosts:
-        _load(client, path, system=True)
-    for path in params.user_known_hosts:
-        _load(client, path, system=False)
+    """The keys known for the node into CLIENT: those of the global files when they name it (they come first, as
+    in paramiko's own loading), else those of the user's files."""
+    name = known_hosts_name(params.hostname, params.port)
+    known = keys_for(params.global_known_hosts, name) or keys_for(params.user_known_hosts, name)
+    for kind, blob in known:
+        try:
+            key = paramiko.PKey.from_type_string(kind, base64.b64decode(blob))
+        except (paramiko.SSHException, ValueError, binascii.Error):
+            continue  # a key type paramiko does not know, or a damaged line: as paramiko's loading skips it
+        client.get_host_keys().add(name, kind, key)
 
 
-def _load(client: paramiko.SSHClient, path: str, system: bool) -> None:
-    if not os.path.exists(path):
-        return
+def keys_for(paths: list[str], name: str) -> list[tuple[str, str]]:
+    """(key type, base64 key) of every line of the known_hosts files PATHS that names NAME (a host or
+    `[host]:port`), hashed entries included."""
+    found: list[tuple[str, str]] = []
+    for path in paths:
+        found += _index(path).keys_for(name)
+    return found
+
+
+@dataclass
+class KnownHosts:
+    """One known_hosts file's lines by host name: plain names in a dict, hashed ones (|1|salt|hash) in a list."""
+
+    plain: dict[str, list[tuple[str, str]]] = field(default_factory=dict)
+    hashed: list[tuple[bytes, bytes, str, str]] = field(default_factory=list)
+
+    @classmethod
+    def parse(cls, text: str) -> KnownHosts:
+        """The lines paramiko's loader takes: `names keytype base64 [comment]`; comments, blank lines, marked lines
+        (@cert-authority, @revoked) and lines with fewer fields are left out, as it leaves them out."""
+        index = cls()
+        for line in text.splitlines():
+            fields = line.split()
+            if len(fields) < 3 or fields[0].startswith(("#", "@")):
+                continue
+            names, kind, blob = fields[:3]
+            for host in names.split(","):
+                if host.startswith("|1|"):
+                    salt, _, digest = host[3:].partition("|")
+                    try:
+                        index.hashed.append((base64.b64decode(salt), base64.b64decode(digest), kind, blob))
+                    except (binascii.Error, ValueError):
+                        continue
+                else:
+                    index.plain.setdefault(host, []).append((kind, blob))
+        return index
+
+    def keys_for(self, name: str) -> list[tuple[str, str]]:
+        found = list(self.plain.get(name, []))
+        if self.hashed:
+            encoded = name.encode()
+            for salt, digest, kind, blob in self.hashed:
+                if hmac.compare_digest(hmac.new(salt, encoded, hashlib.sha1).digest(), digest):
+                    found.append((kind, blob))
+        return found
+
+
+_indexes: dict[str, tuple[tuple[int, int, int, int], KnownHosts]] = {}
+_index_lock = threading.Lock()
+
+
+def _index(path: str) -> KnownHosts:
+    """PATH's index, read again only when the file changed (a key recorded with --accept-new-host-keys)."""
     try:
-        if system:
-            client.load_system_host_keys(path)
-        else:
-            client.get_host_keys().load(path)
-    except (OSError, paramiko.SSHException) as exc:
-        raise TransportError(f"cannot read known_hosts file {path}: {exc}") from exc
+        stat = os.stat(path)
+    except FileNotFoundError:
+        return KnownHosts()
+    except OSError as exc:
+        raise TransportError(f"cannot read known_hosts file {path}: {exc.strerror or exc}") from exc
+    signature = (stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns)
+    with _index_lock:
+        cached = _indexes.get(path)
+        if cached and cached[0] == signature:
+            return cached[1]
+    try:
+        text = Path(path).read_text(errors="replace")
+    except OSError as exc:
+        raise TransportError(f"cannot read known_hosts file {path}: {exc.strerror or exc}") from exc
+    index = KnownHosts.parse(text)
+    with _index_lock:
+        _indexes[path] = (signature, index)
+    return index

@@ -47,6 +47,29 @@ from clustercheck.transport.params import ConnectParams, Timeouts, jump_host, re
 # no handler, Python prints it to stderr. clustercheck reports every such failure itself, as one line per node.
 logging.getLogger("paramiko").addHandler(logging.NullHandler())
 
+# Asked for first, before paramiko's own order (AES-CTR with an HMAC): with those, paramiko compares every packet's
+# MAC in Python, byte by byte; AES-GCM's tag is checked inside the cryptography library. OpenSSH has offered both
+# since 6.2 (2013); a server that offers neither still agrees on one of paramiko's others.
+PREFERRED_CIPHERS = ("aes128-gcm@openssh.com", "aes256-gcm@openssh.com")
+
+
+class _Transport(paramiko.Transport):
+    # How often the connection's reading thread wakes while nothing arrives (paramiko's default: every 0.1 s, to
+    # look at its keepalive and handshake timers). Each wake-up is an exception raised and caught in Python; with
+    # hundreds of connections open through a run that was the controller's largest cost after the packets
+    # themselves. Arriving data wakes it at once whatever this is; the keepalive (5 s) and the timeouts (10 s and
+    # more) need no finer step.
+    _active_check_timeout = 1.0
+
+
+def _transport(sock, **kwargs) -> paramiko.Transport:
+    """The paramiko transport of a connection, with PREFERRED_CIPHERS first."""
+    transport = _Transport(sock, **kwargs)
+    options = transport.get_security_options()
+    known = [c for c in PREFERRED_CIPHERS if c in options.ciphers]
+    options.ciphers = (*known, *(c for c in options.ciphers if c not in known))
+    return transport
+
 
 class Connection:
     """One authenticated SSH connection to NAME, with host keys checked, through one ProxyJump hop if asked."""
@@ -88,6 +111,7 @@ class Connection:
                 auth_timeout=self.timeouts.auth,
                 channel_timeout=self.timeouts.auth,
                 sock=sock,
+                transport_factory=_transport,
             )
         except HostKeyError:
             client.close()
@@ -165,6 +189,7 @@ CLOSE_LAG = 0.05  # seconds to wait before asking again for a session refused on
 TRANSFER_RATE = 1 << 20  # bytes per second a copy is given at least, beyond TRANSFER_TIMEOUT
 TRANSFER_TIMEOUT = 60.0
 CHUNK = 1 << 20  # bytes read and sent at a time
+WAKE_AT_MOST = 2.0  # seconds a waiting command sleeps at most before it looks at its deadline and connection again
 SHOW_MARKER = 'printf %s "$0"; printf %s "$0" >&2'  # sh -c SHOW_MARKER MARKER: the marker on stdout and stderr
 
 
@@ -445,12 +470,14 @@ class SSHTransport:
                     timed_out = True
                     break
                 if not busy:
-                    # Sleep until output, end of output or the exit status arrives (no polling: hundreds of
-                    # commands wait at once on a large cluster, and each wake-up costs the controller CPU).
+                    # Sleep until output, end of output or the exit status arrives, or the deadline (no polling:
+                    # hundreds of commands wait at once on a large cluster, and each wake-up costs the controller
+                    # CPU). A lost connection closes the channel, which wakes the select too.
+                    wait = min(WAKE_AT_MOST, max(0.0, deadline - time.monotonic()) + 0.01)
                     if channel.eof_received:
-                        channel.status_event.wait(0.25)
+                        channel.status_event.wait(wait)
                     else:
-                        select.select([channel], [], [], 0.25)
+                        select.select([channel], [], [], wait)
         except BaseException:  # Ctrl-C: the caller cleans up; close the channel so nothing waits on it
             channel.close()
             raise
