@@ -322,7 +322,7 @@ def gpu_nvlink(facts: NodeFacts) -> Finding:
         return warn("; ".join(problems) + (f" ({match.why})" if model else ""), **data)
     speeds = sorted({s for g in gpus.values() for s in g["links"].values() if s})
     judged = match.why if model else match.fallback("links judged by their state only")
-    return passed(f"{links} NVLink(s) active on {len(gpus)} GPU(s) ({', '.join(speeds)}; {judged})", **data)
+    return passed(f"{links} NVLink(s) active on {len(gpus)} GPU(s) ({', '.join(speeds)}); {judged}", **data)
 
 
 def _gbps(speed: str | None) -> float | None:

@@ -58,9 +58,9 @@ def pcie_link(facts: NodeFacts) -> Finding:
     judged = match.why if model else match.fallback("compared with each GPU's own maximum only")
     if not known:
         return passed(f"PCIe link not reported by nvidia-smi ({judged})", **data)
-    note = f"; {', '.join(slower)}: GPUs lower the generation when idle" if slower else ""
+    note = f" ({', '.join(slower)}: GPUs lower the generation when idle)" if slower else ""
     widths = sorted({f"x{link['width']}" for link in known})
-    return passed(f"every GPU's PCIe link at full width ({', '.join(widths)}; {judged}{note})", **data)
+    return passed(f"every GPU's PCIe link at full width ({', '.join(widths)}){note}; {judged}", **data)
 
 
 TRANSLATED = ("DMA", "DMA-FQ")  # IOMMU domain types that remap every DMA (the kernel's sysfs-kernel-iommu_groups ABI)

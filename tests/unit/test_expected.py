@@ -166,3 +166,9 @@ def test_intra_node_busbw_threshold_from_the_model_unless_min_busbw_is_given():
     assert model.warn_below == 460 and "H100 SXM" in model.describe()
     given = collectives.parse_min_busbw("40:80")
     assert collectives.intra_node_thresholds(facts, given) is given
+
+
+def test_the_readme_names_every_shipped_file():
+    section = (Path(__file__).parents[2] / "README.md").read_text().split("### Expected values per GPU model")[1]
+    for path in expected.shipped_files():
+        assert f"`{path.name}`" in section.split("\n### ")[0], path.name
