@@ -4,6 +4,7 @@ line and exit code 4, and the checks judge against the model's figures (or say t
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -172,3 +173,20 @@ def test_the_readme_names_every_shipped_file():
     section = (Path(__file__).parents[2] / "README.md").read_text().split("### Expected values per GPU model")[1]
     for path in expected.shipped_files():
         assert f"`{path.name}`" in section.split("\n### ")[0], path.name
+
+
+def test_the_inventory_names_the_users_file(tmp_path):
+    bad = tmp_path / "site-expected.yml"
+    bad.write_text("schema_version: 2\nmodels: []\n")
+    inv = tmp_path / "hosts.ini"
+    inv.write_text(f"[gpu]\nlocalhost ansible_connection=local clustercheck_expected_file={bad}\n")
+    proc = run_cli("run", "--hosts", str(inv), "--run-dir", str(tmp_path / "run"))
+    assert proc.returncode == ExitCode.USAGE_ERROR
+    assert proc.stderr == f"clustercheck: error: expected values: {bad}: schema_version: 1 was expected\n"
+    # --expected wins over the inventory's file: the run goes ahead (the core stage alone, on this machine).
+    good = tmp_path / "own.yml"
+    good.write_text("schema_version: 1\nmodels:\n  - model: L40S\n    figures:\n      pcie_gen: 5\n")
+    args = ["--expected", str(good), "--only", "core", "--skip", "local.*", "--format", "json"]
+    proc = run_cli("run", "--hosts", str(inv), *args, "--run-dir", str(tmp_path / "run"))
+    assert proc.returncode != ExitCode.USAGE_ERROR and "expected values" not in proc.stderr, proc.stderr
+    assert any(c["name"] == "gpu.memory" for c in json.loads(proc.stdout)["checks"])
