@@ -38,11 +38,16 @@ def gpu_count(facts: NodeFacts) -> Finding:
     if boards and found not in boards:
         counts = " or ".join(map(str, boards))
         return warn(
-            f"{found} GPU(s) found, where a {model.name} board carries {counts} ({match.why}); gpus_per_node in "
+            f"{found} GPU(s) found, where {model.name} boards carry {counts} ({match.why}); gpus_per_node in "
             "the inventory says how many this node should have",
             **data,
         )
-    how = f"{expected} expected" if expected is not None else match.why
+    if expected is not None:
+        how = f"{expected} expected"
+    elif model:
+        how = match.why
+    else:
+        how = match.fallback("the count is compared with the other nodes' only (consistency.gpu_count)")
     return passed(f"{found} GPU(s): {', '.join(names)} ({how})", **data)
 
 
@@ -69,11 +74,11 @@ def gpu_memory(facts: NodeFacts) -> Finding:
     short = {bus: mib for bus, mib in sizes.items() if mib is not None and mib * 2**20 < least}
     if short:
         detail = ", ".join(f"{bus}: {mib} MiB" for bus, mib in short.items())
-        return warn(f"less memory than a {datasheet:g} GB {match.model.name}: {detail} ({match.why})", **data)
+        return warn(f"less memory than the {datasheet:g} GB of {match.model.name}: {detail} ({match.why})", **data)
     if all(mib is None for mib in sizes.values()):
         return passed(f"memory not reported by nvidia-smi ({match.why})", **data)
     shown = ", ".join(sorted({f"{mib} MiB" for mib in sizes.values() if mib is not None}))
-    return passed(f"{shown} per GPU, as a {datasheet:g} GB {match.model.name} ({match.why})", **data)
+    return passed(f"{shown} per GPU, the {datasheet:g} GB of {match.model.name} ({match.why})", **data)
 
 
 @node_check(
@@ -295,7 +300,7 @@ def gpu_nvlink(facts: NodeFacts) -> Finding:
     links = sum(len(g["links"]) for g in gpus.values())
     if not links:
         if want:
-            return warn(f"no NVLink reported where a {model.name} has {want} per GPU ({match.why})")
+            return warn(f"no NVLink reported, where {model.name} has {want} per GPU ({match.why})")
         return skip("no NVLink on this node's GPUs" + (f" ({match.why})" if model else ""))
     down = {
         index: sorted((link for link, state in g["links"].items() if state is None), key=int)
@@ -305,7 +310,7 @@ def gpu_nvlink(facts: NodeFacts) -> Finding:
     problems = [f"GPU {i} ({gpus[i]['name']}): link(s) {', '.join(d)} inactive" for i, d in down.items()]
     if want:
         problems += [
-            f"GPU {i} ({g['name']}): {len(g['links'])} NVLink(s) reported, a {model.name} has {want}"
+            f"GPU {i} ({g['name']}): {len(g['links'])} NVLink(s) reported, where {model.name} has {want}"
             for i, g in gpus.items()
             if len(g["links"]) < want
         ]

@@ -37,13 +37,13 @@ def pcie_link(facts: NodeFacts) -> Finding:
     below = []
     if width:
         below += [
-            f"{bus}: x{link['width_max']} at most, a {model.name} has x{width}"
+            f"{bus}: x{link['width_max']} at most, where {model.name} has x{width}"
             for bus, link in links.items()
             if link["width_max"] is not None and link["width_max"] < width
         ]
     if gen:
         below += [
-            f"{bus}: gen {link['gen_max']} at most, a {model.name} runs gen {gen}"
+            f"{bus}: gen {link['gen_max']} at most, where {model.name} runs gen {gen}"
             for bus, link in links.items()
             if link["gen_max"] is not None and link["gen_max"] < gen
         ]

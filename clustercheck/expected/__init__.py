@@ -144,7 +144,7 @@ class Model:
     @property
     def label(self) -> str:
         """How a check message names it: the model and the file it came from."""
-        return f"{self.name} ({', '.join(self.files)})"
+        return f"{self.name} in {' and '.join(self.files)}"
 
 
 @dataclass(frozen=True)
@@ -208,7 +208,7 @@ class Catalog:
             return Match(None, f"GPUs of several models ({', '.join(names)}), no expected values")
         model = self.by_gpu_name().get(_key(names[0]))
         if model is None:
-            return Match(None, f"no expected values for {names[0]} (see clustercheck/expected/)")
+            return Match(None, f"no expected values for {names[0]}")
         return Match(model, f"expected values of {model.label}")
 
 

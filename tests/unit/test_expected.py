@@ -65,6 +65,8 @@ def test_a_model_without_a_file_falls_back_and_says_so():
     assert results["gpu.count"].status is Status.PASS
     assert results["pcie.link"].status is Status.PASS
     assert "no expected values for NVIDIA H800" in results["pcie.link"].message
+    count = by_name(node_facts(smi=H800))["gpu.count"]  # no gpus_per_node either
+    assert count.status is Status.PASS and "compared with the other nodes' only" in count.message
     assert "compared with each GPU's own maximum only" in results["pcie.link"].message
     memory = results["gpu.memory"]
     assert memory.status is Status.SKIP and "no expected values for NVIDIA H800" in memory.message
@@ -74,14 +76,14 @@ def test_a_model_file_judges_count_memory_and_pcie():
     h100 = H800.replace("NVIDIA H800", H100_NAME)
     results = by_name(node_facts(smi=h100))
     # One GPU where an HGX H100 board carries eight: named, the inventory's gpus_per_node has the last word.
-    assert results["gpu.count"].status is Status.WARN and "H100 SXM board carries 8" in results["gpu.count"].message
+    assert results["gpu.count"].status is Status.WARN and "H100 SXM boards carry 8" in results["gpu.count"].message
     assert by_name(node_facts(smi=h100, gpus_expected=1))["gpu.count"].status is Status.PASS
     assert results["gpu.memory"].status is Status.PASS and "81559 MiB" in results["gpu.memory"].message
     assert results["pcie.link"].status is Status.PASS and "H100 SXM" in results["pcie.link"].message
     # The same GPU in a PCIe gen 4 host (the Max lines edited): the host gives less than the model.
     gen4 = h100.replace("Max                       : 5", "Max                       : 4")
     link = by_name(node_facts(smi=gen4))["pcie.link"]
-    assert link.status is Status.WARN and "gen 4 at most, a H100 SXM runs gen 5" in link.message
+    assert link.status is Status.WARN and "gen 4 at most, where H100 SXM runs gen 5" in link.message
     # Less memory than the datasheet (the Total line edited, as a 40 GB part would show).
     small = h100.replace(": 81559 MiB", ": 40536 MiB")
     memory = by_name(node_facts(smi=small))["gpu.memory"]
@@ -96,7 +98,7 @@ def test_nvlink_links_against_the_model():
     lines[0] = lines[0].replace("Tesla V100-SXM2-32GB", H100_NAME)
     result = by_name(node_facts(smi=h100, commands={"nvlink": {"rc": 0, "out": "\n".join(lines) + "\n"}}))["gpu.nvlink"]
     assert result.status is Status.WARN
-    assert "a H100 SXM has 18" in result.message and "inactive" in result.message
+    assert "where H100 SXM has 18" in result.message and "inactive" in result.message
 
 
 def test_a_users_file_overrides_figures_and_adds_models(tmp_path):
@@ -120,7 +122,7 @@ def test_a_users_file_overrides_figures_and_adds_models(tmp_path):
     facts = node_facts(smi=H800)
     facts.models = catalog
     count = by_name(facts)["gpu.count"]
-    assert count.status is Status.WARN and "H800 board carries 8" in count.message and str(own) in count.message
+    assert count.status is Status.WARN and "H800 boards carry 8" in count.message and str(own) in count.message
     assert expected.shipped().models.get("h800") is None  # the shipped catalog is untouched
 
 
