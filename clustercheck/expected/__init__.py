@@ -76,7 +76,7 @@ def _figure_schema(value: dict[str, Any]) -> dict[str, Any]:
         "required": ["value"],
         "additionalProperties": False,
     }
-    return {"oneOf": [sourced, value]} if value.get("type") != "object" else sourced
+    return {"oneOf": [sourced, value]}
 
 
 SCHEMA: dict[str, Any] = {

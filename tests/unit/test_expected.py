@@ -28,7 +28,13 @@ H100_NAME = next(iter(parse.parse_nvlink_errors((DATA / "nvlink-e-h100-ml-engine
 
 def test_every_shipped_figure_names_its_public_source_and_quotes_it():
     files = expected.shipped_files()
-    assert {p.name for p in files} >= {"h100-sxm.yml", "h100-pcie.yml", "a100-sxm4-80gb.yml", "l40s.yml"}
+    assert {p.name for p in files} >= {
+        "h100-sxm.yml",
+        "h100-pcie.yml",
+        "a100-sxm4-80gb.yml",
+        "l40s.yml",
+        "h200-sxm.yml",
+    }
     for path in files:
         for model in yaml.safe_load(path.read_text())["models"]:
             sourced = {"nvidia_smi_names": model["nvidia_smi_names"], **model.get("figures", {})}
