@@ -105,6 +105,14 @@ def test_nvlink_links_against_the_model():
     result = by_name(node_facts(smi=h100, commands={"nvlink": {"rc": 0, "out": "\n".join(lines) + "\n"}}))["gpu.nvlink"]
     assert result.status is Status.WARN
     assert "where H100 SXM has 18" in result.message and "inactive" in result.message
+    # A user's file that gives 18 links of at least 26 GB/s for that model: the V100's 25.781 GB/s links are slow.
+    own = expected.Catalog(expected.shipped().models.values())
+    own.add(expected.Model("H100 SXM", (), {"nvlink_link_gbps": expected.Figure(26)}, ("own.yml",)))
+    facts = node_facts(smi=h100, commands={"nvlink": {"rc": 0, "out": "\n".join(lines) + "\n"}})
+    facts.models = own
+    slow = by_name(facts)["gpu.nvlink"]
+    assert slow.status is Status.WARN and "link(s) 0 at 25.781 GB/s, 1 at 25.781 GB/s" in slow.message
+    assert "below 26 GB/s" in slow.message
 
 
 def test_a_users_file_overrides_figures_and_adds_models(tmp_path):
