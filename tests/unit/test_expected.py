@@ -206,3 +206,18 @@ def test_the_inventory_names_the_users_file(tmp_path):
     proc = run_cli("run", "--hosts", str(inv), *args, "--run-dir", str(tmp_path / "run"))
     assert proc.returncode != ExitCode.USAGE_ERROR and "expected values" not in proc.stderr, proc.stderr
     assert any(c["name"] == "gpu.memory" for c in json.loads(proc.stdout)["checks"])
+
+
+def test_the_intra_node_threshold_judges_only_that_nodes_sweep():
+    """A real 2x2 gloo run's records (tests/unit/records): the model's threshold WARNs on the intra-node sweeps, the
+    cluster-wide sweep keeps --min-busbw (none here)."""
+    records = json.loads((Path(__file__).parent / "records" / "collectives-2x2.json").read_text())
+    node = records[0]["host"]
+    facts = node_facts(smi=H800.replace("NVIDIA H800", H100_NAME))
+    facts.smi.gpus *= 8
+    model = collectives.intra_node_thresholds(facts, collectives.Thresholds())
+    results = collectives.evaluate_bandwidth(records, 4, collectives.Thresholds(), [node], {node: model})
+    cluster, *intra = results
+    assert cluster.status is Status.PASS and not cluster.data["thresholds"]["warn_below"]
+    assert intra and all(r.status is Status.WARN for r in intra)
+    assert "under the threshold (WARN below 460 GB/s, expected values of H100 SXM in" in intra[0].message
