@@ -406,8 +406,16 @@ def diff_command(old: str, new: str, fmt: str, tolerances: tuple[str, ...]) -> N
     show_default=True,
     help="text: one line per check; json: the JSON report (clustercheck schema).",
 )
-def node_health(use_slurm: bool, textfile_dir: str | None, fmt: str) -> None:
+@click.option(
+    "--expected",
+    "expected_file",
+    default=None,
+    metavar="FILE",
+    help="Your own expected values per GPU model, as run's --expected (the shipped files always apply).",
+)
+def node_health(use_slurm: bool, textfile_dir: str | None, fmt: str, expected_file: str | None) -> None:
     """Run the per-node checks on this machine, in seconds (Slurm's HealthCheckProgram). Exit 1 on a FAIL."""
+    models = _models(expected_file)
     if textfile_dir is not None:
         directory = Path(textfile_dir)
         if not directory.is_dir():
@@ -418,7 +426,7 @@ def node_health(use_slurm: bool, textfile_dir: str | None, fmt: str) -> None:
     # Run as slurmd runs it, with no PATH: the probes and scontrol live in the system's directories.
     os.environ["PATH"] = health.system_path(os.environ.get("PATH"))
     name = health.node_name(os.environ)
-    found = health.check(name, budget)
+    found = health.check(name, budget, models)
     document = found.report
     if fmt == "json":
         click.echo(report.render(document, "json"))

@@ -16,7 +16,9 @@ from clustercheck import expected
 from clustercheck.checks import collectives
 from clustercheck.exitcodes import ExitCode
 from clustercheck.facts import parse
-from clustercheck.model import Status
+from clustercheck.inventory import Node
+from clustercheck.model import CheckResult, Status
+from clustercheck.run import health
 
 DATA = Path(__file__).parent / "data"
 A100 = (DATA / "nvidia-smi-q-a100-sxm4-80gb-cudalibrarysamples-104.txt").read_text()
@@ -221,3 +223,26 @@ def test_the_intra_node_threshold_judges_only_that_nodes_sweep():
     assert cluster.status is Status.PASS and not cluster.data["thresholds"]["warn_below"]
     assert intra and all(r.status is Status.WARN for r in intra)
     assert "under the threshold (WARN below 460 GB/s, expected values of H100 SXM in" in intra[0].message
+
+
+def test_node_health_takes_the_users_file(tmp_path):
+    """node-health (Slurm's health program, no inventory) judges with --expected FILE: node3's recorded facts with
+    the H800 output under an H100's name as its nvidia-smi (values edited), against a file that says 141 GB."""
+    raw = json.loads((Path(__file__).parent / "records" / "facts-node3-shm-tmp-chrony.json").read_text())
+    raw["gpu_bridges"]["gpus"] = {"0000:18:00.0": ["0000:15:01.0"]}
+    raw["commands"]["nvidia_smi_q"] = {"rc": 0, "out": H800.replace("NVIDIA H800", H100_NAME)}
+    own = tmp_path / "own.yml"
+    own.write_text("schema_version: 1\nmodels:\n  - model: H100 SXM\n    figures:\n      memory_gb: 141\n")
+    node = Node(name="node3", address="localhost")
+
+    def memory(**models) -> CheckResult:
+        return {r.name: r for r in health.judge(node, raw, python="p", source="s", **models)}["gpu.memory"]
+
+    assert memory().status is Status.PASS
+    judged = memory(models=expected.shipped().with_file(own))
+    assert judged.status is Status.WARN and "the 141 GB of H100 SXM" in judged.message and str(own) in judged.message
+    bad = tmp_path / "bad.yml"
+    bad.write_text("schema_version: 1\nmodels: {}\n")
+    proc = run_cli("node-health", "--expected", str(bad))
+    assert proc.returncode == ExitCode.USAGE_ERROR
+    assert proc.stderr == f"clustercheck: error: expected values: {bad}: models: {{}} is not of type 'array'\n"
