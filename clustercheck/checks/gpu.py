@@ -3,6 +3,7 @@ unless the inventory says GPUs are expected there (gpus_per_node)."""
 
 from __future__ import annotations
 
+from clustercheck import expected as expected_values
 from clustercheck.checks.registry import Finding, fail, node_check, passed, skip, warn
 from clustercheck.facts import parse
 from clustercheck.facts.model import COULD_NOT_COLLECT, NodeFacts
@@ -51,9 +52,6 @@ def gpu_count(facts: NodeFacts) -> Finding:
     return passed(f"{found} GPU(s): {', '.join(names)} ({how})", **data)
 
 
-MEMORY_SHORT = 0.95  # nvidia-smi shows a little less than the datasheet; less than this share of it is named
-
-
 @node_check(
     "gpu.memory",
     proves="every GPU has the memory its model's datasheet gives (nvidia-smi's FB Memory Total against the "
@@ -70,7 +68,7 @@ def gpu_memory(facts: NodeFacts) -> Finding:
     data = {"memory_mib": sizes, "expected_gb": datasheet}
     if datasheet is None:
         return skip(match.fallback("memory not compared with a datasheet"), **data)
-    least = datasheet * 1e9 * MEMORY_SHORT
+    least = datasheet * 1e9 * expected_values.MEMORY_SHORT
     short = {bus: mib for bus, mib in sizes.items() if mib is not None and mib * 2**20 < least}
     if short:
         detail = ", ".join(f"{bus}: {mib} MiB" for bus, mib in short.items())

@@ -21,31 +21,41 @@ import yaml
 DIRECTORY = Path(__file__).parent
 SCHEMA_VERSION = 1
 
-# The figures a model may give, what each means and which checks read it.
+MEMORY_SHORT = 0.95  # nvidia-smi shows a little less than the datasheet; gpu.memory names less than this share of it
+
+# The figures a model may give: each one's schema, what it means, and how the checks judge it (the README's table
+# of figures is rendered from here: figure_table).
 FIGURES: dict[str, dict[str, Any]] = {
     "gpus_per_node": {
         "schema": {"type": "array", "items": {"type": "integer", "minimum": 1}, "minItems": 1},
-        "means": "the GPU counts a board of this model carries (gpu.count, where the inventory sets no gpus_per_node)",
+        "means": "the GPU counts a board of the model carries",
+        "judged": "`gpu.count` WARNs on another count where the inventory sets no `gpus_per_node` (which always "
+        "wins: a cloud VM with part of a board sets it)",
     },
     "memory_gb": {
         "schema": {"type": "number", "exclusiveMinimum": 0},
-        "means": "each GPU's memory in GB (10^9 bytes) as the datasheet gives it (gpu.memory)",
+        "means": "each GPU's memory in GB (10^9 bytes), as the datasheet gives it",
+        "judged": f"`gpu.memory` WARNs under {MEMORY_SHORT:.0%} of it (SKIP without the figure)",
     },
     "nvlink_links": {
         "schema": {"type": "integer", "minimum": 0},
-        "means": "NVLinks per GPU; 0: the model has no NVLink (gpu.nvlink)",
+        "means": "NVLinks per GPU (0: the model has none)",
+        "judged": "`gpu.nvlink` WARNs for a GPU that reports fewer links",
     },
     "nvlink_link_gbps": {
         "schema": {"type": "number", "exclusiveMinimum": 0},
-        "means": "each NVLink's bandwidth in GB/s each way, the least nvidia-smi nvlink -s may show (gpu.nvlink)",
+        "means": "each NVLink's bandwidth in GB/s each way",
+        "judged": "`gpu.nvlink` WARNs for a link that `nvidia-smi nvlink -s` shows slower",
     },
     "pcie_gen": {
         "schema": {"type": "integer", "minimum": 1},
-        "means": "the PCIe generation the GPU supports; a host that gives less is named (pcie.link)",
+        "means": "the PCIe generation the GPU supports",
+        "judged": "`pcie.link` WARNs where the host gives less (nvidia-smi's `Max`, what GPU and host both support)",
     },
     "pcie_width": {
         "schema": {"type": "integer", "minimum": 1},
-        "means": "the PCIe lanes the GPU has; a slot that gives fewer is named (pcie.link)",
+        "means": "the PCIe lanes the GPU has",
+        "judged": "`pcie.link` WARNs where the slot gives fewer",
     },
     "intra_node_busbw": {
         "schema": {
@@ -57,10 +67,16 @@ FIGURES: dict[str, dict[str, Any]] = {
             "required": ["gpus", "warn_below_gbps"],
             "additionalProperties": False,
         },
-        "means": "all_reduce busbw (GB/s) among a node's GPUs below which allreduce.bandwidth.intra_node WARNs, "
-        "on a node of that many GPUs (without --min-busbw)",
+        "means": "`{gpus, warn_below_gbps}`: all_reduce busbw (GB/s) among the GPUs of a node of that many",
+        "judged": "`allreduce.bandwidth.intra_node` WARNs below it on such a node, unless `--min-busbw` is given",
     },
 }
+
+
+def figure_table() -> str:
+    """The README's table of figures (scripts/checks_docs.py writes it there, a test compares)."""
+    rows = [f"| `{name}` | {f['means']} | {f['judged']} |" for name, f in FIGURES.items()]
+    return "\n".join(["| figure | means | judged by |", "| --- | --- | --- |", *rows]) + "\n"
 
 
 def _figure_schema(value: dict[str, Any]) -> dict[str, Any]:

@@ -246,3 +246,9 @@ def test_node_health_takes_the_users_file(tmp_path):
     proc = run_cli("node-health", "--expected", str(bad))
     assert proc.returncode == ExitCode.USAGE_ERROR
     assert proc.stderr == f"clustercheck: error: expected values: {bad}: models: {{}} is not of type 'array'\n"
+
+
+def test_the_readme_table_of_figures_is_the_schemas():
+    text = (Path(__file__).parents[2] / "README.md").read_text()
+    listed = text.split("<!-- BEGIN figures", 1)[1].split("-->\n", 1)[1].split("<!-- END figures -->")[0]
+    assert listed == expected.figure_table(), "regenerate: scripts/checks_docs.py"
