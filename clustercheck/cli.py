@@ -14,7 +14,7 @@ from pathlib import Path
 import click
 from rich.console import Console
 
-from clustercheck import __version__, catalog, inventory, report
+from clustercheck import __version__, catalog, expected, inventory, report
 from clustercheck.checks.baseline import DEFAULT_TOLERANCES, Baseline, ToleranceError, parse_tolerances
 from clustercheck.checks.collectives import ThresholdError, parse_min_busbw
 from clustercheck.checks.consistency import DEFAULT_MAX_CLOCK_OFFSET
@@ -125,6 +125,15 @@ def cli() -> None:
     "what each node's hardware suggests).",
 )
 @click.option(
+    "--expected",
+    "expected_file",
+    default=None,
+    metavar="FILE",
+    help="Your own expected values per GPU model (YAML, the format of the shipped files in "
+    "clustercheck/expected/): adds models or overrides their figures (default: the inventory's "
+    "clustercheck_expected_file; the shipped files always apply).",
+)
+@click.option(
     "--only",
     multiple=True,
     type=click.Choice(STAGES),
@@ -226,6 +235,7 @@ def run(
     data_paths: tuple[str, ...],
     baseline_path: str | None,
     baseline_tolerances: tuple[str, ...],
+    expected_file: str | None,
 ) -> None:
     """Check every node, the consistency between them, and print a verdict."""
     tolerances = _tolerances(baseline_tolerances)
@@ -242,6 +252,7 @@ def run(
     except SelectionError as exc:
         raise UsageError(str(exc)) from exc
     nodes, ssh = _nodes_and_ssh(hosts, limit, ssh_config, known_hosts, accept_new_host_keys, connect_timeout)
+    models = _models(expected_file or next((n.expected_file for n in nodes if n.expected_file), None))
     for option, path in [("--shared-dir", shared_dir), *(("--data-path", p) for p in data_paths)]:
         if path is not None and not path.startswith("/"):
             raise UsageError(f"{option} {path}: give an absolute path (it is a path on the nodes)")
@@ -269,6 +280,7 @@ def run(
         dcgm_level=dcgm_level,
         baseline=baseline,
         inventory=_inventory(hosts),
+        models=models,
     )
     started_at = time.time()
     host_stages: dict[str, str] = {n.name: "waiting" for n in nodes}
@@ -319,6 +331,15 @@ def _inventory(hosts: str) -> str | None:
     """--hosts as the user gave it when it is an inventory (a file or directory), for the fix commands' -i; a
     host list or localhost is none."""
     return hosts if Path(hosts).exists() else None
+
+
+def _models(path: str | None) -> expected.Catalog:
+    """The shipped expected values, with the user's file PATH added; a file that cannot be used is a usage
+    error in one line."""
+    try:
+        return expected.shipped().with_file(path) if path else expected.shipped()
+    except expected.ExpectedError as exc:
+        raise UsageError(f"expected values: {exc}") from exc
 
 
 def _tolerances(texts: tuple[str, ...]):
@@ -388,8 +409,16 @@ def diff_command(old: str, new: str, fmt: str, tolerances: tuple[str, ...]) -> N
     show_default=True,
     help="text: one line per check; json: the JSON report (clustercheck schema).",
 )
-def node_health(use_slurm: bool, textfile_dir: str | None, fmt: str) -> None:
+@click.option(
+    "--expected",
+    "expected_file",
+    default=None,
+    metavar="FILE",
+    help="Your own expected values per GPU model, as run's --expected (the shipped files always apply).",
+)
+def node_health(use_slurm: bool, textfile_dir: str | None, fmt: str, expected_file: str | None) -> None:
     """Run the per-node checks on this machine, in seconds (Slurm's HealthCheckProgram). Exit 1 on a FAIL."""
+    models = _models(expected_file)
     if textfile_dir is not None:
         directory = Path(textfile_dir)
         if not directory.is_dir():
@@ -400,7 +429,7 @@ def node_health(use_slurm: bool, textfile_dir: str | None, fmt: str) -> None:
     # Run as slurmd runs it, with no PATH: the probes and scontrol live in the system's directories.
     os.environ["PATH"] = health.system_path(os.environ.get("PATH"))
     name = health.node_name(os.environ)
-    found = health.check(name, budget)
+    found = health.check(name, budget, models)
     document = found.report
     if fmt == "json":
         click.echo(report.render(document, "json"))

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from clustercheck import expected
 from clustercheck.checks.baseline import Baseline
 from clustercheck.checks.consistency import DEFAULT_MAX_CLOCK_OFFSET
 from clustercheck.selection import Selection
@@ -32,6 +33,7 @@ class RunConfig:
     expect_transport: str | None = None  # --expect-transport: ib, roce or socket (else each node's inventory var)
     baseline: Baseline | None = None  # --baseline: the earlier report this run is compared with
     inventory: str | None = None  # --hosts when it is an inventory: the fix commands name it (-i INVENTORY)
+    models: expected.Catalog = field(default_factory=expected.shipped)  # expected values per GPU model
 
     def host_dir(self, name: str) -> Path:
         path = self.run_dir / "hosts" / name

@@ -32,6 +32,7 @@ DATA_PATHS_VAR = "clustercheck_data_paths"  # paths that must hold the same data
 CIDR_VAR = "cluster_cidr"  # the cluster network, used to find the interface when none is named
 PACKAGES_VAR = "python_env_packages"  # the user's pip packages (requirement specifiers) the python_env role installs
 EXPECT_TRANSPORT_VAR = "clustercheck_expect_transport"  # ib, roce or socket: what NCCL must use between nodes
+EXPECTED_FILE_VAR = "clustercheck_expected_file"  # the user's expected values per GPU model (like --expected)
 TRANSPORTS = ("ib", "roce", "socket")
 READ_VARS = (
     "ansible_host",
@@ -47,6 +48,7 @@ READ_VARS = (
     CIDR_VAR,
     DATA_PATHS_VAR,
     EXPECT_TRANSPORT_VAR,
+    EXPECTED_FILE_VAR,
 )
 
 
@@ -72,6 +74,7 @@ class Node:
     data_paths: tuple[str, ...] = ()  # clustercheck_data_paths
     packages: tuple[str, ...] = ()  # distribution names from python_env_packages: they must import on the node
     expect_transport: str | None = None  # clustercheck_expect_transport
+    expected_file: str | None = None  # clustercheck_expected_file
     ssh_options: dict[str, str] = field(default_factory=dict)  # -o Key=Value from ansible_ssh_*_args
 
     @property
@@ -256,6 +259,7 @@ def node_from_vars(name: str, hostvars: dict[str, Any]) -> Node:
         data_paths=_paths(name, hostvars.get(DATA_PATHS_VAR)),
         packages=distributions(name, hostvars.get(PACKAGES_VAR)),
         expect_transport=_transport(name, hostvars.get(EXPECT_TRANSPORT_VAR)),
+        expected_file=_text(hostvars.get(EXPECTED_FILE_VAR)),
         ssh_options=ssh_options,
     )
 

@@ -1,15 +1,15 @@
 #!/usr/bin/env python3
 """Rewrite the README's stage table and checks tables from the stage list and the check registry (clustercheck
-checks --format markdown)."""
+checks --format markdown), and its table of the figures a GPU model's expected values may give."""
 
 import re
 import sys
 from pathlib import Path
 
-from clustercheck import catalog
+from clustercheck import catalog, expected
 
 README = Path(__file__).resolve().parent.parent / "README.md"
-BLOCKS = {"stages": catalog.stage_table, "checks": catalog.markdown_tables}
+BLOCKS = {"stages": catalog.stage_table, "checks": catalog.markdown_tables, "figures": expected.figure_table}
 
 
 def block(name: str) -> re.Pattern:

@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from clustercheck.checks.registry import declare, emit
+from clustercheck.facts.model import NodeFacts
 from clustercheck.model import CheckResult, Metric, Status
 
 GB = 1e9  # busbw_gbps is in GB/s of 10^9 bytes, as nccl-tests reports it
@@ -57,7 +58,8 @@ declare(
     "allreduce.bandwidth.intra_node",
     stage="collectives",
     scope="node",
-    proves="all_reduce bus bandwidth among one node's GPUs, in a multi-node job with several GPUs per node",
+    proves="all_reduce bus bandwidth among one node's GPUs, in a multi-node job with several GPUs per node, judged "
+    "against --min-busbw, else against the busbw its GPU model's expected values give for a node of that size",
     fix="Check the GPUs' NVLink/PCIe paths (nvidia-smi topo -m) and that peer-to-peer is not blocked (ACS).",
 )
 
@@ -137,6 +139,7 @@ class ThresholdError(ValueError):
 class Thresholds:
     fail_below: float | None = None  # GB/s busbw
     warn_below: float | None = None
+    origin: str = ""  # where they come from when not from --min-busbw (a model's expected values)
 
     def judge(self, busbw: float) -> Status:
         if self.fail_below is not None and busbw < self.fail_below:
@@ -151,7 +154,24 @@ class Thresholds:
             parts.append(f"FAIL below {self.fail_below:g}")
         if self.warn_below is not None:
             parts.append(f"WARN below {self.warn_below:g}")
-        return ", ".join(parts) + " GB/s" if parts else "no threshold"
+        origin = f", {self.origin}" if self.origin else ""
+        return ", ".join(parts) + f" GB/s{origin}" if parts else "no threshold"
+
+    @property
+    def given(self) -> bool:
+        return self.fail_below is not None or self.warn_below is not None
+
+
+def intra_node_thresholds(facts: NodeFacts, given: Thresholds) -> Thresholds:
+    """The threshold of a node's intra-node busbw: --min-busbw (or clustercheck_min_busbw) when given, else the
+    busbw its GPU model's expected values give for a node of as many GPUs as this one has, else none."""
+    if given.given:
+        return given
+    match = facts.expected
+    figure = match.model.get("intra_node_busbw") if match.model else None
+    if figure and facts.gpus_present == figure["gpus"]:
+        return Thresholds(warn_below=float(figure["warn_below_gbps"]), origin=match.why)
+    return given
 
 
 def parse_min_busbw(text: str | float | None) -> Thresholds:
@@ -200,6 +220,8 @@ def _check(name: str, host: str | None, scope: str, rows: list[dict], ranks: int
         message = (
             f"{scope} all_reduce busbw {best['busbw_gbps']:.3g} GB/s is under the threshold ({thresholds.describe()})"
         )
+    elif thresholds.origin:
+        message += f"; {thresholds.describe()}"
     remediation = ""
     if status is not Status.PASS:
         remediation = (
@@ -228,12 +250,18 @@ def _check(name: str, host: str | None, scope: str, rows: list[dict], ranks: int
 
 
 def evaluate_bandwidth(
-    records: list[dict], world_size: int, thresholds: Thresholds | None = None, hosts: list[str] | None = None
+    records: list[dict],
+    world_size: int,
+    thresholds: Thresholds | None = None,
+    hosts: list[str] | None = None,
+    intra_thresholds: dict[str, Thresholds] | None = None,
 ) -> list[CheckResult]:
     """`allreduce.bandwidth` for the whole job, and `allreduce.bandwidth.intra_node` for every node of HOSTS:
-    measured on multi-GPU nodes of a multi-node job, SKIP elsewhere."""
+    measured on multi-GPU nodes of a multi-node job, SKIP elsewhere. INTRA_THRESHOLDS: a node's own threshold
+    (intra_node_thresholds) by name, else THRESHOLDS."""
     thresholds = thresholds or Thresholds()
     hosts = hosts or []
+    intra_thresholds = intra_thresholds or {}
     first = next((r for r in records if r.get("rank") == 0), None)
     if first is None or not first.get("ok") or "bandwidth" not in first:
         why = "the collectives job did not complete" if first is None or not first.get("ok") else "sweep not run"
@@ -260,7 +288,7 @@ def evaluate_bandwidth(
                 intra["results"],
                 len(intra["ranks"]),
                 backend,
-                thresholds,
+                intra_thresholds.get(node, thresholds),
             )
         )
     for host in hosts:

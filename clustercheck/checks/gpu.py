@@ -3,6 +3,7 @@ unless the inventory says GPUs are expected there (gpus_per_node)."""
 
 from __future__ import annotations
 
+from clustercheck import expected as expected_values
 from clustercheck.checks.registry import Finding, fail, node_check, passed, skip, warn
 from clustercheck.facts import parse
 from clustercheck.facts.model import COULD_NOT_COLLECT, NodeFacts
@@ -10,9 +11,10 @@ from clustercheck.facts.model import COULD_NOT_COLLECT, NodeFacts
 
 @node_check(
     "gpu.count",
-    proves="the node has the GPUs the inventory expects (gpus_per_node) and nvidia-smi answers",
+    proves="the node has the GPUs the inventory expects (gpus_per_node), else as many as a board of its model "
+    "carries (its expected values), and nvidia-smi answers",
     fix="A missing GPU has fallen off the bus or is not seated: check `nvidia-smi -L`, the kernel log "
-    "(Xid 79) and reboot; otherwise fix gpus_per_node in the inventory.",
+    "(Xid 79) and reboot; otherwise set gpus_per_node in the inventory to what this node should have.",
 )
 def gpu_count(facts: NodeFacts) -> Finding:
     expected = facts.node.gpus_expected
@@ -22,16 +24,59 @@ def gpu_count(facts: NodeFacts) -> Finding:
             return skip("no NVIDIA GPU on this node (none expected)", expected=expected)
         return fail(
             f"{expected} GPU(s) expected, but nvidia-smi does not answer: {facts.smi_error or COULD_NOT_COLLECT}",
-            "Install the NVIDIA driver (the setup playbook's driver role) and reboot; check `nvidia-smi`.",
+            "Install the NVIDIA driver (the setup playbook's nvidia_driver role) and reboot; check `nvidia-smi`.",
             expected=expected,
             found=0,
         )
     found = len(smi.gpus)
     names = sorted({g.name or "?" for g in smi.gpus})
-    data = {"expected": expected, "found": found, "names": names}
+    match = facts.expected
+    model = match.model
+    data = {"expected": expected, "found": found, "names": names, "model": model.name if model else None}
     if expected is not None and found != expected:
         return fail(f"{found} GPU(s) found, {expected} expected ({', '.join(names)})", **data)
-    return passed(f"{found} GPU(s): {', '.join(names)}", **data)
+    boards = model.get("gpus_per_node") if model and expected is None else None
+    if boards and found not in boards:
+        counts = " or ".join(map(str, boards))
+        return warn(
+            f"{found} GPU(s) found, where {model.name} boards carry {counts} ({match.why}); gpus_per_node in "
+            "the inventory says how many this node should have",
+            **data,
+        )
+    if expected is not None:
+        how = f"{expected} expected"
+    elif model:
+        how = match.why
+    else:
+        how = match.fallback("the count is compared with the other nodes' only (consistency.gpu_count)")
+    return passed(f"{found} GPU(s): {', '.join(names)} ({how})", **data)
+
+
+@node_check(
+    "gpu.memory",
+    proves="every GPU has the memory its model's datasheet gives (nvidia-smi's FB Memory Total against the "
+    "model's expected values; SKIP for a model without them)",
+    fix="A GPU with less memory than its model is another variant than the inventory assumes, runs in a MIG or "
+    "vGPU partition, or has memory retired: compare nvidia-smi -q (FB Memory Usage, MIG Mode) with the datasheet.",
+    needs_gpu=True,
+)
+def gpu_memory(facts: NodeFacts) -> Finding:
+    assert facts.smi is not None
+    match = facts.expected
+    sizes = {g.bus_id: g.memory_total_mib for g in facts.smi.gpus}
+    datasheet = match.model.get("memory_gb") if match.model else None
+    data = {"memory_mib": sizes, "expected_gb": datasheet}
+    if datasheet is None:
+        return skip(match.fallback("memory not compared with a datasheet"), **data)
+    least = datasheet * 1e9 * expected_values.MEMORY_SHORT
+    short = {bus: mib for bus, mib in sizes.items() if mib is not None and mib * 2**20 < least}
+    if short:
+        detail = ", ".join(f"{bus}: {mib} MiB" for bus, mib in short.items())
+        return warn(f"less memory than the {datasheet:g} GB of {match.model.name}: {detail} ({match.why})", **data)
+    if all(mib is None for mib in sizes.values()):
+        return passed(f"memory not reported by nvidia-smi ({match.why})", **data)
+    shown = ", ".join(sorted({f"{mib} MiB" for mib in sizes.values() if mib is not None}))
+    return passed(f"{shown} per GPU, the {datasheet:g} GB of {match.model.name} ({match.why})", **data)
 
 
 @node_check(
@@ -236,7 +281,8 @@ def gpu_identity(facts: NodeFacts) -> Finding:
 
 @node_check(
     "gpu.nvlink",
-    proves="every NVLink of every GPU is active (nvidia-smi nvlink -s); a link down is named",
+    proves="every NVLink of every GPU is active (nvidia-smi nvlink -s), and as many and as fast as the model's "
+    "expected values say; a link down, missing or slow is named",
     fix="An inactive NVLink makes NCCL route that GPU's traffic over PCIe: reset the GPU or reboot, check the "
     "kernel log for Xid 74 (NVLink error), and have the board or NVLink bridge serviced if it persists.",
     reads=("nvlink",),
@@ -245,20 +291,49 @@ def gpu_identity(facts: NodeFacts) -> Finding:
 def gpu_nvlink(facts: NodeFacts) -> Finding:
     assert facts.nvlink is not None
     gpus = facts.nvlink
+    match = facts.expected
+    model = match.model
+    want = model.get("nvlink_links") if model else None
+    least = model.get("nvlink_link_gbps") if model else None
     links = sum(len(g["links"]) for g in gpus.values())
     if not links:
-        return skip("no NVLink on this node's GPUs")
+        if want:
+            return warn(f"no NVLink reported, where {model.name} has {want} per GPU ({match.why})")
+        return skip("no NVLink on this node's GPUs" + (f" ({match.why})" if model else ""))
     down = {
         index: sorted((link for link, state in g["links"].items() if state is None), key=int)
         for index, g in gpus.items()
     }
     down = {index: d for index, d in down.items() if d}
-    data = {"links": {index: g["links"] for index, g in gpus.items()}, "inactive": down}
-    if down:
-        detail = "; ".join(f"GPU {i} ({gpus[i]['name']}): link(s) {', '.join(d)} inactive" for i, d in down.items())
-        return warn(detail, **data)
+    problems = [f"GPU {i} ({gpus[i]['name']}): link(s) {', '.join(d)} inactive" for i, d in down.items()]
+    if want:
+        problems += [
+            f"GPU {i} ({g['name']}): {len(g['links'])} NVLink(s) reported, where {model.name} has {want}"
+            for i, g in gpus.items()
+            if len(g["links"]) < want
+        ]
+    if least:
+        slow = {
+            index: [f"{link} at {speed}" for link, speed in g["links"].items() if (_gbps(speed) or least) < least]
+            for index, g in gpus.items()
+        }
+        problems += [
+            f"GPU {i} ({gpus[i]['name']}): link(s) {', '.join(s)}, below {least:g} GB/s" for i, s in slow.items() if s
+        ]
+    data = {"links": {index: g["links"] for index, g in gpus.items()}, "inactive": down, "expected_links": want}
+    if problems:
+        return warn("; ".join(problems) + (f" ({match.why})" if model else ""), **data)
     speeds = sorted({s for g in gpus.values() for s in g["links"].values() if s})
-    return passed(f"{links} NVLink(s) active on {len(gpus)} GPU(s) ({', '.join(speeds)})", **data)
+    judged = match.why if model else match.fallback("links judged by their state only")
+    return passed(f"{links} NVLink(s) active on {len(gpus)} GPU(s) ({', '.join(speeds)}); {judged}", **data)
+
+
+def _gbps(speed: str | None) -> float | None:
+    """'26.562 GB/s' (nvidia-smi nvlink -s) -> 26.562."""
+    try:
+        return float((speed or "").split()[0])
+    except (IndexError, ValueError):
+        return None
 
 
 @node_check(

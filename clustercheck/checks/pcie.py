@@ -10,36 +10,57 @@ from clustercheck.facts.model import NodeFacts
 
 @node_check(
     "pcie.link",
-    proves="every GPU's PCIe link runs at its full width (lanes); the generation is shown, since GPUs lower it "
-    "when idle",
+    proves="every GPU's PCIe link runs at its full width (lanes), and the host gives it the generation and width "
+    "its model's expected values say; the generation in use is shown, since GPUs lower it when idle",
     fix="A link below its width is a badly seated GPU or riser, or a bad slot: reseat it, check the BIOS PCIe "
-    "settings, and compare with `lspci -vv` (LnkSta against LnkCap) under load.",
+    "settings, and compare with `lspci -vv` (LnkSta against LnkCap) under load. A host that gives a lower "
+    "generation than the GPU's is an older platform or a BIOS setting: check the slot's generation in the BIOS.",
     needs_gpu=True,
 )
 def pcie_link(facts: NodeFacts) -> Finding:
     assert facts.smi is not None
+    match = facts.expected
+    model = match.model
+    gen, width = (model.get("pcie_gen"), model.get("pcie_width")) if model else (None, None)
     links = {
         g.bus_id: {"gen": g.pcie_gen, "gen_max": g.pcie_gen_max, "width": g.pcie_width, "width_max": g.pcie_width_max}
         for g in facts.smi.gpus
     }
+    data = {"links": links, "expected": {"gen": gen, "width": width}}
     narrow = [
         f"{bus}: x{link['width']} of x{link['width_max']}"
         for bus, link in links.items()
         if link["width"] is not None and link["width_max"] is not None and link["width"] < link["width_max"]
     ]
     if narrow:
-        return warn(f"PCIe link narrower than its maximum: {'; '.join(narrow)}", links=links)
+        return warn(f"PCIe link narrower than its maximum: {'; '.join(narrow)}", **data)
+    below = []
+    if width:
+        below += [
+            f"{bus}: x{link['width_max']} at most, where {model.name} has x{width}"
+            for bus, link in links.items()
+            if link["width_max"] is not None and link["width_max"] < width
+        ]
+    if gen:
+        below += [
+            f"{bus}: gen {link['gen_max']} at most, where {model.name} runs gen {gen}"
+            for bus, link in links.items()
+            if link["gen_max"] is not None and link["gen_max"] < gen
+        ]
+    if below:
+        return warn(f"the host gives the GPUs less than their model: {'; '.join(below)} ({match.why})", **data)
     slower = [
         f"{bus} gen {link['gen']} of {link['gen_max']}"
         for bus, link in links.items()
         if link["gen"] is not None and link["gen_max"] is not None and link["gen"] < link["gen_max"]
     ]
     known = [link for link in links.values() if link["width"] is not None]
+    judged = match.why if model else match.fallback("compared with each GPU's own maximum only")
     if not known:
-        return passed("PCIe link not reported by nvidia-smi", links=links)
+        return passed(f"PCIe link not reported by nvidia-smi ({judged})", **data)
     note = f" ({', '.join(slower)}: GPUs lower the generation when idle)" if slower else ""
     widths = sorted({f"x{link['width']}" for link in known})
-    return passed(f"every GPU's PCIe link at full width ({', '.join(widths)}){note}", links=links)
+    return passed(f"every GPU's PCIe link at full width ({', '.join(widths)}){note}; {judged}", **data)
 
 
 TRANSLATED = ("DMA", "DMA-FQ")  # IOMMU domain types that remap every DMA (the kernel's sysfs-kernel-iommu_groups ABI)

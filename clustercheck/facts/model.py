@@ -18,6 +18,7 @@ from dataclasses import dataclass, field, fields
 from ipaddress import IPv4Interface, IPv6Interface
 from typing import Any
 
+from clustercheck import expected as expected_values
 from clustercheck.inventory import Node
 from clustercheck.remote import facts as node
 
@@ -72,6 +73,7 @@ class Gpu:
     power_default_w: float | None = None  # the board's default power limit
     app_clocks_mhz: dict[str, int] = field(default_factory=dict)  # Applications Clocks (Graphics, Memory)
     app_clocks_default_mhz: dict[str, int] = field(default_factory=dict)
+    memory_total_mib: int | None = None  # "FB Memory Usage/Total"
 
 
 @dataclass
@@ -384,6 +386,14 @@ class NodeFacts:
     interface_how: str = "not found"
     missing: dict[str, str] = field(default_factory=dict)  # field -> why it could not be collected
     raw: dict[str, Any] = field(default_factory=dict)
+    models: expected_values.Catalog = field(default_factory=expected_values.shipped)  # shipped, and the user's
+
+    @property
+    def expected(self) -> expected_values.Match:
+        """The model this node's GPUs are, with its expected values (clustercheck/expected/), or why none."""
+        if self.smi is None:
+            return expected_values.Match(None, "no GPU")
+        return self.models.match(g.name for g in self.smi.gpus)
 
     @property
     def host(self) -> str:

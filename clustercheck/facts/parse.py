@@ -105,6 +105,7 @@ def _gpu_from_fields(bus_id: str, fields: dict[str, str]) -> Gpu:
         power_default_w=_watts(_first(fields, POWER_SECTIONS, ("Default Power Limit",))),
         app_clocks_mhz=_clocks(fields, "Applications Clocks"),
         app_clocks_default_mhz=_clocks(fields, "Default Applications Clocks"),
+        memory_total_mib=_mib(fields.get("FB Memory Usage/Total")),
     )
 
 
@@ -129,6 +130,11 @@ def _yes(text: str | None) -> bool | None:
 
 def _lanes(text: str | None) -> int | None:
     return _int((text or "").rstrip("x"))
+
+
+def _mib(text: str | None) -> int | None:
+    match = re.match(r"(\d+) MiB$", text or "")
+    return int(match[1]) if match else None
 
 
 def _watts(text: str | None) -> float | None:

@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from clustercheck import slurm
+from clustercheck import expected, slurm
 from clustercheck.checks import registry
 from clustercheck.facts import collect
 from clustercheck.inventory import Node
@@ -72,20 +72,21 @@ class Budget:
         return max(1.0, min(deadline, self.until - time.monotonic()))
 
 
-def check(name: str, budget: Budget) -> Health:
-    """Collect this machine's facts and run every per-node check on them, as node NAME."""
+def check(name: str, budget: Budget, models: expected.Catalog | None = None) -> Health:
+    """Collect this machine's facts and run every per-node check on them, as node NAME, against the expected
+    values MODELS (default: the shipped ones)."""
     started_at, started = time.time(), time.monotonic()
     node = Node(name=name, address="localhost", connection="local")
     transport = LocalTransport(host=name)
     try:
-        results = _check(node, transport, budget)
+        results = _check(node, transport, budget, models)
     finally:
         transport.cleanup()  # whatever a probe left past its deadline (a hung nvidia-smi's children) is killed
     report = Report(results, [name], transport.run_id, started_at, time.monotonic() - started)
     return Health(report)
 
 
-def _check(node: Node, transport: LocalTransport, budget: Budget) -> list[CheckResult]:
+def _check(node: Node, transport: LocalTransport, budget: Budget, models: expected.Catalog | None) -> list[CheckResult]:
     python, source, missing = core.find_python(node, transport, None, budget.give(PYTHON_DEADLINE))
     args = [str(TORCH_DEADLINE), "--probe-timeout", str(PROBE_DEADLINE)] + (["--no-torch"] if missing else [])
     started = time.monotonic()
@@ -98,11 +99,20 @@ def _check(node: Node, transport: LocalTransport, budget: Budget) -> list[CheckR
         return [facts_check.result(node.name, finding)]
     took = time.monotonic() - started
     results = [facts_check.result(node.name, registry.passed(f"facts collected with {python} in {took:.1f} s"))]
-    return results + judge(node, raw, python=python, source=source, missing=missing)
+    return results + judge(node, raw, python=python, source=source, missing=missing, models=models)
 
 
-def judge(node: Node, raw: dict, *, python: str, source: str, missing: str | None = None) -> list[CheckResult]:
-    """Every per-node check on the collector's output RAW, as node-health judges its node (pure)."""
+def judge(
+    node: Node,
+    raw: dict,
+    *,
+    python: str,
+    source: str,
+    missing: str | None = None,
+    models: expected.Catalog | None = None,
+) -> list[CheckResult]:
+    """Every per-node check on the collector's output RAW, as node-health judges its node (pure), against the
+    expected values MODELS (default: the shipped ones)."""
     # No inventory says how many GPUs to expect here: the NVIDIA GPUs on the PCI bus do, so a GPU node whose
     # nvidia-smi hangs or fails is a FAIL (gpu.count), not a node without GPUs.
     on_bus = len(((raw.get("gpu_bridges") or {}).get("gpus")) or {})
@@ -112,6 +122,8 @@ def judge(node: Node, raw: dict, *, python: str, source: str, missing: str | Non
     facts = collect.build(
         node, raw, python=python, python_source=source, python_missing=missing, cluster_size=CLUSTER_MEMBER
     )
+    if models is not None:
+        facts.models = models
     return registry.run_node_checks(facts, lambda _: True, "not selected")
 
 

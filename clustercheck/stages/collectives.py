@@ -29,7 +29,8 @@ def run(members: list[Member], ctx: Context) -> list[CheckResult]:
             for m in members
         ]
     results = collectives.evaluate(outcome.records, outcome.world_size)
-    results += collectives.evaluate_bandwidth(outcome.records, outcome.world_size, thresholds, hosts)
+    intra = {m.name: collectives.intra_node_thresholds(m.facts, thresholds) for m in members}
+    results += collectives.evaluate_bandwidth(outcome.records, outcome.world_size, thresholds, hosts, intra)
     return torchjob.judged(results, outcome) + transport_results(members, outcome, ctx, started)
 
 

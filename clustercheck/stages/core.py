@@ -172,6 +172,7 @@ def run_host(node: Node, transport: Transport, ctx: Context, step) -> HostOutcom
         clock_offset=offset,
         clock_uncertainty=uncertainty,
     )
+    facts.models = config.models
     outcome.facts = facts
     write_packages(facts, host_dir)
     if config.dcgm_level and facts.dcgmi and facts.smi is not None:
