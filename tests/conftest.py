@@ -23,6 +23,13 @@ import yaml
 REPO = Path(__file__).resolve().parent.parent
 IN_CI = os.environ.get("CI", "").lower() == "true"
 TORCH_PIN = "torch==2.13.0"
+# The Debian test cluster registers its environment as a Jupyter kernel (testcluster-vars.yml): ipykernel at the
+# role's pinned version, and its dependencies, come from the same wheelhouse.
+IPYKERNEL_PIN = "ipykernel=={}".format(
+    yaml.safe_load((REPO / "roles" / "python_env" / "defaults" / "main.yml").read_text())[
+        "python_env_ipykernel_version"
+    ]
+)
 
 
 def _need_docker() -> None:
@@ -151,19 +158,20 @@ def wheelhouse() -> Path:
 
 
 def build_wheelhouse() -> Path:
-    """The torch wheelhouse (the `wheelhouse` fixture), built once and shared by test sessions and benchmarks."""
-    target = testcluster.CACHE_DIR / "wheelhouse"
+    """The torch and ipykernel wheelhouse (the `wheelhouse` fixture), built once for test sessions and benchmarks."""
+    target = testcluster.CACHE_DIR / "wheelhouse-torch-ipykernel"
     stamp = target / ".complete"
     target.parent.mkdir(parents=True, exist_ok=True)
     with open(target.parent / ".wheelhouse.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # one builder at a time across test sessions
-        if stamp.exists() and stamp.read_text().strip() == TORCH_PIN:
+        pins = [TORCH_PIN, IPYKERNEL_PIN]
+        if stamp.exists() and stamp.read_text().split() == pins:
             return target
         shutil.rmtree(target, ignore_errors=True)
         target.mkdir(parents=True)
         pip = [sys.executable, "-m", "pip", "download", "-q", "--only-binary=:all:", "-d", str(target)]
-        subprocess.run([*pip, "-c", str(REPO / "constraints.txt"), TORCH_PIN], check=True)
-        stamp.write_text(TORCH_PIN + "\n")
+        subprocess.run([*pip, "-c", str(REPO / "constraints.txt"), *pins], check=True)
+        stamp.write_text(" ".join(pins) + "\n")
     return target
 
 

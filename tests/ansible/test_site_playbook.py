@@ -9,10 +9,12 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from conftest import REPO, ansible_playbook
@@ -96,6 +98,22 @@ def test_acceptance_suite_passes(converged_cluster):
     assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-2000:]
     passed = int(re.search(r"(\d+) passed", proc.stdout)[1])
     assert passed >= 10 * len(converged_cluster.nodes), proc.stdout[-2000:]
+
+
+def test_the_acceptance_suite_starts_the_registered_jupyter_kernel(converged_cluster, tmp_path):
+    """testcluster-vars.yml has the role register the environment as a Jupyter kernel. With the setting in the
+    inventory, where a user keeps it, the acceptance suite starts that kernel on every node by its name, and the
+    kernel runs the environment's python and torch."""
+    inventory = tmp_path / "inventory"
+    (inventory / "group_vars").mkdir(parents=True)
+    shutil.copy(converged_cluster.inventory, inventory / "hosts.ini")
+    (inventory / "group_vars" / "all.yml").write_text("python_env_jupyter_kernel: true\n")
+    test = REPO / "tests" / "acceptance" / "test_python_env.py"
+    proc = acceptance(
+        SimpleNamespace(inventory=str(inventory)), f"{test}::test_the_jupyter_kernel_runs_the_environments_python"
+    )
+    assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-2000:]
+    assert f"{len(converged_cluster.nodes)} passed" in proc.stdout, proc.stdout[-2000:]
 
 
 def test_acceptance_suite_fails_on_a_broken_node_and_the_role_repairs_it(converged_cluster, wheelhouse):
