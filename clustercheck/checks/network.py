@@ -64,8 +64,9 @@ declare(
     "network.rtt",
     stage=STAGE,
     scope="cluster",
-    proves="no node or node pair has a TCP round trip time far above the cluster's median (measured pair by pair, "
-    "in rounds of disjoint pairs)",
+    proves="no node has a TCP round trip time far above the cluster's median with most of its partners, and no node "
+    "pair far above it (each node measured with --network-rounds partners, 8 by default, in rounds of disjoint "
+    "pairs)",
     fix="Look at the slow node's link: `ethtool IFACE` (speed, duplex), `tc qdisc show`, errors in `ip -s link`, "
     "its load, and the switch port.",
 )
@@ -73,8 +74,9 @@ declare(
     "network.throughput",
     stage=STAGE,
     scope="cluster",
-    proves="no node sends or receives far slower than the cluster's median TCP throughput, and no node pair is far "
-    "slower than the others (a short transfer each way, in rounds of disjoint pairs)",
+    proves="no node sends or receives far slower than the cluster's median TCP throughput with most of its partners, "
+    "and no node pair is far slower than the others (a short transfer each way, each node with --network-rounds "
+    "partners, in rounds of disjoint pairs)",
     fix="Look at the slow node's link: `ethtool IFACE` (a link that negotiated a lower speed), a traffic shaper "
     "(`tc qdisc show dev IFACE`), errors and drops in `ip -s link`, and the switch port.",
 )
@@ -95,7 +97,7 @@ THROUGHPUT = Metric(
     "network_throughput_bytes_per_second", "bytes_per_second", "TCP throughput measured from host to peer."
 )
 
-NODE_SLOWER = 4.0  # a node whose best pair is this many times slower than the median pair is a straggler
+NODE_SLOWER = 4.0  # a node with most of its pairs this many times slower than the median pair is a straggler
 PAIR_SLOWER = 10.0  # a pair this many times slower than the median (neither node explaining it) is named
 RTT_MARGIN_MS = 1.0  # and a round trip must be at least this much longer: sub-millisecond times vary by nature
 
