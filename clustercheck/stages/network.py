@@ -82,7 +82,7 @@ def connect_window(duration: float, nodes: int) -> float:
     return duration * max(1.0, nodes / 16)
 
 
-def perf_rounds(peers: list[network.Peer], rounds: int | None) -> int:
+def round_count(peers: list[network.Peer], rounds: int | None) -> int:
     """How many perf rounds the probes run for ROUNDS (--network-rounds; None: every pair)."""
     return len(netprobe.schedule([p.name for p in peers], rounds, SCHEDULE_SEED))
 
@@ -128,7 +128,7 @@ def run(members: list[Member], ctx: Context) -> list[CheckResult]:
     measure = network.plan(config.selection.check_selected)  # a deselected check costs no perf round
     wait = ready_timeout(len(members))
     window = connect_window(config.network_duration, len(members))
-    rounds = perf_rounds(peers, config.network_rounds)
+    rounds = round_count(peers, config.network_rounds)
 
     def files(m: Member) -> tuple[str, str]:
         workdir = m.transport.workdir.rstrip("/")

@@ -413,7 +413,7 @@ def test_the_stage_passes_the_rounds_and_seed_and_bounds_the_probe_by_them():
     assert command[command.index("--seed") + 1] == str(stage.SCHEDULE_SEED)
     everything = stage.mesh_args("node1", peers, [29500], 8, perf=(50000, ("rtt",)), rounds=None)
     assert everything[everything.index("--rounds") + 1] == "all"
-    assert stage.perf_rounds(peers, 8) == 8 and stage.perf_rounds(peers, None) == 99
+    assert stage.round_count(peers, 8) == 8 and stage.round_count(peers, None) == 99
     assert stage.perf_time(8) == 8 * netprobe.ROUND_SECONDS  # not a figure that grows with the cluster
 
 
