@@ -576,6 +576,9 @@ def perf_rounds(
                     if len(words) == 3 and words[0] == "PERF" and (words[1], words[2]) == (partner, str(number)):
                         sock = conn
                     elif len(words) == 3 and words[0] == "PERF" and words[2].isdigit() and int(words[2]) > number:
+                        stale = early.pop((words[1], int(words[2])), None)
+                        if stale is not None:  # the partner tried again: the newer connection is the one it waits on
+                            stale.close()
                         early[(words[1], int(words[2]))] = conn
                     else:  # a round this node has left behind, or not the probe
                         conn.close()
