@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import datetime as dt
 import os
 import signal
@@ -21,6 +22,7 @@ from clustercheck.checks.consistency import DEFAULT_MAX_CLOCK_OFFSET
 from clustercheck.config import RunConfig
 from clustercheck.exitcodes import ExitCode
 from clustercheck.model import Status, overall_status
+from clustercheck.remote.netprobe import DEFAULT_ROUNDS, parse_rounds
 from clustercheck.report import Report, prometheus, text
 from clustercheck.report import diff as report_diff
 from clustercheck.run import health
@@ -28,6 +30,20 @@ from clustercheck.run.pipeline import Pipeline
 from clustercheck.selection import DISTRIBUTED, STAGES, Selection, SelectionError
 from clustercheck.transport import TransportError, factory
 from clustercheck.transport.params import SshSettings, Timeouts, load_config
+
+
+class NetworkRounds(click.ParamType):
+    """--network-rounds: a number of rounds (1 or more), or 'all' (None: every pair)."""
+
+    name = "N|all"
+
+    def convert(self, value, param, ctx) -> int | None:
+        if value is None or isinstance(value, int):
+            return value
+        try:
+            return parse_rounds(str(value))
+        except argparse.ArgumentTypeError as exc:
+            self.fail(str(exc), param, ctx)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -147,6 +163,15 @@ def cli() -> None:
     help="Rendezvous port of the torch jobs, on the first node's cluster address (loopback for the node-local job).",
 )
 @click.option(
+    "--network-rounds",
+    type=NetworkRounds(),
+    default=str(DEFAULT_ROUNDS),
+    show_default=True,
+    metavar="N|all",
+    help="Rounds of the network stage's round trip and throughput measurement: each node is measured with N "
+    "partners, whatever the cluster's size; 'all' measures every pair (N-1 rounds for N nodes).",
+)
+@click.option(
     "--accept-new-host-keys",
     is_flag=True,
     help="Record host keys of nodes not yet in known_hosts (like StrictHostKeyChecking=accept-new); "
@@ -222,6 +247,7 @@ def run(
     timeout: float,
     stall_timeout: float,
     master_port: int,
+    network_rounds: int | None,
     accept_new_host_keys: bool,
     known_hosts: tuple[str, ...],
     ssh_config: str | None,
@@ -271,6 +297,7 @@ def run(
         stall_timeout=stall_timeout,
         nproc_per_node=nproc_per_node,
         master_port=master_port,
+        network_rounds=network_rounds,
         ssh=ssh,
         clock_bound=max_clock_offset,
         min_busbw=min_busbw or next((n.min_busbw for n in nodes if n.min_busbw), None),

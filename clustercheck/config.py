@@ -8,6 +8,7 @@ from pathlib import Path
 from clustercheck import expected
 from clustercheck.checks.baseline import Baseline
 from clustercheck.checks.consistency import DEFAULT_MAX_CLOCK_OFFSET
+from clustercheck.remote.netprobe import DEFAULT_ROUNDS
 from clustercheck.selection import Selection
 from clustercheck.transport.params import SshSettings
 
@@ -26,6 +27,7 @@ class RunConfig:
     clock_bound: float = DEFAULT_MAX_CLOCK_OFFSET
     min_busbw: str | None = None  # --min-busbw, else the inventory's clustercheck_min_busbw
     network_duration: float = 10.0  # how long the network probe may try
+    network_rounds: int | None = DEFAULT_ROUNDS  # --network-rounds: partners each node is measured with (None: all)
     shared_dir: str | None = None  # --shared-dir: one filesystem on every node (the checkpoint goes there)
     data_paths: tuple[str, ...] = ()  # --data-path, else the inventory's clustercheck_data_paths
     stall_timeout: float = 60.0  # a torch job's ranks silent this long on one node (while others wait): named

@@ -64,8 +64,9 @@ declare(
     "network.rtt",
     stage=STAGE,
     scope="cluster",
-    proves="no node or node pair has a TCP round trip time far above the cluster's median (measured pair by pair, "
-    "in rounds of disjoint pairs)",
+    proves="no node has a TCP round trip time far above the cluster's median with most of its partners, and no node "
+    "pair far above it (each node measured with --network-rounds partners, 8 by default, in rounds of disjoint "
+    "pairs)",
     fix="Look at the slow node's link: `ethtool IFACE` (speed, duplex), `tc qdisc show`, errors in `ip -s link`, "
     "its load, and the switch port.",
 )
@@ -73,8 +74,9 @@ declare(
     "network.throughput",
     stage=STAGE,
     scope="cluster",
-    proves="no node sends or receives far slower than the cluster's median TCP throughput, and no node pair is far "
-    "slower than the others (a short transfer each way, in rounds of disjoint pairs)",
+    proves="no node sends or receives far slower than the cluster's median TCP throughput with most of its partners, "
+    "and no node pair is far slower than the others (a short transfer each way, each node with --network-rounds "
+    "partners, in rounds of disjoint pairs)",
     fix="Look at the slow node's link: `ethtool IFACE` (a link that negotiated a lower speed), a traffic shaper "
     "(`tc qdisc show dev IFACE`), errors and drops in `ip -s link`, and the switch port.",
 )
@@ -95,7 +97,7 @@ THROUGHPUT = Metric(
     "network_throughput_bytes_per_second", "bytes_per_second", "TCP throughput measured from host to peer."
 )
 
-NODE_SLOWER = 4.0  # a node whose best pair is this many times slower than the median pair is a straggler
+NODE_SLOWER = 4.0  # a node with most of its pairs this many times slower than the median pair is a straggler
 PAIR_SLOWER = 10.0  # a pair this many times slower than the median (neither node explaining it) is named
 RTT_MARGIN_MS = 1.0  # and a round trip must be at least this much longer: sub-millisecond times vary by nature
 
@@ -212,30 +214,74 @@ def _perf_checks(records: dict[str, dict]) -> list[CheckResult]:
         text = f"no pair could be measured: {unmeasured}" if failed else "no pair to measure"
         status = Status.WARN if failed else Status.SKIP
         return [emit("network.rtt", status, text), emit("network.throughput", status, text)]
-    return [rtt_check(measured, failed, unmeasured), throughput_check(measured, failed, unmeasured)]
+    rounds = max(r.get("rounds") or 0 for r in records.values())
+    others = len(records) - 1
+    return [
+        rtt_check(measured, failed, unmeasured, rounds, others),
+        throughput_check(measured, failed, unmeasured, rounds, others),
+    ]
 
 
-def rtt_check(measured: list[dict], failed: list[dict], unmeasured: str) -> CheckResult:
+def slow_with_most(values: dict[str, list[float]], slow: Callable[[float], bool]) -> dict[str, tuple[int, int]]:
+    """The nodes slow with most of the partners they were measured with (more than half of VALUES, the node's
+    figures with each partner): node -> (slow partners, partners). A node slow with one partner only is not one
+    of them: that is the link's doing, named as a pair."""
+    counts = {node: (sum(1 for v in figures if slow(v)), len(figures)) for node, figures in values.items()}
+    return {node: (k, m) for node, (k, m) in sorted(counts.items()) if k * 2 > m}
+
+
+def _partners(node_slow: tuple[int, int], others: int) -> str:
+    """'every node', or how many of the nodes measured with: how widely a node was found slow."""
+    k, m = node_slow
+    if k == m:
+        return "every node" if m >= others else f"every node it was measured with ({m})"
+    return f"{k} of the {m} nodes it was measured with"
+
+
+def _in_rounds(rounds: int) -> str:
+    return f" in {rounds} round{'s' if rounds != 1 else ''}" if rounds else ""
+
+
+def rtt_check(
+    measured: list[dict], failed: list[dict], unmeasured: str, rounds: int = 0, others: int = 0
+) -> CheckResult:
     measured = [p for p in measured if p["rtt_ms"] is not None]
     if not measured:
         return emit("network.rtt", Status.SKIP, "no round trip was measured")
     median = _median([p["rtt_ms"] for p in measured])
-    best: dict[str, float] = {}
+    per_node: dict[str, list[float]] = {}
     for p in measured:
         for node in (p["a"], p["b"]):
-            best[node] = min(best.get(node, float("inf")), p["rtt_ms"])
+            per_node.setdefault(node, []).append(p["rtt_ms"])
+    best = {node: min(values) for node, values in per_node.items()}
 
     def slow(value: float, factor: float) -> bool:
         return value > factor * median and value > median + RTT_MARGIN_MS
 
-    nodes = sorted(n for n, v in best.items() if slow(v, NODE_SLOWER))
+    slow_nodes = slow_with_most(per_node, lambda v: slow(v, NODE_SLOWER))
+    nodes = sorted(slow_nodes)
     pairs = [p for p in measured if slow(p["rtt_ms"], PAIR_SLOWER) and p["a"] not in nodes and p["b"] not in nodes]
-    data = {"median_ms": median, "best_ms": best, "slow_nodes": nodes, "pairs": measured, "unmeasured": failed}
+    data = {
+        "median_ms": median,
+        "best_ms": best,
+        "slow_nodes": nodes,
+        "slow_with": {n: list(v) for n, v in slow_nodes.items()},
+        "pairs": measured,
+        "unmeasured": failed,
+        "rounds": rounds,
+    }
     measures = tuple(m for p in measured for m in RTT.of(p["rtt_ms"] / 1000, host=p["a"], peer=p["b"]))
-    texts = [
-        f"{n}'s round trips are all slow: {best[n]:.2f} ms at best, the median pair takes {median:.2f} ms"
-        for n in nodes
-    ]
+    texts = []
+    for n in nodes:
+        if slow_nodes[n][0] == slow_nodes[n][1]:
+            texts.append(
+                f"{n}'s round trips are all slow: {best[n]:.2f} ms at best, the median pair takes {median:.2f} ms"
+            )
+        else:
+            texts.append(
+                f"{n}'s round trips are slow with {_partners(slow_nodes[n], others)}: {_median(per_node[n]):.2f} ms "
+                f"typically, the median pair takes {median:.2f} ms"
+            )
     texts += [f"{p['a']} <-> {p['b']} takes {p['rtt_ms']:.2f} ms, the median pair {median:.2f} ms" for p in pairs[:5]]
     if failed:
         texts.append(f"not measured: {unmeasured}")
@@ -244,13 +290,16 @@ def rtt_check(measured: list[dict], failed: list[dict], unmeasured: str) -> Chec
     return emit(
         "network.rtt",
         Status.PASS,
-        f"TCP round trip {_ms(median)} (median of {len(measured)} pairs); no node or pair far above it",
+        f"TCP round trip {_ms(median)} (median of {len(measured)} pairs{_in_rounds(rounds)}); no node or pair far "
+        "above it",
         data=data,
         measures=measures,
     )
 
 
-def throughput_check(measured: list[dict], failed: list[dict], unmeasured: str) -> CheckResult:
+def throughput_check(
+    measured: list[dict], failed: list[dict], unmeasured: str, rounds: int = 0, others: int = 0
+) -> CheckResult:
     flows = []  # (sender, receiver, Mbit/s)
     for p in measured:
         if p["a_to_b"] is not None:
@@ -260,21 +309,25 @@ def throughput_check(measured: list[dict], failed: list[dict], unmeasured: str) 
     if not flows:
         return emit("network.throughput", Status.SKIP, "no transfer was measured")
     median = _median([rate for _, _, rate in flows])
-    best_out: dict[str, float] = {}
-    best_in: dict[str, float] = {}
+    out: dict[str, list[float]] = {}
+    into: dict[str, list[float]] = {}
     for sender, receiver, rate in flows:
-        best_out[sender] = max(best_out.get(sender, 0.0), rate)
-        best_in[receiver] = max(best_in.get(receiver, 0.0), rate)
-    slow_out = sorted(n for n, v in best_out.items() if v * NODE_SLOWER < median)
-    slow_in = sorted(n for n, v in best_in.items() if v * NODE_SLOWER < median)
-    texts = [
-        f"{n} sends slowly to every node: {best_out[n]:.0f} Mbit/s at best, the median is {median:.0f} Mbit/s"
-        for n in slow_out
-    ]
-    texts += [
-        f"{n} receives slowly from every node: {best_in[n]:.0f} Mbit/s at best, the median is {median:.0f} Mbit/s"
-        for n in slow_in
-    ]
+        out.setdefault(sender, []).append(rate)
+        into.setdefault(receiver, []).append(rate)
+    best_out = {n: max(rates) for n, rates in out.items()}
+    best_in = {n: max(rates) for n, rates in into.items()}
+    senders = slow_with_most(out, lambda rate: rate * NODE_SLOWER < median)
+    receivers = slow_with_most(into, lambda rate: rate * NODE_SLOWER < median)
+    slow_out, slow_in = sorted(senders), sorted(receivers)
+
+    def node_text(node: str, does: str, found: dict[str, tuple[int, int]], rates: list[float], best: float) -> str:
+        where = _partners(found[node], others)
+        if found[node][0] == found[node][1]:
+            return f"{node} {does} {where}: {best:.0f} Mbit/s at best, the median is {median:.0f} Mbit/s"
+        return f"{node} {does} {where}: {_median(rates):.0f} Mbit/s typically, the median is {median:.0f} Mbit/s"
+
+    texts = [node_text(n, "sends slowly to", senders, out[n], best_out[n]) for n in slow_out]
+    texts += [node_text(n, "receives slowly from", receivers, into[n], best_in[n]) for n in slow_in]
     slow_pairs = [
         (s, r, rate) for s, r, rate in flows if rate * PAIR_SLOWER < median and s not in slow_out and r not in slow_in
     ]
@@ -287,9 +340,14 @@ def throughput_check(measured: list[dict], failed: list[dict], unmeasured: str) 
         "best_in_mbps": best_in,
         "slow_senders": slow_out,
         "slow_receivers": slow_in,
+        "slow_with": {
+            "senders": {n: list(v) for n, v in senders.items()},
+            "receivers": {n: list(v) for n, v in receivers.items()},
+        },
         "slow_pairs": [{"from": s, "to": r, "mbps": rate} for s, r, rate in slow_pairs],
         "flows": [{"from": s, "to": r, "mbps": rate} for s, r, rate in flows],
         "unmeasured": failed,
+        "rounds": rounds,
     }
     measures = tuple(m for s, r, rate in flows for m in THROUGHPUT.of(rate * 1e6 / 8, host=s, peer=r))
     if texts:
@@ -297,8 +355,8 @@ def throughput_check(measured: list[dict], failed: list[dict], unmeasured: str) 
     return emit(
         "network.throughput",
         Status.PASS,
-        f"TCP throughput {median:.0f} Mbit/s (median of {len(flows)} transfers, {len(measured)} pairs); no node or "
-        "pair far below it",
+        f"TCP throughput {median:.0f} Mbit/s (median of {len(flows)} transfers, {len(measured)} pairs"
+        f"{_in_rounds(rounds)}); no node or pair far below it",
         data=data,
         measures=measures,
     )

@@ -16,6 +16,10 @@ connecting only when the controller has written --go-file on every node, i.e. on
 The go file holds the number of seconds connection attempts may run from then on (the shared deadline);
 without it within --ready-timeout the probe reports that no go signal came.
 
+With --perf-port the probe then measures round trip time and throughput with one partner per round, in rounds of
+disjoint pairs (schedule()): --rounds of them (default 8, or 'all': every pair), drawn from the node list shuffled
+by --seed, paced from the shared deadline so that no missing or slow node holds the others up (perf_rounds()).
+
     python3 netprobe.py wait-ready FILE [--or GO] --timeout S
                                                     exit 0 once FILE exists, 1 at the timeout or once GO does
     python3 netprobe.py go FILE SECONDS                  write the go file atomically
@@ -30,6 +34,7 @@ import errno
 import fcntl
 import json
 import os
+import random
 import selectors
 import socket
 import struct
@@ -166,7 +171,13 @@ PERF_SECONDS = 0.2  # seconds of bulk transfer each way per pair
 PINGS = 10
 MEASUREMENTS = ("rtt", "throughput")  # what the perf rounds can measure; --measure names those to make
 CHUNK = 65536
-ROUND_WAIT = 10.0  # seconds a node waits for its partner of a round before giving that pair up
+# The perf rounds are paced from the shared deadline (the end of the connect window): round r ends at most
+# ROUND_SECONDS * (r + 1) after it on every node. A node starts its next round as soon as its pair is done, so a
+# healthy cluster never waits for the clock; a partner that does not come costs that round only, and a node that
+# fell behind skips the rounds whose end has passed. A pair takes about half a second; the rest is for nodes
+# that reach the deadline (the go signal) a little apart.
+ROUND_SECONDS = 6.0
+DEFAULT_ROUNDS = 8  # partners each node is measured with, whatever the cluster's size (every pair: --rounds all)
 
 
 CONNECT_ERRORS = {
@@ -282,6 +293,8 @@ def mesh(
     ready_timeout: float = 60.0,
     perf_port: int | None = None,
     measure: tuple[str, ...] = MEASUREMENTS,
+    rounds: int | None = DEFAULT_ROUNDS,
+    seed: int | None = None,
 ) -> dict:
     address = peers[me]
     started = time.monotonic()
@@ -359,9 +372,11 @@ def mesh(
     for key in list(selector.get_map().values()):
         key.fileobj.close()
     selector.close()
-    perf = None
+    perf, plan = None, []
     if perf_listener is not None:
-        perf = perf_rounds(me, peers, perf_port, perf_listener, PERF_SECONDS, measure)
+        # The rounds are paced from the connect deadline: the same moment on every node (the go signal's window).
+        plan = schedule(list(peers), rounds, seed)
+        perf = perf_rounds(me, peers, perf_port, perf_listener, PERF_SECONDS, measure, plan, deadline)
         perf_listener.close()
 
     interface = interface_of(address)
@@ -377,24 +392,33 @@ def mesh(
         "resolve": {name: resolve(hostnames.get(name, name)) for name in peers},
         "seconds": round(time.monotonic() - started, 3),
         **({"barrier": barrier} if go_file else {}),
-        **({"perf": perf} if perf is not None else {}),
+        **({"perf": perf, "rounds": len(plan)} if perf is not None else {}),
     }
 
 
 # --------------------------------------------------------------------------- round trip and throughput
 
 
-def schedule(names: list[str]) -> list[list[tuple[str, str]]]:
-    """Rounds of disjoint pairs covering every pair once (the circle method): N-1 rounds for N nodes (N with a
-    node sitting out each round when N is odd). The same on every node, from the same list."""
-    order = list(names) + ([None] if len(names) % 2 else [])
+def schedule(names: list[str], rounds: int | None = None, seed: int | None = None) -> list[list[tuple[str, str]]]:
+    """Rounds of disjoint pairs (the circle method), so no node is in two measurements at once: with every round,
+    each node meets a partner it has not met before. ROUNDS: how many (None, or at least N-1: every pair, in N-1
+    rounds for N nodes, N with a node sitting out each round when N is odd). SEED shuffles the node order first,
+    so the partners of the first rounds are spread over the cluster, not neighbours in the inventory. The same
+    on every node, from the same list and seed."""
+    order: list[str | None] = list(names)
+    if seed is not None:
+        random.Random(seed).shuffle(order)
+    if len(order) % 2:
+        order.append(None)
     n = len(order)
-    rounds = []
+    every = []
     for _ in range(n - 1):
         pairs = [(order[i], order[n - 1 - i]) for i in range(n // 2)]
-        rounds.append([(a, b) for a, b in pairs if a is not None and b is not None])
+        every.append([(a, b) for a, b in pairs if a is not None and b is not None])
         order = [order[0], order[-1], *order[1:-1]]
-    return rounds
+    if rounds is None or rounds >= len(names) - 1:
+        return every
+    return every[:rounds]
 
 
 def _recv_exactly(sock: socket.socket, size: int) -> bytes:
@@ -497,43 +521,70 @@ def _connect(address: str, port: int, source: str, until: float) -> socket.socke
 
 
 def perf_rounds(
-    me: str, peers: dict[str, str], port: int, listener: socket.socket, seconds: float, measure: tuple[str, ...]
+    me: str,
+    peers: dict[str, str],
+    port: int,
+    listener: socket.socket,
+    seconds: float,
+    measure: tuple[str, ...],
+    rounds: list[list[tuple[str, str]]],
+    start: float,
 ) -> list[dict]:
-    """Round trip time and throughput with every peer, one peer at a time, in the rounds of schedule(): in each
-    round the first node of a pair connects, the second serves. A node that is ahead waits for its partner
-    (its connection queues at the partner's listener), so no node is ever in two measurements at once."""
+    """Round trip time and throughput with this node's partner of each of ROUNDS (schedule()), one at a time: the
+    first node of a pair connects, the second serves. Round r ends at START + ROUND_SECONDS * (r + 1) (monotonic
+    time, the same moment on every node: the shared deadline). A node that is ahead goes on at once (its
+    connection queues at the partner's listener, which serves it when it gets there), so no node is ever in two
+    measurements at once; a partner that did not come by the round's end is given up, and a round that ended
+    before this node got to it is skipped, so one missing or slow node costs only the pairs it is in."""
     results: list[dict] = []
     early: dict[tuple[str, int], socket.socket] = {}  # connections of later rounds that came in first
-    for number, pairs in enumerate(schedule(list(peers))):
+    for number, pairs in enumerate(rounds):
         pair = next((p for p in pairs if me in p), None)
         if pair is None:
             continue
         partner = pair[1] if pair[0] == me else pair[0]
         entry: dict = {"peer": partner, "round": number}
+        ends = start + ROUND_SECONDS * (number + 1)
         sock = None
+        if time.monotonic() >= ends:
+            if (partner, number) in early:
+                early.pop((partner, number)).close()
+            entry["error"] = f"skipped: {me} was behind the schedule (round {number} had ended)"
+            results.append(entry)
+            continue
         try:
             if pair[0] == me:
-                sock = _connect(peers[partner], port, peers[me], time.monotonic() + ROUND_WAIT)
-                sock.settimeout(3 * ROUND_WAIT)  # the partner may still be busy with an earlier round
+                sock = _connect(peers[partner], port, peers[me], ends)
+                sock.settimeout(max(0.5, ends - time.monotonic()))  # the partner may still be in an earlier round
                 sock.sendall(f"PERF {me} {number}\n".encode())
                 entry.update(_measure(sock, seconds, measure))
             else:
                 sock = early.pop((partner, number), None)
-                give_up = time.monotonic() + ROUND_WAIT
-                while sock is None and time.monotonic() < give_up:
-                    listener.settimeout(max(0.1, give_up - time.monotonic()))
-                    conn, _ = listener.accept()
-                    conn.settimeout(3 * ROUND_WAIT)
+                while sock is None and time.monotonic() < ends:
+                    listener.settimeout(max(0.05, ends - time.monotonic()))
+                    try:
+                        conn, _ = listener.accept()
+                    except TimeoutError:
+                        break
+                    conn.settimeout(max(0.5, ends - time.monotonic()))
                     conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                    words = _readline(conn).split()
+                    try:
+                        words = _readline(conn).split()
+                    except (OSError, ValueError):
+                        conn.close()
+                        continue
                     if len(words) == 3 and words[0] == "PERF" and (words[1], words[2]) == (partner, str(number)):
                         sock = conn
-                    elif len(words) == 3 and words[0] == "PERF" and words[2].isdigit():
+                    elif len(words) == 3 and words[0] == "PERF" and words[2].isdigit() and int(words[2]) > number:
+                        stale = early.pop((words[1], int(words[2])), None)
+                        if stale is not None:  # the partner tried again: the newer connection is the one it waits on
+                            stale.close()
                         early[(words[1], int(words[2]))] = conn
-                    else:
+                    else:  # a round this node has left behind, or not the probe
                         conn.close()
                 if sock is None:
-                    raise TimeoutError(f"{partner} did not connect within {ROUND_WAIT:.0f} s")
+                    raise TimeoutError(f"{partner} did not connect in round {number}")
+                sock.settimeout(max(0.5, ends - time.monotonic()))
                 _serve(sock, seconds, measure)
                 entry["served"] = True
         except (OSError, ValueError) as exc:
@@ -583,6 +634,15 @@ def parse_peer(text: str) -> tuple[str, str]:
     return name, value
 
 
+def parse_rounds(text: str) -> int | None:
+    """--rounds: a positive number, or 'all' (None: every pair)."""
+    if text == "all":
+        return None
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"expected a number of rounds (1 or more) or 'all', not {text!r}")
+    return int(text)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="clustercheck network probe")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -602,6 +662,13 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="what the perf rounds measure (repeat; default: all)",
     )
+    p_mesh.add_argument(
+        "--rounds",
+        type=parse_rounds,
+        default=DEFAULT_ROUNDS,
+        help=f"perf rounds: partners each node is measured with, or 'all' for every pair (default {DEFAULT_ROUNDS})",
+    )
+    p_mesh.add_argument("--seed", type=int, default=None, help="shuffles the nodes before the rounds are drawn")
     p_mesh.add_argument("--go-file", default=None, help="connect only once this file exists (it holds the seconds)")
     p_mesh.add_argument("--ready-file", default=None, help="written once the listeners are up")
     p_mesh.add_argument("--ready-timeout", type=float, default=60.0, help="seconds to wait for the go file")
@@ -646,6 +713,8 @@ def main(argv: list[str] | None = None) -> int:
         ready_timeout=args.ready_timeout,
         perf_port=args.perf_port,
         measure=tuple(args.measure or MEASUREMENTS),
+        rounds=args.rounds,
+        seed=args.seed,
     )
     print(json.dumps(record))
     return 0

@@ -3,8 +3,10 @@
 Every node listens on the master port and an ephemeral port, connects to every other node on both, resolves
 every node's hostname and reads its cluster interface's MTU; checks/network.py judges the records.
 
-After the connections, every pair's round trip time and TCP throughput (both ways) are measured in rounds of
-disjoint pairs (N-1 rounds for N nodes), so a node or a link far slower than the others is named.
+After the connections, round trip times and TCP throughput (both ways) are measured in rounds of disjoint pairs:
+--network-rounds of them (8 by default, so each node is measured with 8 partners whatever the cluster's size;
+`all`: every pair, N-1 rounds), paced from the shared deadline so that a missing or slow node costs only its own
+pairs. A node slow with most of its partners, or a link far slower than the others, is named.
 
 A barrier keeps a slow start from looking like a firewall: every probe first binds its listeners and reports
 ready; only once every node is ready (or the wait for the late ones ran out) does the controller write the go
@@ -23,12 +25,16 @@ import time
 from clustercheck.checks import network, registry
 from clustercheck.fanout import fanout
 from clustercheck.model import CheckResult, Status
+from clustercheck.remote import netprobe
 from clustercheck.stages import Context, Member, bundle
 
 NAME = "network"
 EPHEMERAL_RANGE = (49152, 60999)  # IANA dynamic ports, below Linux's default ip_local_port_range top
 READY_BASE, READY_PER_NODE = 30.0, 1.0  # seconds every probe gets to listen: 30 s, plus 1 s a node
 GO_SLACK = 30.0  # the probe waits this much longer for the go file than the controller waits for ready
+# The perf rounds' node order is shuffled with a fixed seed: the same partners on every run of the same nodes, so
+# a baseline compares the same pairs (--network-rounds all measures every pair).
+SCHEDULE_SEED = 0
 
 
 def pick_ephemeral_port(rng: random.Random | None = None) -> int:
@@ -43,9 +49,11 @@ def mesh_args(
     duration: float,
     barrier: tuple[str, str, float] | None = None,
     perf: tuple[int, tuple[str, ...]] | None = None,
+    rounds: int | None = netprobe.DEFAULT_ROUNDS,
 ) -> list[str]:
     """The probe's arguments on node ME. BARRIER: (ready file, go file, seconds to wait for the go file). PERF:
-    (port, measurements) for the perf rounds (network.plan()); none when no measurement is wanted."""
+    (port, measurements) for the perf rounds (network.plan()); none when no measurement is wanted. ROUNDS: how many
+    perf rounds (None: every pair)."""
     args = ["mesh", "--self", me, "--duration", f"{duration:g}"]
     for peer in peers:
         args += ["--peer", f"{peer.name}={peer.address}"]
@@ -57,6 +65,7 @@ def mesh_args(
         ready, go, wait = barrier
         args += ["--ready-file", ready, "--go-file", go, "--ready-timeout", f"{wait:g}"]
     if perf and perf[1]:
+        args += ["--rounds", "all" if rounds is None else str(rounds), "--seed", str(SCHEDULE_SEED)]
         args += ["--perf-port", str(perf[0])]
         for measurement in perf[1]:
             args += ["--measure", measurement]
@@ -73,10 +82,15 @@ def connect_window(duration: float, nodes: int) -> float:
     return duration * max(1.0, nodes / 16)
 
 
-def perf_time(nodes: int) -> float:
-    """The longest the RTT and throughput rounds may take: a round per node, each at most its wait for a partner
-    that does not come plus the transfers."""
-    return nodes * 12.0
+def round_count(peers: list[network.Peer], rounds: int | None) -> int:
+    """How many perf rounds the probes run for ROUNDS (--network-rounds; None: every pair)."""
+    return len(netprobe.schedule([p.name for p in peers], rounds, SCHEDULE_SEED))
+
+
+def perf_time(rounds: int) -> float:
+    """The longest the RTT and throughput rounds may take: each ends at a fixed time after the shared deadline,
+    however late a node is."""
+    return rounds * netprobe.ROUND_SECONDS
 
 
 def cluster_network(members: list[Member]) -> str | None:
@@ -114,6 +128,7 @@ def run(members: list[Member], ctx: Context) -> list[CheckResult]:
     measure = network.plan(config.selection.check_selected)  # a deselected check costs no perf round
     wait = ready_timeout(len(members))
     window = connect_window(config.network_duration, len(members))
+    rounds = round_count(peers, config.network_rounds)
 
     def files(m: Member) -> tuple[str, str]:
         workdir = m.transport.workdir.rstrip("/")
@@ -122,12 +137,16 @@ def run(members: list[Member], ctx: Context) -> list[CheckResult]:
     def probe(m: Member) -> None:
         ready, go = files(m)
         args = mesh_args(
-            m.name, peers, [config.master_port, port], window, (ready, go, wait + GO_SLACK), (perf_port, measure)
+            m.name,
+            peers,
+            [config.master_port, port],
+            window,
+            (ready, go, wait + GO_SLACK),
+            (perf_port, measure),
+            config.network_rounds,
         )
         command = bundle.command(m.facts.python, m.transport.workdir, "netprobe", *args)
-        answer = m.transport.run(
-            command, timeout=wait + GO_SLACK + window + (perf_time(len(members)) if measure else 0) + 30
-        )
+        answer = m.transport.run(command, timeout=wait + GO_SLACK + window + (perf_time(rounds) if measure else 0) + 30)
         (config.host_dir(m.name) / "network.json").write_text(answer.stdout)
         (config.host_dir(m.name) / "network.stderr").write_text(answer.stderr)
         try:

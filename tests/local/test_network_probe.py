@@ -8,6 +8,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 from clustercheck.checks import network
@@ -217,13 +218,57 @@ def test_probes_measure_round_trips_and_throughput_of_every_pair_in_rounds():
     assert [r.status for r in network.perf_checks(records)] == [Status.PASS, Status.PASS]
 
 
-def test_the_rounds_cover_every_pair_once_with_no_node_twice_in_a_round():
-    for n in (2, 3, 4, 7, 64):
-        names = [f"node{i}" for i in range(n)]
-        rounds = netprobe.schedule(names)
-        assert len(rounds) == (n - 1 if n % 2 == 0 else n)
-        pairs = [frozenset(p) for r in rounds for p in r]
-        assert len(pairs) == len(set(pairs)) == n * (n - 1) // 2
-        for r in rounds:
-            members = [x for p in r for x in p]
-            assert len(members) == len(set(members))
+FOUR = {"n1": "127.0.0.1", "n2": "127.0.0.2", "n3": "127.0.0.3", "n4": "127.0.0.4"}
+
+
+def perf_in_threads(present: list[str], late: dict[str, float] | None = None):
+    """The perf rounds of FOUR's nodes in PRESENT (the others never start), every pair, on real sockets; a node in
+    LATE starts that many seconds after the shared start. Returns (node -> {"perf": its entries}, seconds taken)."""
+    late = late or {}
+    port = free_port()
+    rounds = netprobe.schedule(list(FOUR), None, seed=1)
+    listeners = {n: netprobe.open_listener(FOUR[n], port)[0] for n in present}
+    start = time.monotonic() + 0.5
+    results: dict[str, dict] = {}
+
+    def node(name: str) -> None:
+        time.sleep(max(0.0, start + late.get(name, 0.0) - time.monotonic()))
+        results[name] = {
+            "perf": netprobe.perf_rounds(
+                name, FOUR, port, listeners[name], netprobe.PERF_SECONDS, netprobe.MEASUREMENTS, rounds, start
+            )
+        }
+
+    threads = [threading.Thread(target=node, args=(n,)) for n in present]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    for listener in listeners.values():
+        listener.close()
+    return results, time.monotonic() - start
+
+
+def test_a_missing_node_costs_its_own_pairs_only_and_the_rounds_end_on_time():
+    results, seconds = perf_in_threads(["n1", "n2", "n3"])
+    measured, failed = network.perf_pairs(results)
+    assert sorted(tuple(sorted((p["a"], p["b"]))) for p in measured) == [("n1", "n2"), ("n1", "n3"), ("n2", "n3")]
+    assert {f["b"] for f in failed} == {"n4"} and len(failed) == 3
+    assert seconds < 3 * netprobe.ROUND_SECONDS + 2  # three rounds, each over by its end at the latest
+
+
+def test_a_node_behind_the_schedule_skips_to_the_current_round():
+    """n1 starts after the first round ended: it skips that round (its partner of that round gives it up at the
+    round's end) and measures its later rounds with everyone, instead of holding every later partner up."""
+    results, _ = perf_in_threads(list(FOUR), late={"n1": netprobe.ROUND_SECONDS + 0.5})
+    first = results["n1"]["perf"][0]
+    assert first["round"] == 0 and first["error"] == "skipped: n1 was behind the schedule (round 0 had ended)"
+    partner = first["peer"]
+    theirs = next(e for e in results[partner]["perf"] if e["round"] == 0)
+    assert "error" in theirs
+    measured, _ = network.perf_pairs(results)
+    pairs = {tuple(sorted((p["a"], p["b"]))) for p in measured}
+    assert all(
+        tuple(sorted(("n1", e["peer"]))) in pairs for e in results["n1"]["perf"][1:]
+    )  # its later rounds, measured
+    assert len(pairs) == 5  # every pair but the one n1 missed

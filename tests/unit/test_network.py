@@ -14,6 +14,7 @@ import pytest
 
 from clustercheck.checks import network, registry
 from clustercheck.model import Status
+from clustercheck.remote import netprobe
 from clustercheck.stages import network as stage
 
 RECORDS = Path(__file__).parent / "records"
@@ -357,3 +358,160 @@ def test_the_probe_offers_only_what_the_network_stage_uses(capsys):
     assert offered and offered <= passed, sorted(offered - passed)
     with pytest.raises(SystemExit):
         netprobe.main(["port-holder", "1"])
+
+
+# ------------------------------------------------------------------------------------------ the perf rounds
+
+
+def rounds_of(n: int, rounds: int | None, seed: int | None = 7) -> list[list[tuple[str, str]]]:
+    return netprobe.schedule([f"node{i}" for i in range(1, n + 1)], rounds, seed)
+
+
+@pytest.mark.parametrize("n", [2, 3, 4, 7, 16, 64, 1000])
+def test_every_round_is_a_matching_and_no_pair_comes_twice(n):
+    for rounds in (1, 8, None):
+        schedule = rounds_of(n, rounds)
+        for pairs in schedule:
+            members = [node for pair in pairs for node in pair]
+            assert len(members) == len(set(members))  # no node in two measurements at once
+            assert len(pairs) == n // 2  # everyone has a partner (one sits out when N is odd)
+        pairs = [frozenset(p) for r in schedule for p in r]
+        assert len(pairs) == len(set(pairs))
+
+
+@pytest.mark.parametrize("n", [10, 64, 1000])
+def test_k_rounds_give_every_node_k_partners_whatever_the_cluster_size(n):
+    schedule = rounds_of(n, 8)
+    assert len(schedule) == 8
+    partners: dict[str, set[str]] = {}
+    for a, b in (p for r in schedule for p in r):
+        partners.setdefault(a, set()).add(b)
+        partners.setdefault(b, set()).add(a)
+    assert {len(p) for p in partners.values()} == {8}
+    assert len(partners) == n
+
+
+@pytest.mark.parametrize(("n", "rounds"), [(2, 8), (3, 8), (8, 8), (9, 8), (9, 20), (64, None), (65, None)])
+def test_as_many_rounds_as_a_node_has_partners_measure_every_pair(n, rounds):
+    schedule = rounds_of(n, rounds)
+    assert len(schedule) == (n - 1 if n % 2 == 0 else n)
+    assert len({frozenset(p) for r in schedule for p in r}) == n * (n - 1) // 2
+
+
+def test_the_schedule_is_the_same_for_the_same_seed_and_spread_by_it():
+    assert rounds_of(64, 8, seed=3) == rounds_of(64, 8, seed=3)  # every node computes the same rounds
+    assert rounds_of(64, 8, seed=3) != rounds_of(64, 8, seed=4)
+    # Shuffled: the first round does not pair inventory neighbours only, as the circle method on the plain list
+    # would (node1 with node64, node2 with node63, ...).
+    assert rounds_of(64, 1, seed=3) != rounds_of(64, 1, seed=None)
+
+
+def test_the_stage_passes_the_rounds_and_seed_and_bounds_the_probe_by_them():
+    peers = [network.Peer(f"node{i}", f"10.0.0.{i}") for i in range(1, 101)]
+    command = stage.mesh_args("node1", peers, [29500], 8, perf=(50000, ("rtt",)), rounds=8)
+    assert command[command.index("--rounds") + 1] == "8"
+    assert command[command.index("--seed") + 1] == str(stage.SCHEDULE_SEED)
+    everything = stage.mesh_args("node1", peers, [29500], 8, perf=(50000, ("rtt",)), rounds=None)
+    assert everything[everything.index("--rounds") + 1] == "all"
+    assert stage.round_count(peers, 8) == 8 and stage.round_count(peers, None) == 99
+    assert stage.perf_time(8) == 8 * netprobe.ROUND_SECONDS  # not a figure that grows with the cluster
+
+
+# A cluster measured in rounds, its figures those of the test cluster's records: a healthy pair as in
+# netprobe-healthy.json, a pair through a link rate-limited to 50 Mbit/s as node2's in netprobe-node2-tbf.json.
+HEALTHY = {"rtt_ms": 0.0145, "out_mbps": 2237.0, "in_mbps": 3517.3}
+SHAPED_OUT = {"rtt_ms": 0.0145, "out_mbps": 49.2, "in_mbps": 5007.3}  # the connector's egress shaped
+SLOW_RTT = {"rtt_ms": 1.9339, "out_mbps": 2271.0, "in_mbps": 2074.0}
+
+
+def measured_in_rounds(n: int, rounds: int | None, figures) -> dict[str, dict]:
+    """Probe records of N nodes after ROUNDS perf rounds; FIGURES(a, b) -> the connector A's entry."""
+    names = [f"node{i}" for i in range(1, n + 1)]
+    schedule = netprobe.schedule(names, rounds, stage.SCHEDULE_SEED)
+    records = {name: {"perf": [], "rounds": len(schedule)} for name in names}
+    for number, pairs in enumerate(schedule):
+        for a, b in pairs:
+            records[a]["perf"].append({"peer": b, "round": number, **figures(a, b)})
+            records[b]["perf"].append({"peer": a, "round": number, "served": True})
+    return records
+
+
+def test_a_node_slow_with_most_of_its_partners_is_named_though_one_partner_is_fast():
+    """node5's link is shaped, but one of its 8 partners shares the shaper's fast path: it is named slow with 7 of
+    the 8 nodes it was measured with, and its pairs are not named again."""
+    partners = []
+
+    def figures(a, b):
+        if "node5" not in (a, b):
+            return HEALTHY
+        partners.append(b if a == "node5" else a)
+        if len(partners) == 1:
+            return HEALTHY
+        return SHAPED_OUT if a == "node5" else {**SHAPED_OUT, "out_mbps": 3000.0, "in_mbps": 49.2}
+
+    rtt, throughput = network.perf_checks(measured_in_rounds(32, 8, figures))
+    assert throughput.status is Status.WARN
+    assert throughput.data["slow_senders"] == ["node5"] and throughput.data["slow_receivers"] == []
+    assert throughput.data["slow_pairs"] == []
+    assert throughput.message.startswith("node5 sends slowly to 7 of the 8 nodes it was measured with: 49 Mbit/s")
+    assert throughput.data["rounds"] == 8
+    assert rtt.status is Status.PASS and "median of 128 pairs in 8 rounds" in rtt.message
+
+
+def test_a_slow_link_between_two_fine_nodes_is_named_as_the_pair_not_as_a_node():
+    slow_pair = None
+
+    def figures(a, b):
+        nonlocal slow_pair
+        if slow_pair is None:
+            slow_pair = (a, b)
+            return {**SLOW_RTT, "out_mbps": 49.2}
+        return HEALTHY
+
+    rtt, throughput = network.perf_checks(measured_in_rounds(16, 8, figures))
+    a, b = slow_pair
+    assert rtt.data["slow_nodes"] == [] and rtt.status is Status.WARN
+    assert rtt.message == f"{a} <-> {b} takes 1.93 ms, the median pair 0.01 ms"
+    assert throughput.data["slow_senders"] == [] and throughput.data["slow_receivers"] == []
+    assert throughput.message.startswith(f"{a} -> {b} moves 49 Mbit/s")
+
+
+def test_a_node_slow_with_half_of_its_partners_is_not_named_its_links_are():
+    seen: dict[str, int] = {}
+
+    def figures(a, b):
+        if "node3" not in (a, b):
+            return HEALTHY
+        seen["node3"] = seen.get("node3", 0) + 1
+        return SLOW_RTT if seen["node3"] <= 4 else HEALTHY
+
+    rtt, _ = network.perf_checks(measured_in_rounds(16, 8, figures))
+    assert rtt.data["slow_nodes"] == []
+    assert rtt.message.count("node3") == 4  # its four slow pairs, each named
+
+
+def test_a_node_slow_with_every_partner_says_every_node_only_when_it_met_every_node():
+    def figures(a, b):
+        if "node2" not in (a, b):
+            return HEALTHY
+        return SHAPED_OUT if a == "node2" else {**HEALTHY, "in_mbps": 49.2}
+
+    _, throughput = network.perf_checks(measured_in_rounds(16, 8, figures))
+    assert throughput.message.startswith(
+        "node2 sends slowly to every node it was measured with (8): 49 Mbit/s at best, the median is"
+    )
+    _, throughput = network.perf_checks(measured_in_rounds(6, None, figures))  # every pair: 5 rounds
+    assert throughput.message.startswith("node2 sends slowly to every node: 49 Mbit/s at best, the median is")
+
+
+def test_network_rounds_is_a_number_or_all_and_anything_else_a_usage_error(tmp_path):
+    from click.testing import CliRunner
+
+    from clustercheck import cli
+
+    assert cli.NetworkRounds().convert("all", None, None) is None
+    assert cli.NetworkRounds().convert("12", None, None) == 12
+    for bad in ("0", "-3", "many"):
+        result = CliRunner().invoke(cli.cli, ["run", "--hosts", "localhost", "--network-rounds", bad])
+        assert result.exit_code == 2 and "--network-rounds" in result.output, result.output
+        assert "Traceback" not in result.output
