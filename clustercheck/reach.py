@@ -106,16 +106,7 @@ class Fanout:
     def connect(self, node: Node, run_id: str, register: Callable[[Transport], None]) -> Connected:
         return self.factory(node, run_id, register)
 
-    def each(
-        self,
-        function: Callable[[T], R],
-        items: Iterable[T],
-        *,
-        limit: int | None = None,
-        timeout: float | None = None,
-        name: Callable[[T], str] = str,
-    ) -> dict[int, R | BaseException]:
-        return fanout(function, items, limit=limit, timeout=timeout, name=name)
+    each = staticmethod(fanout)
 
     def start(
         self,
