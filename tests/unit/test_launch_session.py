@@ -4,10 +4,12 @@ the first failing node's status passed on, the other nodes stopped."""
 from __future__ import annotations
 
 import threading
+import time
 import types
 from pathlib import Path
 
 import pytest
+from test_torchjob import KILLED, PEER
 
 from clustercheck.checks.network import master_port_check
 from clustercheck.inventory import Node
@@ -22,10 +24,10 @@ from clustercheck.transport import CommandResult, SessionQuirks, TransportError,
 class StreamingNode:
     """Prints its tee-marked lines, then exits with STATUS, or (STATUS None) runs until stopped."""
 
-    def __init__(self, host: str, status: int | None, lines: list[str]) -> None:
+    def __init__(self, host: str, status: int | None, lines: list[str], after: float = 0.0) -> None:
         self.host, self.run_id, self.workdir = host, "0123456789ab", workdir_for("0123456789ab")
         self.quirks = SessionQuirks()
-        self.status, self.lines = status, lines
+        self.status, self.lines, self.after = status, lines, after
         self.stopped = threading.Event()
         self.cleaned = False
         self.commands: list[list[str]] = []
@@ -37,6 +39,7 @@ class StreamingNode:
         if self.status is None:
             self.stopped.wait(30)
             return CommandResult(None, "", "")
+        time.sleep(self.after)
         return CommandResult(self.status, "", "")
 
     def stop(self):
@@ -182,4 +185,21 @@ def test_a_failed_job_quotes_the_failing_ranks_own_error_not_torchruns_report(tm
     assert "node2's rank 3 (local rank 1): " in finished.message, finished.message
     assert finished.message.endswith("RuntimeError: CUDA error: an illegal memory access was encountered")
     assert "Root Cause" not in finished.message and "To enable traceback" not in finished.message
+    job.close()
+
+
+def test_the_node_whose_rank_was_killed_is_named_even_when_a_peer_failed_earlier(tmp_path, monkeypatch):
+    """The launch tells the first failure as the torch stages do (the same runner): node1's rank lost its peer and
+    ended first, node2's rank was killed (real torchrun report lines, tests/unit/test_torchjob.py)."""
+    monkeypatch.setattr(runner, "FAILURE_GRACE", 2.0)
+    fakes = {
+        "node1": StreamingNode("node1", 1, PEER.splitlines()),
+        "node2": StreamingNode("node2", 1, KILLED.splitlines(), after=0.5),
+        "node3": StreamingNode("node3", None, ["[default0]:step 1"]),
+    }
+    job, _, _ = launch_on([member(n, t) for n, t in fakes.items()], tmp_path)
+    finished = job.run_foreground()
+    assert finished.message.startswith("the job failed on node2 first (exit 1)"), finished.message
+    assert "Signal 9 (SIGKILL)" in finished.message
+    assert fakes["node3"].stopped.is_set()
     job.close()
