@@ -34,6 +34,7 @@ from common import BenchmarkError, say
 from clustercheck.checks import ddp
 from clustercheck.config import RunConfig
 from clustercheck.model import Status
+from clustercheck.reach import Fanout
 from clustercheck.run.pipeline import Pipeline
 from clustercheck.selection import Selection
 from clustercheck.stages import bundle
@@ -62,7 +63,7 @@ def clustercheck_ddp(nodes: common.Nodes, run_dir: Path) -> dict:
         run_dir=run_dir, selection=Selection(only=("ddp",)), ssh=SshSettings(config=load_config(nodes.ssh_config))
     )
     started = time.monotonic()
-    outcome = Pipeline(nodes.nodes, config, factory.default(config.ssh), progress).run()
+    outcome = Pipeline(nodes.nodes, config, Fanout(factory.default(config.ssh)), progress).run()
     total = time.monotonic() - started
     verdict = [r for r in outcome.results if r.name == ddp.NAME]
     if not verdict or verdict[0].status is not Status.PASS or "ddp" not in marks:

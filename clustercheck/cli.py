@@ -22,6 +22,7 @@ from clustercheck.checks.consistency import DEFAULT_MAX_CLOCK_OFFSET
 from clustercheck.config import RunConfig
 from clustercheck.exitcodes import ExitCode
 from clustercheck.model import Status, overall_status
+from clustercheck.reach import Fanout
 from clustercheck.remote.netprobe import DEFAULT_ROUNDS, parse_rounds
 from clustercheck.report import Report, prometheus, text
 from clustercheck.report import diff as report_diff
@@ -321,7 +322,7 @@ def run(
                 done = sum(1 for s in host_stages.values() if s == "done")
                 status.update(f"{done}/{len(host_stages)} host(s) done  " + "  ".join(busy[:6]))
 
-        pipeline = Pipeline(nodes, settings, factory.default(settings.ssh), progress)
+        pipeline = Pipeline(nodes, settings, Fanout(factory.default(settings.ssh)), progress)
         outcome = pipeline.run()
     results = outcome.results
     document = Report(
@@ -669,7 +670,7 @@ def launch(
     def say(line: str) -> None:
         click.echo(f"clustercheck: {line}", err=True)
 
-    job_run = session.Launch(nodes, options, factory.default(ssh), echo=click.echo, say=say)
+    job_run = session.Launch(nodes, options, Fanout(factory.default(ssh)), echo=click.echo, say=say)
     try:
         try:
             if options.preflight:
@@ -780,7 +781,7 @@ def jobs_command(hosts: str, limit: str | None, show_all: bool, **ssh_opts) -> N
 
     nodes, ssh = _nodes_and_ssh(hosts, limit, **ssh_opts)
     try:
-        with Connections(nodes, factory.default(ssh)) as reach:
+        with Connections(nodes, Fanout(factory.default(ssh))) as reach:
             answers = reach.run(lambda name: detached.list_command())
     except HostKeysRefused as exc:
         raise UsageError(f"host key verification failed: {exc}") from exc
@@ -821,7 +822,7 @@ def logs_command(job: str, follow: bool, hosts: str | None, limit: str | None, *
 
     nodes, ssh, record = _job_nodes(job, hosts, limit, ssh_opts)
     try:
-        with Connections(nodes, factory.default(ssh)) as reach:
+        with Connections(nodes, Fanout(factory.default(ssh))) as reach:
             _reached(reach, lambda line: click.echo(f"clustercheck: {line}", err=True))
             results = reach.stream(
                 detached.logs_command(job, follow), click.echo, record.first_ranks if record else None
@@ -851,7 +852,7 @@ def stop_command(job: str, hosts: str | None, limit: str | None, **ssh_opts) -> 
 
     nodes, ssh, _ = _job_nodes(job, hosts, limit, ssh_opts)
     try:
-        with Connections(nodes, factory.default(ssh)) as reach:
+        with Connections(nodes, Fanout(factory.default(ssh))) as reach:
             results = reach.run(lambda name: detached.stop_command(job), timeout=detached.STOP_TIMEOUT + 45)
     except HostKeysRefused as exc:
         raise UsageError(f"host key verification failed: {exc}") from exc

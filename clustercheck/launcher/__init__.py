@@ -12,7 +12,7 @@ session.py    a launch from start to end (Launch), each step in its own module:
   preflight.py    the core and network stages through the pipeline; a FAIL or ERROR refuses the launch
   connect.py      every node reached, its python and cluster address found (the facts collector)
   codesync.py     the code compared on every node, or uploaded with --sync; the running-from-here records
-  foreground.py   torchrun on every node, output streamed, every node stopped when one fails
+  foreground.py   the job on the torch-job runner (stages/runner.py), output streamed with node/rank prefixes
   background.py   a systemd unit per node (--detach), started on all of them or on none
 connections.py  the nodes of a detached job reached again for `jobs`, `logs` and `stop`
 """

@@ -3,14 +3,16 @@ them when one node cannot start it."""
 
 from __future__ import annotations
 
-from clustercheck.fanout import fanout
 from clustercheck.launcher import detached
 from clustercheck.launcher.job import NotStarted, work_dir
+from clustercheck.reach import Reach
 from clustercheck.stages import Member
 from clustercheck.stages.launch import NodeLaunch
 
 
-def start(plans: list[NodeLaunch], members: list[Member], job_id: str, cwd: str | None, code: str | None) -> list[str]:
+def start(
+    reach: Reach, plans: list[NodeLaunch], members: list[Member], job_id: str, cwd: str | None, code: str | None
+) -> list[str]:
     """The job's unit on every node (CODE: the synced archive in each node's work directory); returns the nodes.
     Raises NotStarted, after stopping the units that did start."""
     by_name = {m.name: m for m in members}
@@ -24,9 +26,14 @@ def start(plans: list[NodeLaunch], members: list[Member], job_id: str, cwd: str 
         if not got.ok:
             problems.append(f"{m.name}: {detached.start_problem(got.exit_status, got.stderr or got.cause())}")
 
-    fanout(begin, plans, timeout=90, name=lambda p: p.node.name)
+    reach.each(begin, plans, timeout=90, name=lambda p: p.node.name)
     if problems:
-        fanout(lambda m: m.transport.run(detached.discard_command(job_id), timeout=60), members, timeout=90)
+        reach.each(
+            lambda m: m.transport.run(detached.discard_command(job_id), timeout=60),
+            members,
+            timeout=90,
+            name=lambda m: m.name,
+        )
         where = (
             "on any node"
             if len(problems) == len(plans)

@@ -9,9 +9,9 @@ import tempfile
 import threading
 from pathlib import Path
 
-from clustercheck.fanout import fanout
 from clustercheck.launcher import sameness
 from clustercheck.launcher.job import Echo, LaunchOptions, NotStarted, each
+from clustercheck.reach import Reach
 from clustercheck.stages import Member
 from clustercheck.stages.launch import LaunchError
 
@@ -40,7 +40,9 @@ def archive(directory: Path, skip_paths: tuple[str, ...] = ()) -> bytes:
     return buffer.getvalue()
 
 
-def upload(members: list[Member], sync: Path, options: LaunchOptions, say: Echo) -> tuple[str, str | None, str | None]:
+def upload(
+    reach: Reach, members: list[Member], sync: Path, options: LaunchOptions, say: Echo
+) -> tuple[str, str | None, str | None]:
     """SYNC (--sync DIR) copied to every node (and unpacked there, for a foreground job). Returns (script, cwd,
     archive path on the nodes)."""
     o = options
@@ -60,14 +62,14 @@ def upload(members: list[Member], sync: Path, options: LaunchOptions, say: Echo)
                 if not got.ok:
                     raise NotStarted(f"{m.name}: could not unpack the synced code: {got.cause()}")
 
-        each(members, one, "copying --sync")
+        each(reach, members, one, "copying --sync")
     say(f"synced {sync} ({len(data) >> 10} KiB) to {len(members)} node(s)")
     if o.detach:
         return script, "@code", "code.tgz"
     return script, f"{members[0].transport.workdir.rstrip('/')}/code", None
 
 
-def compare(members: list[Member], options: LaunchOptions, say: Echo) -> dict[str, sameness.Tree]:
+def compare(reach: Reach, members: list[Member], options: LaunchOptions, say: Echo) -> dict[str, sameness.Tree]:
     """The script's directory hashed on every node; refuses the launch unless it is the same everywhere."""
     o = options
     trees: dict[str, sameness.Tree] = {}
@@ -77,7 +79,7 @@ def compare(members: list[Member], options: LaunchOptions, say: Echo) -> dict[st
         got = m.transport.run(sameness.command(m.facts.python, o.command.script, o.chdir, skip), timeout=300)
         trees[m.name] = sameness.parse(got.stdout) if got.ok else sameness.Tree(error=f"hashing failed: {got.cause()}")
 
-    each(members, hash_one, "comparing the code")
+    each(reach, members, hash_one, "comparing the code")
     trees = {m.name: trees[m.name] for m in members}
     unusable = sameness.unusable(trees)
     if unusable:
@@ -102,7 +104,8 @@ class RunningRecords:
     """On every node, the record that this launch's job runs from the compared directory: what appears there
     while it runs is its output, not compared by later launches (sameness)."""
 
-    def __init__(self) -> None:
+    def __init__(self, reach: Reach) -> None:
+        self.reach = reach
         self.trees: dict[str, sameness.Tree] = {}  # the script's directory on each node, when it was compared
         self._recorded: list[Member] = []  # the nodes where this launch was recorded
         self._lock = threading.Lock()
@@ -117,12 +120,12 @@ class RunningRecords:
                 with self._lock:
                     self._recorded.append(m)
 
-        fanout(record, members, timeout=90, name=lambda m: m.name)
+        self.reach.each(record, members, timeout=90, name=lambda m: m.name)
 
     def end(self, job_id: str) -> None:
         def ended(m: Member) -> None:
             directory = self.trees[m.name].directory
             m.transport.run(sameness.end_command(m.facts.python, directory, job_id), timeout=30)
 
-        fanout(ended, self._recorded, timeout=45)
+        self.reach.each(ended, self._recorded, timeout=45, name=lambda m: m.name)
         self._recorded = []

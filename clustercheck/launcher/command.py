@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from clustercheck.stages.launch import LaunchError, NodeLaunch, NodeSpec, choose_backend, ranks_per_node
+from clustercheck.stages.launch import LaunchError, NodeLaunch, NodeSpec, plan_torchrun
 
 # torchrun's options (torch.distributed.run's parser), by whether they take a value.
 VALUE_OPTIONS = frozenset(
@@ -177,36 +177,35 @@ def plan(
     env: dict[str, str] | None = None,
     script: str | None = None,
 ) -> list[NodeLaunch]:
-    """One NodeLaunch per node, node rank in inventory order, the first node the master. LOG_DIRS: node -> where
-    torchrun keeps its per-rank logs there; SCRIPT replaces the user's script path (a synced copy)."""
+    """One NodeLaunch per node (stages/launch.py's planner), node rank in inventory order, the first node the
+    master. LOG_DIRS: node -> where torchrun keeps its per-rank logs there; SCRIPT replaces the user's script path
+    (a synced copy)."""
     if not nodes:
         raise LaunchError("no nodes to launch on")
     if not 1024 <= master_port <= 65535:
         raise LaunchError(f"--master-port {master_port}: expected 1024..65535")
-    nnodes = check_nnodes(command, len(nodes))
-    backend = choose_backend([n.gpus for n in nodes])
-    master = nodes[0].address
-    launches = []
-    for node_rank, node in enumerate(nodes):
-        nproc = ranks_per_node(node.gpus, backend, nproc_override, cpu_ranks=1)
-        if backend == "nccl" and nproc > node.gpus:
-            raise LaunchError(f"{node.name}: {nproc} ranks per node asked for, but it has {node.gpus} GPU(s)")
-        argv = [node.python, "-m", "torch.distributed.run", f"--nnodes={nnodes}", f"--nproc-per-node={nproc}"]
-        if command.elastic:
-            if not command.has("--rdzv-backend"):
-                argv.append("--rdzv-backend=c10d")
-            if not command.has("--rdzv-endpoint"):
-                argv.append(f"--rdzv-endpoint={master}:{master_port}")
-            if not command.has("--rdzv-id"):
-                argv.append(f"--rdzv-id={job_id}")
-        else:
-            argv += [f"--node-rank={node_rank}", f"--master-addr={master}", f"--master-port={master_port}"]
-        argv += [
-            f"{name}={value}" if value is not None else name for name, value in command.options if name != "--nnodes"
+    rendezvous = None
+    if command.elastic:
+        endpoint = f"{nodes[0].address}:{master_port}"
+        rendezvous = [
+            f"--{name}={value}"
+            for name, value in (("rdzv-backend", "c10d"), ("rdzv-endpoint", endpoint), ("rdzv-id", job_id))
+            if not command.has(f"--{name}")
         ]
-        argv += [f"--log-dir={log_dirs[node.name]}", "--tee=3", script or command.script, *command.args]
-        launches.append(NodeLaunch(node, node_rank, nproc, argv, job_env(backend, interfaces.get(node.name), env)))
-    return launches
+    return plan_torchrun(
+        nodes,
+        program=lambda node: [script or command.script, *command.args],
+        master_port=master_port,
+        log_dir=lambda node: log_dirs[node.name],
+        env=lambda node, backend: job_env(backend, interfaces.get(node.name), env),
+        options=[
+            f"{name}={value}" if value is not None else name for name, value in command.options if name != "--nnodes"
+        ],
+        nproc_override=nproc_override,
+        cpu_ranks=1,
+        nnodes=check_nnodes(command, len(nodes)),
+        rendezvous=rendezvous,
+    )
 
 
 def first_ranks(launches: list[NodeLaunch], elastic: bool) -> dict[str, int | None]:

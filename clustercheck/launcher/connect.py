@@ -8,12 +8,11 @@ from collections.abc import Callable
 
 from clustercheck.facts import collect
 from clustercheck.facts.model import NodeFacts
-from clustercheck.fanout import fanout
 from clustercheck.inventory import Node
 from clustercheck.launcher.job import HostKeysRefused, LaunchOptions, NotStarted
+from clustercheck.reach import Reach
 from clustercheck.stages import core
 from clustercheck.transport import HostKeyError, Transport, TransportError
-from clustercheck.transport.factory import Factory
 
 Register = Callable[[Node, Transport], None]  # receives each node's transport before it connects (to clean it up)
 
@@ -21,7 +20,7 @@ Register = Callable[[Node, Transport], None]  # receives each node's transport b
 def node_facts(
     nodes: list[Node],
     options: LaunchOptions,
-    factory: Factory,
+    reach: Reach,
     job_id: str,
     known: dict[str, NodeFacts],
     register: Register,
@@ -31,7 +30,7 @@ def node_facts(
     lock = threading.Lock()
 
     def one(node: Node) -> NodeFacts:
-        transport = factory(node, job_id, lambda t: register(node, t)).transport
+        transport = reach.connect(node, job_id, lambda t: register(node, t)).transport
         home = transport.run(["sh", "-c", 'echo "$HOME"'], timeout=30).stdout.strip()
         with lock:
             homes[node.name] = home or "/tmp"
@@ -39,7 +38,7 @@ def node_facts(
             return known[node.name]
         return collect_facts(node, transport, options, len(nodes))
 
-    answers = fanout(one, nodes, name=lambda n: n.name)
+    answers = reach.each(one, nodes, name=lambda n: n.name)
     for i, node in enumerate(nodes):
         answer = answers.get(i, NotStarted(f"{node.name}: no answer"))
         if isinstance(answer, BaseException):

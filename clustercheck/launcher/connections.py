@@ -3,24 +3,22 @@ node for the command's length, the nodes that cannot be reached named instead of
 
 from __future__ import annotations
 
-import contextlib
 import threading
 from collections.abc import Callable
 
-from clustercheck.fanout import fanout
 from clustercheck.inventory import Node
 from clustercheck.launcher import output
 from clustercheck.launcher.job import FOREVER, Echo, HostKeysRefused
+from clustercheck.reach import Reach
 from clustercheck.transport import CommandResult, HostKeyError, Transport, TransportError, new_run_id
-from clustercheck.transport.factory import Factory
 
 
 class Connections:
     """Connections to NODES for jobs/logs/stop: a short-lived run id of its own, cleaned up at the end."""
 
-    def __init__(self, nodes: list[Node], factory: Factory) -> None:
+    def __init__(self, nodes: list[Node], reach: Reach) -> None:
         self.nodes = nodes
-        self.factory = factory
+        self.reach = reach
         self.run_id = new_run_id()
         self.transports: dict[str, Transport] = {}
         self.errors: dict[str, str] = {}
@@ -33,7 +31,7 @@ class Connections:
                     self.transports[node.name] = transport
 
             try:
-                self.factory(node, self.run_id, register)
+                self.reach.connect(node, self.run_id, register)
             except HostKeyError:
                 raise
             except TransportError as exc:
@@ -41,7 +39,7 @@ class Connections:
                     self.errors[node.name] = str(exc)
                     self.transports.pop(node.name, None)
 
-        answers = fanout(one, self.nodes, name=lambda n: n.name)
+        answers = self.reach.each(one, self.nodes, name=lambda n: n.name)
         for answer in answers.values():
             if isinstance(answer, HostKeyError):
                 self.__exit__()
@@ -49,18 +47,14 @@ class Connections:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        def finish(transport: Transport) -> None:
-            with contextlib.suppress(Exception):
-                transport.cleanup()
-            with contextlib.suppress(Exception):
-                transport.close()
-
-        fanout(finish, list(self.transports.values()), timeout=60)
+        self.reach.finish(list(self.transports.values()))
 
     def run(self, argv: Callable[[str], list[str]], timeout: float = 60) -> dict[str, CommandResult]:
         """ARGV(node name) on every reachable node at once."""
         reachable = [n for n in self.nodes if n.name in self.transports]
-        answers = fanout(lambda n: self.transports[n.name].run(argv(n.name), timeout=timeout), reachable)
+        answers = self.reach.each(
+            lambda n: self.transports[n.name].run(argv(n.name), timeout=timeout), reachable, name=lambda n: n.name
+        )
         out = {}
         for i, node in enumerate(reachable):
             answer = answers.get(i)
@@ -89,7 +83,7 @@ class Connections:
                     echo(line)
             return result
 
-        answers = fanout(one, reachable, name=lambda n: n.name)
+        answers = self.reach.each(one, reachable, name=lambda n: n.name)
         return {
             node.name: a if isinstance(a, CommandResult) else CommandResult(None, "", str(a))
             for node, a in ((node, answers.get(i)) for i, node in enumerate(reachable))

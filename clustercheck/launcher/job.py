@@ -8,9 +8,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from clustercheck.fanout import fanout
 from clustercheck.inventory import Node
 from clustercheck.launcher import command as cmd
+from clustercheck.reach import Reach
 from clustercheck.stages import Member
 from clustercheck.transport import TransportError
 from clustercheck.transport.params import SshSettings
@@ -53,9 +53,9 @@ class Finished:
     message: str
 
 
-def each(members: list[Member], function: Callable[[Member], None], what: str) -> None:
+def each(reach: Reach, members: list[Member], function: Callable[[Member], None], what: str) -> None:
     """FUNCTION on every member at once; the first member's trouble, in inventory order, refuses the launch."""
-    answers = fanout(function, members, name=lambda m: m.name)
+    answers = reach.each(function, members, name=lambda m: m.name)
     for i, m in enumerate(members):
         answer = answers.get(i)
         if isinstance(answer, NotStarted):

@@ -11,14 +11,14 @@ from clustercheck.facts.model import NodeFacts
 from clustercheck.inventory import Node
 from clustercheck.launcher.job import Echo, HostKeysRefused, LaunchOptions, NotStarted
 from clustercheck.model import CheckResult, Status
+from clustercheck.reach import Reach
 from clustercheck.run.pipeline import Pipeline
 from clustercheck.selection import Selection
-from clustercheck.transport.factory import Factory
 
 PREFLIGHT = Selection(only=("core", "network"), skip=("local.*",))  # quick: no torch job before the user's own
 
 
-def run(nodes: list[Node], options: LaunchOptions, factory: Factory, say: Echo) -> dict[str, NodeFacts]:
+def run(nodes: list[Node], options: LaunchOptions, reach: Reach, say: Echo) -> dict[str, NodeFacts]:
     """The preflight on NODES; returns the facts it collected (not collected again). Raises NotStarted."""
     o = options
     config = RunConfig(
@@ -31,7 +31,7 @@ def run(nodes: list[Node], options: LaunchOptions, factory: Factory, say: Echo) 
     )
     say(f"preflight: core and network checks on {len(nodes)} node(s)")
     started = time.time()
-    pipeline = Pipeline(nodes, config, factory)
+    pipeline = Pipeline(nodes, config, reach)
     outcome = pipeline.run()
     document = report.Report(outcome.results, [n.name for n in nodes], pipeline.run_id, started, time.time() - started)
     written = o.run_dir / "preflight" / "report.json"

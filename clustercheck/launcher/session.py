@@ -5,28 +5,26 @@ cleaned up. Each step is a module of its own; a Launch holds what the steps hand
 
 from __future__ import annotations
 
-import contextlib
 import threading
 
 from clustercheck.facts.model import NodeFacts
-from clustercheck.fanout import fanout
 from clustercheck.inventory import Node
 from clustercheck.launcher import background, codesync, connect, foreground, preflight
 from clustercheck.launcher import command as cmd
 from clustercheck.launcher.job import Echo, Finished, LaunchOptions, NotStarted
+from clustercheck.reach import Reach
 from clustercheck.stages import Member, core
 from clustercheck.stages.launch import NodeLaunch, NodeSpec
 from clustercheck.transport import Transport, new_run_id
-from clustercheck.transport.factory import Factory
 
 
 class Launch:
     """One launch across NODES, in inventory order."""
 
-    def __init__(self, nodes: list[Node], options: LaunchOptions, factory: Factory, echo: Echo, say: Echo) -> None:
+    def __init__(self, nodes: list[Node], options: LaunchOptions, reach: Reach, echo: Echo, say: Echo) -> None:
         self.nodes = nodes
         self.options = options
-        self.factory = factory
+        self.reach = reach  # how commands reach the nodes
         self.echo = echo  # the job's own output
         self.say = say  # clustercheck's progress and verdict
         self.job_id = new_run_id()
@@ -36,14 +34,16 @@ class Launch:
         self.homes: dict[str, str] = {}
         self.preflight_facts: dict[str, NodeFacts] = {}  # what the preflight collected, not collected again
         self.cwd: str | None = None
-        self.running = codesync.RunningRecords()  # where the job is recorded as running from the compared directory
+        self.running = codesync.RunningRecords(
+            reach
+        )  # where the job is recorded as running from the compared directory
         self._lock = threading.Lock()
 
     # ------------------------------------------------------------------ before the job
 
     def preflight(self) -> None:
         """The core and network stages through the pipeline; any FAIL or ERROR refuses the launch."""
-        self.preflight_facts = preflight.run(self.nodes, self.options, self.factory, self.say)
+        self.preflight_facts = preflight.run(self.nodes, self.options, self.reach, self.say)
 
     def connect(self) -> None:
         """Connect to every node, find its environment python and its cluster address."""
@@ -53,7 +53,7 @@ class Launch:
                 self.transports[node.name] = transport
 
         facts, self.homes = connect.node_facts(
-            self.nodes, self.options, self.factory, self.job_id, self.preflight_facts, register
+            self.nodes, self.options, self.reach, self.job_id, self.preflight_facts, register
         )
         self.members = core.members(self.nodes, self.transports, facts)
 
@@ -62,11 +62,11 @@ class Launch:
         checking that every node has the same code. Returns (script, cwd, archive path)."""
         o = self.options
         if o.sync is not None:
-            return codesync.upload(self.members, o.sync, o, self.say)
+            return codesync.upload(self.reach, self.members, o.sync, o, self.say)
         if o.command.is_module:
             self.say("the script is a module (-m): its code is not compared between nodes")
             return o.command.script, o.chdir, None
-        self.running.trees = codesync.compare(self.members, o, self.say)
+        self.running.trees = codesync.compare(self.reach, self.members, o, self.say)
         return o.command.script, o.chdir, None
 
     def plan(self, script: str, cwd: str | None) -> list[NodeLaunch]:
@@ -108,42 +108,31 @@ class Launch:
             self.plans,
             self.members,
             o.command,
+            self.reach,
             run_dir=o.run_dir,
             cwd=self.cwd,
             master_port=o.master_port,
             echo=self.echo,
             say=self.say,
-            stop_all=lambda ended: self.stop_all(skip=ended),
         )
 
     def start_detached(self, code: str | None) -> list[str]:
         """The job's unit on every node; when one node cannot start it, the others are stopped again."""
         self.running.start(self.members, self.job_id, in_unit=True)
         try:
-            return background.start(self.plans, self.members, self.job_id, self.cwd, code)
+            return background.start(self.reach, self.plans, self.members, self.job_id, self.cwd, code)
         except NotStarted:
             self.running.end(self.job_id)  # nothing runs from the directory any more
             raise
 
     # ------------------------------------------------------------------ ending
 
-    def stop_all(self, skip: set[str] | None = None) -> None:
+    def stop_all(self) -> None:
         """Kill every process this launch started, on every node (the run-marker sweep)."""
-        fanout(
-            lambda t: t.stop(),
-            [t for name, t in self.transports.items() if name not in (skip or set())],
-            timeout=60,
-        )
+        self.reach.stop(list(self.transports.values()))
 
     def close(self) -> None:
         """Every node cleaned up: this launch's processes killed, its work directory removed, disconnected."""
-
-        def finish(transport: Transport) -> None:
-            with contextlib.suppress(Exception):
-                transport.cleanup()
-            with contextlib.suppress(Exception):
-                transport.close()
-
         if not self.options.detach:  # a foreground job ends with its launch; a detached one's end is on the node
             self.running.end(self.job_id)
-        fanout(finish, list(self.transports.values()), timeout=60)
+        self.reach.finish(list(self.transports.values()))

@@ -2,8 +2,8 @@
 order; every node cleaned up at the end, on Ctrl-C, and on any error.
 
 Hosts run in parallel under a cap (--forks); each host's steps are bounded by the connect timeouts and
-per-command deadlines, so a hung or dead host never holds back the others' results beyond its timeouts. The
-transports come from a factory (transport/factory.py), so all of this is tested with fake transports.
+per-command deadlines, so a hung or dead host never holds back the others' results beyond its timeouts. The nodes
+are reached through a Reach (reach.py), so all of this is tested with fake transports.
 """
 
 from __future__ import annotations
@@ -18,14 +18,13 @@ from clustercheck.checks import baseline, connection, registry, setup_roles
 from clustercheck.config import RunConfig
 from clustercheck.facts import parse
 from clustercheck.facts.model import NodeFacts
-from clustercheck.fanout import fanout
 from clustercheck.inventory import Node
 from clustercheck.model import CheckResult, Status
+from clustercheck.reach import Reach
 from clustercheck.selection import DISTRIBUTED
 from clustercheck.selection import stage as declared
 from clustercheck.stages import Context, Member, core, modules
 from clustercheck.transport import HostKeyError, Transport, TransportError, new_run_id
-from clustercheck.transport.factory import Factory
 
 Progress = Callable[[str, str], None]
 
@@ -55,16 +54,16 @@ class Pipeline:
         self,
         nodes: list[Node],
         config: RunConfig,
-        factory: Factory,
+        reach: Reach,
         progress: Progress | None = None,
         run_id: str | None = None,
     ) -> None:
         self.nodes = nodes
         self.config = config
-        self.factory = factory
+        self.reach = reach
         self.progress = progress or (lambda host, stage: None)
         self.run_id = run_id or new_run_id()
-        self.ctx = Context(config, self.progress, tuple(n.name for n in nodes))
+        self.ctx = Context(config, self.progress, tuple(n.name for n in nodes), reach)
         self._abort = threading.Event()
         self._lock = threading.Lock()
         self._transports: dict[str, Transport] = {}
@@ -81,7 +80,7 @@ class Pipeline:
     def run(self) -> Outcome:
         try:
             started = time.monotonic()
-            fanout(self._host, self.nodes, limit=self.config.forks, name=lambda n: n.name)
+            self.reach.each(self._host, self.nodes, limit=self.config.forks, name=lambda n: n.name)
             results = []
             for node in self.nodes:
                 results += self._results.get(node.name, [])
@@ -113,21 +112,7 @@ class Pipeline:
         self._abort.set()
         with self._lock:
             transports = list(self._transports.values())
-        unclean: dict[str, str] = {}
-
-        def finish(transport: Transport) -> None:
-            try:
-                transport.cleanup()
-            except Exception as exc:
-                unclean[transport.host] = str(exc).removeprefix(f"{transport.host}: ") or type(exc).__name__
-            with contextlib.suppress(Exception):
-                transport.close()
-
-        outcomes = fanout(finish, transports, timeout=CLEANUP_WAIT, name=lambda t: t.host)
-        for i, transport in enumerate(transports):
-            if i not in outcomes:
-                unclean.setdefault(transport.host, f"no answer within {CLEANUP_WAIT:.0f} s")
-        return dict(unclean)
+        return self.reach.finish(transports, timeout=CLEANUP_WAIT)
 
     # ------------------------------------------------------------------ the multi-node stages
 
@@ -283,7 +268,7 @@ class Pipeline:
         self.progress(node.name, "connecting")
         check = registry.get("connect")
         try:
-            connected = self.factory(node, self.run_id, lambda t: self._register(node, t))
+            connected = self.reach.connect(node, self.run_id, lambda t: self._register(node, t))
         except HostKeyError as exc:
             self._host_key_error = True
             return None, registry.emit(  # the transport's message names the node and the address already

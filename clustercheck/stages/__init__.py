@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from clustercheck.config import RunConfig
 from clustercheck.facts.model import NodeFacts
 from clustercheck.inventory import Node
+from clustercheck.reach import Reach
 from clustercheck.selection import DISTRIBUTED
 from clustercheck.transport import Transport
 
@@ -47,6 +48,7 @@ class Context:
     config: RunConfig
     progress: Progress
     hosts: tuple[str, ...]  # every node of the run, in inventory order
+    reach: Reach  # how commands reach the nodes (reach.py)
 
 
 def modules() -> dict:

@@ -10,7 +10,6 @@ import json
 import secrets
 
 from clustercheck.checks import data, registry
-from clustercheck.fanout import fanout
 from clustercheck.model import CheckResult, Status
 from clustercheck.stages import Context, Member, bundle
 
@@ -30,10 +29,10 @@ def _ask(m: Member, ctx: Context, args: list[str], log: str) -> dict:
         raise RuntimeError(answer.cause()) from exc
 
 
-def _each(members: list[Member], work) -> tuple[dict[str, dict], dict[str, str]]:
+def _each(ctx: Context, members: list[Member], work) -> tuple[dict[str, dict], dict[str, str]]:
     answers: dict[str, dict] = {}
     errors: dict[str, str] = {}
-    outcomes = fanout(work, members, name=lambda m: m.name)
+    outcomes = ctx.reach.each(work, members, name=lambda m: m.name)
     for i, m in enumerate(members):
         got = outcomes.get(i)
         if isinstance(got, BaseException):
@@ -49,22 +48,24 @@ def shared_dir(members: list[Member], ctx: Context, path: str) -> CheckResult:
     token = secrets.token_hex(16)
     writer = members[0]
     answers, errors = _each(
-        [writer], lambda m: _ask(m, ctx, ["shared", "--dir", path, "--name", name, "--write", token], "data-shared")
+        ctx,
+        [writer],
+        lambda m: _ask(m, ctx, ["shared", "--dir", path, "--name", name, "--write", token], "data-shared"),
     )
     if writer.name in answers and answers[writer.name].get("wrote"):
         more, more_errors = _each(
-            members[1:], lambda m: _ask(m, ctx, ["shared", "--dir", path, "--name", name, "--read"], "data-shared")
+            ctx, members[1:], lambda m: _ask(m, ctx, ["shared", "--dir", path, "--name", name, "--read"], "data-shared")
         )
         answers.update(more)
         errors.update(more_errors)
     # The token is removed whatever the readers saw.
-    _each([writer], lambda m: _ask(m, ctx, ["shared", "--dir", path, "--name", name, "--remove"], "data-shared"))
+    _each(ctx, [writer], lambda m: _ask(m, ctx, ["shared", "--dir", path, "--name", name, "--remove"], "data-shared"))
     return data.evaluate_shared(path, writer.name, answers, errors, token)
 
 
 def data_paths(members: list[Member], ctx: Context, paths: tuple[str, ...]) -> CheckResult:
     args = [a for p in paths for a in ("--path", p)]
-    answers, errors = _each(members, lambda m: _ask(m, ctx, ["paths", *args], "data-paths"))
+    answers, errors = _each(ctx, members, lambda m: _ask(m, ctx, ["paths", *args], "data-paths"))
     return data.evaluate_paths(answers, errors, [m.name for m in members])
 
 

@@ -1,15 +1,19 @@
-"""Build the per-node torchrun command lines and environments for a multi-node job (pure logic, no I/O).
+"""The one planner of torchrun command lines, for the torch stages and for `clustercheck launch` (pure logic, no
+I/O), and the commands that read a torch job's records and heartbeats back.
 
 Static rendezvous: every node is told the number of nodes, its own rank, and the first node's cluster
-address and port, as `torchrun --nnodes N --node-rank R --master-addr A --master-port P`. The worker is a program
-of the node-side bundle (stages/bundle.py), uploaded into RUN_DIR on each node; torchrun runs the bundle as its
-script with the program's name as the first argument.
+address and port, as `torchrun --nnodes N --node-rank R --master-addr A --master-port P`; an elastic launch
+gives the rendezvous options instead. A torch stage's worker is a program of the node-side bundle
+(stages/bundle.py), uploaded into RUN_DIR on each node; torchrun runs the bundle as its script with the
+program's name as the first argument (`plan`). The user's own script is planned by launcher/command.py on the
+same planner (`plan_torchrun`).
 """
 
 from __future__ import annotations
 
 import json
 import shlex
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from clustercheck.stages import bundle
@@ -64,41 +68,6 @@ def output_dir(run_dir: str, stage: str) -> str:
     return f"{run_dir.rstrip('/')}/{stage}"
 
 
-def torchrun_command(
-    python: str,
-    *,
-    nnodes: int,
-    node_rank: int,
-    nproc: int,
-    master_addr: str,
-    master_port: int,
-    log_dir: str,
-    script: str,
-    script_args: list[str],
-) -> list[str]:
-    """torchrun through `python -m torch.distributed.run`, so the node's environment python picks the torch."""
-    if not 0 <= node_rank < nnodes:
-        raise LaunchError(f"node rank {node_rank} is outside 0..{nnodes - 1}")
-    if not 1 <= master_port <= 65535:
-        raise LaunchError(f"master port {master_port} is not a TCP port")
-    return [
-        python,
-        "-m",
-        "torch.distributed.run",
-        f"--nnodes={nnodes}",
-        f"--node-rank={node_rank}",
-        f"--nproc-per-node={nproc}",
-        f"--master-addr={master_addr}",
-        f"--master-port={master_port}",
-        "--max-restarts=0",  # a failed rank is a finding, not something to retry
-        f"--log-dir={log_dir}",  # every rank's stdout/stderr (NCCL_DEBUG output included) kept on the node
-        "--redirects=3",
-        "--tee=3",
-        script,
-        *script_args,
-    ]
-
-
 def torchrun_env(
     backend: str, interface: str | None, run_dir: str, extra: dict[str, str] | None = None
 ) -> dict[str, str]:
@@ -120,6 +89,55 @@ def torchrun_env(
     return env
 
 
+def plan_torchrun(
+    nodes: list[NodeSpec],
+    *,
+    program: Callable[[NodeSpec], list[str]],
+    master_port: int,
+    log_dir: Callable[[NodeSpec], str],
+    env: Callable[[NodeSpec, str], dict[str, str]],
+    options: list[str] | tuple[str, ...] = (),
+    backend: str | None = None,
+    nproc_override: int | None = None,
+    cpu_ranks: int = CPU_RANKS_PER_NODE,
+    nnodes: str | None = None,
+    rendezvous: list[str] | None = None,
+) -> list[NodeLaunch]:
+    """The one planner of torchrun command lines (the torch stages' and `clustercheck launch`'s): one NodeLaunch
+    per node, node rank in inventory order, the first node the master.
+
+    PROGRAM(node): the script torchrun runs there and its arguments; LOG_DIR(node): where torchrun keeps the
+    per-rank logs there; ENV(node, backend): the node's environment. OPTIONS: further torchrun options, as
+    --name=value. NNODES: torchrun's --nnodes (default: the node count). RENDEZVOUS: the elastic rendezvous
+    options (c10d at an endpoint), given instead of the static node rank and master.
+    """
+    if not nodes:
+        raise LaunchError("no nodes to launch on")
+    if not 1 <= master_port <= 65535:
+        raise LaunchError(f"master port {master_port} is not a TCP port")
+    backend = backend or choose_backend([n.gpus for n in nodes])
+    master = nodes[0].address
+    launches = []
+    for node_rank, node in enumerate(nodes):
+        nproc = ranks_per_node(node.gpus, backend, nproc_override, cpu_ranks)
+        if backend == "nccl" and nproc > node.gpus:
+            raise LaunchError(f"{node.name}: {nproc} ranks per node asked for, but it has {node.gpus} GPU(s)")
+        argv = [
+            node.python,  # torchrun through the node's environment python, so that python picks the torch
+            "-m",
+            "torch.distributed.run",
+            f"--nnodes={nnodes or len(nodes)}",
+            f"--nproc-per-node={nproc}",
+        ]
+        if rendezvous is not None:
+            argv += rendezvous
+        else:
+            argv += [f"--node-rank={node_rank}", f"--master-addr={master}", f"--master-port={master_port}"]
+        argv += [*options, f"--log-dir={log_dir(node)}", "--tee=3", *program(node)]
+        launches.append(NodeLaunch(node, node_rank, nproc, argv, env(node, backend)))
+    return launches
+
+
 def plan(
     nodes: list[NodeSpec],
     *,
@@ -133,34 +151,29 @@ def plan(
     backend: str | None = None,
     extra_env: dict[str, dict[str, str]] | None = None,
 ) -> list[NodeLaunch]:
-    """One NodeLaunch per node, node rank in inventory order; the first node is the master.
+    """A torch stage's job: WORKER, a program of the node-side bundle, under torchrun on every node (plan_torchrun).
 
     The worker gets `--out RUN_DIR/STAGE --backend BACKEND` followed by WORKER_ARGS. EXTRA_ENV maps a node
     name to environment variables for that node only.
     """
-    if not nodes:
-        raise LaunchError("no nodes to launch on")
     backend = backend or choose_backend([n.gpus for n in nodes])
-    master = nodes[0].address
-    launches = []
-    for node_rank, node in enumerate(nodes):
-        nproc = ranks_per_node(node.gpus, backend, nproc_override, cpu_ranks)
-        if backend == "nccl" and nproc > node.gpus:
-            raise LaunchError(f"{node.name}: {nproc} ranks asked for but only {node.gpus} GPU(s)")
-        command = torchrun_command(
-            node.python,
-            nnodes=len(nodes),
-            node_rank=node_rank,
-            nproc=nproc,
-            master_addr=master,
-            master_port=master_port,
-            log_dir=f"{output_dir(node.run_dir, stage)}/torchrun-logs",
-            script=bundle.path(node.run_dir),
-            script_args=[worker, "--out", output_dir(node.run_dir, stage), "--backend", backend, *(worker_args or [])],
-        )
-        env = torchrun_env(backend, interface, node.run_dir, (extra_env or {}).get(node.name))
-        launches.append(NodeLaunch(node, node_rank, nproc, command, env))
-    return launches
+    return plan_torchrun(
+        nodes,
+        program=lambda node: [
+            bundle.path(node.run_dir),
+            worker,
+            *("--out", output_dir(node.run_dir, stage), "--backend", backend),
+            *(worker_args or []),
+        ],
+        master_port=master_port,
+        # Every rank's stdout/stderr (NCCL_DEBUG output included) kept on the node.
+        log_dir=lambda node: f"{output_dir(node.run_dir, stage)}/torchrun-logs",
+        env=lambda node, backend: torchrun_env(backend, interface, node.run_dir, (extra_env or {}).get(node.name)),
+        options=["--max-restarts=0", "--redirects=3"],  # a failed rank is a finding, not something to retry
+        backend=backend,
+        nproc_override=nproc_override,
+        cpu_ranks=cpu_ranks,
+    )
 
 
 def world_size(launches: list[NodeLaunch]) -> int:

@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 
 from clustercheck.checks import lightning, registry
-from clustercheck.fanout import fanout
 from clustercheck.model import CheckResult, Status
 from clustercheck.stages import Context, Member, bundle, launch, torchjob
 from clustercheck.transport import TransportError
@@ -31,7 +30,7 @@ def _probe(m: Member, ctx: Context) -> dict:
 def run(members: list[Member], ctx: Context) -> list[CheckResult]:
     required = NAME in ctx.config.selection.only
     check = lightning.IMPORT_CHECK
-    outcomes = fanout(lambda m: _probe(m, ctx), members, name=lambda m: m.name)
+    outcomes = ctx.reach.each(lambda m: _probe(m, ctx), members, name=lambda m: m.name)
     results = []
     for i, m in enumerate(members):
         got = outcomes.get(i)

@@ -23,7 +23,6 @@ import threading
 import time
 
 from clustercheck.checks import network, registry
-from clustercheck.fanout import fanout
 from clustercheck.model import CheckResult, Status
 from clustercheck.remote import netprobe
 from clustercheck.stages import Context, Member, bundle
@@ -154,14 +153,15 @@ def run(members: list[Member], ctx: Context) -> list[CheckResult]:
         except (ValueError, IndexError):
             errors[m.name] = answer.cause()
 
-    fanout(lambda m: bundle.install(m.transport), members, name=lambda m: m.name)
+    reach = ctx.reach
+    reach.each(lambda m: bundle.install(m.transport), members, name=lambda m: m.name)
     # Phase one: every node's probe binds its listeners; phase two starts once every node reported ready (or
     # the wait ran out), so no connection is tried towards a node that is not listening yet.
     started = time.monotonic()
     ready_after: dict[str, float] = {}
     outcomes: dict = {}
     probes = threading.Thread(
-        target=lambda: outcomes.update(fanout(probe, members, name=lambda m: m.name)), daemon=True, name="netprobe"
+        target=lambda: outcomes.update(reach.each(probe, members, name=lambda m: m.name)), daemon=True, name="netprobe"
     )
     probes.start()
 
@@ -171,14 +171,16 @@ def run(members: list[Member], ctx: Context) -> list[CheckResult]:
         if m.transport.run([*command, "--timeout", f"{wait:g}"], timeout=wait + 15).ok:
             ready_after[m.name] = round(time.monotonic() - started, 3)
 
-    waits = threading.Thread(target=fanout, args=(await_ready, members), daemon=True, name="netprobe ready")
+    waits = threading.Thread(
+        target=lambda: reach.each(await_ready, members, name=lambda m: m.name), daemon=True, name="netprobe ready"
+    )
     waits.start()
     # Go once every node listens, or its probe already ended (it failed: nothing to wait for), or the wait ran out.
     while waits.is_alive() and time.monotonic() < started + wait + 15:
         if all(m.name in ready_after or m.name in records or m.name in errors for m in members):
             break
         time.sleep(0.1)
-    fanout(
+    reach.each(
         lambda m: m.transport.run(
             bundle.command(m.facts.python, m.transport.workdir, "netprobe", "go", files(m)[1], f"{window:g}"),
             timeout=30,

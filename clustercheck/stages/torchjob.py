@@ -1,31 +1,23 @@
-"""The one torch-job runner every torch stage uses: torchrun on every member at once (or on one node alone),
-one deadline, every node stopped when one fails, the rank records and logs brought back.
+"""A torch stage's job: its worker planned on every member (stages/launch.py), run by the one torch-job runner
+(stages/runner.py: one deadline, every node stopped when one fails or the progress watchdog names a stall), then
+the rank records and logs brought back and the job's end told as the stage's findings.
 
-When a node's torchrun fails or the deadline passes, every node's processes of the run are killed (the run-marker
-sweep), and the outcome names the first node that failed with its last error lines. Meanwhile the progress
-watchdog (stages/watchdog.py) polls every node's rank heartbeats: a node whose ranks stop while the others wait
-for them, a node that stops answering at all (before its ranks beat too), or a job where no rank moves on, is
-named within --stall-timeout, and the job is stopped everywhere. The runner knows which ranks each node runs, so
-ranks that sent no result are reported as that node's, with why (it did not answer when the results were
-collected); a node that does not answer is neither waited for nor asked again.
+The outcome names the first node that failed with its last error lines, or the stall the watchdog found. This
+module knows which ranks each node runs, so ranks that sent no result are reported as that node's, with why (it
+did not answer when the results were collected); a node that does not answer is neither waited for nor asked again.
 """
 
 from __future__ import annotations
 
 import contextlib
 import tarfile
-import threading
-import time
 from dataclasses import dataclass, field
 
 from clustercheck.checks import registry
-from clustercheck.fanout import fanout
 from clustercheck.model import CheckResult, Status
-from clustercheck.stages import Context, Member, bundle, launch, rootcause, watchdog
+from clustercheck.stages import Context, Member, bundle, launch, runner
 from clustercheck.transport import CommandResult, TransportError
 
-FAILURE_GRACE = 5.0  # seconds the other nodes get to report their own failure before they are stopped
-POLL_INTERVAL = 5.0  # seconds between two heartbeat polls of a node (at most a quarter of the stall timeout)
 COLLECT_TIMEOUT = 60.0  # seconds a node gets to hand back its records, and its logs (at most the stall timeout)
 ERROR_LINES = 6
 
@@ -37,10 +29,6 @@ class JobOutcome:
     backend: str
     failure: str | None = None  # why the job did not complete, naming the first node that failed
     data: dict = field(default_factory=dict)
-
-
-def _failure(result: CommandResult) -> rootcause.RankFailure | None:
-    return rootcause.node_failure(result.stdout + "\n" + result.stderr)
 
 
 def _tail(result: CommandResult, lines: int = ERROR_LINES) -> list[str]:
@@ -101,80 +89,10 @@ def run(
         bundle.install(by_name[plan.node.name].transport)
         (config.host_dir(plan.node.name) / f"{stage}.command").write_text(plan.shell() + "\n")
 
-    lock = threading.Lock()
-    failed = threading.Event()
-    stopping = threading.Event()
-    ends: dict[str, tuple[float, CommandResult, bool]] = {}  # name -> (when, result, ended before the stop)
-    deadline = time.monotonic() + config.job_timeout
-
-    def start(plan: launch.NodeLaunch) -> None:
-        m = by_name[plan.node.name]
-        try:
-            result = m.transport.run(plan.command, timeout=max(1.0, deadline - time.monotonic()), env=plan.env)
-        except Exception as exc:  # the connection broke: that node failed
-            result = CommandResult(None, "", f"{type(exc).__name__}: {exc}")
-        with lock:
-            ends[m.name] = (time.monotonic(), result, not stopping.is_set())
-        if not result.ok:
-            failed.set()
-
-    dog = watchdog.Watchdog([m.name for m in members], config.stall_timeout, time.monotonic())
-    done = threading.Event()
-
-    def poll(m: Member) -> None:
-        command = launch.progress_command(m.facts.python, m.transport.workdir, stage)
-        while not done.wait(min(POLL_INTERVAL, config.stall_timeout / 4)):
-            with lock:
-                dog.polling(m.name, time.monotonic())
-            try:  # a node that does not answer within the stall timeout is stopped anyway
-                answer = m.transport.run(command, timeout=config.stall_timeout)
-                beats = launch.parse_progress(answer.stdout) if answer.ok else None
-            except Exception:
-                beats = None
-            with lock:
-                dog.observe(m.name, beats, time.monotonic())
-
-    threads = [threading.Thread(target=start, args=(p,), daemon=True, name=p.node.name) for p in plans]
-    pollers = [threading.Thread(target=poll, args=(m,), daemon=True, name=f"{m.name} watchdog") for m in members]
-    for thread in threads + pollers:
-        thread.start()
-    stall: watchdog.Stall | None = None
-    try:
-        while any(t.is_alive() for t in threads) and not failed.is_set():
-            time.sleep(0.2)
-            now = time.monotonic()
-            with lock:
-                for name, (_, result, _) in ends.items():
-                    if result.exit_status is not None:  # its torchrun's end came back: the node answered
-                        dog.ended(name, now)
-                stall = dog.stall(now)
-            if stall:
-                failed.set()
-        if failed.is_set() and not stall:
-            # Give the other nodes a moment to report their own view (a killed rank's node says "Signal 9"),
-            # then stop every torchrun still running, on every node.
-            grace = time.monotonic() + FAILURE_GRACE
-            while any(t.is_alive() for t in threads) and time.monotonic() < grace:
-                time.sleep(0.1)
-    finally:
-        done.set()
-    with lock:  # the nodes that stopped answering: neither stopped nor asked for their results, nor waited for
-        now = time.monotonic()
-        silent = {
-            n
-            for n in by_name
-            if failed.is_set() and not dog.nodes[n].answers(now) and (n not in ends or ends[n][1].exit_status is None)
-        }
-    if failed.is_set():
-        stopping.set()
-        fanout(
-            lambda m: m.transport.stop(),
-            [m for m in members if m.name not in ends and m.name not in silent],
-            timeout=60,
-        )
-        for thread in threads:
-            if thread.name not in silent:
-                thread.join(30)
+    ran = runner.run(
+        plans, members, ctx.reach, timeout=config.job_timeout, watch=runner.Watch(stage, config.stall_timeout)
+    )
+    ends, stall, silent = ran.ends, ran.stall, ran.silent
 
     def bring_back(m: Member) -> tuple[list[dict], str | None]:
         """The node's torchrun output into the run directory, its rank records and logs brought back; with why
@@ -199,7 +117,7 @@ def run(
 
     outcome = JobOutcome([], world, backend, data={"world_size": world, "backend": backend})
     # Every node at once: one node after the other, bringing results back grew with the node count.
-    brought = fanout(bring_back, members, name=lambda m: m.name)
+    brought = ctx.reach.each(bring_back, members, name=lambda m: m.name)
     problems: dict[str, str] = {}
     for i, m in enumerate(members):
         if isinstance(brought[i], BaseException):
@@ -214,7 +132,7 @@ def run(
     if missing:
         outcome.data["missing_ranks_by_node"] = missing
 
-    first = first_failure(ends)
+    first = runner.first_failure(ends)
     timed_out = [name for name, (_, result, _) in ends.items() if result.timed_out]
     if stall is not None:
         outcome.failure = f"{stall.message}; every node's job was stopped (--stall-timeout {config.stall_timeout:g})"
@@ -222,7 +140,7 @@ def run(
         outcome.data["first_failed_node"] = stall.nodes[0] if len(stall.nodes) == 1 else None
     elif first is not None:
         name, result = first
-        cause = _failure(result)
+        cause = runner.node_cause(result)
         if cause is not None:  # the failing rank's own error, not torchrun's report about it
             lines = list(cause.lines)
             outcome.failure = (
@@ -255,24 +173,6 @@ def run(
         )
         outcome.data["first_failed_node"] = next(iter(missing)) if len(missing) == 1 else None
     return outcome
-
-
-def first_failure(ends: dict[str, tuple[float, CommandResult, bool]]) -> tuple[str, CommandResult] | None:
-    """The node whose torchrun failed first, of those that ended on their own (not stopped by us, not at the
-    deadline): a node whose rank failed on its own account (its own error, or killed by a signal) is the root
-    cause its peers' errors follow from; otherwise the earliest. ENDS: node -> (when it ended, its result, whether
-    it ended before the stop)."""
-    own = [(when, name, result) for name, (when, result, before_stop) in ends.items() if before_stop]
-    failed = [f for f in own if not f[2].ok and not f[2].timed_out]
-    if not failed:
-        return None
-
-    def its_own(result: CommandResult) -> bool:
-        cause = _failure(result)
-        return cause is not None and cause.own
-
-    _, name, result = min(failed, key=lambda f: (not its_own(f[2]), f[0]))
-    return name, result
 
 
 def _fetch_logs(m: Member, stage: str, ctx: Context, timeout: float = COLLECT_TIMEOUT) -> None:

@@ -416,7 +416,9 @@ def test_the_collectives_stage_reads_only_this_jobs_nccl_logs(tmp_path):
     import time
 
     from clustercheck.config import RunConfig
+    from clustercheck.reach import Fanout
     from clustercheck.stages import Context, Member, collectives, torchjob
+    from clustercheck.transport import factory
 
     config = RunConfig(run_dir=tmp_path, expect_transport="ib")
     node = facts("node1")
@@ -428,7 +430,9 @@ def test_the_collectives_stage_reads_only_this_jobs_nccl_logs(tmp_path):
     os.utime(old, (started - 60, started - 60))
     (host / "nccl-node1-200.log").write_text((NCCL / "ib-gdr-aks-rdma-infiniband-pr36.log").read_text())
     outcome = torchjob.JobOutcome([], 16, "nccl")
-    [result] = collectives.transport_results([member], outcome, Context(config, lambda h, s: None, ("node1",)), started)
+    [result] = collectives.transport_results(
+        [member], outcome, Context(config, lambda h, s: None, ("node1",), Fanout(factory.default(config.ssh))), started
+    )
     assert result.name == "transport.network" and result.status is Status.PASS
     assert result.message == "node1: NCCL over IB (HCAs not named; GPUDirect RDMA used)"
     assert result.data["expected"] == "ib" and result.data["network"] == "ib"

@@ -4,27 +4,30 @@ the first failing node's status passed on, the other nodes stopped."""
 from __future__ import annotations
 
 import threading
+import time
 import types
 from pathlib import Path
 
 import pytest
+from test_torchjob import KILLED, PEER
 
 from clustercheck.checks.network import master_port_check
 from clustercheck.inventory import Node
-from clustercheck.launcher import command, foreground, preflight, session
+from clustercheck.launcher import command, preflight, session
 from clustercheck.launcher.job import LaunchOptions, NotStarted
+from clustercheck.reach import Fanout
 from clustercheck.run.pipeline import Outcome
-from clustercheck.stages import Member
+from clustercheck.stages import Member, runner
 from clustercheck.transport import CommandResult, SessionQuirks, TransportError, workdir_for
 
 
 class StreamingNode:
     """Prints its tee-marked lines, then exits with STATUS, or (STATUS None) runs until stopped."""
 
-    def __init__(self, host: str, status: int | None, lines: list[str]) -> None:
+    def __init__(self, host: str, status: int | None, lines: list[str], after: float = 0.0) -> None:
         self.host, self.run_id, self.workdir = host, "0123456789ab", workdir_for("0123456789ab")
         self.quirks = SessionQuirks()
-        self.status, self.lines = status, lines
+        self.status, self.lines, self.after = status, lines, after
         self.stopped = threading.Event()
         self.cleaned = False
         self.commands: list[list[str]] = []
@@ -36,6 +39,7 @@ class StreamingNode:
         if self.status is None:
             self.stopped.wait(30)
             return CommandResult(None, "", "")
+        time.sleep(self.after)
         return CommandResult(self.status, "", "")
 
     def stop(self):
@@ -49,10 +53,16 @@ class StreamingNode:
         pass
 
 
+def no_connection(node, run_id, register):
+    raise AssertionError(f"{node.name}: the test's members are connected already")
+
+
 def launch_on(nodes, tmp_path, argv=("train.py",)):
     echoed, said = [], []
     options = LaunchOptions(command=command.parse(list(argv)), run_dir=tmp_path, preflight=False)
-    job = session.Launch([n.node for n in nodes], options, factory=None, echo=echoed.append, say=said.append)
+    job = session.Launch(
+        [n.node for n in nodes], options, reach=Fanout(no_connection), echo=echoed.append, say=said.append
+    )
     job.members = nodes
     job.transports = {m.name: m.transport for m in nodes}
     job.plan("train.py", None)
@@ -66,7 +76,7 @@ def member(name, transport):
 
 
 def test_one_failing_node_stops_the_others_and_its_status_is_the_jobs(tmp_path, monkeypatch):
-    monkeypatch.setattr(foreground, "FAILURE_GRACE", 0.2)
+    monkeypatch.setattr(runner, "FAILURE_GRACE", 0.2)
     fakes = {
         "node1": StreamingNode("node1", None, ["[default0]:step 1"]),
         "node2": StreamingNode("node2", 3, ["[default0]:step 1", "[default0]:CUDA error: out of memory"]),
@@ -102,7 +112,7 @@ def test_a_preflight_where_no_node_answers_names_each_node_and_why(tmp_path):
     options = LaunchOptions(command=command.parse(["train.py"]), run_dir=tmp_path / "run")
     nodes = [Node("gpu1", "gpu1.invalid"), Node("gpu2", "gpu2.invalid")]
     said = []
-    job = session.Launch(nodes, options, factory=unreachable, echo=said.append, say=said.append)
+    job = session.Launch(nodes, options, reach=Fanout(unreachable), echo=said.append, say=said.append)
     with pytest.raises(NotStarted) as refused:
         job.preflight()
     message = str(refused.value)
@@ -134,7 +144,7 @@ def test_a_busy_master_port_refuses_with_the_checks_own_fix(tmp_path, monkeypatc
 
     monkeypatch.setattr(preflight, "Pipeline", Busy)
     options = LaunchOptions(command=command.parse(["train.py"]), run_dir=tmp_path)
-    job = session.Launch([Node("gpu1", "10.0.0.11")], options, factory=None, echo=print, say=print)
+    job = session.Launch([Node("gpu1", "10.0.0.11")], options, reach=Fanout(no_connection), echo=print, say=print)
     with pytest.raises(
         NotStarted,
         match=r"fix: Stop the stale process \(kill 4242\) or choose another "
@@ -163,7 +173,7 @@ def test_a_detached_job_on_the_control_machine_runs_where_the_script_was_compare
 def test_a_failed_job_quotes_the_failing_ranks_own_error_not_torchruns_report(tmp_path, monkeypatch):
     """node2's real torchrun output (tests/unit/data/torchrun/): rank 3 raised, torchrun's report calls rank 2 the
     root cause. The launch names rank 3 with its own exception."""
-    monkeypatch.setattr(foreground, "FAILURE_GRACE", 0.2)
+    monkeypatch.setattr(runner, "FAILURE_GRACE", 0.2)
     recorded = Path(__file__).parent / "data" / "torchrun" / "ddp-rank3-raised-node2.log"
     fakes = {
         "node1": StreamingNode("node1", None, ["[default0]:step 1"]),
@@ -175,4 +185,21 @@ def test_a_failed_job_quotes_the_failing_ranks_own_error_not_torchruns_report(tm
     assert "node2's rank 3 (local rank 1): " in finished.message, finished.message
     assert finished.message.endswith("RuntimeError: CUDA error: an illegal memory access was encountered")
     assert "Root Cause" not in finished.message and "To enable traceback" not in finished.message
+    job.close()
+
+
+def test_the_node_whose_rank_was_killed_is_named_even_when_a_peer_failed_earlier(tmp_path, monkeypatch):
+    """The launch tells the first failure as the torch stages do (the same runner): node1's rank lost its peer and
+    ended first, node2's rank was killed (real torchrun report lines, tests/unit/test_torchjob.py)."""
+    monkeypatch.setattr(runner, "FAILURE_GRACE", 2.0)
+    fakes = {
+        "node1": StreamingNode("node1", 1, PEER.splitlines()),
+        "node2": StreamingNode("node2", 1, KILLED.splitlines(), after=0.5),
+        "node3": StreamingNode("node3", None, ["[default0]:step 1"]),
+    }
+    job, _, _ = launch_on([member(n, t) for n, t in fakes.items()], tmp_path)
+    finished = job.run_foreground()
+    assert finished.message.startswith("the job failed on node2 first (exit 1)"), finished.message
+    assert "Signal 9 (SIGKILL)" in finished.message
+    assert fakes["node3"].stopped.is_set()
     job.close()

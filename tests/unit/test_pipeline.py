@@ -22,6 +22,7 @@ from clustercheck.checks import registry
 from clustercheck.config import RunConfig
 from clustercheck.inventory import Node
 from clustercheck.model import Status
+from clustercheck.reach import Fanout
 from clustercheck.run.pipeline import Pipeline
 from clustercheck.selection import STAGES, Selection
 from clustercheck.transport import CommandResult, HostKeyError, SessionQuirks, TransportError, workdir_for
@@ -51,7 +52,7 @@ class FakeTransport:
     def index(self) -> int:
         return NAMES.index(self.host)
 
-    def run(self, command, *, timeout, env=None, stdin=None) -> CommandResult:
+    def run(self, command, *, timeout, env=None, stdin=None, on_output=None) -> CommandResult:
         self.commands.append(list(command))
         if self.behaviour is not None:
             answer = self.behaviour(self, command, timeout)
@@ -118,7 +119,7 @@ class Cluster:
     def run(self, tmp_path: Path, **config):
         config.setdefault("nproc_per_node", 1)  # the recorded rank records: one rank per node
         settings = RunConfig(run_dir=tmp_path, **config)
-        return Pipeline(self.nodes, settings, self.factory).run()
+        return Pipeline(self.nodes, settings, Fanout(self.factory)).run()
 
 
 def by_key(results) -> dict[tuple[str, str | None], object]:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from clustercheck.model import CheckResult, Status
-from clustercheck.stages import torchjob
+from clustercheck.stages import runner, torchjob
 from clustercheck.transport import CommandResult
 
 # The end of torchrun's report on the node whose rank was killed (torch 2.13, recorded on the test cluster).
@@ -36,7 +36,7 @@ def test_the_node_with_the_killed_rank_is_named_even_when_a_peer_failed_earlier(
         "node2": (10.3, CommandResult(1, KILLED, ""), True),
         "node3": (15.4, CommandResult(None, "", ""), False),  # stopped by clustercheck: not a failure of its own
     }
-    name, result = torchjob.first_failure(ends)
+    name, result = runner.first_failure(ends)
     assert name == "node2"
     assert torchjob._tail(result)[-1] == "  traceback : Signal 9 (SIGKILL) received by PID 752"
     assert "=====" not in " ".join(torchjob._tail(result))
@@ -48,10 +48,10 @@ def test_without_a_killed_rank_the_earliest_failure_is_first_and_a_good_run_has_
         "node3": (11.0, CommandResult(1, "", "ModuleNotFoundError: No module named 'torch'"), True),
         "node2": (11.5, CommandResult(0, "", ""), True),
     }
-    assert torchjob.first_failure(ends)[0] == "node3"
-    assert torchjob.first_failure({"node1": (1.0, CommandResult(0, "", ""), True)}) is None
+    assert runner.first_failure(ends)[0] == "node3"
+    assert runner.first_failure({"node1": (1.0, CommandResult(0, "", ""), True)}) is None
     deadline = {"node1": (300.0, CommandResult(None, "", "", timed_out=True), True)}
-    assert torchjob.first_failure(deadline) is None  # the deadline is reported as such, naming no node
+    assert runner.first_failure(deadline) is None  # the deadline is reported as such, naming no node
 
 
 def test_a_failed_job_turns_its_checks_into_fails_naming_the_node():

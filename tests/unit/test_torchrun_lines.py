@@ -30,13 +30,13 @@ def test_cpu_nodes_get_gloo_two_ranks_each_and_the_first_node_as_master():
         "-m",
         "torch.distributed.run",
         "--nnodes=3",
-        "--node-rank=1",
         "--nproc-per-node=2",
+        "--node-rank=1",
         "--master-addr=10.0.0.11",
         "--master-port=29500",
         "--max-restarts=0",
-        "--log-dir=/tmp/cc-run/node2/ddp/torchrun-logs",
         "--redirects=3",
+        "--log-dir=/tmp/cc-run/node2/ddp/torchrun-logs",
         "--tee=3",
         "/tmp/cc-run/node2/clustercheck-remote.pyz",
         "ddp",
@@ -116,7 +116,7 @@ def test_impossible_launches_are_clear_errors(kwargs, message):
 
 
 def test_more_nccl_ranks_than_gpus_is_an_error():
-    with pytest.raises(launch.LaunchError, match="only 2 GPU"):
+    with pytest.raises(launch.LaunchError, match="but it has 2 GPU"):
         launch.plan(
             [node("a", "10.0.0.1", gpus=2)], worker="ddp", stage="ddp", master_port=1, interface=None, nproc_override=4
         )
