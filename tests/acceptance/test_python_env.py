@@ -44,7 +44,7 @@ manager, client = start_new_kernel(kernel_name=sys.argv[1], startup_timeout=120)
 try:
     found = []
     def keep(message):
-        if message["msg_type"] == "stream":
+        if message["msg_type"] == "stream" and message["content"]["name"] == "stdout":  # not torch's warnings
             found.append(message["content"]["text"])
     code = "import sys, torch; print(sys.executable, torch.__version__)"
     reply = client.execute_interactive(code, timeout=120, output_hook=keep)
