@@ -107,20 +107,32 @@ def test_a_node_whose_probe_never_starts_is_refused_until_the_deadline():
 
 
 def test_a_held_master_port_is_named_with_pid_and_command():
+    """Another process listens on the master port: the check names its pid and command line. The holder is a
+    process of its own, as on a node: held by the test process itself, the port's socket is also, for a moment,
+    in every child the test process forks (its probes), which carry pytest's command line."""
     ports = [free_port(), free_port()]
-    holder = socket.socket()
-    holder.bind(("127.0.0.1", ports[0]))
-    holder.listen()
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import socket, sys, time; s = socket.socket(); s.bind(('127.0.0.1', int(sys.argv[1]))); s.listen(); "
+            "print('listening', flush=True); time.sleep(60)",
+            str(ports[0]),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
+        assert holder.stdout.readline().strip() == "listening"
         records, peers = run_mesh({"localhost": "127.0.0.1", "n2": "127.0.0.2"}, ports, duration=2)
     finally:
-        holder.close()
+        holder.kill()
+        holder.wait()
     results = network.evaluate(records, peers, master="localhost", master_port=ports[0])
     (port,) = [r for r in results if r.name == "network.master_port"]
     assert port.status is Status.FAIL
     assert "Address already in use" in port.message
-    assert f"held by pid {os.getpid()} (" in port.message  # this test process holds the port (a pytest-xdist worker
-    # runs as `python -c ...`, so its command line need not name pytest)
+    assert f"pid {holder.pid} (" in port.message and "time.sleep(60)" in port.message, port.message
 
 
 def test_bad_peer_argument_is_a_usage_error():
