@@ -135,7 +135,8 @@ def test_node_exporter_serves_the_metrics_of_a_full_clustercheck_run(monitored, 
     for n in monitored.nodes:
         assert scraped.get(status("torch.import", n.name, "PASS")) == "0", n.name
     assert scraped.get(status("ddp_equivalence", "", "PASS")) == "0"
+    # The Slurm health program's own verdict (source="node-health") may sit beside it in the textfile directory.
     verdicts = [labels for name, labels in scraped if name == "clustercheck_run_status"]
-    assert verdicts and all(("source", "run") in labels for labels in verdicts), verdicts
+    assert [v for v in verdicts if ("source", "run") in v], verdicts
     busbw = [line for line in lines if line.startswith("clustercheck_allreduce_busbw_bytes_per_second{")]
     assert busbw and all(float(line.rsplit(" ", 1)[1]) > 0 for line in busbw), busbw

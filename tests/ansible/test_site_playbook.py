@@ -36,7 +36,7 @@ def changed_tasks(output: str) -> list[str]:
     """The names of tasks that reported a change (to say what broke idempotence)."""
     found, task = [], ""
     for line in output.splitlines():
-        if line.startswith("TASK ["):
+        if line.startswith(("TASK [", "RUNNING HANDLER [")):
             task = line
         elif line.startswith("changed:"):
             found.append(f"{task} {line}")
