@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as dt
 import os
+import shlex
 import signal
+import socket
+import subprocess
 import sys
 import tempfile
 import threading
@@ -15,7 +19,7 @@ from pathlib import Path
 import click
 from rich.console import Console
 
-from clustercheck import __version__, catalog, expected, inventory, report
+from clustercheck import __version__, catalog, expected, inventory, report, slurm
 from clustercheck.checks.baseline import DEFAULT_TOLERANCES, Baseline, ToleranceError, parse_tolerances
 from clustercheck.checks.collectives import ThresholdError, parse_min_busbw
 from clustercheck.checks.consistency import DEFAULT_MAX_CLOCK_OFFSET
@@ -29,7 +33,7 @@ from clustercheck.report import diff as report_diff
 from clustercheck.run import health
 from clustercheck.run.pipeline import Pipeline
 from clustercheck.selection import DISTRIBUTED, STAGES, Selection, SelectionError
-from clustercheck.transport import TransportError, factory
+from clustercheck.transport import TransportError, factory, srun
 from clustercheck.transport.params import SshSettings, Timeouts, load_config
 
 
@@ -56,10 +60,44 @@ def cli() -> None:
 @cli.command()
 @click.option(
     "--hosts",
-    required=True,
+    default=None,
     help="An Ansible inventory (file or directory), a comma-separated list (node1,user@node2:2222), or localhost.",
 )
 @click.option("--limit", default=None, help="Only these groups or hosts (Ansible --limit patterns).")
+@click.option(
+    "--slurm",
+    "use_slurm",
+    is_flag=True,
+    help="Reach the nodes through Slurm, not SSH: every command is a job step (srun) of the allocation this runs "
+    "in (under salloc or sbatch, from the login node). The nodes are the allocation's; with --hosts, the "
+    "inventory's, which must all be in it. Outside an allocation, with --nodes or --nodelist, clustercheck asks "
+    "for one (salloc) and releases it at the end.",
+)
+@click.option(
+    "--nodes",
+    "slurm_nodes",
+    type=click.IntRange(min=1),
+    default=None,
+    help="With --slurm outside an allocation: how many nodes to ask Slurm for.",
+)
+@click.option(
+    "--nodelist", default=None, help="With --slurm outside an allocation: the nodes to ask for (Slurm's syntax)."
+)
+@click.option("--partition", default=None, help="With --slurm outside an allocation: the partition to ask in.")
+@click.option("--account", default=None, help="With --slurm outside an allocation: the account to charge.")
+@click.option(
+    "--time",
+    "slurm_time",
+    default=None,
+    help="With --slurm outside an allocation: the allocation's time limit (Slurm's syntax, e.g. 30 or 1:00:00).",
+)
+@click.option(
+    "--slurm-wait",
+    type=click.IntRange(min=1),
+    default=300,
+    show_default=True,
+    help="With --slurm outside an allocation: seconds to wait for Slurm to grant it.",
+)
 @click.option(
     "--python",
     "python",
@@ -235,8 +273,15 @@ def cli() -> None:
     + " (repeatable).",
 )
 def run(
-    hosts: str,
+    hosts: str | None,
     limit: str | None,
+    use_slurm: bool,
+    slurm_nodes: int | None,
+    nodelist: str | None,
+    partition: str | None,
+    account: str | None,
+    slurm_time: str | None,
+    slurm_wait: int,
     python: str | None,
     nproc_per_node: int | None,
     fmt: str,
@@ -278,7 +323,29 @@ def run(
         selection = Selection(only=only, skip=skip)
     except SelectionError as exc:
         raise UsageError(str(exc)) from exc
-    nodes, ssh = _nodes_and_ssh(hosts, limit, ssh_config, known_hosts, accept_new_host_keys, connect_timeout)
+    request = {
+        "nodes": slurm_nodes,
+        "nodelist": nodelist,
+        "partition": partition,
+        "account": account,
+        "time": slurm_time,
+    }
+    requested = [f"--{k}" for k, v in request.items() if v is not None]
+    if requested and not use_slurm:
+        raise UsageError(f"{', '.join(requested)}: only with --slurm (an allocation to ask Slurm for)")
+    if hosts is None and not use_slurm:
+        raise UsageError("give the nodes: --hosts INVENTORY, or --slurm inside a Slurm allocation")
+    if hosts is not None:
+        nodes, ssh = _nodes_and_ssh(hosts, limit, ssh_config, known_hosts, accept_new_host_keys, connect_timeout)
+    else:
+        nodes, ssh = [], _ssh_settings(None, known_hosts, accept_new_host_keys, connect_timeout)
+    job = None
+    if use_slurm:
+        if not os.environ.get("SLURM_JOB_ID") and (slurm_nodes or nodelist):
+            _allocate(request, slurm_wait)
+        elif requested and os.environ.get("SLURM_JOB_ID"):
+            raise UsageError(f"{', '.join(requested)}: this runs inside Slurm job {os.environ['SLURM_JOB_ID']} already")
+        nodes, job = _slurm_allocation(nodes)
     models = _models(expected_file or next((n.expected_file for n in nodes if n.expected_file), None))
     for option, path in [("--shared-dir", shared_dir), *(("--data-path", p) for p in data_paths)]:
         if path is not None and not path.startswith("/"):
@@ -322,7 +389,7 @@ def run(
                 done = sum(1 for s in host_stages.values() if s == "done")
                 status.update(f"{done}/{len(host_stages)} host(s) done  " + "  ".join(busy[:6]))
 
-        pipeline = Pipeline(nodes, settings, Fanout(factory.default(settings.ssh)), progress)
+        pipeline = Pipeline(nodes, settings, Fanout(_srun_factory(job) if job else factory.default(ssh)), progress)
         outcome = pipeline.run()
     results = outcome.results
     document = Report(
@@ -332,7 +399,11 @@ def run(
         started_at,
         time.time() - started_at,
         durations=outcome.durations,
-        hosts_args=("--hosts", hosts, *(("--limit", limit) if limit else ())),
+        hosts_args=(
+            *(("--slurm",) if use_slurm else ()),
+            *(("--hosts", hosts) if hosts else ()),
+            *(("--limit", limit) if limit else ()),
+        ),
     )
     rendered = {kind: report.render(document, kind) for kind in ("json", "junit")}  # each rendered once
     (run_path / "report.json").write_text(rendered["json"] + "\n")
@@ -355,10 +426,77 @@ def run(
     sys.exit(ExitCode.CHECK_FAILED if overall_status(results) is Status.FAIL else ExitCode.OK)
 
 
-def _inventory(hosts: str) -> str | None:
+def _inventory(hosts: str | None) -> str | None:
     """--hosts as the user gave it when it is an inventory (a file or directory), for the fix commands' -i; a
     host list or localhost is none."""
-    return hosts if Path(hosts).exists() else None
+    return hosts if hosts and Path(hosts).exists() else None
+
+
+def _slurm_allocation(nodes: list) -> tuple[list, str]:
+    """The nodes of the Slurm allocation this runs in, and its job id: NODES (from --hosts) when given, which must
+    all be in it, else every node of the allocation, at the address its name has here (the cluster's /etc/hosts)."""
+    job, nodelist = os.environ.get("SLURM_JOB_ID"), os.environ.get("SLURM_JOB_NODELIST")
+    if not job or not nodelist:
+        raise UsageError(
+            "--slurm: not inside a Slurm allocation (no SLURM_JOB_ID): run it under salloc or sbatch, "
+            "e.g. salloc --nodes=3 clustercheck run --slurm"
+        )
+    try:
+        shown = subprocess.run(["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError) as exc:
+        raise UsageError(f"--slurm: scontrol cannot run here: {exc}") from exc
+    names = slurm.allocation_nodes(shown.stdout)
+    if shown.returncode != 0 or not names:
+        raise UsageError(f"--slurm: scontrol show hostnames {nodelist}: {shown.stderr.strip() or 'no node'}")
+    if nodes:
+        outside = [n.name for n in nodes if n.name not in names]
+        if outside:
+            raise UsageError(f"--slurm: {', '.join(outside)} not in Slurm job {job} ({nodelist})")
+        return nodes, job
+    found = []
+    for name in names:
+        try:
+            found.append(inventory.Node(name, socket.gethostbyname(name)))
+        except OSError as exc:
+            raise UsageError(f"--slurm: node {name} of job {job} has no address here: {exc}") from exc
+    return found, job
+
+
+def _allocate(request: dict, wait: int) -> None:
+    """Ask Slurm for the nodes of REQUEST (salloc --no-shell), waiting at most WAIT seconds; the job's id and nodes
+    go into this process's environment as inside salloc, and the job is cancelled when the command ends, however
+    it ends (a Ctrl-C included)."""
+    argv = ["salloc", "--no-shell", "--job-name=clustercheck", f"--immediate={wait}"]
+    argv += [f"--{name}={value}" for name, value in request.items() if value is not None]
+    try:
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=wait + 60)
+    except (OSError, subprocess.SubprocessError) as exc:
+        raise UsageError(f"--slurm: salloc cannot run here: {exc}", ExitCode.NO_HOSTS) from exc
+    job = slurm.granted_job(proc.stderr + proc.stdout)
+    if job is None:
+        said = (proc.stderr.strip().splitlines() or proc.stdout.strip().splitlines() or [f"exit {proc.returncode}"])[-1]
+        raise UsageError(f"--slurm: Slurm granted no allocation ({shlex.join(argv[1:])}): {said}", ExitCode.NO_HOSTS)
+    click.get_current_context().call_on_close(lambda: _release(job))
+    try:
+        shown = subprocess.run(
+            ["squeue", "--noheader", "--jobs", job, "--format=%N"], capture_output=True, text=True, timeout=30
+        )
+    except (OSError, subprocess.SubprocessError) as exc:
+        raise UsageError(f"--slurm: squeue cannot run here: {exc}") from exc
+    os.environ["SLURM_JOB_ID"], os.environ["SLURM_JOB_NODELIST"] = job, shown.stdout.strip()
+
+
+def _release(job: str) -> None:
+    """Cancel the allocation clustercheck asked for (and so every step still running in it)."""
+    with contextlib.suppress(OSError, subprocess.SubprocessError):
+        subprocess.run(["scancel", job], capture_output=True, timeout=30)
+
+
+def _srun_factory(job: str):
+    try:
+        return srun.factory(job)
+    except TransportError as exc:
+        raise UsageError(f"--slurm: {exc}") from exc
 
 
 def _models(path: str | None) -> expected.Catalog:
@@ -555,13 +693,16 @@ def _nodes_and_ssh(
         config = load_config(ssh_config) if any(not n.is_local for n in nodes) else None
     except TransportError as exc:
         raise UsageError(str(exc)) from exc
-    settings = SshSettings(
+    return nodes, _ssh_settings(config, known_hosts, accept_new_host_keys, connect_timeout)
+
+
+def _ssh_settings(config, known_hosts: tuple[str, ...], accept_new_host_keys: bool, connect_timeout: float):
+    return SshSettings(
         timeouts=Timeouts(connect=connect_timeout, banner=connect_timeout + 5, auth=connect_timeout + 5),
         accept_new_host_keys=accept_new_host_keys,
         known_hosts=known_hosts,
         config=config,
     )
-    return nodes, settings
 
 
 @cli.command(context_settings={"ignore_unknown_options": False})

@@ -123,3 +123,26 @@ def decide(node: SlurmNode, results: list[CheckResult]) -> Action | None:
     if node.drained and node.ours:
         return Action("resume", node.name)
     return None
+
+
+_VERSION = re.compile(r"^slurm(?:-wlm)?\s+(\d+)\.(\d+)", re.M)
+
+
+def parse_version(text: str) -> tuple[int, int] | None:
+    """(major, minor) from `srun --version` or `slurmd -V` ("slurm 22.05.8", "slurm-wlm 23.11.4"); None if absent."""
+    match = _VERSION.search(text)
+    return (int(match[1]), int(match[2])) if match else None
+
+
+def allocation_nodes(hostnames_output: str) -> list[str]:
+    """The node names `scontrol show hostnames NODELIST` prints, one per line, in the allocation's order."""
+    return [line.strip() for line in hostnames_output.splitlines() if line.strip()]
+
+
+_GRANTED = re.compile(r"\bGranted job allocation (\d+)\b")
+
+
+def granted_job(salloc_output: str) -> str | None:
+    """The job id `salloc` says it was granted ("salloc: Granted job allocation 42"), or None."""
+    match = _GRANTED.search(salloc_output)
+    return match[1] if match else None

@@ -9,6 +9,7 @@ import shutil
 import signal
 import subprocess
 import threading
+from collections.abc import Callable
 
 from clustercheck.transport import (
     CLEANUP_TIMEOUT,
@@ -46,63 +47,9 @@ class LocalTransport:
         deadline = until(timeout)
         full_env = {**os.environ, **(env or {}), RUN_MARKER: self.run_id, UNTIL_MARKER: deadline}
         record_until(self.workdir, deadline)
-        try:
-            proc = subprocess.Popen(
-                command,
-                stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                text=True,
-                errors="replace",
-                env=full_env,
-                start_new_session=True,
-            )
-        except OSError as exc:  # what a shell (and so the SSH side, through env) says for the same program
-            code = 127 if exc.errno == errno.ENOENT else 126
-            return CommandResult(code, "", f"{command[0]}: {exc.strerror}")
-        try:
-            if on_output is not None:
-                return self._stream(proc, stdin, timeout, on_output)
-            out, err = proc.communicate(stdin, timeout=timeout)
-            return CommandResult(proc.returncode, out, err)
-        except subprocess.TimeoutExpired:
-            _kill_group(proc)
-            self._sweep()
-            out, err = proc.communicate()
-            return CommandResult(None, out, err, timed_out=True)
-        except BaseException:  # Ctrl-C: leave nothing running
-            _kill_group(proc)
-            self._sweep()
-            raise
-
-    def _stream(self, proc: subprocess.Popen, stdin: str | None, timeout: float, sink: OutputSink) -> CommandResult:
-        """Hand the output to SINK as it arrives; the result keeps none of it."""
-        if stdin is not None and proc.stdin is not None:
-            with contextlib.suppress(BrokenPipeError):
-                proc.stdin.write(stdin)
-            proc.stdin.close()
-
-        def pump(name: str, stream) -> None:
-            for line in iter(stream.readline, ""):
-                sink(name, line)
-
-        readers = [
-            threading.Thread(target=pump, args=("stdout", proc.stdout), daemon=True),
-            threading.Thread(target=pump, args=("stderr", proc.stderr), daemon=True),
-        ]
-        for reader in readers:
-            reader.start()
-        try:
-            proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            _kill_group(proc)
-            self._sweep()
-            for reader in readers:
-                reader.join(5)
-            return CommandResult(None, "", "", timed_out=True)
-        for reader in readers:
-            reader.join(5)
-        return CommandResult(proc.returncode, "", "")
+        return run_process(
+            command, timeout=timeout, env=full_env, stdin=stdin, on_output=on_output, after_kill=self._sweep
+        )
 
     def put(self, local_path: str, remote_path: str) -> None:
         os.makedirs(os.path.dirname(remote_path) or ".", mode=0o700, exist_ok=True)
@@ -132,3 +79,80 @@ def _kill_group(proc: subprocess.Popen) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
+
+
+def run_process(
+    command: list[str],
+    *,
+    timeout: float,
+    env: dict[str, str],
+    stdin: str | None = None,
+    on_output: OutputSink | None = None,
+    after_kill: Callable[[], None] | None = None,
+) -> CommandResult:
+    """COMMAND as a process of this machine in a session of its own, both streams read at once (or streamed to
+    ON_OUTPUT), killed with its whole group at TIMEOUT or on Ctrl-C; AFTER_KILL then stops whatever else of it is
+    left (the local transport: every process with the run marker; srun: the step's processes on its node)."""
+    try:
+        proc = subprocess.Popen(
+            command,
+            stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            errors="replace",
+            env=env,
+            start_new_session=True,
+        )
+    except OSError as exc:  # what a shell (and so the SSH side, through env) says for the same program
+        code = 127 if exc.errno == errno.ENOENT else 126
+        return CommandResult(code, "", f"{command[0]}: {exc.strerror}")
+
+    def killed() -> None:
+        _kill_group(proc)
+        if after_kill is not None:
+            after_kill()
+
+    try:
+        if on_output is not None:
+            return _stream(proc, stdin, timeout, on_output, killed)
+        out, err = proc.communicate(stdin, timeout=timeout)
+        return CommandResult(proc.returncode, out, err)
+    except subprocess.TimeoutExpired:
+        killed()
+        out, err = proc.communicate()
+        return CommandResult(None, out, err, timed_out=True)
+    except BaseException:  # Ctrl-C: leave nothing running
+        killed()
+        raise
+
+
+def _stream(
+    proc: subprocess.Popen, stdin: str | None, timeout: float, sink: OutputSink, killed: Callable[[], None]
+) -> CommandResult:
+    """Hand the output to SINK as it arrives; the result keeps none of it."""
+    if stdin is not None and proc.stdin is not None:
+        with contextlib.suppress(BrokenPipeError):
+            proc.stdin.write(stdin)
+        proc.stdin.close()
+
+    def pump(name: str, stream) -> None:
+        for line in iter(stream.readline, ""):
+            sink(name, line)
+
+    readers = [
+        threading.Thread(target=pump, args=("stdout", proc.stdout), daemon=True),
+        threading.Thread(target=pump, args=("stderr", proc.stderr), daemon=True),
+    ]
+    for reader in readers:
+        reader.start()
+    try:
+        proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        killed()
+        for reader in readers:
+            reader.join(5)
+        return CommandResult(None, "", "", timed_out=True)
+    for reader in readers:
+        reader.join(5)
+    return CommandResult(proc.returncode, "", "")

@@ -7,6 +7,7 @@ administrator drained. Converge, second run and check mode are test_site_playboo
 from __future__ import annotations
 
 import base64
+import json
 import re
 import subprocess
 import time
@@ -16,6 +17,7 @@ from types import SimpleNamespace
 import pytest
 import yaml
 from conftest import REPO, ansible_playbook
+from harness import leftovers
 from test_site_playbook import acceptance, changed_tasks, recap
 
 pytestmark = pytest.mark.cluster
@@ -85,6 +87,49 @@ def test_the_acceptance_suite_checks_slurm(slurm_cluster, tmp_path):
     assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-2000:]
     passed = int(re.search(r"(\d+) passed", proc.stdout)[1])
     assert passed == 5 * 3 + 2, proc.stdout[-3000:]  # five tests on each node, two over all nodes
+
+
+def test_clustercheck_runs_every_stage_through_srun_from_the_controller(slurm_cluster):
+    """`salloc --nodes=3 clustercheck run --slurm` on the controller (the login node), with the clustercheck the role
+    installed there: every stage reaches the nodes as job steps of the allocation, no SSH; DDP equivalence passes,
+    and nothing is left in squeue or on the nodes."""
+    controller = slurm_cluster.nodes[0]
+    proc = on(
+        controller,
+        "cd /root && timeout 900 salloc --nodes=3 clustercheck run --slurm --format json --run-dir /root/srun-run "
+        "--master-port 29581 > /root/srun-report.json",
+        check=False,
+    )
+    report = json.loads(on(controller, "cat /root/srun-report.json").stdout)
+    results = {(r["host"] or "", r["name"]): r for r in report["checks"]}
+    failed = {key: r["message"] for key, r in results.items() if r["status"] in ("FAIL", "ERROR")}
+    assert proc.returncode == 0 and not failed, f"exit {proc.returncode}: {failed}\n{proc.stderr[-3000:]}"
+    assert sorted(report["hosts"]) == ["node1", "node2", "node3"]
+    for node in ("node1", "node2", "node3"):
+        assert "srun, a step of Slurm job" in results[(node, "connect")]["message"], results[(node, "connect")]
+    assert results[("", "ddp_equivalence")]["status"] == "PASS"
+    assert on(controller, "squeue --noheader").stdout.strip() == ""
+    assert leftovers(slurm_cluster) == {}
+
+
+def test_clustercheck_asks_slurm_for_the_nodes_and_gives_them_back(slurm_cluster):
+    """Outside an allocation, `--slurm --nodes=3` makes one (salloc --no-shell), runs there and cancels it; an
+    allocation Slurm cannot grant is one line and exit 5."""
+    controller = slurm_cluster.nodes[0]
+    proc = on(
+        controller,
+        "cd /root && clustercheck run --slurm --nodes=3 --only core --format json --run-dir /root/srun-alloc "
+        "> /root/srun-alloc.json",
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads(on(controller, "cat /root/srun-alloc.json").stdout)
+    assert sorted(report["hosts"]) == ["node1", "node2", "node3"]
+    assert on(controller, "squeue --noheader").stdout.strip() == ""  # given back
+    refused = on(controller, "clustercheck run --slurm --nodes=4 --slurm-wait=5", check=False)
+    assert refused.returncode == 5, refused.stderr
+    assert refused.stderr.startswith("clustercheck: error: --slurm: Slurm granted no allocation (")
+    assert refused.stderr.count("\n") == 1 and "Traceback" not in refused.stderr
 
 
 def test_a_failing_check_drains_the_node_fixing_it_resumes_it_and_an_admins_drain_stays(slurm_cluster, wheelhouse):

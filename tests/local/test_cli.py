@@ -171,6 +171,20 @@ def test_bad_hosts_are_one_line_errors_with_their_exit_code(hosts, code, message
     assert "Traceback" not in proc.stderr
 
 
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        ((), "give the nodes: --hosts INVENTORY, or --slurm inside a Slurm allocation"),
+        (("--slurm",), "--slurm: not inside a Slurm allocation (no SLURM_JOB_ID): run it under salloc or sbatch"),
+    ],
+)
+def test_no_nodes_to_check_is_a_one_line_usage_error(args, message, monkeypatch):
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    proc = run_cli("run", *args)
+    assert proc.returncode == 4, proc.stderr
+    assert proc.stderr.startswith(f"clustercheck: error: {message}") and proc.stderr.count("\n") == 1, proc.stderr
+
+
 def test_a_limit_that_matches_nothing_exits_5(tmp_path):
     inventory = tmp_path / "hosts.ini"
     inventory.write_text("[gpu_nodes]\ngpu01 ansible_host=10.0.0.11\n")

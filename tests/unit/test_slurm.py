@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from clustercheck import slurm
 from clustercheck.checks import registry
 from clustercheck.facts import collect
 from clustercheck.inventory import Node
@@ -153,3 +154,31 @@ def test_no_step_of_node_health_gets_more_than_what_is_left_of_its_budget():
     assert health.Budget(0).give(health.SCONTROL_DEADLINE) == 1  # a spent budget still lets a step answer
     worst = health.PYTHON_DEADLINE * 2 + health.COLLECTOR_DEADLINE + health.SCONTROL_DEADLINE * 2
     assert worst <= health.BUDGET < 60  # Slurm kills its health program at 60 s
+
+
+def test_the_slurm_version_is_read_from_what_srun_and_slurmd_print():
+    """`slurmd -V` on the Ubuntu 24.04 test node (Ubuntu's slurm-wlm package), recorded in tests/unit/data/README.md."""
+    assert slurm.parse_version("slurm-wlm 23.11.4\n") == (23, 11)
+    assert slurm.parse_version("srun: command not found\n") is None
+
+
+def test_steps_share_the_allocation_with_overlap_from_slurm_20_11_on():
+    from clustercheck.transport.srun import step_options
+
+    assert step_options((23, 11)) == ("--overlap",)
+    assert step_options((19, 5)) == ()  # no --overlap before 20.11: steps shared the allocation by default
+    assert step_options(None) == ("--overlap",)  # an unknown version is taken as a current one
+
+
+def test_the_allocation_nodes_are_scontrols_hostnames_in_order():
+    assert slurm.allocation_nodes("node1\nnode2\nnode3\n") == ["node1", "node2", "node3"]
+
+
+def test_the_granted_job_is_read_from_what_salloc_says():
+    """salloc --no-shell's stderr on the Debian 12 test cluster (Slurm 22.05), recorded in tests/unit/data/README.md."""
+    said = "salloc: Granted job allocation 7\nsalloc: Waiting for resource configuration\nsalloc: Nodes node[1-3] are ready for job\n"
+    assert slurm.granted_job(said) == "7"
+    assert (
+        slurm.granted_job("salloc: error: Job submit/allocate failed: Requested node configuration is not available\n")
+        is None
+    )
