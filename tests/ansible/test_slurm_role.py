@@ -1,5 +1,5 @@
 """The slurm role on the converged Debian test cluster (slurm_enabled in testcluster-vars.yml; Slurm 22.05 from
-Debian's packages, real munge, slurmctld and slurmd; the Ubuntu cluster's 24.04 node runs 23.11, test_ubuntu_nodes.py):
+Debian's packages, real munge, slurmctld and slurmd):
 every node idle, srun on all three, the acceptance suite's Slurm tests, and the health program (clustercheck
 node-health --slurm) draining a node a per-node check FAILs on, resuming it when fixed, and leaving alone a node an
 administrator drained. Converge, second run and check mode are test_site_playbook.py's."""

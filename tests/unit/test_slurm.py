@@ -175,10 +175,13 @@ def test_the_allocation_nodes_are_scontrols_hostnames_in_order():
 
 
 def test_the_granted_job_is_read_from_what_salloc_says():
-    """salloc --no-shell's stderr on the Debian 12 test cluster (Slurm 22.05), recorded in tests/unit/data/README.md."""
-    said = "salloc: Granted job allocation 7\nsalloc: Waiting for resource configuration\nsalloc: Nodes node[1-3] are ready for job\n"
-    assert slurm.granted_job(said) == "7"
-    assert (
-        slurm.granted_job("salloc: error: Job submit/allocate failed: Requested node configuration is not available\n")
-        is None
+    """salloc --no-shell's stderr on the Debian 12 test cluster (Slurm 22.05), recorded in tests/unit/data/README.md:
+    granted, and refused after --immediate=5 for more nodes than the cluster has."""
+    assert slurm.granted_job("salloc: Granted job allocation 5\n") == "5"
+    refused = (
+        "salloc: Requested partition configuration not available now\n"
+        "salloc: Pending job allocation 6\n"
+        "salloc: job 6 queued and waiting for resources\n"
+        "salloc: error: Unable to allocate resources: Connection timed out\n"
     )
+    assert slurm.granted_job(refused) is None
