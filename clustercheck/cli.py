@@ -341,11 +341,14 @@ def run(
         nodes, ssh = [], _ssh_settings(None, known_hosts, accept_new_host_keys, connect_timeout)
     job = None
     if use_slurm:
-        if not os.environ.get("SLURM_JOB_ID") and (slurm_nodes or nodelist):
-            _allocate(request, slurm_wait)
-        elif requested and os.environ.get("SLURM_JOB_ID"):
-            raise UsageError(f"{', '.join(requested)}: this runs inside Slurm job {os.environ['SLURM_JOB_ID']} already")
-        nodes, job = _slurm_allocation(nodes)
+        inside = os.environ.get("SLURM_JOB_ID")
+        if requested and inside:
+            raise UsageError(f"{', '.join(requested)}: this runs inside Slurm job {inside} already")
+        if not inside and (slurm_nodes or nodelist):
+            job, allocated = _allocate(request, slurm_wait)
+        else:
+            job, allocated = _current_allocation()
+        nodes = _allocation_nodes(nodes, job, allocated)
     models = _models(expected_file or next((n.expected_file for n in nodes if n.expected_file), None))
     for option, path in [("--shared-dir", shared_dir), *(("--data-path", p) for p in data_paths)]:
         if path is not None and not path.startswith("/"):
@@ -432,15 +435,20 @@ def _inventory(hosts: str | None) -> str | None:
     return hosts if hosts and Path(hosts).exists() else None
 
 
-def _slurm_allocation(nodes: list) -> tuple[list, str]:
-    """The nodes of the Slurm allocation this runs in, and its job id: NODES (from --hosts) when given, which must
-    all be in it, else every node of the allocation, at the address its name has here (the cluster's /etc/hosts)."""
+def _current_allocation() -> tuple[str, str]:
+    """The job id and node list of the Slurm allocation this runs in (inside salloc or sbatch)."""
     job, nodelist = os.environ.get("SLURM_JOB_ID"), os.environ.get("SLURM_JOB_NODELIST")
     if not job or not nodelist:
         raise UsageError(
             "--slurm: not inside a Slurm allocation (no SLURM_JOB_ID): run it under salloc or sbatch, "
             "e.g. salloc --nodes=3 clustercheck run --slurm"
         )
+    return job, nodelist
+
+
+def _allocation_nodes(nodes: list, job: str, nodelist: str) -> list:
+    """The nodes of Slurm job JOB (NODELIST): NODES (from --hosts) when given, which must all be in it, else every
+    node of the allocation, at the address its name has here (the cluster's /etc/hosts)."""
     try:
         shown = subprocess.run(["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True, timeout=30)
     except (OSError, subprocess.SubprocessError) as exc:
@@ -452,20 +460,19 @@ def _slurm_allocation(nodes: list) -> tuple[list, str]:
         outside = [n.name for n in nodes if n.name not in names]
         if outside:
             raise UsageError(f"--slurm: {', '.join(outside)} not in Slurm job {job} ({nodelist})")
-        return nodes, job
+        return nodes
     found = []
     for name in names:
         try:
             found.append(inventory.Node(name, socket.gethostbyname(name)))
         except OSError as exc:
             raise UsageError(f"--slurm: node {name} of job {job} has no address here: {exc}") from exc
-    return found, job
+    return found
 
 
-def _allocate(request: dict, wait: int) -> None:
-    """Ask Slurm for the nodes of REQUEST (salloc --no-shell), waiting at most WAIT seconds; the job's id and nodes
-    go into this process's environment as inside salloc, and the job is cancelled when the command ends, however
-    it ends (a Ctrl-C included)."""
+def _allocate(request: dict, wait: int) -> tuple[str, str]:
+    """Ask Slurm for the nodes of REQUEST (salloc --no-shell), waiting at most WAIT seconds: the job's id and node
+    list. The job is cancelled when the command ends, however it ends (a Ctrl-C included)."""
     argv = ["salloc", "--no-shell", "--job-name=clustercheck", f"--immediate={wait}"]
     argv += [f"--{name}={value}" for name, value in request.items() if value is not None]
     try:
@@ -483,7 +490,7 @@ def _allocate(request: dict, wait: int) -> None:
         )
     except (OSError, subprocess.SubprocessError) as exc:
         raise UsageError(f"--slurm: squeue cannot run here: {exc}") from exc
-    os.environ["SLURM_JOB_ID"], os.environ["SLURM_JOB_NODELIST"] = job, shown.stdout.strip()
+    return job, shown.stdout.strip()
 
 
 def _release(job: str) -> None:
