@@ -61,6 +61,29 @@ def test_torch_runs_in_the_python311_venv_on_ubuntu_22_04(converged_ubuntu_clust
     assert out.stdout.split() == ["(3,", "11)", "2.13.0+cpu", "2.0"], out.stdout
 
 
+def test_slurm_23_11_on_the_ubuntu_24_04_node_drains_it_for_its_missing_torch(converged_ubuntu_cluster):
+    """slurm_enabled only where the release is 24.04 (testcluster-vars.yml): node3 is a one-node Slurm 23.11 cluster,
+    its own controller, in a play whose other hosts have no Slurm. Its environment has no torch (no wheel for
+    Python 3.12 here), so the health program (clustercheck from its own Python 3.12 environment; slurmd runs it only
+    at an interval, 0 in the tests) drains it for that; resumed by hand, it runs a job. The other releases have no
+    Slurm."""
+    node1, node2, node3 = converged_ubuntu_cluster.nodes
+    assert "23.11" in on_node(node3, "slurmd -V").stdout
+    assert "3.12" in on_node(node3, "/opt/clustercheck/tool/bin/python -V").stdout
+    on_node(node3, "/usr/local/sbin/clustercheck-slurm-health")
+    shown = on_node(node3, "sinfo --noheader --Node --format='%N|%T|%E'").stdout.strip()
+    name, state, reason = shown.split("|", 2)
+    assert name == "node3" and state == "drained" and reason.startswith("clustercheck: torch.import: "), shown
+    on_node(node3, "scontrol update nodename=node3 state=resume")
+    try:
+        assert on_node(node3, "timeout 60 srun --nodes=1 hostname -s").stdout.strip() == "node3"
+    finally:
+        on_node(node3, "/usr/local/sbin/clustercheck-slurm-health")  # drained again, as it was
+    assert on_node(node3, "sinfo --noheader --Node --format=%T").stdout.strip() == "drained"
+    for other in (node1, node2):
+        assert on_node(other, "command -v slurmd", check=False).returncode != 0, other.name
+
+
 def test_chrony_config_fits_each_release(converged_ubuntu_cluster):
     """Failure 1: chrony 3.5 (20.04) rejected the generated configuration ('ntsdumpdir' is 4.0+). Every
     release's chronyd now parses it; 22.04 and 24.04 keep Ubuntu's confdir/sourcedir lines."""
