@@ -6,9 +6,11 @@ clustercheck's at most 1 s on an idle node, and never near Slurm's 60 s under lo
     benchmarks/node_health.py --nhc NHC_CHECKOUT [--rounds 7] [--load N] [--json FILE]
 
 It runs on this machine, as a health program runs on its node (as root for the firewall probes). Each round runs
-node-health, NHC and, as the floor of the torch.import check, `PYTHON -c 'import torch'` with the environment's
-python, in alternating order; one warm-up round is not counted; the figures are medians. --load N keeps N
-processes spinning on the CPU meanwhile (a node busy with other work). Without --nhc, clustercheck is timed alone.
+node-health as slurmd runs it every interval (torch's import reused from the round before), node-health importing
+torch (--torch-max-age 0: its first run, or after a change), NHC and, as the floor of that import,
+`PYTHON -c 'import torch'` with the environment's python, in alternating order; one warm-up round is not counted;
+the figures are medians. --load N keeps N processes spinning on the CPU meanwhile (a node busy with other work).
+Without --nhc, clustercheck is timed alone.
 """
 
 from __future__ import annotations
@@ -81,10 +83,17 @@ def main() -> int:
     if checkout is not None and not (checkout / "nhc").is_file():
         raise common.BenchmarkError(f"--nhc {args.nhc}: no nhc script there (a checkout of github.com/mej/nhc)")
     python = environment_python()
-    sides = {"clustercheck": [common.clustercheck_exe(), "node-health"], "import torch": [python, "-c", "import torch"]}
     spinners = [multiprocessing.Process(target=spin, daemon=True) for _ in range(args.load)]
     samples: dict[str, list[common.Timing]] = {}
     with tempfile.TemporaryDirectory(prefix="clustercheck-node-health-") as tmp:
+        exe, cache = common.clustercheck_exe(), str(Path(tmp) / "cache")
+        # The health program as slurmd runs it every interval (torch's import kept from the round before) and as
+        # it runs after a change, on its first run, or once its kept import is older than --torch-max-age.
+        sides = {
+            "clustercheck": [exe, "node-health", "--cache-dir", cache],
+            "clustercheck, importing torch": [exe, "node-health", "--cache-dir", cache, "--torch-max-age", "0"],
+            "import torch": [python, "-c", "import torch"],
+        }
         checks = []
         if checkout is not None:
             checks = nhc_config(Path(tmp) / "nhc.conf")
@@ -96,7 +105,7 @@ def main() -> int:
                 order = list(sides) if round_ % 2 == 0 else list(reversed(sides))
                 for side in order:
                     timing = common.timed(sides[side], cwd=tmp)
-                    if side == "clustercheck" and timing.returncode not in (0, 1):
+                    if side.startswith("clustercheck") and timing.returncode not in (0, 1):
                         raise common.BenchmarkError(f"node-health exited {timing.returncode}: {timing.stderr[-300:]}")
                     if round_:
                         samples.setdefault(side, []).append(timing)

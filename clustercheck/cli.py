@@ -589,7 +589,31 @@ def diff_command(old: str, new: str, fmt: str, tolerances: tuple[str, ...]) -> N
     metavar="FILE",
     help="Your own expected values per GPU model, as run's --expected (the shipped files always apply).",
 )
-def node_health(use_slurm: bool, textfile_dir: str | None, fmt: str, expected_file: str | None) -> None:
+@click.option(
+    "--torch-max-age",
+    type=click.FloatRange(min=0),
+    default=health.TORCH_MAX_AGE,
+    show_default=True,
+    metavar="SECONDS",
+    help="Reuse torch's last successful import on this node (about a second each run) while it is younger than "
+    "SECONDS and nothing it depends on changed (the environment's packages, torch's files, the NVIDIA driver and "
+    "device files, the boot); 0 imports torch every run.",
+)
+@click.option(
+    "--cache-dir",
+    type=click.Path(file_okay=False),
+    default=None,
+    metavar="DIR",
+    help="Where the last import is kept (default: /var/cache/clustercheck as root, else ~/.cache/clustercheck).",
+)
+def node_health(
+    use_slurm: bool,
+    textfile_dir: str | None,
+    fmt: str,
+    expected_file: str | None,
+    torch_max_age: float,
+    cache_dir: str | None,
+) -> None:
     """Run the per-node checks on this machine, in seconds (Slurm's HealthCheckProgram). Exit 1 on a FAIL."""
     models = _models(expected_file)
     if textfile_dir is not None:
@@ -602,7 +626,15 @@ def node_health(use_slurm: bool, textfile_dir: str | None, fmt: str, expected_fi
     # Run as slurmd runs it, with no PATH: the probes and scontrol live in the system's directories.
     os.environ["PATH"] = health.system_path(os.environ.get("PATH"))
     name = health.node_name(os.environ)
-    found = health.check(name, budget, models)
+    kept = Path(cache_dir) if cache_dir is not None else None
+    if kept is not None:
+        try:
+            kept.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise UsageError(f"--cache-dir {cache_dir}: {exc.strerror or exc}") from None
+        if not os.access(kept, os.W_OK | os.X_OK):
+            raise UsageError(f"--cache-dir {cache_dir}: cannot write there")
+    found = health.check(name, budget, models, torch_max_age=torch_max_age, kept=kept)
     document = found.report
     if fmt == "json":
         click.echo(report.render(document, "json"))

@@ -4,6 +4,7 @@ NCCL_*/GLOO_* variables a user's own torchrun inherits from the node's configura
 from __future__ import annotations
 
 import re
+import time
 
 from clustercheck.checks.registry import Finding, fail, node_check, passed, skip, warn
 from clustercheck.facts import parse
@@ -91,8 +92,12 @@ def torch_import(facts: NodeFacts) -> Finding:
             packages=versions,
         )
     others = f", with {', '.join(f'{n} {v}' for n, v in versions.items())}" if versions else ""
+    reused = ""
+    if torch.imported_at is not None:  # node-health's kept import (the collector's TorchProbe)
+        at = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(torch.imported_at))
+        reused = f" (as imported at {at}; its environment, driver and devices unchanged since)"
     return passed(
-        f"torch {torch.version} imports with {facts.python}{others}",
+        f"torch {torch.version} imports with {facts.python}{others}{reused}",
         packages=versions,
         python=facts.python,
         torch=torch.version,
@@ -101,6 +106,7 @@ def torch_import(facts: NodeFacts) -> Finding:
         cuda_version=torch.cuda,
         nccl=torch.nccl,
         cudnn=torch.cudnn,
+        **({"imported_at": torch.imported_at} if reused else {}),
     )
 
 

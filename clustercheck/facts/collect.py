@@ -173,6 +173,7 @@ def _torch(value: Any, missing: dict[str, str]) -> Torch | None:
         nccl_backend=bool(value.get("nccl_backend")),
         gloo=bool(value.get("gloo")),
         nccl_error=value.get("nccl_error"),
+        imported_at=value.get("imported_at") if isinstance(value.get("imported_at"), (int, float)) else None,
     )
 
 

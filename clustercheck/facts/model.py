@@ -94,6 +94,7 @@ class Torch:
     nccl_backend: bool  # torch.distributed's NCCL backend is built in
     gloo: bool
     nccl_error: str | None = None
+    imported_at: float | None = None  # when an import kept by node-health ran, if that one was reused
 
 
 @dataclass(frozen=True)

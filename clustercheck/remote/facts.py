@@ -8,6 +8,8 @@ that fails records an "error" instead of raising: the control side reports "coul
 
 import contextlib
 import glob
+import hashlib
+import importlib.util
 import json
 import os
 import platform
@@ -190,9 +192,14 @@ def package_metadata(wanted):
 
 class TorchProbe:
     """torch and the packages beside it: their versions from metadata at once; the import in a child process,
-    started at once and read when the other probes are done."""
+    started at once and read when the other probes are done.
 
-    def __init__(self, timeout, wanted):
+    REUSE (a file and a maximum age in seconds) lets a health program that runs every few minutes skip the import
+    (about a second): a successful import is kept in the file with the fingerprint of what it depends on
+    (import_fingerprint), and taken again while that fingerprint is unchanged and the import is younger than the
+    age. A failed import is never kept, so a node is judged anew every run until it imports again."""
+
+    def __init__(self, timeout, wanted, reuse=None):
         self.timeout = timeout
         self.started = time.monotonic()
         self.versions = probe(torch_metadata)  # None: torch is not on this python's path
@@ -202,8 +209,16 @@ class TorchProbe:
         importable = {n: i["modules"] for n, i in self.packages.items() if "modules" in i}
         self.proc = None
         self.failed = None
+        self.reuse = reuse
+        self.reused = None  # (the kept answer, when it was imported) when the import is not run again
         if self.versions is None and not importable:
             return
+        if reuse is not None:
+            self.fingerprint = probe(lambda: import_fingerprint(self.versions is not None, importable))
+            self.reused = probe(lambda: kept_import(reuse[0], reuse[1], self.fingerprint))
+            if self.reused is not None and "error" not in self.reused:
+                return
+            self.reused = None
         argv = [sys.executable, "-c", IMPORT_PROBE, "no-torch" if self.versions is None else "torch"]
         try:
             self.proc = subprocess.Popen(
@@ -217,7 +232,12 @@ class TorchProbe:
             self.failed = {"error": f"{sys.executable}: {exc}"}
 
     def result(self):
-        imported = self._imported()
+        if self.reused is not None:
+            imported, at = self.reused
+        else:
+            imported, at = self._imported(), None
+            if self.reuse is not None and not imported.get("error") and not imported.get("import_errors"):
+                probe(lambda: keep_import(self.reuse[0], self.fingerprint, imported))
         if "import_errors" not in imported:  # the child itself failed (crashed, timed out): nothing is known
             return {"error": imported.get("error", "the import probe did not answer")}
         if self.versions is None:
@@ -231,6 +251,8 @@ class TorchProbe:
         for name, error in imported["import_errors"].items():
             self.packages[name]["error"] = error
         facts["packages"] = self.packages
+        if at is not None:
+            facts["imported_at"] = at
         return facts
 
     def _imported(self):
@@ -252,6 +274,72 @@ class TorchProbe:
             return json.loads(lines[-1])
         except ValueError:
             return {"error": f"the import probe printed no JSON: {lines[-1][:200]}"}
+
+
+def import_fingerprint(torch, importable):
+    """What the import probe's answer depends on that can change while a node runs, read without importing:
+    this python; the entries of every directory on its path (a package installed, removed or upgraded adds or
+    removes a directory there) and torch's own directory and libraries; the NVIDIA driver loaded and its device
+    files (/dev/nvidia-uvm missing is a classic reason CUDA fails while nvidia-smi works); the variables that
+    steer the import; this boot. A sha256 of them all."""
+    seen = {"python": [sys.executable, sys.version], "torch": torch, "importable": importable, "stat": {}}
+    for directory in [p for p in sys.path[1:] if p and os.path.isdir(p)]:  # [0]: this collector's own bundle
+        seen["stat"][directory] = _stat(directory)
+    spec = importlib.util.find_spec("torch") if torch else None
+    if spec is not None and spec.submodule_search_locations:
+        base = next(iter(spec.submodule_search_locations))
+        for path in [base, os.path.join(base, "version.py"), os.path.join(base, "lib")]:
+            seen["stat"][path] = _stat(path)
+        lib = os.path.join(base, "lib")
+        if os.path.isdir(lib):
+            seen["libraries"] = {name: _stat(os.path.join(lib, name)) for name in sorted(os.listdir(lib))}
+    for key, path in (("driver", "/proc/driver/nvidia/version"), ("boot", "/proc/sys/kernel/random/boot_id")):
+        seen[key] = read_text(path) if os.path.exists(path) else None
+    seen["devices"] = sorted(name for name in os.listdir("/dev") if name.startswith("nvidia"))
+    seen["environment"] = {k: os.environ.get(k) for k in IMPORT_VARIABLES}
+    return hashlib.sha256(json.dumps(seen, sort_keys=True).encode()).hexdigest()
+
+
+# Variables that change what the import finds (libraries, devices, the path).
+IMPORT_VARIABLES = ("LD_LIBRARY_PATH", "LD_PRELOAD", "PYTHONPATH", "CUDA_VISIBLE_DEVICES", "CUDA_HOME")
+
+
+def _stat(path):
+    try:
+        found = os.stat(path)
+    except OSError as exc:
+        return exc.errno
+    return [found.st_mtime_ns, found.st_size, found.st_ino]
+
+
+def kept_import(path, max_age, fingerprint):
+    """The kept import probe's answer and when it ran, if PATH holds one for FINGERPRINT younger than MAX_AGE
+    seconds; else None."""
+    try:
+        with open(path) as fh:
+            kept = json.load(fh)
+    except (OSError, ValueError):
+        return None
+    at = kept.get("at") if isinstance(kept, dict) else None
+    if not isinstance(at, (int, float)) or kept.get("fingerprint") != fingerprint:
+        return None
+    if not 0 <= time.time() - at <= max_age or not isinstance(kept.get("imported"), dict):
+        return None
+    return kept["imported"], at
+
+
+def keep_import(path, fingerprint, imported):
+    """Keep the import probe's answer IMPORTED for FINGERPRINT in PATH, replaced atomically."""
+    directory = os.path.dirname(path)
+    fd, temporary = tempfile.mkstemp(dir=directory, prefix=".import-")
+    try:
+        with os.fdopen(fd, "w") as fh:
+            json.dump({"fingerprint": fingerprint, "at": time.time(), "imported": imported}, fh)
+        os.replace(temporary, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(temporary)
+        raise
 
 
 @fact("os")
@@ -502,13 +590,16 @@ def run_all(commands, timeout=PROBE_TIMEOUT):
 
 
 def main():
-    """facts TIMEOUT [--no-torch] [--probe-timeout S] [--package DIST ...]"""
+    """facts TIMEOUT [--no-torch] [--probe-timeout S] [--package DIST ...] [--reuse-import FILE MAX_AGE]"""
     torch_timeout = float(sys.argv[1]) if len(sys.argv) > 1 else 120
     wanted = [sys.argv[i + 1] for i, word in enumerate(sys.argv[:-1]) if word == "--package"]
     probe_timeout = [float(sys.argv[i + 1]) for i, word in enumerate(sys.argv[:-1]) if word == "--probe-timeout"]
+    reuse = [
+        (sys.argv[i + 1], float(sys.argv[i + 2])) for i, word in enumerate(sys.argv[:-2]) if word == "--reuse-import"
+    ]
     # The slow probes first, each in the background: torch's import in a child process, the commands in
     # threads; the quick reads of /proc and /sys meanwhile.
-    torch = None if "--no-torch" in sys.argv else TorchProbe(torch_timeout, wanted)
+    torch = None if "--no-torch" in sys.argv else TorchProbe(torch_timeout, wanted, reuse[-1] if reuse else None)
     commands = run_all(COMMANDS, probe_timeout[-1] if probe_timeout else PROBE_TIMEOUT)
     facts = {
         "collector": 1,

@@ -17,6 +17,7 @@ import subprocess
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from pathlib import Path
 
 from clustercheck import expected, slurm
 from clustercheck.checks import registry
@@ -35,6 +36,8 @@ SCONTROL_DEADLINE = 6.0  # each scontrol command (show, then update)
 BUDGET = 50.0  # the whole program, under Slurm's 60 s: no step gets more than what is left of it
 SYSTEM_PATH = ("/usr/local/sbin", "/usr/local/bin", "/usr/sbin", "/usr/bin", "/sbin", "/bin")
 TEXTFILE = "clustercheck_node_health.prom"
+TORCH_MAX_AGE = 3600.0  # default: torch's import is run again at least hourly, and whenever what it depends on changes
+KEPT_IMPORT = "node-health-import.json"  # the kept import, in kept_import_dir()
 CLUSTER_MEMBER = 2  # the cluster size the checks are told: more than one node (see judge)
 
 
@@ -72,23 +75,50 @@ class Budget:
         return max(1.0, min(deadline, self.until - time.monotonic()))
 
 
-def check(name: str, budget: Budget, models: expected.Catalog | None = None) -> Health:
+def kept_import_dir() -> Path:
+    """Where node-health keeps torch's last successful import: /var/cache/clustercheck for root (slurmd's health
+    program), the user's cache directory otherwise."""
+    if os.geteuid() == 0:
+        return Path("/var/cache/clustercheck")
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "clustercheck"
+
+
+def check(
+    name: str,
+    budget: Budget,
+    models: expected.Catalog | None = None,
+    *,
+    torch_max_age: float = TORCH_MAX_AGE,
+    kept: Path | None = None,
+) -> Health:
     """Collect this machine's facts and run every per-node check on them, as node NAME, against the expected
-    values MODELS (default: the shipped ones)."""
+    values MODELS (default: the shipped ones). torch's last successful import, kept in the directory KEPT
+    (default: kept_import_dir()), is reused while younger than TORCH_MAX_AGE seconds and while nothing it depends
+    on changed (the collector's import_fingerprint); 0 imports torch every run."""
     started_at, started = time.time(), time.monotonic()
     node = Node(name=name, address="localhost", connection="local")
     transport = LocalTransport(host=name)
+    reuse: list[str] = []
+    if torch_max_age > 0:
+        directory = kept or kept_import_dir()
+        try:
+            directory.mkdir(mode=0o755, parents=True, exist_ok=True)
+            reuse = ["--reuse-import", str(directory / KEPT_IMPORT), str(torch_max_age)]
+        except OSError:
+            pass  # nowhere to keep it: torch is imported every run
     try:
-        results = _check(node, transport, budget, models)
+        results = _check(node, transport, budget, models, reuse)
     finally:
         transport.cleanup()  # whatever a probe left past its deadline (a hung nvidia-smi's children) is killed
     report = Report(results, [name], transport.run_id, started_at, time.monotonic() - started)
     return Health(report)
 
 
-def _check(node: Node, transport: LocalTransport, budget: Budget, models: expected.Catalog | None) -> list[CheckResult]:
+def _check(
+    node: Node, transport: LocalTransport, budget: Budget, models: expected.Catalog | None, reuse: list[str]
+) -> list[CheckResult]:
     python, source, missing = core.find_python(node, transport, None, budget.give(PYTHON_DEADLINE))
-    args = [str(TORCH_DEADLINE), "--probe-timeout", str(PROBE_DEADLINE)] + (["--no-torch"] if missing else [])
+    args = [str(TORCH_DEADLINE), "--probe-timeout", str(PROBE_DEADLINE)] + (["--no-torch"] if missing else reuse)
     started = time.monotonic()
     deadline = budget.give(COLLECTOR_DEADLINE)
     raw, answer = core.collect_raw(transport, python, deadline, *args)

@@ -12,10 +12,8 @@ from typing import Any
 
 from clustercheck.inventory import Node
 from clustercheck.transport import Transport, TransportError
-from clustercheck.transport.hostkeys import known_hosts_name
 from clustercheck.transport.local import LocalTransport
 from clustercheck.transport.params import SshSettings, resolve
-from clustercheck.transport.ssh import SSHTransport
 
 
 @dataclass
@@ -36,6 +34,10 @@ def default(settings: SshSettings) -> Factory:
             transport = LocalTransport(node.name, run_id)
             register(transport)
             return Connected(transport, "local")
+        # Imported for SSH only: paramiko's import is most of the start of a command that needs no SSH.
+        from clustercheck.transport.hostkeys import known_hosts_name
+        from clustercheck.transport.ssh import SSHTransport
+
         try:
             params = resolve(node, settings.config, list(settings.known_hosts) or None)
         except ValueError as exc:

@@ -7,11 +7,12 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from typing import Protocol
-
-import paramiko
+from typing import TYPE_CHECKING, Protocol
 
 from clustercheck.transport import TransportError
+
+if TYPE_CHECKING:
+    import paramiko  # imported where a config is read: paramiko's import is most of a command's start
 
 USER_KNOWN_HOSTS = "~/.ssh/known_hosts"
 GLOBAL_KNOWN_HOSTS = "/etc/ssh/ssh_known_hosts"
@@ -116,6 +117,8 @@ def load_config(path: str | None) -> paramiko.SSHConfig | None:
     path = os.path.expanduser(path or "~/.ssh/config")
     if not os.path.exists(path):
         return None
+    import paramiko
+
     try:
         return paramiko.SSHConfig.from_path(path)
     except (OSError, paramiko.SSHException, ValueError) as exc:

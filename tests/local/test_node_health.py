@@ -8,7 +8,10 @@ import os
 import shutil
 import socket
 import subprocess
+import sys
+import sysconfig
 import time
+from pathlib import Path
 
 import pytest
 from harness import CLUSTERCHECK, run_cli
@@ -119,4 +122,71 @@ def test_bad_input_is_one_line_and_exit_4(args, said):
     proc = run_cli("node-health", *args)
     assert proc.returncode == 4 and proc.stdout == ""
     assert proc.stderr.startswith("clustercheck: error: ") and said in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
+
+
+def torch_import(proc: subprocess.CompletedProcess) -> dict:
+    return next(c for c in json.loads(proc.stdout)["checks"] if c["name"] == "torch.import")
+
+
+def test_torch_is_imported_again_only_when_its_environment_changed_or_its_import_is_old(tmp_path):
+    """A health program runs every few minutes: torch's import (about a second) is kept and reused while nothing
+    it depends on changed, and while it is younger than --torch-max-age; a failed import is never kept."""
+    env_dir = tmp_path / "env"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(env_dir)], check=True, timeout=120)
+    python = env_dir / "bin" / "python"
+    site = Path(
+        subprocess.run(
+            [python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+            capture_output=True, text=True, check=True,
+        ).stdout.strip()
+    )  # fmt: skip
+    # The environment sees this one's packages (torch, clustercheck and its dependencies) through a .pth file.
+    ours = sysconfig.get_paths()["purelib"]
+    (site / "ours.pth").write_text(f"{ours}\n{Path(health.__file__).parents[2]}\n")
+    cache = tmp_path / "cache"
+
+    def run(*args: str, **env: str) -> dict:
+        proc = subprocess.run(
+            [python, "-m", "clustercheck", "node-health", "--format", "json", "--cache-dir", str(cache), *args],
+            capture_output=True, text=True, env={**os.environ, **env}, timeout=120,
+        )  # fmt: skip
+        assert proc.returncode in (0, 1), proc.stderr
+        return torch_import(proc)
+
+    first = run()
+    assert first["status"] == "PASS" and "imported_at" not in first["data"], first
+    kept = cache / health.KEPT_IMPORT
+    assert kept.stat().st_mode & 0o777 == 0o600
+    second = run()
+    assert second["status"] == "PASS" and second["data"]["imported_at"] == json.loads(kept.read_text())["at"]
+    assert "unchanged since" in second["message"]
+    # A package installed into the environment (pip adds its dist-info directory): torch is imported again.
+    (site / "example-1.0.dist-info").mkdir()
+    assert "imported_at" not in run()["data"]
+    assert "imported_at" in run()["data"]
+    assert "imported_at" not in run("--torch-max-age", "0")["data"]  # 0: every run
+    assert "imported_at" not in run(LD_LIBRARY_PATH=str(tmp_path))["data"]  # what the import loads may differ
+    assert "imported_at" not in run()["data"]  # the import kept is the last one's
+    # A torch that fails to import is judged anew every run and never kept.
+    broken = tmp_path / "broken" / "torch"
+    broken.mkdir(parents=True)
+    (broken / "__init__.py").write_text("raise ImportError('libtorch_cuda.so: cannot open shared object file')\n")
+    before = kept.read_text()
+    for _ in range(2):
+        found = run(PYTHONPATH=str(broken.parent))
+        assert found["status"] == "FAIL" and "libtorch_cuda.so" in found["message"], found
+    assert kept.read_text() == before
+    # Older than --torch-max-age: imported again.
+    assert "imported_at" in run()["data"]
+    time.sleep(1.5)
+    assert "imported_at" not in run("--torch-max-age", "1")["data"]
+
+
+def test_a_cache_dir_that_cannot_be_written_is_one_line_and_exit_4(tmp_path):
+    blocked = tmp_path / "file"
+    blocked.write_text("")
+    proc = run_cli("node-health", "--cache-dir", str(blocked / "cache"))
+    assert proc.returncode == 4 and proc.stdout == "", proc.stderr
+    assert proc.stderr.startswith(f"clustercheck: error: --cache-dir {blocked / 'cache'}: ")
     assert len(proc.stderr.strip().splitlines()) == 1
