@@ -93,7 +93,8 @@ def run(
             )
         )
 
-    dog = watchdog.Watchdog([m.name for m in members], watch.stall_timeout, time.monotonic()) if watch else None
+    channels = {m.name: m.transport.channel for m in members}
+    dog = watchdog.Watchdog(channels, watch.stall_timeout, time.monotonic()) if watch else None
     done = threading.Event()
 
     def poll(m: Member) -> None:

@@ -36,10 +36,10 @@ def _tail(result: CommandResult, lines: int = ERROR_LINES) -> list[str]:
     return [line.rstrip() for line in text if line.strip(" =-")][-lines:]
 
 
-def _exit(result: CommandResult, answers: bool = True) -> str:
+def _exit(result: CommandResult, answers: bool, channel: str) -> str:
     if result.exit_status is not None:
         return f"exit {result.exit_status}"
-    return "no exit status: killed or disconnected" if answers else "no exit status: its SSH connection does not answer"
+    return "no exit status: killed or disconnected" if answers else f"no exit status: {channel} does not answer"
 
 
 def run(
@@ -100,14 +100,14 @@ def run(
         result = ends[m.name][1] if m.name in ends else CommandResult(None, "", "no result")
         (config.host_dir(m.name) / f"{stage}.torchrun.log").write_text(result.stdout + result.stderr)
         if m.name in silent:  # it does not answer: nothing to bring back
-            return [], "its SSH connection does not answer"
+            return [], f"{m.transport.channel} does not answer"
         timeout = min(COLLECT_TIMEOUT, config.stall_timeout)
         try:
             got = m.transport.run(launch.collect_command(m.facts.python, m.transport.workdir, stage), timeout=timeout)
         except (TransportError, OSError) as exc:
             return [], f"its results could not be collected: {exc}"
         if got.exit_status is None:
-            return [], f"its SSH connection did not answer within {timeout:.0f} s when the results were collected"
+            return [], f"{m.transport.channel} did not answer within {timeout:.0f} s when the results were collected"
         _fetch_logs(m, stage, ctx, timeout)
         records = []
         for record in launch.parse_records(got.stdout):
@@ -132,6 +132,7 @@ def run(
     if missing:
         outcome.data["missing_ranks_by_node"] = missing
 
+    channels = {m.name: m.transport.channel for m in members}
     first = runner.first_failure(ends)
     timed_out = [name for name, (_, result, _) in ends.items() if result.timed_out]
     if stall is not None:
@@ -140,19 +141,17 @@ def run(
         outcome.data["first_failed_node"] = stall.nodes[0] if len(stall.nodes) == 1 else None
     elif first is not None:
         name, result = first
+        how = _exit(result, name not in silent, channels[name])
         cause = runner.node_cause(result)
         if cause is not None:  # the failing rank's own error, not torchrun's report about it
             lines = list(cause.lines)
-            outcome.failure = (
-                f"torchrun failed on {name} first ({_exit(result, name not in silent)}): {cause.text()}; every "
-                "node's job was stopped"
-            )
+            outcome.failure = f"torchrun failed on {name} first ({how}): {cause.text()}; every node's job was stopped"
             outcome.data["failed_rank"] = cause.rank
         else:
             lines = _tail(result)
             outcome.failure = (
-                f"torchrun failed on {name} first ({_exit(result, name not in silent)}); every node's job was "
-                f"stopped. Last lines from {name}: " + " | ".join(lines)
+                f"torchrun failed on {name} first ({how}); every node's job was stopped. Last lines from {name}: "
+                + " | ".join(lines)
             )
         outcome.data.update({"first_failed_node": name, "error_lines": lines})
     elif timed_out or any(not r.ok for _, r, _ in ends.values()):

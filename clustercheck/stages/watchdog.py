@@ -46,10 +46,12 @@ class Stall:
 
 
 class Watchdog:
-    def __init__(self, nodes: list[str], stall_timeout: float, now: float) -> None:
+    def __init__(self, nodes: dict[str, str], stall_timeout: float, now: float) -> None:
+        """NODES: each node's name -> how it is reached, in words (its transport's channel)."""
         self.stall_timeout = stall_timeout
         self.started = now
         self.nodes = {n: NodeState(alive_at=now, progress_at=now) for n in nodes}
+        self.channels = dict(nodes)
 
     def silent_for(self, node: str, now: float) -> float:
         """How long NODE has not answered at NOW (0 while it answers); a node never heard from counts from the
@@ -106,7 +108,7 @@ class Watchdog:
                 else:  # it answers, yet its ranks never beat while the other nodes' ranks do
                     seen = f"no heartbeat in {now - s.alive_at:.0f} s"
                 answers = "answers" if s.answers(now) else "does not answer"
-                texts.append(f"node {name} stopped making progress {where} ({seen}); its SSH connection {answers}")
+                texts.append(f"node {name} stopped making progress {where} ({seen}); {self.channels[name]} {answers}")
             others = [n for n in self.nodes if n not in named]
             return Stall(
                 tuple(named),

@@ -102,6 +102,7 @@ class Transport(Protocol):
     run_id: str
     workdir: str
     quirks: SessionQuirks
+    channel: str  # how the node is reached, in words that take "answers": "its SSH connection", "srun to it"
 
     def run(
         self,

@@ -34,6 +34,7 @@ class LocalTransport:
         self.run_id = run_id or new_run_id()
         self.workdir = workdir_for(self.run_id)
         self.quirks = SessionQuirks()
+        self.channel = "its local process"
 
     def run(
         self,

@@ -46,6 +46,7 @@ class SrunTransport:
         self.job = job
         self.workdir = workdir_for(run_id)
         self.quirks = SessionQuirks()
+        self.channel = "srun to it"
         self._options = step_options
 
     def _step(self, line: str) -> list[str]:

@@ -257,6 +257,7 @@ class SSHTransport:
         self.run_id = run_id or new_run_id()
         self.workdir = workdir_for(self.run_id)
         self.quirks = SessionQuirks()
+        self.channel = "its SSH connection"
         self.connection = Connection(
             name,
             params,

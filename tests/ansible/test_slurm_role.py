@@ -7,6 +7,7 @@ administrator drained. Converge, second run and check mode are test_site_playboo
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import re
 import subprocess
@@ -17,11 +18,14 @@ from types import SimpleNamespace
 import pytest
 import yaml
 from conftest import REPO, ansible_playbook
-from harness import leftovers
+from harness import DDP_RANKS, HEARTBEATS, LONG_DDP, leftovers
 from test_site_playbook import acceptance, changed_tasks, recap
+
+from clustercheck.exitcodes import ExitCode
 
 pytestmark = pytest.mark.cluster
 
+TOOL_PYTHON = "/opt/clustercheck/tool/bin/python"  # the environment the role installs clustercheck in
 INTERVAL = 10  # HealthCheckInterval while the health program is under test (the role's default is 300)
 
 
@@ -130,6 +134,76 @@ def test_clustercheck_asks_slurm_for_the_nodes_and_gives_them_back(slurm_cluster
     assert refused.returncode == 5, refused.stderr
     assert refused.stderr.startswith("clustercheck: error: --slurm: Slurm granted no allocation (")
     assert refused.stderr.count("\n") == 1 and "Traceback" not in refused.stderr
+
+
+@contextlib.contextmanager
+def long_ddp_through_srun(cluster, command: str):
+    """COMMAND (a shell line on the controller, `{clustercheck}` standing for clustercheck with a DDP job that would
+    run for minutes: tests/cluster/clustercheck_long_ddp.py in the role's clustercheck environment) started in the
+    background, yielded once the job's ranks train on every node; killed at the end if it still runs."""
+    controller = cluster.nodes[0]
+    subprocess.run(["docker", "cp", LONG_DDP, f"{controller.container}:/root/long_ddp.py"], check=True, timeout=60)
+    clustercheck = f"{TOOL_PYTHON} /root/long_ddp.py 1000000"
+    proc = subprocess.Popen(
+        ["docker", "exec", controller.container, "sh", "-c", command.format(clustercheck=clustercheck)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 240
+        while proc.poll() is None and time.monotonic() < deadline:
+            steps = [re.findall(r'"step": (\d+)', on(node, HEARTBEATS).stdout) for node in cluster.nodes]
+            if all(steps) and max(int(s) for found in steps for s in found) >= 1:
+                break
+            time.sleep(1)
+        assert proc.poll() is None, f"clustercheck ended before the DDP job ran on every node: {proc.communicate()}"
+        assert time.monotonic() < deadline, "the DDP job did not run on every node within 240 s"
+        yield proc
+    finally:
+        if proc.poll() is None:
+            on(controller, "pkill -KILL -f /root/long_ddp.py", check=False)
+            proc.kill()
+            proc.communicate()
+
+
+def test_a_rank_killed_mid_ddp_is_named_with_its_node_and_nothing_is_left(slurm_cluster):
+    """A DDP rank on node2, a task of a job step, killed with SIGKILL mid-job: the torch-job runner names node2 as
+    the node that failed first and stops the others' steps; the allocation ends with nothing left running."""
+    controller, node2 = slurm_cluster.nodes[0], slurm_cluster.nodes[1]
+    command = (
+        "cd /root && timeout 600 salloc --nodes=3 {clustercheck} run --slurm --format json --skip 'local.*' "
+        "--only ddp --nproc-per-node 1 --timeout 150 --master-port 29591 --run-dir /root/srun-killed"
+    )
+    with long_ddp_through_srun(slurm_cluster, command) as proc:
+        killed = on(node2, f"for p in $({DDP_RANKS}); do kill -9 $p && echo killed $p; done").stdout
+        assert "killed" in killed, killed
+        stdout, stderr = proc.communicate(timeout=240)
+    assert proc.returncode == ExitCode.CHECK_FAILED, stderr[-3000:]
+    ddp = next(r for r in json.loads(stdout)["checks"] if r["name"] == "ddp_equivalence")
+    assert ddp["status"] == "FAIL" and ddp["data"]["first_failed_node"] == "node2", ddp
+    assert "torchrun failed on node2 first" in ddp["message"], ddp["message"]
+    assert on(controller, "squeue --noheader").stdout.strip() == ""
+    assert leftovers(slurm_cluster) == {}
+
+
+def test_ctrl_c_cancels_the_allocation_clustercheck_made_and_leaves_nothing(slurm_cluster):
+    """Ctrl-C (SIGINT) while the DDP job runs through srun in an allocation clustercheck asked Slurm for: exit 2,
+    the job's steps and the allocation cancelled, nothing in squeue, nothing on the nodes."""
+    controller = slurm_cluster.nodes[0]
+    command = (
+        "cd /root && {clustercheck} run --slurm --nodes=3 --format json --skip 'local.*' --only ddp "
+        "--nproc-per-node 1 --timeout 300 --master-port 29593 --run-dir /root/srun-interrupted"
+    )
+    with long_ddp_through_srun(slurm_cluster, command) as proc:
+        assert on(controller, "squeue --noheader --format=%i").stdout.strip()  # its allocation
+        on(controller, f"pkill -INT -f '^{TOOL_PYTHON} /root/long_ddp.py'")
+        _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == ExitCode.INTERRUPTED, stderr[-3000:]
+    assert "clustercheck: interrupted" in stderr and "Traceback" not in stderr, stderr[-3000:]
+    deadline = time.monotonic() + 30  # scancel returns before slurmctld has ended the job
+    while on(controller, "squeue --noheader").stdout.strip() and time.monotonic() < deadline:
+        time.sleep(1)
+    assert on(controller, "squeue --noheader").stdout.strip() == ""
+    assert leftovers(slurm_cluster) == {}
 
 
 def test_a_failing_check_drains_the_node_fixing_it_resumes_it_and_an_admins_drain_stays(slurm_cluster, wheelhouse):

@@ -27,6 +27,7 @@ class StreamingNode:
     def __init__(self, host: str, status: int | None, lines: list[str], after: float = 0.0) -> None:
         self.host, self.run_id, self.workdir = host, "0123456789ab", workdir_for("0123456789ab")
         self.quirks = SessionQuirks()
+        self.channel = "its SSH connection"
         self.status, self.lines, self.after = status, lines, after
         self.stopped = threading.Event()
         self.cleaned = False

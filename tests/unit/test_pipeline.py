@@ -43,6 +43,7 @@ class FakeTransport:
     def __init__(self, host: str, run_id: str, behaviour=None) -> None:
         self.host, self.run_id, self.workdir = host, run_id, workdir_for(run_id)
         self.quirks = SessionQuirks()
+        self.channel = "its SSH connection"
         self.behaviour = behaviour
         self.commands: list[list[str]] = []
         self.files: dict[str, bytes] = {}

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from clustercheck.stages.watchdog import Watchdog
 
-NODES = ["node1", "node2", "node3"]
+NODES = {name: "its SSH connection" for name in ("node1", "node2", "node3")}  # name -> its channel
 
 
 def beat(step: int, age: float = 0.5, phase: str = "ddp") -> dict:
