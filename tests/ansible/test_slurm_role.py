@@ -2,7 +2,9 @@
 Debian's packages, real munge, slurmctld and slurmd):
 every node idle, srun on all three, the acceptance suite's Slurm tests, and the health program (clustercheck
 node-health --slurm) draining a node a per-node check FAILs on, resuming it when fixed, and leaving alone a node an
-administrator drained. Converge, second run and check mode are test_site_playbook.py's."""
+administrator drained; and `clustercheck run --slurm` from the controller: every stage through srun, an allocation it
+makes and gives back, a rank killed and a node frozen mid-DDP named with their node, Ctrl-C leaving nothing. Converge,
+second run and check mode are test_site_playbook.py's."""
 
 from __future__ import annotations
 
@@ -181,6 +183,35 @@ def test_a_rank_killed_mid_ddp_is_named_with_its_node_and_nothing_is_left(slurm_
     ddp = next(r for r in json.loads(stdout)["checks"] if r["name"] == "ddp_equivalence")
     assert ddp["status"] == "FAIL" and ddp["data"]["first_failed_node"] == "node2", ddp
     assert "torchrun failed on node2 first" in ddp["message"], ddp["message"]
+    assert on(controller, "squeue --noheader").stdout.strip() == ""
+    assert leftovers(slurm_cluster) == {}
+
+
+def test_a_node_frozen_mid_ddp_is_named_by_the_watchdog_through_srun(slurm_cluster):
+    """node2 frozen (`docker pause`) while the DDP job runs through srun: the watchdog names node2 within
+    --stall-timeout, says srun to it does not answer, and the job is stopped on the other nodes; once node2 thaws,
+    nothing is left there either."""
+    controller, node2 = slurm_cluster.nodes[0], slurm_cluster.nodes[1]
+    command = (
+        "cd /root && timeout 600 salloc --nodes=3 {clustercheck} run --slurm --format json --skip 'local.*' "
+        "--only ddp --nproc-per-node 1 --timeout 300 --stall-timeout 30 --master-port 29595 "
+        "--run-dir /root/srun-frozen"
+    )
+    with long_ddp_through_srun(slurm_cluster, command) as proc:
+        subprocess.run(["docker", "pause", node2.container], check=True, timeout=60)
+        try:
+            stdout, stderr = proc.communicate(timeout=240)
+        finally:
+            subprocess.run(["docker", "unpause", node2.container], check=True, timeout=60)
+    assert proc.returncode == ExitCode.CHECK_FAILED, stderr[-3000:]
+    ddp = next(r for r in json.loads(stdout)["checks"] if r["name"] == "ddp_equivalence")
+    assert ddp["status"] == "FAIL" and ddp["data"]["first_failed_node"] == "node2", ddp
+    assert re.search(r"node node2 stopped making progress .*; srun to it does not answer", ddp["message"]), ddp
+    deadline = time.monotonic() + 90  # node2's slurmd ends the cancelled step's processes once it runs again
+    while (leftovers(slurm_cluster) or on(controller, "squeue --noheader").stdout.strip()) and (
+        time.monotonic() < deadline
+    ):
+        time.sleep(2)
     assert on(controller, "squeue --noheader").stdout.strip() == ""
     assert leftovers(slurm_cluster) == {}
 
