@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import io
+import tarfile
+
 from clustercheck.model import CheckResult, Status
 from clustercheck.stages import runner, torchjob
 from clustercheck.transport import CommandResult
@@ -79,3 +82,37 @@ def test_a_node_check_of_a_node_the_failure_does_not_name_is_skipped_with_the_re
     assert judged[1].status is Status.FAIL and judged[2].status is Status.FAIL
     no_node = torchjob.JobOutcome([], 6, "gloo", "the job timed out", {"first_failed_node": None})
     assert torchjob.judged([mine], no_node)[0].status is Status.FAIL  # a failure naming no node: every check fails
+
+
+def _archive(path) -> None:
+    """A tar of a node's logs as the collector writes it, with what a hostile or damaged one could add."""
+    with tarfile.open(path, "w:gz") as tar:
+        for name, kind in [
+            ("logs", tarfile.DIRTYPE),
+            ("logs/rank-0.log", tarfile.REGTYPE),
+            ("../outside.log", tarfile.REGTYPE),
+            ("/tmp/absolute.log", tarfile.REGTYPE),
+            ("logs/link", tarfile.SYMTYPE),
+        ]:
+            info = tarfile.TarInfo(name)
+            info.type = kind
+            data = b"loss 0.5\n" if kind == tarfile.REGTYPE else b""
+            info.size = len(data)
+            if kind == tarfile.SYMTYPE:
+                info.linkname = "/etc/shadow"
+            tar.addfile(info, io.BytesIO(data))
+
+
+def test_without_tarfiles_data_filter_only_plain_files_inside_the_target_are_extracted(tmp_path, monkeypatch):
+    """Debian 12's Python 3.11.2 has no tarfile.data_filter: the fallback takes the archive's files and directories
+    under the target, and leaves out links, absolute names and names that climb out."""
+    _archive(tmp_path / "logs.tgz")
+    monkeypatch.delattr(tarfile, "data_filter", raising=False)
+    target = tmp_path / "run" / "node1"
+    target.mkdir(parents=True)
+    with tarfile.open(tmp_path / "logs.tgz") as tar:
+        torchjob._extract_data(tar, target)
+    extracted = sorted(str(p.relative_to(target)) for p in target.rglob("*"))
+    assert extracted == ["logs", "logs/rank-0.log"]
+    assert (target / "logs" / "rank-0.log").read_text() == "loss 0.5\n"
+    assert not (tmp_path / "run" / "outside.log").exists() and not (target / "tmp").exists()
