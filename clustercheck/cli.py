@@ -51,6 +51,12 @@ class NetworkRounds(click.ParamType):
             self.fail(str(exc), param, ctx)
 
 
+SSH_CONFIG_HELP = (
+    "SSH config file, read alone (default: ~/.ssh/config, then /etc/ssh/ssh_config and what it includes, as "
+    "OpenSSH does)."
+)
+
+
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="clustercheck")
 def cli() -> None:
@@ -224,7 +230,10 @@ def cli() -> None:
     help="known_hosts file to use instead of ~/.ssh/known_hosts (repeatable).",
 )
 @click.option(
-    "--ssh-config", type=click.Path(dir_okay=False), default=None, help="SSH config file (default ~/.ssh/config)."
+    "--ssh-config",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help=SSH_CONFIG_HELP,
 )
 @click.option(
     "--skip",
@@ -697,7 +706,7 @@ def _ssh_options(function):
                 "--ssh-config",
                 type=click.Path(dir_okay=False),
                 default=None,
-                help="SSH config file (default ~/.ssh/config).",
+                help=SSH_CONFIG_HELP,
             ),
             click.option(
                 "--connect-timeout",

@@ -5,6 +5,7 @@ Pure: nothing here connects. The result, ConnectParams, is what the SSH transpor
 
 from __future__ import annotations
 
+import glob
 import os
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
@@ -114,12 +115,56 @@ def _as_list(value: object) -> list[str]:
 
 
 def load_config(path: str | None) -> paramiko.SSHConfig | None:
-    path = os.path.expanduser(path or "~/.ssh/config")
-    if not os.path.exists(path):
-        return None
+    """The SSH configuration as OpenSSH reads it: PATH alone when given (`ssh -F`), else the user's ~/.ssh/config
+    and then the system's /etc/ssh/ssh_config (where the setup's ssh_trust role names the cluster key, in a file its
+    Include reads), the first value found winning; None when there is none."""
+    files = [path] if path else [USER_CONFIG, SYSTEM_CONFIG]
+    return read_config([os.path.expanduser(f) for f in files])
+
+
+USER_CONFIG = "~/.ssh/config"
+SYSTEM_CONFIG = "/etc/ssh/ssh_config"
+INCLUDE_DEPTH = 16  # as OpenSSH's limit on nested Include
+
+
+def read_config(files: list[str]) -> paramiko.SSHConfig | None:
+    """FILES, the existing ones, as one configuration: each begins at the top level (its lines before any Host
+    apply to every host), `Include` expanded where it stands (relative names against ~/.ssh for the user's file,
+    /etc/ssh otherwise, globs in name order), which paramiko's parser does not do."""
     import paramiko
 
+    texts = []
+    for path in files:
+        if not os.path.exists(path):
+            continue
+        base = (
+            os.path.dirname(os.path.expanduser(USER_CONFIG)) if path == os.path.expanduser(USER_CONFIG) else "/etc/ssh"
+        )
+        try:
+            texts.append("Host *\n" + _included(path, base, 0))
+        except OSError as exc:
+            raise TransportError(f"cannot read SSH config {path}: {exc.strerror or exc}") from exc
+    if not texts:
+        return None
     try:
-        return paramiko.SSHConfig.from_path(path)
-    except (OSError, paramiko.SSHException, ValueError) as exc:
-        raise TransportError(f"cannot read SSH config {path}: {exc}") from exc
+        return paramiko.SSHConfig.from_text("\n".join(texts))
+    except (paramiko.SSHException, ValueError) as exc:
+        raise TransportError(f"cannot read SSH config {', '.join(files)}: {exc}") from exc
+
+
+def _included(path: str, base: str, depth: int) -> str:
+    if depth > INCLUDE_DEPTH:
+        raise TransportError(f"SSH config {path}: Include nested more than {INCLUDE_DEPTH} deep")
+    lines = []
+    with open(path, errors="replace") as fh:
+        for line in fh:
+            words = line.replace("=", " ", 1).split()
+            if not words or words[0].lower() != "include":
+                lines.append(line.rstrip("\n"))
+                continue
+            for pattern in words[1:]:
+                pattern = os.path.expanduser(pattern)
+                for name in sorted(glob.glob(pattern if os.path.isabs(pattern) else os.path.join(base, pattern))):
+                    if os.path.isfile(name):
+                        lines.append(_included(name, base, depth + 1))
+    return "\n".join(lines)
