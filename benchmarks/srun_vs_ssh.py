@@ -56,7 +56,7 @@ def main() -> int:
     kinds = {"core": ["--only", "core"], **({"whole run": []} if args.all else {})}
     samples: dict[str, list[dict]] = {}
     nodes = None
-    with tempfile.TemporaryDirectory(prefix="clustercheck-srun-vs-ssh-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="srun-vs-ssh-") as tmp:
         for round_ in range(args.rounds + 1):  # round 0 warms up and is not counted
             for kind, extra in kinds.items():
                 sides = {
