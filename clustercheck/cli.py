@@ -567,6 +567,22 @@ def diff_command(old: str, new: str, fmt: str, tolerances: tuple[str, ...]) -> N
     sys.exit(ExitCode.CHECK_FAILED if changes.failed else ExitCode.OK)
 
 
+def _writable_directory(option: str, value: str, *, create: bool = False) -> Path:
+    """VALUE of OPTION as a directory this process can write in (made first when CREATE); a usage error in one
+    line otherwise."""
+    directory = Path(value)
+    if create:
+        try:
+            directory.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise UsageError(f"{option} {value}: {exc.strerror or exc}") from None
+    if not directory.is_dir():
+        raise UsageError(f"{option} {value}: no such directory")
+    if not os.access(directory, os.W_OK | os.X_OK):
+        raise UsageError(f"{option} {value}: cannot write there")
+    return directory
+
+
 @cli.command("node-health")
 @click.option(
     "--slurm",
@@ -626,23 +642,12 @@ def node_health(
     """Run the per-node checks on this machine, in seconds (Slurm's HealthCheckProgram). Exit 1 on a FAIL."""
     models = _models(expected_file)
     if textfile_dir is not None:
-        directory = Path(textfile_dir)
-        if not directory.is_dir():
-            raise UsageError(f"--textfile-dir {textfile_dir}: no such directory")
-        if not os.access(directory, os.W_OK | os.X_OK):
-            raise UsageError(f"--textfile-dir {textfile_dir}: cannot write there")
+        _writable_directory("--textfile-dir", textfile_dir)
     budget = health.Budget()
     # Run as slurmd runs it, with no PATH: the probes and scontrol live in the system's directories.
     os.environ["PATH"] = health.system_path(os.environ.get("PATH"))
     name = health.node_name(os.environ)
-    kept = Path(cache_dir) if cache_dir is not None else None
-    if kept is not None:
-        try:
-            kept.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            raise UsageError(f"--cache-dir {cache_dir}: {exc.strerror or exc}") from None
-        if not os.access(kept, os.W_OK | os.X_OK):
-            raise UsageError(f"--cache-dir {cache_dir}: cannot write there")
+    kept = _writable_directory("--cache-dir", cache_dir, create=True) if cache_dir is not None else None
     found = health.check(name, budget, models, torch_max_age=torch_max_age, kept=kept)
     document = found.report
     if fmt == "json":
