@@ -43,7 +43,7 @@ def _default(value) -> str:
 
 def render(roles_dir: Path = REPO / "roles") -> str:
     names = sorted(p.parent.parent.name for p in roles_dir.glob("*/meta/argument_specs.yml"))
-    order = site_roles()  # then the roles the others use (nvidia_repo), by name
+    order = site_roles()  # then the roles the others use (nvidia_repo, clustercheck_tool), by name
     names.sort(key=lambda n: order.index(n) if n in order else len(order))
     out = [BEGIN, ""]
     for name in names:

@@ -60,6 +60,16 @@ dist.destroy_process_group()
 """
 
 
+def on(node, command: str, check: bool = True, timeout: float = 180) -> subprocess.CompletedProcess:
+    """COMMAND run as root on a test node through Docker (not SSH: what a test does to a node is not clustercheck's)."""
+    proc = subprocess.run(
+        ["docker", "exec", node.container, "sh", "-c", command], capture_output=True, text=True, timeout=timeout
+    )
+    if check and proc.returncode != 0:
+        raise AssertionError(f"{node.name}: {command}: exit {proc.returncode}: {proc.stdout}{proc.stderr}")
+    return proc
+
+
 def run_cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
     """`clustercheck ARGS` as a user runs it."""
     return subprocess.run([CLUSTERCHECK, *args], capture_output=True, text=True, timeout=timeout)

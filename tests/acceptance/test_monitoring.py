@@ -58,3 +58,15 @@ def test_the_admin_network_may_reach_node_exporter(host, monitoring):
     source = "Anywhere" if monitoring["allow_from"] in ("any", "0.0.0.0/0") else monitoring["allow_from"]
     rules = [line.split()[:3] for line in host.check_output("ufw status").splitlines()]
     assert [f"{monitoring['port']}/tcp", "ALLOW", source] in rules, f"no ufw rule lets {source} reach node_exporter"
+
+
+def test_clustercheck_s_timer_is_armed_and_its_last_run_did_its_job(host, monitoring):
+    """On the node that runs clustercheck's timer (monitoring_timer_host): the timer is enabled and armed, and the
+    last run of its service succeeded (exit 0, or 1 for a check that failed: the metrics say which)."""
+    if not host.file("/etc/systemd/system/clustercheck-monitor.timer").exists:
+        pytest.skip("clustercheck's timer runs on another node (monitoring_timer_host), or monitoring_timer is false")
+    timer = host.service("clustercheck-monitor.timer")
+    assert timer.is_enabled and timer.is_running, "clustercheck-monitor.timer is not enabled and active"
+    result = host.check_output("systemctl show -p Result --value clustercheck-monitor.service")
+    journal = host.run("journalctl -u clustercheck-monitor.service -n 20 --no-pager").stdout
+    assert result == "success", f"the timer's last run failed ({result}):\n{journal}"

@@ -9,6 +9,7 @@ import subprocess
 
 import pytest
 from conftest import ansible_playbook
+from harness import on
 from test_site_playbook import changed_tasks, recap
 
 pytestmark = pytest.mark.cluster
@@ -21,16 +22,6 @@ CONNECT = (
     "import socket, sys; s = socket.socket(); s.settimeout(4); s.bind((sys.argv[1], 0)); "
     "s.connect((sys.argv[2], 22)); print(s.recv(64).decode().strip())"
 )
-
-
-def on(node, command: str, check: bool = True) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        ["docker", "exec", node.container, "sh", "-c", command],
-        capture_output=True,
-        text=True,
-        check=check,
-        timeout=120,
-    )
 
 
 def reaches_ssh(client, source: str, target) -> bool:

@@ -20,7 +20,7 @@ from types import SimpleNamespace
 import pytest
 import yaml
 from conftest import REPO, ansible_playbook
-from harness import DDP_RANKS, HEARTBEATS, LONG_DDP, leftovers
+from harness import DDP_RANKS, HEARTBEATS, LONG_DDP, leftovers, on
 from test_site_playbook import acceptance, changed_tasks, recap
 
 from clustercheck.exitcodes import ExitCode
@@ -29,15 +29,6 @@ pytestmark = pytest.mark.cluster
 
 TOOL_PYTHON = "/opt/clustercheck/tool/bin/python"  # the environment the role installs clustercheck in
 INTERVAL = 10  # HealthCheckInterval while the health program is under test (the role's default is 300)
-
-
-def on(node, command: str, check: bool = True) -> subprocess.CompletedProcess:
-    proc = subprocess.run(
-        ["docker", "exec", node.container, "sh", "-c", command], capture_output=True, text=True, timeout=180
-    )
-    if check and proc.returncode != 0:
-        raise AssertionError(f"{node.name}: {command}: exit {proc.returncode}: {proc.stdout}{proc.stderr}")
-    return proc
 
 
 def states(controller) -> dict[str, tuple[str, str]]:

@@ -33,8 +33,9 @@ def test_site_applies_every_role_with_its_own_tag_and_the_readme_says_the_order(
     entries = [r for play in plays for r in play.get("roles", [])]
     assert all(r["tags"] == [r["role"]] for r in entries)
     order = role_docs.site_roles()
-    # every role is applied, or used by one that is (nvidia_repo and nvidia_gpu, by the NVIDIA roles)
-    assert set(ROLES) - set(order) == {"nvidia_repo", "nvidia_gpu"}
+    # every role is applied, or used by one that is (nvidia_repo and nvidia_gpu, by the NVIDIA roles; clustercheck_tool,
+    # by slurm and monitoring)
+    assert set(ROLES) - set(order) == {"nvidia_repo", "nvidia_gpu", "clustercheck_tool"}
     sentence = (REPO / "README.md").read_text().split("applies the roles in this order", 1)[1].split(".", 1)[0]
     assert [w.strip("`") for w in re.findall(r"`(\w+)`", sentence) if w != "nvidia_repo"] == order
 
@@ -175,6 +176,12 @@ def test_choices_are_strings_and_hold_the_roles_default(role):
         if "choices" not in option:
             continue
         assert all(isinstance(c, str) for c in option["choices"]), f"{name}: {option['choices']}"
+        if option.get("type") == "list":  # the choices are those of each element
+            assert set(option.get("default", [])) <= set(option["choices"]), f"{name}: a default element is no choice"
+            assert set(defaults.get(name, [])) <= set(option["choices"]), (
+                f"{name}: defaults/main.yml sets {defaults[name]}"
+            )
+            continue
         if "default" in option:
             assert option["default"] in option["choices"], f"{name}: the spec's default is not one of its choices"
         if name in defaults:
@@ -344,3 +351,10 @@ def test_wheelhouse_check_reads_real_wheel_names():
         "the wheelhouse has no torchvision==0.28.0 wheel"
     )
     assert wheels.python_too_old("3.8", "3.10") and not wheels.python_too_old("3.12", "3.10")
+
+
+def test_the_monitoring_timer_offers_the_stages_clustercheck_runs():
+    """monitoring_timer_stages become `clustercheck run --only` arguments: its choices are the CLI's stages."""
+    from clustercheck.cli import STAGES
+
+    assert _options("monitoring")["monitoring_timer_stages"]["choices"] == list(STAGES)
