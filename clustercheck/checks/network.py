@@ -504,19 +504,16 @@ def busy_ports(records: dict[str, dict], master: str, master_port: int) -> list[
     return results
 
 
-def _listening(records: dict[str, dict], name: str, port: int) -> bool:
-    record = records.get(name)
-    return bool(record) and any(s["port"] == port and s["ok"] for s in record["listen"])
-
-
 def tcp_checks(records: dict[str, dict], peers: list[Peer], cidr: str | None = None) -> list[CheckResult]:
     address = {p.name: p.address for p in peers}
     failures: dict[tuple[str, str], list[dict]] = {}
     tested = 0
+    # (node, port) for every port a node listened on: looked up once per connection, of which there are 2 N (N-1).
+    listening = {(name, s["port"]) for name, r in records.items() for s in r["listen"] if s["ok"]}
     for name, record in sorted(records.items()):
         for out in record["outgoing"]:
             target = out["to"]
-            if target not in records or not _listening(records, target, out["port"]):
+            if (target, out["port"]) not in listening:
                 continue  # the far side did not run or could not listen: reported by other checks
             tested += 1
             if out["result"] != "ok":
@@ -600,6 +597,8 @@ def resolve_checks(records: dict[str, dict], peers: list[Peer]) -> list[CheckRes
         for name, answer in record["resolve"].items():
             if answer.get("addresses"):
                 seen.setdefault(name, Counter())[tuple(answer["addresses"])] += 1
+    majorities = {name: counts.most_common(1)[0][0] for name, counts in seen.items()}
+    loopback_of: dict[str, bool] = {}  # every node resolves every name: N² answers, N addresses to parse
     results = []
     for resolver, record in sorted(records.items()):
         problems, warnings, loopback = [], [], []
@@ -610,11 +609,11 @@ def resolve_checks(records: dict[str, dict], peers: list[Peer]) -> list[CheckRes
             if not addrs:
                 problems.append(f"{label} does not resolve ({answer.get('error', 'no address')})")
                 continue
-            if any(_is_loopback(a) for a in addrs):
+            if any(loopback_of[a] if a in loopback_of else loopback_of.setdefault(a, _is_loopback(a)) for a in addrs):
                 problems.append(f"{label} resolves to loopback {', '.join(addrs)}")
                 loopback += [f"'{a} {host}'" for a in addrs if _is_loopback(a)]
                 continue
-            majority = seen[name].most_common(1)[0][0]
+            majority = majorities[name]
             if len(seen[name]) > 1 and tuple(addrs) != majority:
                 problems.append(f"{label} resolves to {', '.join(addrs)}, other nodes get {', '.join(majority)}")
             elif name in address and address[name] not in addrs:

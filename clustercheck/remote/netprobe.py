@@ -411,14 +411,14 @@ def schedule(names: list[str], rounds: int | None = None, seed: int | None = Non
     if len(order) % 2:
         order.append(None)
     n = len(order)
+    # Only the rounds asked for are drawn (N/2 pairs each), not every round of the N-1 to keep a few.
+    wanted = n - 1 if rounds is None or rounds >= len(names) - 1 else rounds
     every = []
-    for _ in range(n - 1):
+    for _ in range(wanted):
         pairs = [(order[i], order[n - 1 - i]) for i in range(n // 2)]
         every.append([(a, b) for a, b in pairs if a is not None and b is not None])
         order = [order[0], order[-1], *order[1:-1]]
-    if rounds is None or rounds >= len(names) - 1:
-        return every
-    return every[:rounds]
+    return every
 
 
 def _recv_exactly(sock: socket.socket, size: int) -> bytes:

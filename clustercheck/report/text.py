@@ -1,5 +1,6 @@
-"""The report people read: failures and warnings first with their fixes, then what passed; the skipped checks
-folded into one line per reason; each stage's time; the counts, the verdict and what to do next."""
+"""The report people read: failures and warnings first with their fixes, then what passed (the same finding on
+several hosts as one row naming them); the skipped checks folded into one line per reason; each stage's time; the
+counts, the verdict and what to do next."""
 
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ STYLES = {
 }
 NAMES_SHOWN = 8  # check names listed on a folded skip line; the JSON report has them all
 HOSTS_SHOWN = 8  # hosts named on a fix line
+HOSTS_FOLDED = 3  # hosts named in the host cell of a row that folds the same finding on several hosts
 REASON_CHARS = 100  # of why a stage did not run, on the stages line (the skip lines have it whole)
 
 
@@ -33,7 +35,8 @@ def print_report(report: Report, console: Console, raw_output: str | None = None
     results = report.results
     judged = sorted((r for r in results if r.status is not Status.SKIP), key=lambda r: SEVERITY[r.status])
     if judged:
-        print_table(judged, console)
+        rows = fold(judged, report.hosts)
+        print_table([r for r, _ in rows], console, [where for _, where in rows])
     lines = [f"[bold]fix[/] {escape(line)}" for line in fix_lines(judged)]
     lines += [f"[dim]{escape(line)}[/]" for line in skipped_lines(results, report.hosts)]
     if report.stages:
@@ -51,10 +54,38 @@ COLUMNS = ("status", "check", "host", "message")
 TOP, HEAD, RULE, ROW, BOTTOM = "┏━┳┓", "┃ ┃┃", "┡━╇┩", "│ ││", "└─┴┘"
 
 
-def print_table(results: list[CheckResult], console: Console) -> None:
+def fold(results: list[CheckResult], hosts: list[str]) -> list[tuple[CheckResult, str]]:
+    """One row per finding: a check that says the same (status and message) on several hosts is one row naming
+    them, in the order given, so a cluster of a thousand nodes is not a thousand rows of the same line. Each row
+    is its first result and the host cell: the host, the cluster, or the hosts (`all N hosts`, or the first few
+    and how many more)."""
+    groups: dict[tuple, list[CheckResult]] = {}
+    for i, r in enumerate(results):
+        if r.host is None:
+            groups[(i,)] = [r]  # a cluster-wide result is its own row
+            continue
+        groups.setdefault((r.status, r.name, r.message.removeprefix(f"{r.host}: ")), []).append(r)
+    rows = []
+    for members in groups.values():
+        first = members[0]
+        where = list(dict.fromkeys(r.host or CLUSTER_SUITE for r in members))
+        if len(where) == 1:
+            rows.append((first, where[0]))
+        elif len(where) == len(hosts) and set(where) == set(hosts):
+            rows.append((first, f"all {len(where)} hosts"))
+        else:
+            shown = ", ".join(where[:HOSTS_FOLDED])
+            rows.append(
+                (first, shown + (f" and {len(where) - HOSTS_FOLDED} more" if len(where) > HOSTS_FOLDED else ""))
+            )
+    return rows
+
+
+def print_table(results: list[CheckResult], console: Console, hosts: list[str] | None = None) -> None:
+    """RESULTS as a table; HOSTS: each row's host cell (fold()), else each result's own host."""
     segments: list[Segment] = []
     styles: dict[str, Style] = {}
-    for line in table_lines(results, console.width):
+    for line in table_lines(results, console.width, hosts):
         for piece, name in line:
             style = styles.setdefault(name, console.get_style(name)) if name else None
             segments.append(Segment(piece, style))
@@ -65,19 +96,20 @@ def print_table(results: list[CheckResult], console: Console) -> None:
 Line = list[tuple[str, str | None]]  # a line of the table: its pieces, each with its style's name (or none)
 
 
-def table_lines(results: list[CheckResult], width: int) -> list[Line]:
+def table_lines(results: list[CheckResult], width: int, hosts: list[str] | None = None) -> list[Line]:
     """The results as a table WIDTH columns wide at most, the status coloured: a border, one row per result,
     long cells wrapped within their column (a word longer than its column folded). Laid out in one pass over the
     rows: rich's own Table measures and renders every cell through its layout engine several times, and on a
     cluster's hundreds of rows it cost clustercheck more CPU than talking to the nodes did."""
+    cells = hosts if hosts is not None else [r.host or CLUSTER_SUITE for r in results]
     rows = [
         (
             r.status.value,
             r.name,
-            r.host or CLUSTER_SUITE,
+            where,
             r.message.removeprefix(f"{r.host}: ") if r.host else r.message,  # the host has its own column
         )
-        for r in results
+        for r, where in zip(results, cells, strict=True)
     ]
     widths = column_widths([COLUMNS, *rows], width)
     lines: list[Line] = [[(_rule(TOP, widths), None)]]

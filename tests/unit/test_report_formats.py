@@ -384,3 +384,23 @@ def test_prometheus_takes_its_metrics_from_the_measures_and_knows_no_check_by_na
     assert "# HELP clustercheck_queue_depth_bytes A new check's measured value." in text.splitlines()
     source = Path(prometheus.__file__).read_text()
     assert [name for name in registry.REGISTRY if f'"{name}"' in source] == []
+
+
+def test_the_same_finding_on_several_hosts_is_one_row_naming_them():
+    hosts = [f"node{i}" for i in range(1, 6)]
+    check = registry.get("time.sync")
+    results = [check.result(h, registry.warn("the clock is not synchronized to NTP")) for h in hosts]
+    results += [check.result(h, registry.passed("synchronized (chrony)")) for h in hosts[:4]]
+    results.append(registry.get("shm.size").result("node2", registry.passed("/dev/shm is 64 GiB")))
+    results.append(registry.get("shm.size").result("node3", registry.passed("/dev/shm is 32 GiB")))
+    rows = [
+        [cell.strip() for cell in line.split("│")[1:-1]]
+        for line in text_lines(Report(results, hosts))
+        if line.startswith("│") and line.split("│")[1].strip()
+    ]
+    assert rows == [
+        ["WARN", "time.sync", "all 5 hosts", "the clock is not synchronized to NTP"],
+        ["PASS", "time.sync", "node1, node2, node3 and 1 more", "synchronized (chrony)"],
+        ["PASS", "shm.size", "node2", "/dev/shm is 64 GiB"],
+        ["PASS", "shm.size", "node3", "/dev/shm is 32 GiB"],
+    ]
