@@ -6,6 +6,7 @@ cause (firewall, routing, name resolution, port conflict) and the fix.
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 from collections import Counter
 from collections.abc import Callable
@@ -581,6 +582,7 @@ def _tcp_remedy(cause: str, src: str, dst: str, address: dict[str, str], cidr: s
     return f"Run the probe again; check {dst}'s firewall and {src}'s routes."
 
 
+@functools.cache  # every node resolves every name: N² answers, N distinct addresses to parse
 def _is_loopback(addr: str) -> bool:
     try:
         return ipaddress.ip_address(addr).is_loopback
@@ -598,7 +600,6 @@ def resolve_checks(records: dict[str, dict], peers: list[Peer]) -> list[CheckRes
             if answer.get("addresses"):
                 seen.setdefault(name, Counter())[tuple(answer["addresses"])] += 1
     majorities = {name: counts.most_common(1)[0][0] for name, counts in seen.items()}
-    loopback_of: dict[str, bool] = {}  # every node resolves every name: N² answers, N addresses to parse
     results = []
     for resolver, record in sorted(records.items()):
         problems, warnings, loopback = [], [], []
@@ -609,7 +610,7 @@ def resolve_checks(records: dict[str, dict], peers: list[Peer]) -> list[CheckRes
             if not addrs:
                 problems.append(f"{label} does not resolve ({answer.get('error', 'no address')})")
                 continue
-            if any(loopback_of[a] if a in loopback_of else loopback_of.setdefault(a, _is_loopback(a)) for a in addrs):
+            if any(_is_loopback(a) for a in addrs):
                 problems.append(f"{label} resolves to loopback {', '.join(addrs)}")
                 loopback += [f"'{a} {host}'" for a in addrs if _is_loopback(a)]
                 continue
