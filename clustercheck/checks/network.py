@@ -603,22 +603,27 @@ def resolve_checks(records: dict[str, dict], peers: list[Peer]) -> list[CheckRes
     results = []
     for resolver, record in sorted(records.items()):
         problems, warnings, loopback = [], [], []
+        odd: dict[str, dict] = {}  # the answers behind a problem or warning (all of them: the run directory)
         for name, answer in sorted(record["resolve"].items()):
             addrs = answer.get("addresses") or []
             host = answer.get("hostname", name)
             label = host if host == name else f"{host} ({name})"
             if not addrs:
                 problems.append(f"{label} does not resolve ({answer.get('error', 'no address')})")
+                odd[name] = answer
                 continue
             if any(_is_loopback(a) for a in addrs):
                 problems.append(f"{label} resolves to loopback {', '.join(addrs)}")
                 loopback += [f"'{a} {host}'" for a in addrs if _is_loopback(a)]
+                odd[name] = answer
                 continue
             majority = majorities[name]
             if len(seen[name]) > 1 and tuple(addrs) != majority:
                 problems.append(f"{label} resolves to {', '.join(addrs)}, other nodes get {', '.join(majority)}")
+                odd[name] = answer
             elif name in address and address[name] not in addrs:
                 warnings.append(f"{label} resolves to {', '.join(addrs)}, not its cluster address {address[name]}")
+                odd[name] = answer
         if problems:
             status, text = Status.FAIL, "name resolution: " + "; ".join(problems)
             remedy = (
@@ -641,7 +646,8 @@ def resolve_checks(records: dict[str, dict], peers: list[Peer]) -> list[CheckRes
                 f"{resolver}: {text}",
                 host=resolver,
                 remediation=remedy,
-                data={"resolved": record["resolve"]},
+                # Not every answer: N nodes resolving N names is N² of them, most of a 1,000-node report's size.
+                data={"names": len(record["resolve"]), "unexpected": odd},
             )
         )
     return results

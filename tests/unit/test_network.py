@@ -123,6 +123,11 @@ def test_resolution_failures_name_the_resolver_and_the_name():
     assert "node2 does not resolve" in failures["node1"].message
     assert "node2 resolves to loopback 127.0.1.1" in failures["node2"].message
     assert "node1 resolves to 10.9.9.9, other nodes get 172.30.80.11" in failures["node3"].message
+    # The data keeps the answers behind a finding, not every node's answer for every name (N² at N nodes).
+    assert failures["node3"].data["names"] == 3
+    assert failures["node3"].data["unexpected"]["node1"] == {"addresses": ["10.9.9.9"]}
+    (healthy,) = [r for r in named(evaluate(load("netprobe-healthy.json")), "network.resolve") if r.host == "node1"]
+    assert healthy.status is Status.PASS and healthy.data == {"names": 3, "unexpected": {}}
 
 
 def test_a_name_resolving_to_another_address_everywhere_warns():
