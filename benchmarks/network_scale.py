@@ -16,12 +16,12 @@ holds every test node's neighbour entries here.
 from __future__ import annotations
 
 import json
-import shlex
 import subprocess
 import threading
 import time
 
 import common
+from harness import freeze_after_go  # tests/ is on the path (common.py)
 
 SLOWED = "node2"
 FROZEN = "node3"
@@ -52,25 +52,6 @@ def docker_exec(container: str, command: str) -> subprocess.CompletedProcess:
     return subprocess.run(["docker", "exec", container, "sh", "-c", command], capture_output=True, text=True)
 
 
-def freeze_when_go(container: str, node: str, after: float, done: threading.Event, frozen: list[float]) -> None:
-    """Pause CONTAINER AFTER seconds once its probe has the go signal; unpause when DONE."""
-    go_file = None
-    while not done.is_set() and go_file is None:
-        found = docker_exec(container, f"pgrep -af -- '--self {node} ' || true").stdout
-        words = shlex.split(found.splitlines()[0]) if found.strip() else []
-        if "--go-file" in words:
-            go_file = words[words.index("--go-file") + 1]
-        time.sleep(0.2)
-    while go_file and not done.is_set() and docker_exec(container, f"test -e {shlex.quote(go_file)}").returncode:
-        time.sleep(0.2)
-    if done.wait(after):
-        return
-    subprocess.run(["docker", "pause", container], check=True, capture_output=True)
-    frozen.append(time.monotonic())
-    done.wait()
-    subprocess.run(["docker", "unpause", container], check=True, capture_output=True)
-
-
 def main() -> int:
     p = common.parser(__doc__.split("\n\n")[0], 1)
     p.add_argument("--nodes", type=int, default=64, help="test nodes (default %(default)s)")
@@ -97,7 +78,7 @@ def main() -> int:
 
         done, frozen = threading.Event(), []
         freezer = threading.Thread(
-            target=freeze_when_go, args=(nodes.containers[FROZEN], FROZEN, args.freeze_after, done, frozen)
+            target=freeze_after_go, args=(nodes.containers[FROZEN], FROZEN, args.freeze_after, done, frozen)
         )
         freezer.start()
         try:

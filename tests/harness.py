@@ -10,9 +10,11 @@ from __future__ import annotations
 import contextlib
 import json
 import re
+import shlex
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 
@@ -29,6 +31,10 @@ CLUSTERCHECK = str(Path(sys.executable).parent / "clustercheck")
 LEFTOVERS = (
     "for d in /proc/[0-9]*; do grep -qsz '^CLUSTERCHECK_RUN=' $d/environ && cat $d/cmdline | tr '\\0' ' ' && echo; "
     "done; ls -d /tmp/clustercheck-* 2>/dev/null; pgrep -af '[c]lustercheck-remote|[t]orch.distributed.run'; true"
+)
+SWEEP = (  # what clustercheck's own cleanup does on a node: every process with its run marker, its work directories
+    "for d in /proc/[0-9]*; do grep -qsz '^CLUSTERCHECK_RUN=' $d/environ && kill -9 ${d#/proc/}; done; "
+    "rm -rf /tmp/clustercheck-*; true"
 )
 # A node's DDP ranks, not its torchrun agent (whose command line names the worker too).
 DDP_RANKS = (
@@ -68,6 +74,32 @@ def on(node, command: str, check: bool = True, timeout: float = 180) -> subproce
     if check and proc.returncode != 0:
         raise AssertionError(f"{node.name}: {command}: exit {proc.returncode}: {proc.stdout}{proc.stderr}")
     return proc
+
+
+def freeze_after_go(container: str, node: str, after: float, done: threading.Event, frozen: list[float]) -> None:
+    """Pause CONTAINER AFTER seconds once NODE's network probe has the go signal (its connections and rounds have
+    begun), appending the moment to FROZEN; unpause it when DONE is set."""
+    go_file = None
+    while not done.is_set() and go_file is None:
+        found = subprocess.run(
+            ["docker", "exec", container, "sh", "-c", f"pgrep -af -- '--self {node} ' || true"],
+            capture_output=True,
+            text=True,
+        ).stdout
+        words = shlex.split(found.splitlines()[0]) if found.strip() else []
+        if "--go-file" in words:
+            go_file = words[words.index("--go-file") + 1]
+        time.sleep(0.2)
+    while go_file and not done.is_set():
+        if subprocess.run(["docker", "exec", container, "test", "-e", go_file], capture_output=True).returncode == 0:
+            break
+        time.sleep(0.2)
+    if done.wait(after):
+        return
+    subprocess.run(["docker", "pause", container], check=True, capture_output=True)
+    frozen.append(time.monotonic())
+    done.wait()
+    subprocess.run(["docker", "unpause", container], check=True, capture_output=True)
 
 
 def run_cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:

@@ -464,7 +464,7 @@ def probe_checks(
                 emit(
                     "network.probe",
                     Status.ERROR,
-                    f"{name}: the network probe did not run: {why}",
+                    f"{name}: the network probe did not complete: {why}",
                     host=name,
                     remediation=f"Check that {name} is reachable over SSH and has python3.",
                 )

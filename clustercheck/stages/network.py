@@ -31,6 +31,10 @@ NAME = "network"
 EPHEMERAL_RANGE = (49152, 60999)  # IANA dynamic ports, below Linux's default ip_local_port_range top
 READY_BASE, READY_PER_NODE = 30.0, 1.0  # seconds every probe gets to listen: 30 s, plus 1 s a node
 GO_SLACK = 30.0  # the probe waits this much longer for the go file than the controller waits for ready
+# Once more than half the probes ended, the others get this long after the last of them to end too: every probe
+# ends at the same paced deadline, so one still running then has frozen or fallen far behind (its pairs are lost
+# either way); the stage goes on without it instead of waiting out its probe's own time limit (minutes at 64 nodes).
+STRAGGLER_GRACE = 30.0
 # The perf rounds' node order is shuffled with a fixed seed: the same partners on every run of the same nodes, so
 # a baseline compares the same pairs (--network-rounds all measures every pair).
 SCHEDULE_SEED = 0
@@ -124,6 +128,9 @@ def run(members: list[Member], ctx: Context) -> list[CheckResult]:
     peers = [network.Peer(m.name, m.address, m.hostname) for m in members]
     records: dict[str, dict] = {}
     errors: dict[str, str] = {}
+    lock = threading.Lock()
+    finished: dict[str, float] = {}  # node -> when its probe's answer came back
+    abandoned: set[str] = set()  # nodes whose probe the stage stopped waiting for (STRAGGLER_GRACE)
     measure = network.plan(config.selection.check_selected)  # a deselected check costs no perf round
     wait = ready_timeout(len(members))
     window = connect_window(config.network_duration, len(members))
@@ -145,13 +152,25 @@ def run(members: list[Member], ctx: Context) -> list[CheckResult]:
             config.network_rounds,
         )
         command = bundle.command(m.facts.python, m.transport.workdir, "netprobe", *args)
-        answer = m.transport.run(command, timeout=wait + GO_SLACK + window + (perf_time(rounds) if measure else 0) + 30)
-        (config.host_dir(m.name) / "network.json").write_text(answer.stdout)
-        (config.host_dir(m.name) / "network.stderr").write_text(answer.stderr)
         try:
-            records[m.name] = json.loads(answer.stdout.strip().splitlines()[-1])
-        except (ValueError, IndexError):
-            errors[m.name] = answer.cause()
+            answer = m.transport.run(
+                command, timeout=wait + GO_SLACK + window + (perf_time(rounds) if measure else 0) + 30
+            )
+        except Exception as exc:  # one node's trouble is that node's network.probe ERROR
+            answer, error = None, f"{type(exc).__name__}: {exc}"
+        with lock:
+            if m.name in abandoned:  # the stage went on without it
+                return
+            finished[m.name] = time.monotonic()
+            if answer is None:
+                errors[m.name] = error
+                return
+            (config.host_dir(m.name) / "network.json").write_text(answer.stdout)
+            (config.host_dir(m.name) / "network.stderr").write_text(answer.stderr)
+            try:
+                records[m.name] = json.loads(answer.stdout.strip().splitlines()[-1])
+            except (ValueError, IndexError):
+                errors[m.name] = answer.cause()
 
     reach = ctx.reach
     reach.each(lambda m: bundle.install(m.transport), members, name=lambda m: m.name)
@@ -159,9 +178,8 @@ def run(members: list[Member], ctx: Context) -> list[CheckResult]:
     # the wait ran out), so no connection is tried towards a node that is not listening yet.
     started = time.monotonic()
     ready_after: dict[str, float] = {}
-    outcomes: dict = {}
     probes = threading.Thread(
-        target=lambda: outcomes.update(reach.each(probe, members, name=lambda m: m.name)), daemon=True, name="netprobe"
+        target=lambda: reach.each(probe, members, name=lambda m: m.name), daemon=True, name="netprobe"
     )
     probes.start()
 
@@ -189,11 +207,19 @@ def run(members: list[Member], ctx: Context) -> list[CheckResult]:
         name=lambda m: m.name,
     )
     waits.join(30)  # the go file ends every wait still under way
-    probes.join()
-    for i, m in enumerate(members):
-        if isinstance(outcomes.get(i), BaseException):  # one node's trouble is that node's network.probe ERROR
-            exc = outcomes[i]
-            errors[m.name] = f"{type(exc).__name__}: {exc}"
+    while probes.is_alive():
+        with lock:
+            last = max(finished.values(), default=None)
+            if 2 * len(finished) > len(members) and last is not None and time.monotonic() - last > STRAGGLER_GRACE:
+                for m in members:
+                    if m.name not in finished:
+                        abandoned.add(m.name)
+                        errors[m.name] = (
+                            f"no answer {STRAGGLER_GRACE:.0f} s after the other nodes' probes ended (the node froze, "
+                            "or fell far behind); its pairs were not measured"
+                        )
+                break
+        probes.join(0.2)
     not_ready = {m.name: wait for m in members if m.name not in ready_after}
     results = network.evaluate(
         records,

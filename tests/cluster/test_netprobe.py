@@ -13,6 +13,7 @@ import threading
 
 import paramiko
 import pytest
+from harness import SWEEP, clustercheck, freeze_after_go, on
 
 from clustercheck.checks import network
 from clustercheck.model import Status
@@ -179,3 +180,34 @@ def test_a_hostname_mapped_to_loopback_fails_on_the_node_that_maps_it(nodes):
     assert [r.host for r in failing] == ["node2"]
     assert "node2 resolves to loopback 127.0.1.1" in failing[0].message
     assert "127.0.1.1" in failing[0].remediation
+
+
+def test_a_node_frozen_during_the_rounds_costs_its_own_pairs_and_the_stage_goes_on(cluster, tmp_path):
+    """node3 frozen a second after its probe got the go signal: the stage waits STRAGGLER_GRACE past the other
+    probes' end, not node3's probe's own time limit, names node3's probe as frozen and judges the other pairs."""
+    node3 = cluster.node("node3")
+    done, frozen = threading.Event(), []
+    freezer = threading.Thread(target=freeze_after_go, args=(node3.container, "node3", 1.0, done, frozen))
+    freezer.start()
+    try:
+        proc = clustercheck(
+            cluster, tmp_path, "--only", "network", "--skip", "local.*", "--format", "json", "--master-port", "29637"
+        )
+    finally:
+        done.set()
+        freezer.join()
+        on(node3, SWEEP, check=False)  # what the run could not clean up on the frozen node (it ends by itself later)
+    assert frozen, f"node3's probe never had the go signal:\n{proc.stderr[-2000:]}"
+    report = json.loads(proc.stdout)
+    probe = {c["host"]: c for c in report["checks"] if c["name"] == "network.probe"}
+    assert probe["node3"]["status"] == "ERROR" and "the node froze" in probe["node3"]["message"], probe["node3"]
+    assert probe["node1"]["status"] == probe["node2"]["status"] == "PASS", probe
+    tcp = next(c for c in report["checks"] if c["name"] == "network.tcp")
+    assert tcp["status"] == "PASS", tcp  # node1 and node2 reach each other; node3's connections are not judged
+    # The probe's own time limit at 3 nodes (the ready wait, the connect window, the rounds): the stage ended long
+    # before it, STRAGGLER_GRACE after the other probes.
+    peers = [network.Peer(n.name, n.address) for n in cluster.nodes]
+    limit = stage.ready_timeout(3) + stage.GO_SLACK + stage.connect_window(10.0, 3)
+    limit += stage.perf_time(stage.round_count(peers, 8)) + 30
+    seconds = next(s["duration_s"] for s in report["stages"] if s["name"] == "network")
+    assert seconds < limit - 20, f"the network stage took {seconds} s, node3's probe's time limit is {limit} s"

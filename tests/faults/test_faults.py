@@ -27,6 +27,7 @@ from harness import (
     DDP_RANKS,
     LEFTOVERS,
     PYTHON,
+    SWEEP,
     clustercheck,
     clustercheck_command,
     leftovers,
@@ -489,12 +490,6 @@ def node_frozen(cluster, tmp_path, row):
         finally:
             ssh_run(client, "rm -rf /tmp/clustercheck-*")  # whatever a failed assertion left
     return verdict
-
-
-SWEEP = (  # what clustercheck's own cleanup does on a node: every process with its run marker, its work directories
-    "for d in /proc/[0-9]*; do grep -qsz '^CLUSTERCHECK_RUN=' $d/environ && kill -9 ${d#/proc/}; done; "
-    "rm -rf /tmp/clustercheck-*; true"
-)
 
 
 def _frozen_at_the_moment(cluster, tmp_path, row, moment: Callable[[], bool]) -> Verdict:
