@@ -250,6 +250,9 @@ def test_the_timer_makes_prometheus_fire_an_alert_for_a_fault_and_resolve_it(mon
 
     healthy = timer_run(node1)
     assert [c for c in healthy["checks"] if c["status"] in ("FAIL", "ERROR")] == []
+    # No torch job beside users' training: the node-local collectives are skipped (monitoring_timer_skip).
+    local = [c for c in healthy["checks"] if c["name"].startswith("local.")]
+    assert local and all(c["status"] == "SKIP" for c in local), local
     with prometheus(tmp_path, [f"{n.address}:9100" for n in monitored.nodes], rules) as url:
         run_start = "clustercheck_run_start_time_seconds{source='run'}"
         wait_for("the timer's report scraped from node1", lambda: api(url, f"query?query={run_start}"))
