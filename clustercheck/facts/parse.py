@@ -17,7 +17,7 @@ from clustercheck.facts.model import Gpu, NvidiaSmi
 # power cap under load, sync boost) are normal operation.
 BAD_THROTTLE = ("HW Slowdown", "HW Thermal Slowdown", "HW Power Brake Slowdown", "SW Thermal Slowdown")
 GPU_HEADER = re.compile(r"^GPU [0-9A-Fa-f]+:[0-9A-Fa-f]+:[0-9A-Fa-f]+\.[0-9A-Fa-f]+$")
-XID_RE = re.compile(r"NVRM: Xid \((?P<pci>[^)]*)\): (?P<xid>\d+)")
+XID_RE = re.compile(r"NVRM: Xid \((?P<pci>[^)\n]*)\): (?P<xid>\d+)")
 
 
 def parse_nvidia_smi_q(text: str) -> NvidiaSmi:
@@ -159,24 +159,40 @@ def _int(text: str) -> int | None:
         return None
 
 
+def _matching_lines(text: str, pattern: re.Pattern[str]) -> list[tuple[re.Match[str], str]]:
+    """Each line of TEXT that PATTERN matches (within the line), with its first match: one search through the whole
+    text rather than one per line, since a kernel log holds thousands of lines and a few of them matter (at 1,000
+    nodes a search per line was a third of the controller's CPU)."""
+    found: list[tuple[re.Match[str], str]] = []
+    end = -1
+    for match in pattern.finditer(text):
+        if match.start() < end:
+            continue  # a second match on a line already taken
+        start = text.rfind("\n", 0, match.start()) + 1
+        end = text.find("\n", match.end())
+        end = len(text) if end < 0 else end
+        found.append((match, text[start:end].strip()))
+    return found
+
+
 def parse_xids(kernel_log: str) -> list[dict[str, Any]]:
     """NVRM Xid lines of the kernel log -> [{pci, xid, line}]."""
-    found = []
-    for line in kernel_log.splitlines():
-        match = XID_RE.search(line)
-        if match:
-            found.append({"pci": match["pci"], "xid": int(match["xid"]), "line": line.strip()})
-    return found
+    return [
+        {"pci": match["pci"], "xid": int(match["xid"]), "line": line}
+        for match, line in _matching_lines(kernel_log, XID_RE)
+    ]
 
 
 # The kernel's message when its neighbour table is full: "neighbour: arp_cache: neighbor table overflow!" (5.x and
 # later; ndisc_cache for IPv6), "Neighbour table overflow." (2.x).
-NEIGH_OVERFLOW_RE = re.compile(r"neighbou?r table overflow", re.IGNORECASE)
+# Without its first letter (n or N) and without IGNORECASE: a pattern that starts with a literal is searched for ten
+# times faster through a 130 kB log, once per node.
+NEIGH_OVERFLOW_RE = re.compile(r"eighbou?r table overflow")
 
 
 def neighbour_overflows(kernel_log: str) -> list[str]:
     """The kernel log's "neighbor table overflow" lines."""
-    return [line.strip() for line in kernel_log.splitlines() if NEIGH_OVERFLOW_RE.search(line)]
+    return [line for _, line in _matching_lines(kernel_log, NEIGH_OVERFLOW_RE)]
 
 
 def parse_timedatectl(text: str) -> dict[str, str]:

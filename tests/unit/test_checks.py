@@ -237,6 +237,20 @@ def test_the_kernels_neighbour_table_overflow_lines_of_both_eras_are_found():
     assert parse.neighbour_overflows("NVRM: Xid (PCI:0000:18:00): 79, GPU has fallen off the bus.") == []
 
 
+def test_overflow_lines_inside_a_long_kernel_log_are_found_whole_and_alone():
+    """The log is searched as one text: each finding is its own full line, not its neighbours', wherever it sits
+    (first, among 2,000 lines of this machine's recorded dmesg, last without a newline)."""
+    data = Path(__file__).parent / "data"
+    lines = (data / "kernel-log-neighbour-overflow-lkml-2001.txt").read_text().splitlines()
+    found = [line for line in lines if "table overflow" in line]
+    recorded = json.loads((Path(__file__).parents[2] / "benchmarks/data/scale-core-localhost.json").read_text())
+    dmesg = json.loads(recorded["answers"]["facts"]["stdout"])["commands"]["dmesg"]["out"]
+    assert dmesg.count("\n") > 1000 and parse.neighbour_overflows(dmesg) == []
+    middle = dmesg.index("\n", len(dmesg) // 2) + 1
+    log = found[0] + "\n" + dmesg[:middle] + found[1] + "\n" + dmesg[middle:] + found[0]
+    assert parse.neighbour_overflows(log) == [found[0], found[1], found[0]]
+
+
 def copies(facts: NodeFacts, count: int) -> list[NodeFacts]:
     return [
         replace(facts, node=Node(name=f"node{i}", address=f"10.0.{i // 250}.{i % 250 + 1}"))
