@@ -31,9 +31,11 @@ NAME = "network"
 EPHEMERAL_RANGE = (49152, 60999)  # IANA dynamic ports, below Linux's default ip_local_port_range top
 READY_BASE, READY_PER_NODE = 30.0, 1.0  # seconds every probe gets to listen: 30 s, plus 1 s a node
 GO_SLACK = 30.0  # the probe waits this much longer for the go file than the controller waits for ready
-# Once more than half the probes ended, the others get this long after the last of them to end too: every probe
-# ends at the same paced deadline, so one still running then has frozen or fallen far behind (its pairs are lost
-# either way); the stage goes on without it instead of waiting out its probe's own time limit (minutes at 64 nodes).
+# Every probe ends by the same paced moment, whatever its partners do: the connect window after the go signal,
+# then the rounds (a partner that froze costs a node its connect window, waiting for the frozen node's connections,
+# and that round). Once more than half the probes ended, one still running this long after that moment and after
+# the last of the others has frozen or fallen far behind (its pairs are lost either way): the stage goes on without
+# it instead of waiting out its probe's own time limit (minutes at 64 nodes).
 STRAGGLER_GRACE = 30.0
 # The perf rounds' node order is shuffled with a fixed seed: the same partners on every run of the same nodes, so
 # a baseline compares the same pairs (--network-rounds all measures every pair).
@@ -206,17 +208,23 @@ def run(members: list[Member], ctx: Context) -> list[CheckResult]:
         members,
         name=lambda m: m.name,
     )
+    # Every probe has its go file now: its connect window and its rounds end by this moment.
+    paced_end = time.monotonic() + window + (perf_time(rounds) if measure else 0)
     waits.join(30)  # the go file ends every wait still under way
     while probes.is_alive():
         with lock:
             last = max(finished.values(), default=None)
-            if 2 * len(finished) > len(members) and last is not None and time.monotonic() - last > STRAGGLER_GRACE:
+            if (
+                2 * len(finished) > len(members)
+                and last is not None
+                and time.monotonic() - max(last, paced_end) > STRAGGLER_GRACE
+            ):
                 for m in members:
                     if m.name not in finished:
                         abandoned.add(m.name)
                         errors[m.name] = (
-                            f"no answer {STRAGGLER_GRACE:.0f} s after the other nodes' probes ended (the node froze, "
-                            "or fell far behind); its pairs were not measured"
+                            f"no answer {STRAGGLER_GRACE:.0f} s after every probe's rounds were to end and the other "
+                            "nodes' probes ended (the node froze, or fell far behind); its pairs were not measured"
                         )
                 break
         probes.join(0.2)
