@@ -161,8 +161,7 @@ def _int(text: str) -> int | None:
 
 def _matching_lines(text: str, pattern: re.Pattern[str]) -> list[tuple[re.Match[str], str]]:
     """Each line of TEXT that PATTERN matches (within the line), with its first match: one search through the whole
-    text rather than one per line, since a kernel log holds thousands of lines and a few of them matter (at 1,000
-    nodes a search per line was a third of the controller's CPU)."""
+    text rather than one per line, since a kernel log holds thousands of lines and a few of them matter."""
     found: list[tuple[re.Match[str], str]] = []
     end = -1
     for match in pattern.finditer(text):
