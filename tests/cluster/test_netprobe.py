@@ -186,8 +186,9 @@ def test_a_node_frozen_during_the_rounds_costs_its_own_pairs_and_the_stage_goes_
     """node3's probe stopped (SIGSTOP) 0.3 s after it got the go signal, in its first rounds (at 3 nodes the
     connections and the rounds take about a second: the stop is made inside the node, no docker round trip late):
     the stage waits STRAGGLER_GRACE past the moment every probe's rounds were to end (and the other probes' end),
-    not node3's probe's own time limit, names node3's probe as frozen and judges the other pairs. The whole node paused (docker pause) is benchmarks/network_scale.py's
-    case at 64 nodes, where the rounds take long enough for it."""
+    not node3's probe's own time limit, names node3's probe as frozen and judges the other pairs. The whole node
+    paused (docker pause) is benchmarks/network_scale.py's case at 64 nodes, where the rounds take long enough for
+    it."""
     node3 = cluster.node("node3")
     done, frozen = threading.Event(), []
     freezer = threading.Thread(
