@@ -98,6 +98,15 @@ def perf_time(rounds: int) -> float:
     return rounds * netprobe.ROUND_SECONDS
 
 
+def past_waiting(finished: dict[str, float], nodes: int, paced_end: float, now: float) -> bool:
+    """Whether the probes still running at NOW are stragglers (STRAGGLER_GRACE): more than half of the NODES' probes
+    ended (FINISHED: node -> when), and the grace has passed since both PACED_END, when every probe's connect window
+    and rounds were to end, and the last of them."""
+    if 2 * len(finished) <= nodes:
+        return False
+    return now - max(max(finished.values()), paced_end) > STRAGGLER_GRACE
+
+
 def cluster_network(members: list[Member]) -> str | None:
     """The network the nodes talk over, for the advice that names it (a firewall rule): the inventory's
     cluster_cidr, else the network of each node's cluster address on its cluster interface. None unless every
@@ -213,12 +222,7 @@ def run(members: list[Member], ctx: Context) -> list[CheckResult]:
     waits.join(30)  # the go file ends every wait still under way
     while probes.is_alive():
         with lock:
-            last = max(finished.values(), default=None)
-            if (
-                2 * len(finished) > len(members)
-                and last is not None
-                and time.monotonic() - max(last, paced_end) > STRAGGLER_GRACE
-            ):
+            if past_waiting(finished, len(members), paced_end, time.monotonic()):
                 for m in members:
                     if m.name not in finished:
                         abandoned.add(m.name)

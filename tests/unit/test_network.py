@@ -520,3 +520,21 @@ def test_network_rounds_is_a_number_or_all_and_anything_else_a_usage_error(tmp_p
         result = CliRunner().invoke(cli.cli, ["run", "--hosts", "localhost", "--network-rounds", bad])
         assert result.exit_code == 2 and "--network-rounds" in result.output, result.output
         assert "Traceback" not in result.output
+
+
+def test_probes_still_waiting_out_their_rounds_are_not_taken_for_frozen_ones():
+    """As on 64 nodes with node3 frozen during the connections: 51 probes ended about 8 s in, the nodes still waiting
+    for node3's connections end only with their connect window (40 s) and rounds (8 of 6 s). 30 s after the early
+    ones is no reason to give up on them; 30 s after the rounds' paced end, or after the last probe that ended
+    past it, is."""
+    early = {f"node{i}": 8.0 for i in range(4, 55)}
+    paced_end = 4.0 + 40 + 8 * 6  # the go signal 4 s in, then the connect window and the rounds
+    assert not stage.past_waiting(early, 64, paced_end, now=45.0)
+    assert not stage.past_waiting(early, 64, paced_end, now=paced_end + stage.STRAGGLER_GRACE - 1)
+    assert stage.past_waiting(early, 64, paced_end, now=paced_end + stage.STRAGGLER_GRACE + 1)
+    late = {**early, "node17": paced_end + 10}  # it ended after the paced end (a loaded node): the grace counts from it
+    assert not stage.past_waiting(late, 64, paced_end, now=paced_end + stage.STRAGGLER_GRACE + 1)
+    assert stage.past_waiting(late, 64, paced_end, now=paced_end + 10 + stage.STRAGGLER_GRACE + 1)
+    # Half or fewer ended: the run itself is slow, and each probe keeps its own time limit.
+    half = {f"node{i}": 8.0 for i in range(32)}
+    assert not stage.past_waiting(half, 64, paced_end, now=paced_end + 10 * stage.STRAGGLER_GRACE)
