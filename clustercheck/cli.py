@@ -7,6 +7,7 @@ import contextlib
 import datetime as dt
 import os
 import shlex
+import shutil
 import signal
 import socket
 import subprocess
@@ -25,6 +26,8 @@ from clustercheck.checks.collectives import ThresholdError, parse_min_busbw
 from clustercheck.checks.consistency import DEFAULT_MAX_CLOCK_OFFSET
 from clustercheck.config import RunConfig
 from clustercheck.exitcodes import ExitCode
+from clustercheck.launcher import batch
+from clustercheck.launcher.batch import BatchRequest
 from clustercheck.model import Status, overall_status
 from clustercheck.reach import Fanout
 from clustercheck.remote.netprobe import DEFAULT_ROUNDS, parse_rounds
@@ -57,6 +60,45 @@ SSH_CONFIG_HELP = (
 )
 
 
+def _slurm_request_options(function):
+    """What to ask Slurm for outside an allocation: run's salloc and launch's batch job take the same."""
+    where = "With --slurm outside an allocation"
+    for option in reversed(
+        [
+            click.option(
+                "--nodes",
+                "slurm_nodes",
+                type=click.IntRange(min=1),
+                default=None,
+                help=f"{where}: how many nodes to ask Slurm for.",
+            ),
+            click.option("--nodelist", default=None, help=f"{where}: the nodes to ask for (Slurm's syntax)."),
+            click.option("--partition", default=None, help=f"{where}: the partition to ask in."),
+            click.option("--account", default=None, help=f"{where}: the account to charge."),
+            click.option(
+                "--time",
+                "slurm_time",
+                default=None,
+                help=f"{where}: the job's time limit (Slurm's syntax, e.g. 30 or 1:00:00).",
+            ),
+        ]
+    ):
+        function = option(function)
+    return function
+
+
+def _slurm_request(use_slurm: bool, **asked) -> dict:
+    """--nodes, --nodelist, --partition, --account, --time as given (None where not): only with --slurm, and only
+    outside an allocation."""
+    requested = [f"--{k}" for k, v in asked.items() if v is not None]
+    if requested and not use_slurm:
+        raise UsageError(f"{', '.join(requested)}: only with --slurm (an allocation to ask Slurm for)")
+    inside = os.environ.get("SLURM_JOB_ID")
+    if requested and inside:
+        raise UsageError(f"{', '.join(requested)}: this runs inside Slurm job {inside} already")
+    return asked
+
+
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="clustercheck")
 def cli() -> None:
@@ -79,24 +121,7 @@ def cli() -> None:
     "inventory's, which must all be in it. Outside an allocation, with --nodes or --nodelist, clustercheck asks "
     "for one (salloc) and releases it at the end.",
 )
-@click.option(
-    "--nodes",
-    "slurm_nodes",
-    type=click.IntRange(min=1),
-    default=None,
-    help="With --slurm outside an allocation: how many nodes to ask Slurm for.",
-)
-@click.option(
-    "--nodelist", default=None, help="With --slurm outside an allocation: the nodes to ask for (Slurm's syntax)."
-)
-@click.option("--partition", default=None, help="With --slurm outside an allocation: the partition to ask in.")
-@click.option("--account", default=None, help="With --slurm outside an allocation: the account to charge.")
-@click.option(
-    "--time",
-    "slurm_time",
-    default=None,
-    help="With --slurm outside an allocation: the allocation's time limit (Slurm's syntax, e.g. 30 or 1:00:00).",
-)
+@_slurm_request_options
 @click.option(
     "--slurm-wait",
     type=click.IntRange(min=1),
@@ -332,16 +357,9 @@ def run(
         selection = Selection(only=only, skip=skip)
     except SelectionError as exc:
         raise UsageError(str(exc)) from exc
-    request = {
-        "nodes": slurm_nodes,
-        "nodelist": nodelist,
-        "partition": partition,
-        "account": account,
-        "time": slurm_time,
-    }
-    requested = [f"--{k}" for k, v in request.items() if v is not None]
-    if requested and not use_slurm:
-        raise UsageError(f"{', '.join(requested)}: only with --slurm (an allocation to ask Slurm for)")
+    request = _slurm_request(
+        use_slurm, nodes=slurm_nodes, nodelist=nodelist, partition=partition, account=account, time=slurm_time
+    )
     if hosts is None and not use_slurm:
         raise UsageError("give the nodes: --hosts INVENTORY, or --slurm inside a Slurm allocation")
     if hosts is not None:
@@ -350,10 +368,7 @@ def run(
         nodes, ssh = [], _ssh_settings(None, known_hosts, accept_new_host_keys, connect_timeout)
     job = None
     if use_slurm:
-        inside = os.environ.get("SLURM_JOB_ID")
-        if requested and inside:
-            raise UsageError(f"{', '.join(requested)}: this runs inside Slurm job {inside} already")
-        if not inside and (slurm_nodes or nodelist):
+        if not os.environ.get("SLURM_JOB_ID") and (slurm_nodes or nodelist):
             job, allocated = _allocate(request, slurm_wait)
         else:
             job, allocated = _current_allocation()
@@ -759,8 +774,21 @@ def _ssh_settings(config, known_hosts: tuple[str, ...], accept_new_host_keys: bo
 
 
 @cli.command(context_settings={"ignore_unknown_options": False})
-@click.option("--hosts", required=True, help="An Ansible inventory, a comma-separated list of hosts, or localhost.")
+@click.option("--hosts", default=None, help="An Ansible inventory, a comma-separated list of hosts, or localhost.")
 @click.option("--limit", default=None, help="Only these groups or hosts (Ansible --limit patterns).")
+@click.option(
+    "--slurm",
+    "use_slurm",
+    is_flag=True,
+    help="Through Slurm, not SSH: outside an allocation, submit the launch as a batch job (--nodes or --nodelist) "
+    "and follow it (--detach: print its job id); inside one (salloc, sbatch), run on its nodes with job steps.",
+)
+@_slurm_request_options
+@click.option(
+    "--dry-run",
+    is_flag=True,
+    help="With --slurm outside an allocation: write and print the batch script, submit nothing.",
+)
 @click.option(
     "--nproc-per-node",
     type=click.IntRange(min=1),
@@ -794,7 +822,8 @@ def _ssh_settings(config, known_hosts: tuple[str, ...], accept_new_host_keys: bo
 @click.option(
     "--detach",
     is_flag=True,
-    help="Run the job under a transient systemd unit on every node and return; see jobs, logs and stop.",
+    help="Run the job under a transient systemd unit on every node (with --slurm: submit the batch job) and "
+    "return; see jobs, logs and stop.",
 )
 @click.option(
     "--run-dir",
@@ -807,8 +836,15 @@ def _ssh_settings(config, known_hosts: tuple[str, ...], accept_new_host_keys: bo
     "job", nargs=-1, required=True, type=click.UNPROCESSED, metavar="-- [TORCHRUN OPTIONS] SCRIPT [ARGS]..."
 )
 def launch(
-    hosts: str,
+    hosts: str | None,
     limit: str | None,
+    use_slurm: bool,
+    slurm_nodes: int | None,
+    nodelist: str | None,
+    partition: str | None,
+    account: str | None,
+    slurm_time: str | None,
+    dry_run: bool,
     nproc_per_node: int | None,
     master_port: int,
     env: tuple[str, ...],
@@ -825,7 +861,8 @@ def launch(
     job: tuple[str, ...],
 ) -> None:
     """Run a training script on every node under torchrun: clustercheck launch --hosts INV -- [TORCHRUN OPTIONS]
-    train.py [ARGS]. The exit status is the job's."""
+    train.py [ARGS], or as a Slurm batch job: clustercheck launch --slurm --nodes N -- train.py. The exit status is
+    the job's."""
     from clustercheck.launcher import codesync, records, session
     from clustercheck.launcher import command as launch_command
     from clustercheck.launcher.job import HostKeysRefused, LaunchOptions, NotStarted
@@ -838,7 +875,44 @@ def launch(
         user_env = launch_command.parse_env(env)
     except LaunchError as exc:
         raise UsageError(str(exc)) from exc
-    nodes, ssh = _nodes_and_ssh(hosts, limit, ssh_config, known_hosts, accept_new_host_keys, connect_timeout)
+    request = _slurm_request(
+        use_slurm, nodes=slurm_nodes, nodelist=nodelist, partition=partition, account=account, time=slurm_time
+    )
+    inside = os.environ.get("SLURM_JOB_ID") if use_slurm else None
+    if hosts is None and not use_slurm:
+        raise UsageError("give the nodes: --hosts INVENTORY, or --slurm (a batch job, or the allocation this runs in)")
+    if dry_run and (not use_slurm or inside):
+        raise UsageError("--dry-run: only with --slurm outside an allocation (it prints the batch script)")
+    if use_slurm and not inside:
+        if hosts is not None:
+            raise UsageError("--hosts: a batch job runs on the nodes Slurm gives it (--nodes, --nodelist)")
+        if not slurm_nodes and not nodelist:
+            raise UsageError(
+                "--slurm: give the batch job's nodes (--nodes N or --nodelist NODES), or run inside an allocation "
+                "(salloc --nodes=N clustercheck launch --slurm -- ...)"
+            )
+        extra = [
+            *(("--nproc-per-node", str(nproc_per_node)) if nproc_per_node else ()),
+            "--master-port",
+            str(master_port),
+            *(a for e in env for a in ("--env", e)),
+            *(("--sync", str(Path(sync).resolve())) if sync else ()),
+            *(("--chdir", chdir) if chdir else ()),
+            *(("--python", python) if python else ()),
+            *(("--no-preflight",) if no_preflight else ()),
+        ]
+        _launch_batch(BatchRequest(**request), [*extra, "--", *job], run_dir, dry_run, detach)
+    if use_slurm and detach:
+        raise UsageError(
+            f"--detach inside Slurm job {inside}: the job lives as long as this allocation; submit a batch job from "
+            "the login node instead (clustercheck launch --slurm --nodes N --detach -- ...)"
+        )
+    if hosts is not None:
+        nodes, ssh = _nodes_and_ssh(hosts, limit, ssh_config, known_hosts, accept_new_host_keys, connect_timeout)
+    else:
+        nodes, ssh = [], _ssh_settings(None, known_hosts, accept_new_host_keys, connect_timeout)
+    if inside:
+        nodes = _allocation_nodes(nodes, *_current_allocation())
     try:
         launch_command.check_nnodes(user_command, len(nodes))
         if sync and not user_command.is_module:
@@ -864,7 +938,8 @@ def launch(
     def say(line: str) -> None:
         click.echo(f"clustercheck: {line}", err=True)
 
-    job_run = session.Launch(nodes, options, Fanout(factory.default(ssh)), echo=click.echo, say=say)
+    reach = Fanout(_srun_factory(inside) if inside else factory.default(ssh))
+    job_run = session.Launch(nodes, options, reach, echo=click.echo, say=say)
     try:
         try:
             if options.preflight:
@@ -883,6 +958,7 @@ def launch(
                 names = job_run.start_detached(code)
             except NotStarted as exc:
                 raise UsageError(str(exc), ExitCode.NOT_STARTED) from exc
+            assert hosts is not None  # --detach with --slurm is a batch job, submitted above
             hosts_ref = str(Path(hosts).resolve()) if Path(hosts).exists() else hosts
             records.save(
                 records.JobRecord(
@@ -913,6 +989,71 @@ def launch(
         job_run.close()
     say(finished.message)
     sys.exit(finished.status)
+
+
+def _launch_batch(request, launch_args: list[str], run_dir: str | None, dry_run: bool, detach: bool) -> None:
+    """launch --slurm outside an allocation: write the batch script into the run directory, print it (--dry-run)
+    or submit it; then print the job's id (--detach) or follow its output until it ends and exit with its status.
+    Ctrl-C cancels the job."""
+    from clustercheck.launcher import records, slurmjob
+    from clustercheck.launcher.job import NotStarted
+
+    run_path = _make_run_dir(run_dir, "launch-%Y%m%d-%H%M%S").resolve()
+    path = run_path / "launch.sbatch"
+    path.write_text(batch.script(request, _clustercheck_command(), launch_args, run_path, Path.cwd()))
+
+    def say(line: str) -> None:
+        click.echo(f"clustercheck: {line}", err=True)
+
+    if dry_run:
+        click.echo(path.read_text(), nl=False)
+        say(f"not submitted (--dry-run); the script is {path}: submit it with sbatch {shlex.quote(str(path))}")
+        sys.exit(ExitCode.OK)
+    try:
+        job = slurmjob.submit(path)
+    except (NotStarted, slurmjob.SlurmError) as exc:
+        raise UsageError(str(exc), ExitCode.NOT_STARTED) from exc
+    records.save(
+        records.JobRecord(
+            job=job,
+            hosts="",
+            limit=None,
+            nodes=[],
+            command=launch_args[launch_args.index("--") + 1 :],
+            started=time.time(),
+            run_dir=str(run_path),
+            slurm=True,
+        )
+    )
+    output = batch.output_path(run_path, job)
+    say(f"submitted Slurm job {job} ({path}); its output: {output}")
+    if detach:
+        click.echo(job)
+        say(f"follow it: clustercheck logs {job} --follow; stop it: clustercheck stop {job}")
+        sys.exit(ExitCode.OK)
+    try:
+        ended = slurmjob.follow(job, output, click.echo, say)
+    except KeyboardInterrupt:
+        say(f"cancelling Slurm job {job}")
+        with contextlib.suppress(slurmjob.SlurmError):
+            slurmjob.cancel(job)
+        raise
+    except slurmjob.SlurmError as exc:
+        raise UsageError(f"Slurm job {job}: {exc}", ExitCode.CHECK_FAILED) from exc
+    if ended is None:
+        raise UsageError(f"Slurm no longer knows job {job}: its end and status are unknown", ExitCode.CHECK_FAILED)
+    status, message = ended.status()
+    say(message)
+    sys.exit(status)
+
+
+def _clustercheck_command() -> list[str]:
+    """How this clustercheck is run, for a batch script on another node of the cluster: the command's own path (the
+    slurm role installs it as /usr/local/bin/clustercheck on every node), else this python's -m clustercheck."""
+    here = Path(sys.argv[0])
+    if here.name == "clustercheck":
+        return [os.path.abspath(here) if here.parent != Path() else shutil.which("clustercheck") or "clustercheck"]
+    return [sys.executable, "-m", "clustercheck"]
 
 
 def _job_nodes(job: str, hosts: str | None, limit: str | None, ssh_opts: dict):
@@ -963,16 +1104,29 @@ def _unasked_error(not_asked: dict[str, str], total: int, what: str) -> UsageErr
 
 
 @cli.command("jobs")
-@click.option("--hosts", required=True, help="An Ansible inventory, a comma-separated list of hosts, or localhost.")
+@click.option("--hosts", default=None, help="An Ansible inventory, a comma-separated list of hosts, or localhost.")
 @click.option("--limit", default=None, help="Only these groups or hosts (Ansible --limit patterns).")
+@click.option(
+    "--slurm",
+    "use_slurm",
+    is_flag=True,
+    help="The launches submitted to Slurm (launch --slurm) by this user, from squeue, instead of the nodes' jobs.",
+)
 @click.option("--all", "show_all", is_flag=True, help="Also the jobs that ended (their output is kept on the nodes).")
 @_ssh_options
-def jobs_command(hosts: str, limit: str | None, show_all: bool, **ssh_opts) -> None:
+def jobs_command(hosts: str | None, limit: str | None, use_slurm: bool, show_all: bool, **ssh_opts) -> None:
     """List the detached jobs on the nodes: their id, state on every node, and when they started."""
     from clustercheck.launcher import detached
     from clustercheck.launcher.connections import Connections
     from clustercheck.launcher.job import HostKeysRefused
 
+    if use_slurm:
+        if hosts is not None:
+            raise UsageError("--hosts and --slurm: Slurm's jobs are listed by Slurm (squeue), give one of them")
+        _slurm_jobs(show_all)
+        return
+    if hosts is None:
+        raise UsageError("give the nodes: --hosts INVENTORY (or --slurm for the launches submitted to Slurm)")
     nodes, ssh = _nodes_and_ssh(hosts, limit, **ssh_opts)
     try:
         with Connections(nodes, Fanout(factory.default(ssh))) as reach:
@@ -1009,11 +1163,15 @@ def jobs_command(hosts: str, limit: str | None, show_all: bool, **ssh_opts) -> N
 @click.option("--limit", default=None, help="Only these groups or hosts (Ansible --limit patterns).")
 @_ssh_options
 def logs_command(job: str, follow: bool, hosts: str | None, limit: str | None, **ssh_opts) -> None:
-    """Show a detached job's output from every node, each line prefixed with node/rank."""
+    """Show a detached job's output from every node, each line prefixed with node/rank (a Slurm job's, for a Slurm
+    job id)."""
     from clustercheck.launcher import detached
     from clustercheck.launcher.connections import Connections
     from clustercheck.launcher.job import HostKeysRefused
 
+    if slurm.is_job_id(job):
+        _slurm_logs(job, follow)
+        return
     nodes, ssh, record = _job_nodes(job, hosts, limit, ssh_opts)
     try:
         with Connections(nodes, Fanout(factory.default(ssh))) as reach:
@@ -1039,11 +1197,15 @@ def logs_command(job: str, follow: bool, hosts: str | None, limit: str | None, *
 @click.option("--limit", default=None, help="Only these groups or hosts (Ansible --limit patterns).")
 @_ssh_options
 def stop_command(job: str, hosts: str | None, limit: str | None, **ssh_opts) -> None:
-    """Stop a detached job on every node (SIGTERM, then SIGKILL after 15 s); its output stays on the nodes."""
+    """Stop a detached job on every node (SIGTERM, then SIGKILL after 15 s); its output stays on the nodes. A Slurm
+    job id: the job is cancelled (scancel)."""
     from clustercheck.launcher import detached
     from clustercheck.launcher.connections import Connections
     from clustercheck.launcher.job import HostKeysRefused
 
+    if slurm.is_job_id(job):
+        _slurm_stop(job)
+        return
     nodes, ssh, _ = _job_nodes(job, hosts, limit, ssh_opts)
     try:
         with Connections(nodes, Fanout(factory.default(ssh))) as reach:
@@ -1065,6 +1227,86 @@ def stop_command(job: str, hosts: str | None, limit: str | None, **ssh_opts) -> 
         raise UsageError(f"no job {job} on any node")
     if problems:
         raise UsageError("could not stop the job everywhere: " + "; ".join(problems), ExitCode.CHECK_FAILED)
+
+
+def _slurm_jobs(show_all: bool) -> None:
+    """The launches this user submitted to Slurm: pending and running (--all: also those Slurm still remembers)."""
+    from clustercheck.launcher import slurmjob
+
+    argv = ["squeue", "--noheader", f"--name={batch.JOB_NAME}", f"--user={_user()}", f"--format={slurm.SQUEUE_FORMAT}"]
+    try:
+        found = slurmjob.listed(argv + (["--states=all"] if show_all else []))
+    except slurmjob.SlurmError as exc:
+        raise UsageError(f"--slurm: {exc}", ExitCode.CHECK_FAILED) from exc
+    for entry in found:
+        click.echo(entry.line())
+    if not found:
+        click.echo("no running jobs" if not show_all else "no jobs", err=True)
+
+
+def _user() -> str:
+    import pwd
+
+    return pwd.getpwuid(os.getuid()).pw_name
+
+
+def _slurm_logs(job: str, follow: bool) -> None:
+    """A Slurm job's output: the file in its run directory (the record of a launch from this machine), else the
+    one scontrol names; --follow: until the job ends."""
+    from clustercheck.launcher import records, slurmjob
+
+    try:
+        record = records.load(job)
+    except records.RecordError:
+        record = None
+    try:
+        found = slurmjob.show(job)
+    except slurmjob.SlurmError as exc:
+        raise UsageError(f"Slurm job {job}: {exc}", ExitCode.CHECK_FAILED) from exc
+    if record is not None and record.slurm:
+        path = batch.output_path(Path(record.run_dir), job)
+    elif found is not None and found.stdout:
+        path = Path(found.stdout)
+    else:
+        raise UsageError(f"no job {job}: not launched from this machine, and Slurm does not know it")
+
+    def say(line: str) -> None:
+        click.echo(f"clustercheck: {line}", err=True)
+
+    if follow and found is not None and not found.ended:
+        try:
+            slurmjob.follow(job, path, click.echo, say)
+        except slurmjob.SlurmError as exc:
+            raise UsageError(f"Slurm job {job}: {exc}", ExitCode.CHECK_FAILED) from exc
+        return
+    if not path.exists():
+        where = f" (Slurm writes it on {found.batch_host}, the job's batch node)" if found and found.batch_host else ""
+        raise UsageError(f"Slurm job {job}: its output {path} is not on this machine{where}", ExitCode.CHECK_FAILED)
+    slurmjob.OutputFile(path).read(click.echo, final=True)
+
+
+def _slurm_stop(job: str) -> None:
+    """Stop a launch's Slurm job (slurmjob.cancel) and wait for its end; a job clustercheck did not launch is left
+    alone."""
+    from clustercheck.launcher import slurmjob
+
+    try:
+        found = slurmjob.show(job)
+        if found is None:
+            raise UsageError(f"no Slurm job {job}")
+        if found.name != batch.JOB_NAME:
+            raise UsageError(f"Slurm job {job} ({found.name}) is not a clustercheck launch: cancel it with scancel")
+        if found.ended:
+            raise UsageError(f"Slurm job {job} is not running ({found.state})")
+        ended = slurmjob.cancel(job)
+    except slurmjob.SlurmError as exc:
+        raise UsageError(f"Slurm job {job}: {exc}", ExitCode.CHECK_FAILED) from exc
+    if ended is not None and not ended.ended:
+        raise UsageError(
+            f"Slurm job {job} still {ended.state} {slurmjob.CANCEL_WAIT:.0f} s after scancel", ExitCode.CHECK_FAILED
+        )
+    how = f"Slurm: {ended.state}, exit {ended.exit_code}" if ended is not None else "Slurm no longer knows it"
+    click.echo(f"{job}: stopped on {found.nodes} ({how})")
 
 
 @cli.command()

@@ -12,6 +12,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from clustercheck.exitcodes import ExitCode
 from clustercheck.model import CheckResult
 
 REASON_PREFIX = "clustercheck:"
@@ -146,3 +147,133 @@ def granted_job(salloc_output: str) -> str | None:
     """The job id `salloc` says it was granted ("salloc: Granted job allocation 42"), or None."""
     match = _GRANTED.search(salloc_output)
     return match[1] if match else None
+
+
+# ---------------------------------------------------------------------------- batch jobs (launch --slurm)
+
+ENDED = frozenset(
+    {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE"}
+)
+_ENDED_WHY = {
+    "CANCELLED": "was cancelled (scancel, or an administrator)",
+    "TIMEOUT": "reached its time limit (--time)",
+    "NODE_FAIL": "lost a node (NODE_FAIL: Slurm found one of its nodes down)",
+    "PREEMPTED": "was preempted by a job of higher priority",
+    "OUT_OF_MEMORY": "ran out of memory on a node (OUT_OF_MEMORY)",
+    "BOOT_FAIL": "could not start: a node failed to boot (BOOT_FAIL)",
+    "DEADLINE": "reached its deadline (DEADLINE)",
+}
+
+
+@dataclass(frozen=True)
+class SlurmJob:
+    """A job as `scontrol show job JOB` shows it: its state (RUNNING, COMPLETED, ...), the exit code and
+    signal of its batch script (ExitCode=N:S), its nodes, the node its batch script runs on, where its output goes
+    (StdOut=), and why it waits (Reason=)."""
+
+    job: str
+    name: str
+    state: str
+    exit_code: int | None = None
+    signal: int | None = None
+    nodes: str | None = None
+    batch_host: str | None = None
+    stdout: str | None = None
+    reason: str | None = None
+    workdir: str | None = None
+
+    @property
+    def ended(self) -> bool:
+        return self.state in ENDED
+
+    def status(self) -> tuple[int, str]:
+        """What clustercheck exits with for an ended job, and what it says: the batch script's own exit code
+        (clustercheck launch's inside the job), 128+signal when a signal ended it, 1 for an end Slurm imposed."""
+        if self.state == "COMPLETED":
+            return 0, f"Slurm job {self.job} completed (exit 0)"
+        if self.reason == "JobLaunchFailure":  # slurmd could not start the batch script: ExitCode 0:53, no signal
+            where = f" on {self.batch_host}" if self.batch_host else ""
+            return ExitCode.NOT_STARTED, (
+                f"Slurm job {self.job} could not start its batch script{where} (JobLaunchFailure): slurmd could not "
+                f"open its output file ({self.stdout}) or working directory ({self.workdir}) there; both must exist "
+                "on every node: run from, and put --run-dir on, a filesystem the nodes share"
+            )
+        if self.state == "FAILED" and self.exit_code:
+            return self.exit_code, f"Slurm job {self.job} failed (exit {self.exit_code})"
+        if self.state == "FAILED" and self.signal:
+            return (
+                128 + self.signal,
+                f"Slurm job {self.job} failed: its batch script was killed by signal {self.signal}",
+            )
+        why = _ENDED_WHY.get(self.state, f"ended in state {self.state}")
+        return 1, f"Slurm job {self.job} {why}"
+
+
+def parse_show_job(text: str, job: str) -> SlurmJob | None:
+    """Job JOB from `scontrol show job JOB`; None when Slurm no longer knows it ("Invalid job id specified", after
+    MinJobAge) or the answer holds no record of it."""
+    for record in re.split(r"\n\s*\n", text.strip()):
+        fields = _fields(record)
+        if fields.get("JobId") == job and fields.get("JobState"):
+            code, sig = _exit_code(fields.get("ExitCode"))
+            return SlurmJob(
+                job,
+                fields.get("JobName", ""),
+                fields["JobState"],
+                code,
+                sig,
+                _value(fields.get("NodeList")),
+                _value(fields.get("BatchHost")),
+                _value(fields.get("StdOut")),
+                _value(fields.get("Reason")),
+                _value(fields.get("WorkDir")),
+            )
+    return None
+
+
+def _exit_code(text: str | None) -> tuple[int | None, int | None]:
+    match = re.fullmatch(r"(\d+):(\d+)", (text or "").strip())
+    return (int(match[1]), int(match[2])) if match else (None, None)
+
+
+def _value(text: str | None) -> str | None:
+    return None if text is None or text.strip() in ("", "(null)", "None") else text.strip()
+
+
+def submitted_job(sbatch_output: str) -> str | None:
+    """The job id `sbatch --parsable` prints ("42", or "42;cluster" on a federation), or None."""
+    match = re.match(r"\s*(\d+)(?:;\S+)?\s*$", sbatch_output)
+    return match[1] if match else None
+
+
+JOB_ID = re.compile(r"\d{1,10}")  # Slurm's job ids: decimal, below MaxJobId (67,043,328 by default)
+
+
+def is_job_id(text: str) -> bool:
+    """Whether TEXT is a Slurm job id (clustercheck's own job ids are 12 hexadecimal digits)."""
+    return JOB_ID.fullmatch(text) is not None
+
+
+SQUEUE_FORMAT = "%i|%T|%S|%N|%r"  # job id, state, start time, nodes, reason
+
+
+@dataclass(frozen=True)
+class Queued:
+    """A job as `squeue --format=SQUEUE_FORMAT` lists it."""
+
+    job: str
+    state: str
+    start: str
+    nodes: str
+    reason: str
+
+    def line(self) -> str:
+        """`clustercheck jobs --slurm`'s line: id, start time, state, and where it runs or why it waits."""
+        where = f"on {self.nodes}" if self.nodes else f"({self.reason})"
+        start = "not started" if self.state == "PENDING" or self.start in ("", "N/A") else self.start  # an estimate
+        return f"{self.job}  {start}  {self.state} {where}"
+
+
+def parse_squeue(text: str) -> list[Queued]:
+    """The jobs of `squeue --noheader --format=SQUEUE_FORMAT`, one per line."""
+    return [Queued(*parts) for line in text.splitlines() if len(parts := line.strip().split("|")) == 5]

@@ -39,10 +39,13 @@ def run(
 
     def emit(name: str, lines: list[str]) -> None:
         with lock:
+            log = logs.get(name)  # none once the job is over: an interrupted node's last lines are shown, not kept
             for line in lines:
                 echo(line)
-                logs[name].write(line + "\n")
-            logs[name].flush()
+                if log is not None:
+                    log.write(line + "\n")
+            if log is not None:
+                log.flush()
 
     def streamed(name: str) -> OutputSink:
         return lambda stream, text: emit(name, outputs[name].feed(stream, text))
@@ -65,9 +68,11 @@ def run(
             ended=lambda name, result: emit(name, outputs[name].flush()),
         )
     finally:
-        for fh in logs.values():
-            with contextlib.suppress(OSError):
-                fh.close()
+        with lock:
+            for fh in logs.values():
+                with contextlib.suppress(OSError):
+                    fh.close()
+            logs.clear()
     elapsed = time.monotonic() - started
     ends = ran.ends
     first = runner.first_failure(ends, lambda name, result: rootcause.node_failure("\n".join(outputs[name].recent)))

@@ -26,6 +26,7 @@ class JobRecord:
     first_ranks: dict[str, int | None] = field(default_factory=dict)  # node -> global rank of its local rank 0
     ssh_config: str | None = None
     known_hosts: list[str] = field(default_factory=list)
+    slurm: bool = False  # a Slurm batch job (launch --slurm): JOB is Slurm's id, its output in RUN_DIR
 
 
 def directory() -> Path:

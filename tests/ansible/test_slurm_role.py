@@ -2,9 +2,10 @@
 Debian's packages, real munge, slurmctld and slurmd):
 every node idle, srun on all three, the acceptance suite's Slurm tests, and the health program (clustercheck
 node-health --slurm) draining a node a per-node check FAILs on, resuming it when fixed, and leaving alone a node an
-administrator drained; and `clustercheck run --slurm` from the controller: every stage through srun, an allocation it
-makes and gives back, a rank killed and a node frozen mid-DDP named with their node, Ctrl-C leaving nothing. Converge,
-second run and check mode are test_site_playbook.py's."""
+administrator drained; `clustercheck run --slurm` from the controller: every stage through srun, an allocation it
+makes and gives back, a rank killed and a node frozen mid-DDP named with their node, Ctrl-C leaving nothing; and
+`clustercheck launch --slurm`: the README's script as a batch job, a detached one listed, followed and stopped.
+Converge, second run and check mode are test_site_playbook.py's."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ import pytest
 import yaml
 from conftest import REPO, ansible_playbook
 from harness import DDP_RANKS, HEARTBEATS, LONG_DDP, leftovers, on
+from test_launch import FOREVER, readme_ddp_script
 from test_site_playbook import acceptance, changed_tasks, recap
 
 from clustercheck.exitcodes import ExitCode
@@ -248,6 +250,101 @@ def test_ctrl_c_cancels_the_allocation_clustercheck_made_and_leaves_nothing(slur
     deadline = time.monotonic() + 30  # scancel returns before slurmctld has ended the job
     while on(controller, "squeue --noheader").stdout.strip() and time.monotonic() < deadline:
         time.sleep(1)
+    assert on(controller, "squeue --noheader").stdout.strip() == ""
+    assert leftovers(slurm_cluster) == {}
+
+
+LAUNCH_CODE = "/root/slurm-launch"  # the code's directory, at the same path on every node as a shared home would be
+
+
+def put_launch_code(cluster, files: dict[str, str]) -> None:
+    for node in cluster.nodes:
+        on(node, f"rm -rf {LAUNCH_CODE} && mkdir -p {LAUNCH_CODE}")
+        for name, text in files.items():
+            encoded = base64.b64encode(text.encode()).decode()
+            on(node, f"echo {encoded} | base64 -d > {LAUNCH_CODE}/{name}")
+
+
+def launch_on(controller, options: str, check: bool = False, timeout: float = 300):
+    """`clustercheck launch --slurm OPTIONS` on the controller (the login node), in the code's directory."""
+    return on(controller, f"cd {LAUNCH_CODE} && clustercheck launch --slurm {options}", check=check, timeout=timeout)
+
+
+def test_launch_submits_the_readme_script_as_a_batch_job_and_exits_with_its_status(slurm_cluster):
+    """`clustercheck launch --slurm --nodes=3 -- train_ddp.py` from the login node: --dry-run prints the batch script
+    and submits nothing; then the job runs the preflight, the same-code check and torchrun on all three nodes as
+    job steps, every rank's output streamed with its node/rank prefix, and clustercheck exits with the job's
+    status; nothing is left in squeue or on the nodes. A job whose batch node lacks the run directory (no shared
+    filesystem) is named with that cause (exit 6)."""
+    controller = slurm_cluster.nodes[0]
+    put_launch_code(slurm_cluster, {"train_ddp.py": readme_ddp_script()})
+    dry = launch_on(controller, "--nodes=3 --dry-run --run-dir /root/slurm-dry -- train_ddp.py --steps 5")
+    assert dry.returncode == 0, dry.stderr
+    assert "#SBATCH --nodes=3\n" in dry.stdout and "#SBATCH --exclusive\n" in dry.stdout, dry.stdout
+    assert dry.stdout == on(controller, "cat /root/slurm-dry/launch.sbatch").stdout
+    assert on(controller, "squeue --noheader").stdout.strip() == ""
+
+    proc = launch_on(controller, "--nodes=3 --nproc-per-node 1 --run-dir /root/slurm-ddp -- train_ddp.py --steps 5")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    for rank, node in enumerate(["node1", "node2", "node3"]):
+        assert f"{node}/{rank}: rank {rank} of world size 3 on {node}" in proc.stdout, proc.stdout[-3000:]
+    assert "clustercheck: preflight passed" in proc.stdout  # the launch inside the job, in the job's output
+    assert re.search(r"clustercheck: Slurm job \d+ completed \(exit 0\)\n\Z", proc.stderr), proc.stderr
+    assert on(controller, "squeue --noheader").stdout.strip() == ""
+    assert leftovers(slurm_cluster) == {}
+
+    unshared = launch_on(controller, "--nodelist=node2,node3 --run-dir /root/slurm-unshared -- train_ddp.py")
+    assert unshared.returncode == ExitCode.NOT_STARTED, unshared.stderr
+    assert "could not start its batch script on node2 (JobLaunchFailure)" in unshared.stderr, unshared.stderr
+    assert "Traceback" not in unshared.stderr
+
+
+def test_a_detached_batch_launch_is_listed_followed_and_stopped_and_ctrl_c_cancels_a_foreground_one(slurm_cluster):
+    """`launch --slurm --detach` prints the Slurm job id; `jobs --slurm` lists it running on the three nodes, `logs
+    JOB` shows every rank's prefixed output, `stop JOB` ends it (the launch inside stops every node's torchrun and
+    cleans up, then the job ends). Ctrl-C on a foreground launch does the same (exit 2). Nothing is left in squeue
+    or on the nodes."""
+    controller = slurm_cluster.nodes[0]
+    put_launch_code(slurm_cluster, {"forever.py": FOREVER})
+    detached = launch_on(
+        controller, "--nodes=3 --nproc-per-node 1 --detach --run-dir /root/slurm-detached -- forever.py", check=True
+    )
+    job = detached.stdout.strip()
+    assert re.fullmatch(r"\d+", job), detached.stdout
+    deadline = time.monotonic() + 120
+    ticks = ["node1/0: rank 0 tick", "node2/1: rank 1 tick", "node3/2: rank 2 tick"]
+    while not all(t in (logs := on(controller, f"clustercheck logs {job}", check=False)).stdout for t in ticks):
+        assert time.monotonic() < deadline, f"not every rank's output within 120 s: {logs.stdout[-2000:]}{logs.stderr}"
+        time.sleep(2)
+    listed = on(controller, "clustercheck jobs --slurm").stdout
+    assert re.search(rf"^{job}  \S+  RUNNING on node\[1-3\]$", listed, re.M), listed
+    stopped = on(controller, f"clustercheck stop {job}")
+    assert stopped.returncode == 0 and stopped.stdout.startswith(f"{job}: stopped on node[1-3]"), stopped
+    assert on(controller, "squeue --noheader").stdout.strip() == ""
+    assert leftovers(slurm_cluster) == {}
+
+    command = (
+        f"cd {LAUNCH_CODE} && exec clustercheck launch --slurm --nodes=3 --nproc-per-node 1 "
+        "--run-dir /root/slurm-interrupted -- forever.py"
+    )
+    proc = subprocess.Popen(
+        ["docker", "exec", controller.container, "sh", "-c", command],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 120
+        while "tick" not in on(controller, "cat /root/slurm-interrupted/slurm-*.out", check=False).stdout:
+            assert proc.poll() is None and time.monotonic() < deadline, "the foreground launch did not start"
+            time.sleep(2)
+        # The launch on the login node, not the one inside the job (whose batch script runs on node1 too); [3]
+        # keeps the pattern from matching the shell that runs pkill.
+        on(controller, "pkill -INT -f 'clustercheck launch --slurm --nodes=[3] .*slurm-interrupted'")
+        _, stderr = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == ExitCode.INTERRUPTED, stderr[-3000:]
+    assert "clustercheck: cancelling Slurm job" in stderr and "Traceback" not in stderr, stderr[-3000:]
     assert on(controller, "squeue --noheader").stdout.strip() == ""
     assert leftovers(slurm_cluster) == {}
 

@@ -24,6 +24,13 @@ from harness import CLUSTERCHECK, RANK_0_WRITES, run_cli
         (["launch", "--hosts", "localhost", "--run-dir", "/proc/nope", "--", "t.py"], "--run-dir /proc/nope: cannot"),
         (["logs", "not-a-job"], "not-a-job: not a job id"),
         (["stop", "0123456789ab"], "no job 0123456789ab recorded on this machine"),
+        (["launch", "--", "t.py"], "give the nodes: --hosts INVENTORY, or --slurm"),
+        (["launch", "--slurm", "--", "t.py"], "--slurm: give the batch job's nodes (--nodes N or --nodelist NODES)"),
+        (["launch", "--hosts", "localhost", "--nodes", "2", "--", "t.py"], "--nodes: only with --slurm"),
+        (["launch", "--hosts", "localhost", "--dry-run", "--", "t.py"], "--dry-run: only with --slurm outside an"),
+        (["launch", "--slurm", "--nodes", "2", "--hosts", "localhost", "--", "t.py"], "--hosts: a batch job runs on"),
+        (["jobs"], "give the nodes: --hosts INVENTORY (or --slurm"),
+        (["jobs", "--slurm", "--hosts", "localhost"], "--hosts and --slurm"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_4(args, message, tmp_path, monkeypatch):
@@ -31,6 +38,29 @@ def test_bad_input_is_one_line_and_exit_4(args, message, tmp_path, monkeypatch):
     proc = run_cli(*args, timeout=60)
     assert proc.returncode == 4, proc.stderr
     assert proc.stderr.count("\n") == 1 and message in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_a_dry_run_writes_and_prints_the_batch_script_and_needs_no_slurm(tmp_path):
+    """No Slurm on this machine: --dry-run writes the script into the run directory, prints it, submits nothing."""
+    proc = run_cli(
+        "launch", "--slurm", "--nodes", "2", "--time", "10", "--dry-run", "--run-dir", str(tmp_path / "run"),
+        "--", "train.py", "--steps", "3",
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == (tmp_path / "run" / "launch.sbatch").read_text()
+    assert "#SBATCH --nodes=2\n#SBATCH --time=10\n" in proc.stdout
+    assert proc.stdout.rstrip().endswith(" -- train.py --steps 3")
+    assert proc.stderr.startswith("clustercheck: not submitted (--dry-run)")
+
+
+def test_a_slurm_command_where_slurm_is_missing_is_one_line(tmp_path, monkeypatch):
+    """A Slurm job id (digits) goes to Slurm: without its commands here, one line and exit 1, no traceback."""
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    monkeypatch.setenv("PATH", "/nonexistent")
+    for command in (["stop", "42"], ["logs", "42"], ["jobs", "--slurm"]):
+        proc = run_cli(*command)
+        assert proc.returncode == 1, proc.stderr
+        assert proc.stderr.count("\n") == 1 and "cannot run here" in proc.stderr, proc.stderr
 
 
 @pytest.mark.parametrize("command", [["jobs"], ["jobs", "--all"], ["logs", "0123456789ab"], ["stop", "0123456789ab"]])
