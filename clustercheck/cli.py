@@ -1031,12 +1031,14 @@ def _launch_batch(request, launch_args: list[str], run_dir: str | None, dry_run:
         click.echo(job)
         say(f"follow it: clustercheck logs {job} --follow; stop it: clustercheck stop {job}")
         sys.exit(ExitCode.OK)
+    reader = slurmjob.OutputFile(output)
     try:
-        ended = slurmjob.follow(job, output, click.echo, say)
+        ended = slurmjob.follow(job, reader, click.echo, say)
     except KeyboardInterrupt:
         say(f"cancelling Slurm job {job}")
         with contextlib.suppress(slurmjob.SlurmError):
             slurmjob.cancel(job)
+        reader.read(click.echo, final=True)  # the launch inside, stopping every node
         raise
     except slurmjob.SlurmError as exc:
         raise UsageError(f"Slurm job {job}: {exc}", ExitCode.CHECK_FAILED) from exc
@@ -1251,8 +1253,8 @@ def _user() -> str:
 
 
 def _slurm_logs(job: str, follow: bool) -> None:
-    """A Slurm job's output: the file in its run directory (the record of a launch from this machine), else the
-    one scontrol names; --follow: until the job ends."""
+    """A Slurm job's output: the file scontrol names, else (once Slurm has forgotten the job) the one in the run
+    directory of a launch recorded on this machine; --follow: until the job ends."""
     from clustercheck.launcher import records, slurmjob
 
     try:
@@ -1263,10 +1265,10 @@ def _slurm_logs(job: str, follow: bool) -> None:
         found = slurmjob.show(job)
     except slurmjob.SlurmError as exc:
         raise UsageError(f"Slurm job {job}: {exc}", ExitCode.CHECK_FAILED) from exc
-    if record is not None and record.slurm:
-        path = batch.output_path(Path(record.run_dir), job)
-    elif found is not None and found.stdout:
+    if found is not None and found.stdout:  # Slurm's word first: its job ids start again at 1 on a new cluster
         path = Path(found.stdout)
+    elif record is not None and record.slurm:
+        path = batch.output_path(Path(record.run_dir), job)
     else:
         raise UsageError(f"no job {job}: not launched from this machine, and Slurm does not know it")
 
@@ -1275,7 +1277,7 @@ def _slurm_logs(job: str, follow: bool) -> None:
 
     if follow and found is not None and not found.ended:
         try:
-            slurmjob.follow(job, path, click.echo, say)
+            slurmjob.follow(job, slurmjob.OutputFile(path), click.echo, say)
         except slurmjob.SlurmError as exc:
             raise UsageError(f"Slurm job {job}: {exc}", ExitCode.CHECK_FAILED) from exc
         return

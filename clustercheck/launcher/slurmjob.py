@@ -114,7 +114,7 @@ class OutputFile:
 
 def follow(
     job: str,
-    output: Path,
+    reader: OutputFile,
     echo: Echo,
     say: Echo,
     *,
@@ -122,9 +122,10 @@ def follow(
     poll: float = POLL,
     unshared_after: float = NOT_SHARED_AFTER,
 ) -> slurm.SlurmJob | None:
-    """Job JOB's output (the file OUTPUT) echoed line by line until the job ends; how it ended (None: Slurm no
-    longer knows it). SAY tells what the job waits for, where it runs, and when its output is not visible here."""
-    reader = OutputFile(output)
+    """Job JOB's output (READER's file) echoed line by line until the job ends; how it ended (None: Slurm no
+    longer knows it). SAY tells what the job waits for, where it runs, and when its output is not visible here.
+    Interrupted, READER goes on from where it stopped (the job's last lines, once it is stopped)."""
+    output = reader.path
     told: set[str] = set()
     running_since: float | None = None
 

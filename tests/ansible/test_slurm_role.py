@@ -339,12 +339,15 @@ def test_a_detached_batch_launch_is_listed_followed_and_stopped_and_ctrl_c_cance
         # The launch on the login node, not the one inside the job (whose batch script runs on node1 too); [3]
         # keeps the pattern from matching the shell that runs pkill.
         on(controller, "pkill -INT -f 'clustercheck launch --slurm --nodes=[3] .*slurm-interrupted'")
-        _, stderr = proc.communicate(timeout=120)
+        stdout, stderr = proc.communicate(timeout=120)
     finally:
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode == ExitCode.INTERRUPTED, stderr[-3000:]
     assert "clustercheck: cancelling Slurm job" in stderr and "Traceback" not in stderr, stderr[-3000:]
+    # The job's last lines: the launch inside it, stopped by its SIGTERM, stopped every node's torchrun.
+    assert "clustercheck: interrupted; processes started on the nodes were stopped" in stdout, stdout[-3000:]
+    assert "Traceback" not in stdout, stdout[-3000:]
     assert on(controller, "squeue --noheader").stdout.strip() == ""
     assert leftovers(slurm_cluster) == {}
 

@@ -136,7 +136,7 @@ def test_following_echoes_whole_lines_as_they_come_and_the_last_partial_one_at_t
                 fh.write(writes.pop(0))
         return states.pop(0)
 
-    ended = slurmjob.follow("9", out, echoed.append, said.append, state=state, poll=0)
+    ended = slurmjob.follow("9", slurmjob.OutputFile(out), echoed.append, said.append, state=state, poll=0)
     assert ended is not None and ended.status() == (0, "Slurm job 9 completed (exit 0)")
     assert echoed == ["node1/0: step 1", "node2/1: step 1", "clustercheck: the job completed", "no newline"]
     assert said == [
@@ -150,8 +150,10 @@ def test_an_output_file_that_never_shows_up_here_is_said_once_and_the_end_still_
     out = tmp_path / "slurm-9.out"
     states = [job("RUNNING", nodes="node[2-3]", batch_host="node2")] * 3 + [job("FAILED", exit_code=6, signal=0)]
     said: list[str] = []
-    ended = slurmjob.follow("9", out, lambda _: None, said.append, state=lambda _: states.pop(0), poll=0,
-                            unshared_after=0)  # fmt: skip
+    reader = slurmjob.OutputFile(out)
+    ended = slurmjob.follow(
+        "9", reader, lambda _: None, said.append, state=lambda _: states.pop(0), poll=0, unshared_after=0
+    )
     assert ended is not None and ended.status() == (6, "Slurm job 9 failed (exit 6)")
     assert len(said) == 2 and said[1].startswith(f"the job's output file {out} does not show up here: Slurm writes")
     assert "on node2;" in said[1]
