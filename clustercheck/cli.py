@@ -675,9 +675,6 @@ def node_health(
             click.echo(f"fix {line}")
         click.echo(text.counts_line(document))
 
-    def say(line: str) -> None:
-        click.echo(f"clustercheck: {line}", err=True)
-
     if textfile_dir is not None:
         target = Path(textfile_dir) / health.TEXTFILE
         try:
@@ -935,9 +932,6 @@ def launch(
         inventory=_inventory(hosts),
     )
 
-    def say(line: str) -> None:
-        click.echo(f"clustercheck: {line}", err=True)
-
     reach = Fanout(_srun_factory(inside) if inside else factory.default(ssh))
     job_run = session.Launch(nodes, options, reach, echo=click.echo, say=say)
     try:
@@ -1001,9 +995,6 @@ def _launch_batch(request, launch_args: list[str], run_dir: str | None, dry_run:
     run_path = _make_run_dir(run_dir, "launch-%Y%m%d-%H%M%S").resolve()
     path = run_path / "launch.sbatch"
     path.write_text(batch.script(request, _clustercheck_command(), launch_args, run_path, Path.cwd()))
-
-    def say(line: str) -> None:
-        click.echo(f"clustercheck: {line}", err=True)
 
     if dry_run:
         click.echo(path.read_text(), nl=False)
@@ -1177,7 +1168,7 @@ def logs_command(job: str, follow: bool, hosts: str | None, limit: str | None, *
     nodes, ssh, record = _job_nodes(job, hosts, limit, ssh_opts)
     try:
         with Connections(nodes, Fanout(factory.default(ssh))) as reach:
-            _reached(reach, lambda line: click.echo(f"clustercheck: {line}", err=True))
+            _reached(reach, say)
             results = reach.stream(
                 detached.logs_command(job, follow), click.echo, record.first_ranks if record else None
             )
@@ -1235,21 +1226,14 @@ def _slurm_jobs(show_all: bool) -> None:
     """The launches this user submitted to Slurm: pending and running (--all: also those Slurm still remembers)."""
     from clustercheck.launcher import slurmjob
 
-    argv = ["squeue", "--noheader", f"--name={batch.JOB_NAME}", f"--user={_user()}", f"--format={slurm.SQUEUE_FORMAT}"]
     try:
-        found = slurmjob.listed(argv + (["--states=all"] if show_all else []))
+        found = slurmjob.listed(batch.JOB_NAME, show_all)
     except slurmjob.SlurmError as exc:
         raise UsageError(f"--slurm: {exc}", ExitCode.CHECK_FAILED) from exc
     for entry in found:
         click.echo(entry.line())
     if not found:
         click.echo("no running jobs" if not show_all else "no jobs", err=True)
-
-
-def _user() -> str:
-    import pwd
-
-    return pwd.getpwuid(os.getuid()).pw_name
 
 
 def _slurm_logs(job: str, follow: bool) -> None:
@@ -1271,9 +1255,6 @@ def _slurm_logs(job: str, follow: bool) -> None:
         path = batch.output_path(Path(record.run_dir), job)
     else:
         raise UsageError(f"no job {job}: not launched from this machine, and Slurm does not know it")
-
-    def say(line: str) -> None:
-        click.echo(f"clustercheck: {line}", err=True)
 
     if follow and found is not None and not found.ended:
         try:
@@ -1327,6 +1308,11 @@ def _make_run_dir(given: str | None, name: str) -> Path:
     except OSError as exc:
         raise UsageError(f"--run-dir {path}: cannot write there ({exc.strerror or exc})") from exc
     return path
+
+
+def say(line: str) -> None:
+    """clustercheck's own line on stderr (a job's output and reports go to stdout)."""
+    click.echo(f"clustercheck: {line}", err=True)
 
 
 class UsageError(click.ClickException):

@@ -10,7 +10,7 @@ of an SSH command. So the script is short, readable, and can be kept and submitt
 from __future__ import annotations
 
 import shlex
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 JOB_NAME = "clustercheck-launch"  # what `clustercheck jobs --slurm` lists
@@ -28,14 +28,7 @@ class BatchRequest:
     time: str | None = None
 
     def directives(self) -> list[str]:
-        asked = {
-            "nodes": self.nodes,
-            "nodelist": self.nodelist,
-            "partition": self.partition,
-            "account": self.account,
-            "time": self.time,
-        }
-        return [f"--{name}={value}" for name, value in asked.items() if value is not None]
+        return [f"--{name}={value}" for name, value in asdict(self).items() if value is not None]
 
 
 def output_path(run_dir: Path, job: str) -> Path:

@@ -8,6 +8,8 @@ not show up here while the job runs, clustercheck says so once and still waits f
 
 from __future__ import annotations
 
+import os
+import pwd
 import subprocess
 import time
 from collections.abc import Callable
@@ -157,9 +159,12 @@ def follow(
         time.sleep(poll)
 
 
-def listed(argv: list[str]) -> list[slurm.Queued]:
-    """The jobs squeue (ARGV, with --format=slurm.SQUEUE_FORMAT) lists."""
-    proc = _call(argv)
+def listed(name: str, ended_too: bool) -> list[slurm.Queued]:
+    """This user's jobs named NAME as squeue lists them: pending and running, and with ENDED_TOO those that ended
+    and slurmctld still remembers."""
+    user = pwd.getpwuid(os.getuid()).pw_name
+    argv = ["squeue", "--noheader", f"--name={name}", f"--user={user}", f"--format={slurm.SQUEUE_FORMAT}"]
+    proc = _call(argv + (["--states=all"] if ended_too else []))
     if proc.returncode != 0:
         raise SlurmError(f"squeue: {_said(proc)}")
     return slurm.parse_squeue(proc.stdout)
