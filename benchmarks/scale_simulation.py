@@ -49,12 +49,12 @@ if str(REPO) not in sys.path:
 
 from clustercheck import report  # noqa: E402
 from clustercheck.config import RunConfig  # noqa: E402
+from clustercheck.facts import parse  # noqa: E402
 from clustercheck.inventory import Node  # noqa: E402
 from clustercheck.reach import Fanout  # noqa: E402
 from clustercheck.remote import netprobe  # noqa: E402
 from clustercheck.run.pipeline import Pipeline  # noqa: E402
 from clustercheck.selection import Selection  # noqa: E402
-from clustercheck.stages.core import RECORDED_PYTHON  # noqa: E402
 from clustercheck.transport import CommandResult, SessionQuirks, workdir_for  # noqa: E402
 from clustercheck.transport.factory import Connected  # noqa: E402
 
@@ -70,19 +70,11 @@ def kind(command: list[str]) -> str:
     """What a command the controller sends is, for recording and answering: the same words at both ends."""
     if command[:2] == ["sh", "-c"]:
         script = command[2]
-        if "machine_id=" in script:
-            return "identity"
-        if "CLUSTERCHECK_UNTIL" in script:
-            return "stale-sweep"
+        if 'echo "clock=$(date' in script:
+            return "first"
         if "tar czf" in script:
             return "tar-logs"
         return "sh"
-    if command[:2] == ["date", "+%s.%N"]:
-        return "date"
-    if command[:2] == ["cat", RECORDED_PYTHON]:
-        return "recorded-python"
-    if command[1:3] == ["-c", "import sys; print(sys.executable)"]:
-        return "python-probe"
     if len(command) > 2 and command[1].endswith(".pyz"):
         return f"netprobe-{command[3]}" if command[2] == "netprobe" and len(command) > 3 else command[2]
     if "torch.distributed.run" in command:
@@ -97,9 +89,8 @@ def kind(command: list[str]) -> str:
 # --------------------------------------------------------------------------- recording (once, on a real machine)
 
 
-def record() -> None:
-    """The core stage on this machine through the real local transport, every command's answer kept by kind; then
-    three network probes on loopback addresses, as three nodes, with every pair measured."""
+def record_core() -> None:
+    """The core stage on this machine through the real local transport, every command's answer kept by kind."""
     from clustercheck.transport import factory
 
     answers: dict[str, dict] = {}
@@ -113,8 +104,22 @@ def record() -> None:
             return getattr(self.transport, name)
 
         def run(self, command, **kwargs) -> CommandResult:
+            sink, streamed = kwargs.get("on_output"), {"stdout": "", "stderr": ""}
+            if sink is not None:  # what is streamed is kept as the recorded output
+
+                def keep(stream: str, text: str) -> None:
+                    streamed[stream] += text
+                    sink(stream, text)
+
+                kwargs["on_output"] = keep
             result = self.transport.run(command, **kwargs)
-            answers.setdefault(kind(list(command)), {**vars(result), "example": list(command)[:3]})
+            kept = {**vars(result), **streamed} if sink is not None else vars(result)
+            what, example = kind(list(command)), list(command)[:3]
+            if what == "first":  # its steps, then the facts collector's output: kept as two answers
+                first, _, facts = kept["stdout"].partition(parse.FACTS_LINE + "\n")
+                answers.setdefault("facts", {**kept, "stdout": facts, "example": example})
+                kept = {**kept, "stdout": first}
+            answers.setdefault(what, {**kept, "example": example})
             return result
 
         def get(self, remote: str, local: str) -> None:
@@ -135,6 +140,9 @@ def record() -> None:
     CORE_RECORD.write_text(json.dumps({"answers": answers, "files": files}, indent=1) + "\n")
     say(f"recorded {sorted(answers)} to {CORE_RECORD}")
 
+
+def record_probe() -> None:
+    """Three network probes on loopback addresses, as three nodes, with every pair measured."""
     probe = REPO / "clustercheck" / "remote" / "netprobe.py"
     names = {f"node{i}": f"127.0.0.{i}" for i in (1, 2, 3)}
     with tempfile.TemporaryDirectory() as work:
@@ -208,9 +216,20 @@ class Simulation:
     def node(self, name: str) -> Node:
         return Node(name=name, address=self.address[name])
 
-    def identity(self, name: str) -> str:
+    def first(self, name: str) -> str:
+        """The recorded first command's answer with the node's own machine ID, boot ID and hostname, and now."""
         i = int(name[4:])
-        return f"machine_id={i:032x}\nboot_id={i:08x}-0000-4000-8000-{i:012x}\nhostname={name}\n"
+        own = {
+            "clock": f"{time.time():.9f}",
+            "machine_id": f"{i:032x}",
+            "boot_id": f"{i:08x}-0000-4000-8000-{i:012x}",
+            "hostname": name,
+        }
+        lines = []
+        for line in self.answers["first"]["stdout"].splitlines():
+            key, eq, _ = line.partition("=")
+            lines.append(f"{key}={own[key]}" if eq and key in own else line)
+        return "\n".join(lines) + "\n"
 
     def facts_of(self, name: str) -> str:
         return self.facts.replace(HOST, name).replace(ADDR, self.address[name]) + "\n"
@@ -346,12 +365,9 @@ class SimTransport:
 
     def _answer(self, command: list[str]) -> CommandResult:
         what = kind(command)
-        if what == "identity":
-            return CommandResult(0, self.sim.identity(self.host), "")
-        if what == "date":
-            return CommandResult(0, f"{time.time():.9f}\n", "")
-        if what == "python-probe":
-            return CommandResult(0, command[0] + "\n", "")
+        if what == "first":  # and the facts collector after it, when the command goes on to it (core.COLLECT)
+            facts = f"{parse.FACTS_LINE}\n{self.sim.facts_of(self.host)}" if len(command) > 7 else ""
+            return CommandResult(0, self.sim.first(self.host) + facts, "")
         if what == "facts":
             return CommandResult(0, self.sim.facts_of(self.host), "")
         if what == "netprobe-mesh":
@@ -531,7 +547,8 @@ def main() -> int:
     p.add_argument("--one", type=int, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.record:
-        record()
+        record_core()
+        record_probe()
         return 0
     rounds = netprobe.parse_rounds(args.network_rounds)
     if args.one:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime as dt
+import itertools
 import os
 import shlex
 import shutil
@@ -405,16 +406,18 @@ def run(
         models=models,
     )
     started_at = time.time()
-    host_stages: dict[str, str] = {n.name: "waiting" for n in nodes}
+    busy: dict[str, str] = {n.name: "waiting" for n in nodes}  # the hosts not done, in order, and their stage
     lock = threading.Lock()
     with console.status(f"checking {len(nodes)} host(s)") as status:
 
         def progress(host: str, stage: str) -> None:
-            with lock:
-                host_stages[host] = stage
-                busy = [f"{h}: {s}" for h, s in host_stages.items() if s != "done"]
-                done = sum(1 for s in host_stages.values() if s == "done")
-                status.update(f"{done}/{len(host_stages)} host(s) done  " + "  ".join(busy[:6]))
+            with lock:  # the first few hosts under way are shown: no walk over every host for each step
+                if stage == "done":
+                    busy.pop(host, None)
+                else:
+                    busy[host] = stage
+                shown = "  ".join(f"{h}: {s}" for h, s in itertools.islice(busy.items(), 6))
+                status.update(f"{len(nodes) - len(busy)}/{len(nodes)} host(s) done  {shown}")
 
         pipeline = Pipeline(nodes, settings, Fanout(_srun_factory(job) if job else factory.default(ssh)), progress)
         outcome = pipeline.run()

@@ -113,7 +113,7 @@ declare(
     stage="core",
     scope="cluster",
     proves="every inventory name is a different machine (no two names share the machine ID, boot ID and hostname), "
-    "read before anything else runs, so N names are N nodes",
+    "read by the first command on each, so N names are N nodes",
     fix="Remove the second name of that machine from the inventory, or give it the address of the machine it was "
     "meant to name (ansible_host); until then the multi-node stages do not run.",
 )

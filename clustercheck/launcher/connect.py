@@ -1,5 +1,6 @@
 """Reaching every node for a launch: connect through the transport factory, read the home directory, and find the
-environment python and the cluster address with the facts collector (unless the preflight collected them)."""
+environment python and the cluster address with the facts collector (unless the preflight collected them), all in
+one command per node (core.start)."""
 
 from __future__ import annotations
 
@@ -31,12 +32,14 @@ def node_facts(
 
     def one(node: Node) -> NodeFacts:
         transport = reach.connect(node, job_id, lambda t: register(node, t)).transport
-        home = transport.run(["sh", "-c", 'echo "$HOME"'], timeout=30).stdout.strip()
+        timeout = options.facts_timeout
+        collect = None if node.name in known else [str(max(10.0, timeout - 15))]
+        begun = core.start(node, transport, options.python, collect=collect, collect_timeout=timeout)
         with lock:
-            homes[node.name] = home or "/tmp"
+            homes[node.name] = begun.home or "/tmp"
         if node.name in known:
             return known[node.name]
-        return collect_facts(node, transport, options, len(nodes))
+        return collect_facts(node, begun, len(nodes))
 
     answers = reach.each(one, nodes, name=lambda n: n.name)
     for i, node in enumerate(nodes):
@@ -50,15 +53,18 @@ def node_facts(
     return {node.name: answers[i] for i, node in enumerate(nodes)}, homes  # type: ignore[return-value]
 
 
-def collect_facts(node: Node, transport: Transport, options: LaunchOptions, cluster_size: int) -> NodeFacts:
-    python, source, missing = core.find_python(node, transport, options.python)
+def collect_facts(node: Node, begun: core.NodeStart, cluster_size: int) -> NodeFacts:
+    """The facts BEGUN collected (core.start with the collector), or NotStarted saying why there are none."""
+    python, source, missing = begun.python, begun.source, begun.missing
+    if begun.error:
+        raise NotStarted(f"{node.name}: could not run a command there: {begun.error}")
     if missing:
         raise NotStarted(f"{node.name}: the environment python {missing} ({source}) does not run")
-    timeout = options.facts_timeout
-    raw, got = core.collect_raw(transport, python, timeout, str(max(10.0, timeout - 15)))
-    if raw is None:
-        raise NotStarted(f"{node.name}: could not collect facts with {python}: {got.cause()}")
-    facts = collect.build(node, raw, python=python, python_source=source, cluster_size=cluster_size)
+    collected = begun.collected
+    if collected is None or collected.raw is None:
+        cause = collected.answer.cause() if collected else "the command ended before the collector started"
+        raise NotStarted(f"{node.name}: could not collect facts with {python}: {cause}")
+    facts = collect.build(node, collected.raw, python=python, python_source=source, cluster_size=cluster_size)
     if facts.torch_problem:
         raise NotStarted(f"{node.name}: {facts.torch_problem}")
     return facts

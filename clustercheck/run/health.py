@@ -30,7 +30,7 @@ from clustercheck.transport.local import LocalTransport
 
 PROBE_DEADLINE = 10.0  # each probe command of the collector (nvidia-smi, chronyc, journalctl, ...)
 TORCH_DEADLINE = 20.0  # torch's import, in its own process beside the probes
-PYTHON_DEADLINE = 5.0  # each of the two commands that find the environment's python
+PYTHON_DEADLINE = 5.0  # the environment's python to start (the first command, core.start)
 COLLECTOR_DEADLINE = 25.0  # the collector as a whole: everything it started is killed then
 SCONTROL_DEADLINE = 6.0  # each scontrol command (show, then update)
 BUDGET = 50.0  # the whole program, under Slurm's 60 s: no step gets more than what is left of it
@@ -117,17 +117,23 @@ def check(
 def _check(
     node: Node, transport: LocalTransport, budget: Budget, models: expected.Catalog | None, reuse: list[str]
 ) -> list[CheckResult]:
-    python, source, missing = core.find_python(node, transport, None, budget.give(PYTHON_DEADLINE))
-    args = [str(TORCH_DEADLINE), "--probe-timeout", str(PROBE_DEADLINE)] + (["--no-torch"] if missing else reuse)
-    started = time.monotonic()
-    deadline = budget.give(COLLECTOR_DEADLINE)
-    raw, answer = core.collect_raw(transport, python, deadline, *args)
+    # The collector imports torch with the environment's python; when that does not start, python3 collects
+    # without torch (core.start), and the reused import does not apply.
+    args = [str(TORCH_DEADLINE), "--probe-timeout", str(PROBE_DEADLINE), *reuse]
+    first, deadline = budget.give(PYTHON_DEADLINE), budget.give(COLLECTOR_DEADLINE)
+    begun = core.start(node, transport, None, timeout=first, collect=args, collect_timeout=deadline)
+    python, source, missing = begun.python, begun.source, begun.missing
     facts_check = registry.get("facts")
-    if raw is None:
-        cause = f"timed out after {deadline:.0f} s" if answer.timed_out else answer.cause()
+    collected = begun.collected
+    raw = collected.raw if collected else None
+    if collected is None or raw is None:
+        if collected is None:
+            cause = begun.error or "the command ended before the collector started"
+        else:
+            cause = f"timed out after {deadline:.0f} s" if collected.answer.timed_out else collected.answer.cause()
         finding = registry.Finding(Status.ERROR, f"could not collect facts with {python}: {cause}")
         return [facts_check.result(node.name, finding)]
-    took = time.monotonic() - started
+    took = collected.seconds
     results = [facts_check.result(node.name, registry.passed(f"facts collected with {python} in {took:.1f} s"))]
     return results + judge(node, raw, python=python, source=source, missing=missing, models=models)
 

@@ -71,9 +71,11 @@ class Pipeline:
         self._facts: dict[str, NodeFacts] = {}
         self._host_key_error = False
         self._durations: dict[str, float] = {}
-        self._identities: dict[str, parse.Identity | None] = {}  # node -> what identify() read there
+        self._identities: dict[str, parse.Identity | None] = {}  # node -> the identity its first command read
         self._machines: dict[tuple[str, str, str], str] = {}  # identity key -> the node checked as that machine
         self._same: dict[str, str] = {}  # node -> the node checked in its place (the same machine)
+        self._begun: dict[str, core.NodeStart] = {}  # node -> what its first command found
+        self._later = any(config.selection.stage_selected(s) for s in DISTRIBUTED)  # a multi-node stage follows
 
     # ------------------------------------------------------------------ the whole run
 
@@ -81,17 +83,18 @@ class Pipeline:
         try:
             started = time.monotonic()
             self.reach.each(self._host, self.nodes, limit=self.config.forks, name=lambda n: n.name)
-            results = []
-            for node in self.nodes:
-                results += self._results.get(node.name, [])
-            results.append(self._distinct())
+            cluster = [self._distinct()]
             reached = [self._facts[n.name] for n in self.nodes if n.name in self._facts]
             selection = self.config.selection
-            results += registry.run_cluster_checks(
+            cluster += registry.run_cluster_checks(
                 reached, self.config, selection.check_selected, "not selected (--skip)"
             )
             self._durations["core"] = time.monotonic() - started
-            results += self._multinode()
+            later = self._multinode()
+            results = []
+            for node in self.nodes:  # ssh.session last: what the node's sshd did through the whole run
+                results += self._results.get(node.name, []) + self._session(node)
+            results += cluster + later
             results += self._baseline(results)
             results = setup_roles.with_fix_commands(results, self.config.inventory)
         except KeyboardInterrupt as exc:  # Ctrl-C or SIGTERM: kill what we started everywhere, then say where not
@@ -204,10 +207,12 @@ class Pipeline:
         try:
             transport, connect_result = self._connect(node)
             results.append(connect_result)
-            if transport is not None and self._twin(node, transport):
-                transport = None  # another name of a machine checked under its first name: nothing more runs here
-            elif transport is not None:
-                outcome = core.run_host(node, transport, self.ctx, lambda stage: self._step(node, stage))
+            begun = self._begin(node, transport) if transport is not None else None
+            if begun is None:
+                transport = None  # not reached, or another name of a machine checked under its first name
+            else:
+                assert transport is not None
+                outcome = core.run_host(node, transport, self.ctx, lambda stage: self._step(node, stage), begun)
                 results += outcome.results
                 if outcome.facts is not None:
                     with self._lock:
@@ -221,30 +226,45 @@ class Pipeline:
                 )
             )
         finally:
-            # The transport stays open for the multi-node stages; run() cleans every node up at the end.
-            if transport is not None and not self._abort.is_set():
+            # The transport stays open for the multi-node stages; run() cleans every node up at the end (and
+            # nothing needs stopping before that when no multi-node stage follows).
+            if transport is not None and not self._abort.is_set() and self._later:
                 with contextlib.suppress(Exception):
                     transport.stop()
         self.progress(node.name, "done")
         with self._lock:
             self._results[node.name] = results
 
-    def _twin(self, node: Node, transport: Transport) -> bool:
-        """Whether NODE is a machine another inventory name already reached (read before anything runs there). Its
-        transport is then closed without the cleanup sweep: the sweep would stop the other name's processes,
-        which carry the same run marker."""
-        identity = core.identify(transport)
+    def _session(self, node: Node) -> list[CheckResult]:
+        transport, begun = self._transports.get(node.name), self._begun.get(node.name)
+        if transport is None or begun is None:
+            return []
+        return [core.session(node, transport, begun.shell)]
+
+    def _begin(self, node: Node, transport: Transport) -> core.NodeStart | None:
+        """The node's first command (core.start: its identity, python and facts), or None when NODE is a machine
+        another inventory name already reached. Nothing more runs under the second name: its transport is closed
+        without the cleanup sweep, which would stop the other name's processes (they carry the same run marker);
+        the first command ended by itself, and the files it wrote are the other name's too (the same bundle)."""
+        self._step(node, "facts")
+        config = self.config
+        collect = core.collector_args(node, config)
+        begun = core.start(
+            node, transport, config.python, sweep=True, collect=collect, collect_timeout=config.command_timeout
+        )
+        identity = begun.identity
         with self._lock:
             self._identities[node.name] = identity
+            self._begun[node.name] = begun
             key = identity.key if identity else None
             checked = self._machines.setdefault(key, node.name) if key else node.name
             if checked == node.name:
-                return False
+                return begun
             self._same[node.name] = checked
             self._transports.pop(node.name, None)
         with contextlib.suppress(Exception):
             transport.close()
-        return True
+        return None
 
     def _distinct(self) -> CheckResult:
         check = registry.get("nodes.distinct")

@@ -6,15 +6,18 @@ collectives, ddp); torchrun starts the torch workers the same way, with the zip 
 
 from __future__ import annotations
 
+import base64
 import functools
+import hashlib
 import io
+import shlex
 import tempfile
 import threading
 import zipfile
 from importlib import resources
 from pathlib import Path
 
-from clustercheck.transport import Transport
+from clustercheck.transport import RECORD_UNTIL, UNTIL_MARKER, CommandResult, Transport
 
 PACKAGE = "clustercheck_remote"  # its name on the node, so it never shadows an installed clustercheck
 FILE = "clustercheck-remote.pyz"
@@ -37,6 +40,35 @@ def bundle() -> bytes:
                 if entry.name == "__main__.py":
                     archive.writestr(zipfile.ZipInfo("__main__.py", (2020, 1, 1, 0, 0, 0)), text)
     return buffer.getvalue()
+
+
+@functools.cache
+def encoded() -> str:
+    """The bundle in base64, as INSTALL reads it from standard input (text through every transport)."""
+    return base64.b64encode(bundle()).decode()
+
+
+@functools.cache
+def digest() -> str:
+    return hashlib.sha256(bundle()).hexdigest()
+
+
+UPLOAD_FAILED = 86  # INSTALL's exit status when the bundle could not be written or arrived altered
+
+# sh -c INSTALL sh WORKDIR SHA256 COMMAND...: the bundle (base64, on standard input) written into WORKDIR (made,
+# mode 700), whole or not at all, and checked against SHA256; then COMMAND in the same process. The upload and the
+# first program run in one round trip instead of two. The run's deadline is recorded in the new directory, as
+# every later command does (transport.RECORD_UNTIL).
+INSTALL = (
+    f'd=$1; sum=$2; shift 2; f="$d/{FILE}"; '
+    f'mkdir -p -m 700 "$d" || exit {UPLOAD_FAILED}; '
+    f'[ -z "${UNTIL_MARKER}" ] || sh -c {shlex.quote(RECORD_UNTIL)} sh "$d" "${UNTIL_MARKER}"; '
+    'if ! base64 -d > "$f.$$" || ! got=$(sha256sum "$f.$$"); then '
+    f'rm -f "$f.$$"; echo "could not write $f" >&2; exit {UPLOAD_FAILED}; fi; '
+    'got=${got%% *}; if [ "$got" != "$sum" ]; then '
+    f'rm -f "$f.$$"; echo "$f arrived with SHA-256 $got, not $sum" >&2; exit {UPLOAD_FAILED}; fi; '
+    f'mv -f "$f.$$" "$f" || exit {UPLOAD_FAILED}; exec "$@"'
+)
 
 
 def path(workdir: str) -> str:
@@ -65,6 +97,21 @@ def install(transport: Transport) -> str:
     with _lock:
         _uploaded.add(key)
     return remote
+
+
+def to_send(transport: Transport) -> str | None:
+    """What INSTALL reads on TRANSPORT's node: the bundle in base64, or None when it is there already (uploaded in
+    this run). Pass the command's result to `carried`."""
+    with _lock:
+        return None if (transport.host, transport.run_id) in _uploaded else encoded()
+
+
+def carried(transport: Transport, stdin: str | None, answer: CommandResult) -> None:
+    """After a command that ran INSTALL with STDIN: the bundle is on the node when it went with the command and the
+    program ran (whatever its own exit status)."""
+    if stdin is not None and answer.exit_status not in (None, UPLOAD_FAILED):
+        with _lock:
+            _uploaded.add((transport.host, transport.run_id))
 
 
 def command(python: str, workdir: str, program: str, *args: str) -> list[str]:

@@ -1,14 +1,14 @@
-"""The core stage, per node: the clock, the environment's python, the facts (one upload of the node-side bundle,
-one collector run), the per-node checks, and collectives across the node's own ranks. Then, over the nodes that
-answered, the cross-node consistency checks."""
+"""The core stage, per node: one first command (the node's identity, clock and python, and what earlier runs left),
+the facts (the node-side bundle uploaded with the collector's run), the per-node checks, and collectives across the
+node's own ranks. Then, over the nodes that answered, the cross-node consistency checks."""
 
 from __future__ import annotations
 
 import contextlib
 import json
+import shlex
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from clustercheck.checks import connection, registry
@@ -19,7 +19,7 @@ from clustercheck.facts.model import DcgmDiag, NodeFacts
 from clustercheck.inventory import Node
 from clustercheck.model import CheckResult, Status
 from clustercheck.stages import Context, Member, bundle, collectives, network
-from clustercheck.transport import CommandResult, Transport, TransportError, parse_stale, stale_sweep_script
+from clustercheck.transport import CommandResult, Transport, parse_stale, stale_sweep_script
 
 NAME = "core"
 RECORDED_PYTHON = "/etc/clustercheck/python"
@@ -36,33 +36,146 @@ class HostOutcome:
     facts: NodeFacts | None = None
 
 
-def measure_clock_offset(transport: Transport, samples: int = 3) -> tuple[float | None, float | None]:
-    """Node clock minus control clock, from the sample with the shortest round trip; (offset, half round trip)."""
-    best: tuple[float, float] | None = None
-    for _ in range(samples):
-        before = time.time()
-        answer = transport.run(["date", "+%s.%N"], timeout=15)
-        after = time.time()
-        if not answer.ok:
-            continue
-        try:
-            remote_time = float(answer.stdout.strip())
-        except ValueError:
-            continue
-        half_rtt = (after - before) / 2
-        if best is None or half_rtt < best[1]:
-            best = (remote_time - (before + half_rtt), half_rtt)
-    return best if best else (None, None)
+SWEEP_TIME = 30.0  # seconds the startup sweep may add to the first command (a GPU node runs hundreds of processes)
+
+# The facts collector after the first command's steps, in the same command (parse.first_script's THEN; arguments:
+# the work directory, the bundle's SHA-256 when it goes on standard input (else empty), the collector's own): with
+# the python found, else python3 without torch; the bundle installed first when it comes along (bundle.INSTALL).
+COLLECT = (
+    'd=$4; sum=$5; shift 5; [ "$runs" = yes ] || { py=python3; set -- "$@" --no-torch; }; '
+    f'[ -z "$sum" ] || exec sh -c {shlex.quote(bundle.INSTALL)} sh "$d" "$sum" "$py" "$d/{bundle.FILE}" facts "$@"; '
+    f'exec "$py" "$d/{bundle.FILE}" facts "$@"'
+)
 
 
-def stop_leftovers(node: Node, transport: Transport) -> CheckResult:
-    """Stop what earlier runs left on the node past their deadline (a node that froze or was cut off while they
-    ran), and say what it was."""
+@dataclass
+class Collected:
+    """The facts collector's run: its JSON object (None when it printed none), its output and exit, its seconds."""
+
+    raw: dict | None
+    answer: CommandResult
+    seconds: float
+
+
+@dataclass
+class NodeStart:
+    """What the first command on a node found (`start`)."""
+
+    identity: parse.Identity | None
+    python: str  # the python to run the node-side programs with
+    source: str  # where it came from
+    missing: str | None  # the python asked for, when it does not start (python3 is used then)
+    shell: str | None  # the login shell ($SHELL)
+    home: str | None
+    clock_offset: float | None  # node clock minus control clock
+    clock_uncertainty: float | None  # half the round trip the offset was measured over
+    leftovers: tuple[list[dict], list[dict]] | None  # what the startup sweep stopped (parse_stale); None: not swept
+    error: str | None = None  # why the command failed before the collector, when it did
+    collected: Collected | None = None  # the facts, when they were asked for
+
+
+def start(
+    node: Node,
+    transport: Transport,
+    configured: str | None = None,
+    *,
+    sweep: bool = False,
+    timeout: float = 30,
+    collect: list[str] | None = None,
+    collect_timeout: float = 0,
+) -> NodeStart:
+    """The first command on a node, one round trip for what used to take seven: its identity (read first, so that
+    two inventory names of one machine are told apart), clock, login shell and home, and which python to run the
+    node-side programs with (CONFIGURED (--python), the inventory's clustercheck_python, the one recorded on the
+    node, else python3) and whether it starts within TIMEOUT seconds; with SWEEP, what earlier runs left is stopped
+    (stale_sweep_script); with COLLECT (the collector's arguments), the facts collector then runs within
+    COLLECT_TIMEOUT seconds more, the bundle uploaded on its standard input when it is not on the node yet. On a
+    large cluster every command costs the controller CPU."""
+    if configured:
+        candidate, source = configured, "--python"
+    elif node.python:
+        candidate, source = node.python, "clustercheck_python in the inventory"
+    else:
+        candidate, source = "", ""
+    fallback, fallback_source = (
+        (sys.executable, "the python running clustercheck") if node.is_local else ("python3", "default")
+    )
+    sweeping = stale_sweep_script(transport.run_id) if sweep else None
+    script = parse.first_script(RECORDED_PYTHON, sweeping, COLLECT if collect is not None else None)
+    argv = ["sh", "-c", script, "sh", candidate, fallback, str(int(max(1.0, timeout)))]
+    stdin = None
+    if collect is not None:
+        stdin = bundle.to_send(transport)
+        argv += [transport.workdir, bundle.digest() if stdin is not None else "", *collect]
+    out: list[str] = []
+    arrived: list[float] = []  # when the clock line came, then when the collector's output began
+    marker = parse.FACTS_LINE + "\n"
+    seen = [""]
+
+    def take(stream: str, text: str) -> None:
+        if stream != "stdout":
+            return
+        now = time.time()
+        if not arrived:
+            arrived.append(now)  # the clock line comes first
+        out.append(text)
+        if len(arrived) == 1 and collect is not None:
+            seen[0] = (seen[0] + text)[-2 * len(marker) :]
+            if marker in seen[0]:
+                arrived.append(now)
+
+    before = time.time()
+    took = timeout + (SWEEP_TIME if sweep else 0) + 2 + collect_timeout
+    answer = transport.run(argv, timeout=took, stdin=stdin, on_output=take)
+    ended = time.time()
+    if collect is not None:
+        bundle.carried(transport, stdin, answer)
+    found = parse.parse_first("".join(out))
+    collected = None
+    if found.then is not None:
+        output = CommandResult(answer.exit_status, found.then, answer.stderr, answer.timed_out)
+        raw = None
+        if output.ok:
+            with contextlib.suppress(ValueError, IndexError):
+                raw = json.loads(output.stdout.strip().splitlines()[-1])
+        seconds = ended - (arrived[1] if len(arrived) > 1 else ended)
+        collected = Collected(raw if isinstance(raw, dict) else None, output, seconds)
+    if found.python_runs is None:
+        python = candidate or fallback
+        cause = answer.cause() if not answer.ok else "its output was cut short"
+        return NodeStart(found.identity, python, source or fallback_source, None, None, None, None, None, None, cause)
+    if not source:
+        source = RECORDED_PYTHON if found.recorded else fallback_source
+    python = found.python or candidate or fallback
+    offset = uncertainty = None
+    if found.clock is not None and arrived:
+        uncertainty = (arrived[0] - before) / 2
+        offset = found.clock - (before + uncertainty)
+    complete = found.then is not None or (collect is None and answer.ok)  # the sweep's lines are all there
+    stale = parse_stale(found.leftovers) if complete and found.leftovers is not None else None
+    cause = answer.cause() if not answer.ok else "its output was cut short"
+    return NodeStart(
+        identity=found.identity,
+        python=python if found.python_runs else "python3",
+        source=source,
+        missing=None if found.python_runs else python,
+        shell=found.shell,
+        home=found.home,
+        clock_offset=offset,
+        clock_uncertainty=uncertainty,
+        leftovers=stale,
+        error=cause if sweep and stale is None else None,
+        collected=collected,
+    )
+
+
+def leftovers(node: Node, begun: NodeStart) -> CheckResult:
+    """leftovers: what the startup sweep stopped of earlier runs on the node (a node that froze or was cut off
+    while they ran), past their deadline."""
     check = registry.get("leftovers")
-    answer = transport.run(["sh", "-c", stale_sweep_script(transport.run_id)], timeout=30)
-    if not answer.ok:
-        return check.result(node.name, registry.Finding(Status.WARN, f"could not look for them: {answer.cause()}"))
-    processes, directories = parse_stale(answer.stdout)
+    if begun.leftovers is None:
+        return check.result(node.name, registry.Finding(Status.WARN, f"could not look for them: {begun.error}"))
+    processes, directories = begun.leftovers
     if not processes and not directories:
         return check.result(node.name, registry.passed("nothing of an earlier run was left"))
     runs = sorted({f["run"] for f in processes + directories})
@@ -83,94 +196,46 @@ def stop_leftovers(node: Node, transport: Transport) -> CheckResult:
     )
 
 
-def identify(transport: Transport) -> parse.Identity | None:
-    """The node's machine ID, boot ID and hostname (one command), read before anything else runs there: two
-    inventory names of one machine share this run's work directory and processes there."""
-    answer = transport.run(["sh", "-c", parse.IDENTITY_SCRIPT], timeout=30)
-    return parse.parse_identity(answer.stdout) if answer.ok else None
-
-
-def session(node: Node, transport: Transport) -> CheckResult:
-    """ssh.session: what the node's sshd did that the transport worked around in the steps so far (the login
-    shell's startup output, a limit on sessions per connection)."""
+def session(node: Node, transport: Transport, shell: str | None) -> CheckResult:
+    """ssh.session: what the node's sshd did that the transport worked around in the run (the login shell's
+    startup output, a limit on sessions per connection); SHELL: the login shell, as the first command read it."""
     check = registry.get("ssh.session")
     if node.is_local:
         return check.result(node.name, registry.skip("a local node: no SSH"))
-    shell = None
-    if transport.quirks.startup_output:
-        answer = transport.run(["sh", "-c", 'echo "$SHELL"'], timeout=30)
-        shell = answer.stdout.strip() or None if answer.ok else None
     return check.result(node.name, connection.session_finding(transport.quirks, shell))
 
 
-def find_python(
-    node: Node, transport: Transport, configured: str | None, timeout: float = 30
-) -> tuple[str, str, str | None]:
-    """(python to run the collector with, where it came from, the configured python when it is missing); each of
-    its two commands within TIMEOUT seconds."""
-    if configured:
-        python, source = configured, "--python"
-    elif node.python:
-        python, source = node.python, "clustercheck_python in the inventory"
-    else:
-        recorded = transport.run(["cat", RECORDED_PYTHON], timeout=timeout)
-        if recorded.ok and recorded.stdout.strip():
-            python, source = recorded.stdout.strip(), RECORDED_PYTHON
-        elif node.is_local:
-            python, source = sys.executable, "the python running clustercheck"
-        else:
-            python, source = "python3", "default"
-    probe = transport.run([python, "-c", "import sys; print(sys.executable)"], timeout=timeout)
-    if probe.ok:
-        return python, source, None
-    return "python3", source, python
-
-
-def run_host(node: Node, transport: Transport, ctx: Context, step) -> HostOutcome:
-    """Everything the core stage does on one node that answered. STEP(stage) reports progress and raises Aborted
-    when the run is being stopped."""
+def run_host(node: Node, transport: Transport, ctx: Context, step, begun: NodeStart) -> HostOutcome:
+    """Everything the core stage does on one node that answered, after its first command (BEGUN, which collected the
+    facts: `collector_args`). STEP(stage) reports progress and raises Aborted when the run is being stopped."""
     config = ctx.config
     selection = config.selection
     host_dir = config.host_dir(node.name)
-    outcome = HostOutcome()
-    # The steps before the facts need nothing of each other, and each is a round trip or more: they run at once,
-    # over the node's one connection.
-    step("leftovers, clock, python, upload")
-    with ThreadPoolExecutor(max_workers=3, thread_name_prefix=f"{node.name}-core") as pool:
-        leftovers = pool.submit(stop_leftovers, node, transport)
-        clock = pool.submit(measure_clock_offset, transport)
-        upload = pool.submit(bundle.install, transport)
-        python, source, missing = find_python(node, transport, config.python)
-    outcome.results.append(leftovers.result())
-    offset, uncertainty = clock.result()
-    step("facts")
-    try:
-        upload.result()
-    except (TransportError, OSError) as exc:
-        outcome.results += [session(node, transport), _facts_error(node, f"{node.name}: {exc}")]
-        return outcome
-    outcome.results.append(session(node, transport))
-    args = [str(max(10.0, config.command_timeout - 15))] + (["--no-torch"] if missing else [])
-    for package in node.packages:
-        args += ["--package", package]
-    started = time.monotonic()
-    raw, collected = collect_raw(transport, python, config.command_timeout, *args)
-    seconds = time.monotonic() - started  # the collector's own time (baseline.collector compares it)
-    (host_dir / "facts.json").write_text(collected.stdout)
-    (host_dir / "facts.stderr").write_text(collected.stderr)
-    if raw is None:
-        cause = f"timed out after {config.command_timeout:.0f} s" if collected.timed_out else collected.cause()
+    outcome = HostOutcome([leftovers(node, begun)])
+    python, source, missing = begun.python, begun.source, begun.missing
+    collected = begun.collected
+    answer = collected.answer if collected else CommandResult(None, "", begun.error or "")
+    (host_dir / "facts.json").write_text(answer.stdout)
+    (host_dir / "facts.stderr").write_text(answer.stderr)
+    if collected is None or collected.raw is None:
+        if collected is None:
+            cause = f"the command ended before the collector started: {begun.error or 'no output'}"
+        elif answer.timed_out:
+            cause = f"timed out after {config.command_timeout:.0f} s"
+        else:
+            cause = answer.cause()
         outcome.results.append(_facts_error(node, f"{node.name}: could not collect facts with {python}: {cause}"))
         return outcome
+    seconds = collected.seconds  # the collector's own time (baseline.collector compares it)
     facts = collect.build(
         node,
-        raw,
+        collected.raw,
         python=python,
         python_source=source,
         python_missing=missing,
         cluster_size=len(ctx.hosts),
-        clock_offset=offset,
-        clock_uncertainty=uncertainty,
+        clock_offset=begun.clock_offset,
+        clock_uncertainty=begun.clock_uncertainty,
     )
     facts.models = config.models
     outcome.facts = facts
@@ -190,16 +255,12 @@ def run_host(node: Node, transport: Transport, ctx: Context, step) -> HostOutcom
     return outcome
 
 
-def collect_raw(transport: Transport, python: str, timeout: float, *args: str) -> tuple[dict | None, CommandResult]:
-    """The bundle's facts program run with PYTHON under TIMEOUT (the bundle uploaded first, once per node and run):
-    the collector's JSON object (None when it printed none) and the command's result."""
-    bundle.install(transport)
-    answer = transport.run(bundle.command(python, transport.workdir, "facts", *args), timeout=timeout)
-    raw = None
-    if answer.ok:
-        with contextlib.suppress(ValueError, IndexError):
-            raw = json.loads(answer.stdout.strip().splitlines()[-1])
-    return (raw if isinstance(raw, dict) else None), answer
+def collector_args(node: Node, config) -> list[str]:
+    """The facts collector's arguments in the core stage: its deadline for torch's import, the packages to import."""
+    args = [str(max(10.0, config.command_timeout - 15))]
+    for package in node.packages:
+        args += ["--package", package]
+    return args
 
 
 def dcgm_diag(dcgmi: str, level: int, transport: Transport, host_dir) -> DcgmDiag:

@@ -149,13 +149,13 @@ def stale_sweep_script(run_id: str, now: float | None = None, prefix: str = WORK
         # Only the processes that carry a run marker, found with one grep (not one per process: a GPU node runs
         # hundreds).
         f"for d in $(grep -lsz '^{RUN_MARKER}=' /proc/[0-9]*/environ | sed -n 's|/environ$||p'); do "
-        f"run=$(tr '\\0' '\\n' < \"$d/environ\" 2>/dev/null | sed -n 's/^{RUN_MARKER}=//p'); "
+        f"run=$(tr '\\0' '\\n' 2>/dev/null < \"$d/environ\" | sed -n 's/^{RUN_MARKER}=//p'); "
         f'[ -n "$run" ] && [ "$run" != {mine} ] || continue; '
-        f"until=$(tr '\\0' '\\n' < \"$d/environ\" 2>/dev/null | sed -n 's/^{UNTIL_MARKER}=//p'); "
+        f"until=$(tr '\\0' '\\n' 2>/dev/null < \"$d/environ\" | sed -n 's/^{UNTIL_MARKER}=//p'); "
         f'if [ -n "$until" ]; then [ "$until" -le {now_s} ] || continue; '
         "else age=$(ps -o etimes= -p \"${d#/proc/}\" 2>/dev/null | tr -d ' '); "
         f'[ -n "$age" ] && [ "$age" -ge {NO_DEADLINE_AGE} ] || continue; fi; '
-        "cmd=$(tr '\\0' ' ' < \"$d/cmdline\" 2>/dev/null | cut -c1-200); "
+        "cmd=$(tr '\\0' ' ' 2>/dev/null < \"$d/cmdline\" | cut -c1-200); "
         'kill -KILL "${d#/proc/}" 2>/dev/null && killed=1 && '
         'printf \'%s\\t%s\\t%s\\n\' "${d#/proc/}" "$run" "$cmd"; '
         'done; [ -z "$killed" ] || sleep 0.5; '

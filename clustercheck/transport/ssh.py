@@ -71,6 +71,37 @@ def _transport(sock, **kwargs) -> paramiko.Transport:
     return transport
 
 
+_keys: dict[tuple[str, int, int], paramiko.PKey | None] = {}  # (path, mtime, size) -> its key; None: not loadable
+_keys_lock = threading.Lock()
+
+
+def _private_key(path: str) -> paramiko.PKey | None:
+    """The unencrypted private key in PATH, read once per run (a run connects to every node with it; paramiko
+    would read and parse the file for each connection, trying each key type in turn); None when it cannot be read
+    here (encrypted, missing, another format) or when it comes with a certificate: paramiko then reads it as
+    before."""
+    if path.endswith("-cert.pub") or os.path.exists(path + "-cert.pub"):
+        return None
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    key = (path, st.st_mtime_ns, st.st_size)
+    with _keys_lock:
+        if key in _keys:
+            return _keys[key]
+    loaded = None
+    for kind in (paramiko.RSAKey, paramiko.ECDSAKey, paramiko.Ed25519Key):  # paramiko's own order
+        try:
+            loaded = kind.from_private_key_file(path)
+            break
+        except (paramiko.SSHException, OSError, ValueError):
+            continue
+    with _keys_lock:
+        _keys[key] = loaded
+    return loaded
+
+
 class Connection:
     """One authenticated SSH connection to NAME, with host keys checked, through one ProxyJump hop if asked."""
 
@@ -98,12 +129,16 @@ class Connection:
         hostkeys.load(client, params)
         client.set_missing_host_key_policy(hostkeys.Policy(self.name, params, self.accept_new))
         where = f"{self.name} ({params.hostname}:{params.port})"
+        # The first key file is offered first, as paramiko would (pkey comes before key_filename), read only once.
+        first = _private_key(params.key_files[0]) if params.key_files else None
+        files = params.key_files[1:] if first is not None else params.key_files
         try:
             client.connect(
                 params.hostname,
                 port=params.port,
                 username=params.user,
-                key_filename=params.key_files or None,
+                pkey=first,
+                key_filename=files or None,
                 look_for_keys=not params.key_files,
                 allow_agent=True,
                 timeout=self.timeouts.connect,

@@ -1,26 +1,23 @@
-"""One machine under two inventory names (a copy-paste slip) is named before anything runs there twice, and the
-multi-node stages do not run as if it were two nodes."""
+"""One machine under two inventory names (a copy-paste slip) is named from each name's first command, nothing
+more runs there under the second name, and the multi-node stages do not run as if it were two nodes."""
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
-from test_pipeline import NAMES, Cluster, by_key
+from test_pipeline import FIRST, NAMES, Cluster, by_key, first_answer, is_first
 
 from clustercheck.checks import connection
-from clustercheck.facts.parse import IDENTITY_SCRIPT, parse_identity
+from clustercheck.facts.parse import parse_identity
 from clustercheck.model import Status
 from clustercheck.selection import Selection
 from clustercheck.transport import CommandResult
 
-# What IDENTITY_SCRIPT printed on two Debian 12 containers of the Docker test cluster: one kernel, so one boot ID.
-RECORDED = json.loads((Path(__file__).parent / "records" / "identity-testcluster.json").read_text())
+# What the first command printed on Debian 12 containers of the Docker test cluster: one kernel, so one boot ID.
+RECORDED = FIRST
 
 
 def test_the_identity_of_a_node_is_parsed_from_its_output():
     node1, node2 = parse_identity(RECORDED["node1"]), parse_identity(RECORDED["node2"])
-    assert node1.machine_id == "16947bbeb8d9480696e8e84631ec5fd4" and node1.hostname == "node1"
+    assert node1.machine_id == "72d7f29726d7454b90f038eab4d50932" and node1.hostname == "node1"
     assert node1.boot_id == node2.boot_id  # containers on one kernel: the boot ID alone does not tell them apart
     assert node1.key != node2.key
     assert parse_identity("sh: 1: uname: not found\n") is None
@@ -28,10 +25,10 @@ def test_the_identity_of_a_node_is_parsed_from_its_output():
 
 
 def answering(outputs: dict[str, str]):
-    """BEHAVIOUR per node: the identity script answered with OUTPUTS[node] (the recorded outputs)."""
+    """BEHAVIOUR per node: the first command answered with OUTPUTS[node] (the recorded outputs)."""
 
     def behaviour(transport, command, timeout):
-        if command[:3] == ["sh", "-c", IDENTITY_SCRIPT]:
+        if is_first(command):
             return CommandResult(0, outputs[transport.host], "") if transport.host in outputs else None
         return None
 
@@ -40,14 +37,14 @@ def answering(outputs: dict[str, str]):
 
 def test_a_second_name_of_one_machine_fails_and_no_multi_node_stage_runs(tmp_path):
     # node3's inventory entry is a copy of node1's address: the same machine answers both.
-    outputs = {"node1": RECORDED["node1"], "node2": RECORDED["node2"], "node3": RECORDED["node1"]}
+    outputs = {"node1": first_answer("node1"), "node2": first_answer("node2"), "node3": first_answer("node1")}
     cluster = Cluster(behaviour=answering(outputs))
     outcome = cluster.run(tmp_path)
     results = by_key(outcome.results)
     distinct = results[("nodes.distinct", None)]
     assert distinct.status is Status.FAIL
     assert distinct.message.startswith("node1 (") and " and node3 (" in distinct.message
-    assert "are one machine (machine ID 16947bbeb8d9480696e8e84631ec5fd4, boot ID " in distinct.message
+    assert "are one machine (machine ID 72d7f29726d7454b90f038eab4d50932, boot ID " in distinct.message
     assert "the inventory names 3 nodes, they are 2 machines" in distinct.message
     assert distinct.remediation.startswith("Remove the second name")
     checked = distinct.data["same_machine"]
@@ -58,16 +55,20 @@ def test_a_second_name_of_one_machine_fails_and_no_multi_node_stage_runs(tmp_pat
     for name in ("network.tcp", "allreduce", "ddp_equivalence"):
         skipped = results[(name, None)]
         assert skipped.status is Status.SKIP and f"{twin}: the same machine as {first}" in skipped.message
-    # Only the command that read the identity ran under the second name, and its cleanup was not run: the sweep
-    # would have stopped the processes of the first name, which carry the same run marker.
-    assert cluster.transports[twin].commands == [["sh", "-c", IDENTITY_SCRIPT]]
+    # Only the first command, which read the identity, ran under the second name, and its cleanup was not run: the
+    # sweep would have stopped the processes of the first name, which carry the same run marker.
+    assert [is_first(c) for c in cluster.transports[twin].commands] == [True]
     assert cluster.transports[twin].cleaned == 0 and cluster.transports[twin].stopped == 0
     assert cluster.transports[first].cleaned == 1 and cluster.transports["node2"].cleaned == 1
 
 
 def test_different_machines_pass_even_on_one_kernel(tmp_path):
-    # node3 does not answer the identity script (the fake's default): it is checked, and said to be unread.
-    cluster = Cluster(behaviour=answering({"node1": RECORDED["node1"], "node2": RECORDED["node2"]}))
+    # node3's machine ID and boot ID cannot be read (the first command prints them empty): it is checked, and said
+    # to be unread.
+    unread = first_answer("node3", machine_id="", boot_id="")
+    cluster = Cluster(
+        behaviour=answering({"node1": first_answer("node1"), "node2": first_answer("node2"), "node3": unread})
+    )
     outcome = cluster.run(tmp_path, selection=Selection(only=("core",)))
     results = by_key(outcome.results)
     distinct = results[("nodes.distinct", None)]

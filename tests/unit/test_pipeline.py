@@ -8,6 +8,7 @@ collector's JSON, the network probe's records and the torch workers' rank record
 from __future__ import annotations
 
 import _thread
+import base64
 import json
 import signal
 import socket
@@ -20,11 +21,13 @@ import pytest
 from clustercheck import cli
 from clustercheck.checks import registry
 from clustercheck.config import RunConfig
+from clustercheck.facts import parse
 from clustercheck.inventory import Node
 from clustercheck.model import Status
 from clustercheck.reach import Fanout
 from clustercheck.run.pipeline import Pipeline
 from clustercheck.selection import STAGES, Selection
+from clustercheck.stages import bundle
 from clustercheck.transport import CommandResult, HostKeyError, SessionQuirks, TransportError, workdir_for
 from clustercheck.transport.factory import Connected
 
@@ -35,6 +38,27 @@ NETPROBE = json.loads((RECORDS / "netprobe-healthy.json").read_text())
 COLLECTIVES = json.loads((RECORDS / "collectives-2x2.json").read_text())
 DDP = json.loads((RECORDS / "ddp-pass.json").read_text())
 NAMES = ("node1", "node2", "node3")
+FIRST = json.loads((RECORDS / "first-testcluster.json").read_text())
+
+
+def is_first(command: list[str]) -> bool:
+    """Whether COMMAND is a node's first command (core.start)."""
+    return command[:2] == ["sh", "-c"] and 'echo "clock=$(date' in command[2]
+
+
+def first_answer(host: str, base: str = "node1", **lines: str) -> str:
+    """What the first command printed on node1 of the test cluster (nothing left over, python3), with HOST's
+    identity lines (recorded on HOST), LINES put in, and the clock line now (the clocks check compares it)."""
+    own = dict(
+        line.partition("=")[::2] for line in FIRST[host].splitlines() if line.startswith(("machine_id=", "hostname="))
+    )
+    out = []
+    for line in FIRST[base].splitlines():
+        key, eq, value = line.partition("=")
+        if eq:
+            value = f"{time.time():.9f}" if key == "clock" else lines.pop(key, own.get(key, value))
+        out.append(f"{key}{eq}{value}")
+    return "\n".join(out) + "\n"
 
 
 class FakeTransport:
@@ -55,19 +79,20 @@ class FakeTransport:
 
     def run(self, command, *, timeout, env=None, stdin=None, on_output=None) -> CommandResult:
         self.commands.append(list(command))
+        answer = self.answer(list(command), timeout, stdin)
+        if on_output is not None and answer.stdout:  # streamed, as every transport does with on_output
+            on_output("stdout", answer.stdout)
+            return CommandResult(answer.exit_status, "", answer.stderr, answer.timed_out)
+        return answer
+
+    def answer(self, command, timeout, stdin) -> CommandResult:
         if self.behaviour is not None:
             answer = self.behaviour(self, command, timeout)
             if answer is not None:
-                return answer
+                return self.collecting(command, answer, timeout, stdin) if is_first(command) else answer
         text = " ".join(command)
-        if command[:2] == ["date", "+%s.%N"]:
-            return CommandResult(0, f"{time.time():.9f}\n", "")
-        if command[:2] == ["sh", "-c"] and "CLUSTERCHECK_UNTIL" in command[2]:
-            return CommandResult(0, "", "")  # the startup sweep: nothing left by earlier runs
-        if command[:2] == ["cat", "/etc/clustercheck/python"]:
-            return CommandResult(0, "/opt/venv/bin/python\n", "")
-        if command[1:3] == ["-c", "import sys; print(sys.executable)"]:
-            return CommandResult(0, command[0] + "\n", "")
+        if is_first(command):
+            return self.collecting(command, CommandResult(0, first_answer(self.host), ""), timeout, stdin)
         if len(command) > 2 and command[2] == "facts":
             return CommandResult(0, FACTS, "")
         if len(command) > 2 and command[2] == "netprobe":
@@ -80,6 +105,24 @@ class FakeTransport:
             mine = [r for r in records if r["rank"] == rank]
             return CommandResult(0, "".join(json.dumps(r) + "\n" for r in mine), "")
         return CommandResult(1, "", f"fake node: no answer for {text[:80]}")
+
+    def collecting(self, command, first: CommandResult, timeout, stdin) -> CommandResult:
+        """The first command's answer FIRST, then, when the command goes on to the facts collector (core.COLLECT),
+        the bundle kept from standard input and the collector's answer, as the node's shell runs them."""
+        if len(command) <= 7 or not first.ok:
+            return first
+        workdir, digest, args = command[7], command[8], command[9:]
+        if digest:
+            self.files[bundle.path(workdir)] = base64.b64decode(stdin)
+        found = parse.parse_first(first.stdout)
+        python = found.python if found.python_runs else "python3"
+        facts = self.answer([python, bundle.path(workdir), "facts", *args], timeout, None)
+        return CommandResult(
+            facts.exit_status,
+            f"{first.stdout}{parse.FACTS_LINE}\n{facts.stdout}",
+            first.stderr + facts.stderr,
+            facts.timed_out,
+        )
 
     def put(self, local_path: str, remote_path: str) -> None:
         self.files[remote_path] = Path(local_path).read_bytes()
@@ -218,6 +261,9 @@ def _ctrl_c_mid_run(tmp_path):
 
     def interrupt(transport, command, timeout):
         if len(command) > 2 and command[2] == "facts":
+            deadline = time.monotonic() + 10  # every node under way (a node never reached has nothing to clean)
+            while time.monotonic() < deadline and sum(bool(t.commands) for t in cluster.transports.values()) < 3:
+                time.sleep(0.01)
             started.set()
             _thread.interrupt_main()  # what SIGINT does: KeyboardInterrupt in the main thread
             time.sleep(2)

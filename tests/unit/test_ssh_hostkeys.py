@@ -93,3 +93,22 @@ def test_a_known_hosts_path_that_cannot_be_read_is_one_line_naming_it(tmp_path):
     with pytest.raises(TransportError, match=r"cannot read known_hosts file .*known_hosts: Is a directory"):
         hostkeys.keys_for([str(tmp_path / "known_hosts")], "node1")
     assert hostkeys.keys_for([str(tmp_path / "missing")], "node1") == []
+
+
+def test_a_private_key_is_read_once_per_run_and_left_to_paramiko_when_it_cannot_be_read_here(tmp_path):
+    from clustercheck.transport import ssh
+
+    for kind in ("ed25519", "rsa", "ecdsa"):
+        path = tmp_path / f"id_{kind}"
+        subprocess.run(["ssh-keygen", "-q", "-t", kind, "-N", "", "-f", str(path)], check=True)
+        key = ssh._private_key(str(path))
+        assert key is not None and key.get_base64() == (tmp_path / f"id_{kind}.pub").read_text().split()[1]
+        assert ssh._private_key(str(path)) is key  # the same object: not read again
+    # A key with a passphrase, a key with a certificate beside it, a file that is not there: paramiko reads them
+    # (and asks for the passphrase, loads the certificate, or says what is missing) as it always did.
+    locked = tmp_path / "id_locked"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "secret", "-f", str(locked)], check=True)
+    assert ssh._private_key(str(locked)) is None
+    (tmp_path / "id_ed25519-cert.pub").write_text("ssh-ed25519-cert-v01@openssh.com AAAA\n")
+    assert ssh._private_key(str(tmp_path / "id_ed25519")) is None
+    assert ssh._private_key(str(tmp_path / "absent")) is None
