@@ -84,7 +84,7 @@ def start(
     collect: list[str] | None = None,
     collect_timeout: float = 0,
 ) -> NodeStart:
-    """The first command on a node, one round trip for what used to take seven: its identity (read first, so that
+    """The first command on a node, one round trip for what took nine commands before: its identity (so that
     two inventory names of one machine are told apart), clock, login shell and home, and which python to run the
     node-side programs with (CONFIGURED (--python), the inventory's clustercheck_python, the one recorded on the
     node, else python3) and whether it starts within TIMEOUT seconds; with SWEEP, what earlier runs left is stopped
