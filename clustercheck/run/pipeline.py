@@ -74,7 +74,7 @@ class Pipeline:
         self._identities: dict[str, parse.Identity | None] = {}  # node -> the identity its first command read
         self._machines: dict[tuple[str, str, str], str] = {}  # identity key -> the node checked as that machine
         self._same: dict[str, str] = {}  # node -> the node checked in its place (the same machine)
-        self._begun: dict[str, core.NodeStart] = {}  # node -> what its first command found
+        self._shells: dict[str, str | None] = {}  # node -> its login shell, as its first command read it
         self._later = any(config.selection.stage_selected(s) for s in DISTRIBUTED)  # a multi-node stage follows
 
     # ------------------------------------------------------------------ the whole run
@@ -236,10 +236,10 @@ class Pipeline:
             self._results[node.name] = results
 
     def _session(self, node: Node) -> list[CheckResult]:
-        transport, begun = self._transports.get(node.name), self._begun.get(node.name)
-        if transport is None or begun is None:
+        transport = self._transports.get(node.name)
+        if transport is None or node.name not in self._shells:
             return []
-        return [core.session(node, transport, begun.shell)]
+        return [core.session(node, transport, self._shells[node.name])]
 
     def _begin(self, node: Node, transport: Transport) -> core.NodeStart | None:
         """The node's first command (core.start: its identity, python and facts), or None when NODE is a machine
@@ -255,7 +255,7 @@ class Pipeline:
         identity = begun.identity
         with self._lock:
             self._identities[node.name] = identity
-            self._begun[node.name] = begun
+            self._shells[node.name] = begun.shell  # (not the facts' text: at 1,000 nodes it adds up)
             key = identity.key if identity else None
             checked = self._machines.setdefault(key, node.name) if key else node.name
             if checked == node.name:
