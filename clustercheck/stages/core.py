@@ -88,9 +88,10 @@ def start(
     two inventory names of one machine are told apart), clock, login shell and home, and which python to run the
     node-side programs with (CONFIGURED (--python), the inventory's clustercheck_python, the one recorded on the
     node, else python3) and whether it starts within TIMEOUT seconds; with SWEEP, what earlier runs left is stopped
-    (stale_sweep_script); with COLLECT (the collector's arguments), the facts collector then runs within
-    COLLECT_TIMEOUT seconds more, the bundle uploaded on its standard input when it is not on the node yet. On a
-    large cluster every command costs the controller CPU."""
+    (stale_sweep_script); with COLLECT (the collector's arguments), the facts collector then runs, the whole
+    command within COLLECT_TIMEOUT seconds (the deadline a later run's sweep reads, were the node to freeze), the
+    bundle uploaded on its standard input when it is not on the node yet. On a large cluster every command costs
+    the controller CPU."""
     if configured:
         candidate, source = configured, "--python"
     elif node.python:
@@ -125,7 +126,9 @@ def start(
                 arrived.append(now)
 
     before = time.time()
-    took = timeout + (SWEEP_TIME if sweep else 0) + 2 + collect_timeout
+    took = timeout + (SWEEP_TIME if sweep else 0) + 2  # the steps before the collector: moments, unless one hangs
+    if collect is not None:
+        took = max(took, collect_timeout)  # the collector's deadline is the command's: a hung step eats into it
     answer = transport.run(argv, timeout=took, stdin=stdin, on_output=take)
     ended = time.time()
     if collect is not None:
