@@ -39,7 +39,7 @@ def node_facts(
             homes[node.name] = begun.home or "/tmp"
         if node.name in known:
             return known[node.name]
-        return collect_facts(node, begun, len(nodes))
+        return collect_facts(node, begun, len(nodes), timeout)
 
     answers = reach.each(one, nodes, name=lambda n: n.name)
     for i, node in enumerate(nodes):
@@ -53,8 +53,9 @@ def node_facts(
     return {node.name: answers[i] for i, node in enumerate(nodes)}, homes  # type: ignore[return-value]
 
 
-def collect_facts(node: Node, begun: core.NodeStart, cluster_size: int) -> NodeFacts:
-    """The facts BEGUN collected (core.start with the collector), or NotStarted saying why there are none."""
+def collect_facts(node: Node, begun: core.NodeStart, cluster_size: int, deadline: float) -> NodeFacts:
+    """The facts BEGUN collected (core.start with the collector, within DEADLINE seconds), or NotStarted saying
+    why there are none."""
     python, source, missing = begun.python, begun.source, begun.missing
     if begun.error:
         raise NotStarted(f"{node.name}: could not run a command there: {begun.error}")
@@ -62,8 +63,7 @@ def collect_facts(node: Node, begun: core.NodeStart, cluster_size: int) -> NodeF
         raise NotStarted(f"{node.name}: the environment python {missing} ({source}) does not run")
     collected = begun.collected
     if collected is None or collected.raw is None:
-        cause = collected.answer.cause() if collected else "the command ended before the collector started"
-        raise NotStarted(f"{node.name}: could not collect facts with {python}: {cause}")
+        raise NotStarted(f"{node.name}: could not collect facts with {python}: {begun.facts_problem(deadline)}")
     facts = collect.build(node, collected.raw, python=python, python_source=source, cluster_size=cluster_size)
     if facts.torch_problem:
         raise NotStarted(f"{node.name}: {facts.torch_problem}")

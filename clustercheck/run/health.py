@@ -125,15 +125,11 @@ def _check(
     python, source, missing = begun.python, begun.source, begun.missing
     facts_check = registry.get("facts")
     collected = begun.collected
-    raw = collected.raw if collected else None
-    if collected is None or raw is None:
-        if collected is None:
-            cause = begun.error or "the command ended before the collector started"
-        else:
-            cause = f"timed out after {deadline:.0f} s" if collected.answer.timed_out else collected.answer.cause()
+    if collected is None or collected.raw is None:
+        cause = begun.facts_problem(deadline)
         finding = registry.Finding(Status.ERROR, f"could not collect facts with {python}: {cause}")
         return [facts_check.result(node.name, finding)]
-    took = collected.seconds
+    raw, took = collected.raw, collected.seconds
     results = [facts_check.result(node.name, registry.passed(f"facts collected with {python} in {took:.1f} s"))]
     return results + judge(node, raw, python=python, source=source, missing=missing, models=models)
 

@@ -73,6 +73,16 @@ class NodeStart:
     error: str | None = None  # why the command failed before the collector, when it did
     collected: Collected | None = None  # the facts, when they were asked for
 
+    def facts_problem(self, deadline: float) -> str | None:
+        """Why the collector gave no facts (None when it did), DEADLINE its time: said alike by the core stage,
+        node-health and the launcher."""
+        collected = self.collected
+        if collected is None:
+            return f"the command ended before the collector started: {self.error or 'no output'}"
+        if collected.raw is not None:
+            return None
+        return f"timed out after {deadline:.0f} s" if collected.answer.timed_out else collected.answer.cause()
+
 
 def start(
     node: Node,
@@ -221,13 +231,8 @@ def run_host(node: Node, transport: Transport, ctx: Context, step, begun: NodeSt
     (host_dir / "facts.json").write_text(answer.stdout)
     (host_dir / "facts.stderr").write_text(answer.stderr)
     if collected is None or collected.raw is None:
-        if collected is None:
-            cause = f"the command ended before the collector started: {begun.error or 'no output'}"
-        elif answer.timed_out:
-            cause = f"timed out after {config.command_timeout:.0f} s"
-        else:
-            cause = answer.cause()
-        outcome.results.append(_facts_error(node, f"{node.name}: could not collect facts with {python}: {cause}"))
+        problem = begun.facts_problem(config.command_timeout)
+        outcome.results.append(_facts_error(node, f"{node.name}: could not collect facts with {python}: {problem}"))
         return outcome
     seconds = collected.seconds  # the collector's own time (baseline.collector compares it)
     facts = collect.build(

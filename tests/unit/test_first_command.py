@@ -167,3 +167,15 @@ def test_a_bundle_that_arrives_altered_is_not_run_and_not_taken_as_there():
         assert intact.ok and 1024 <= int(intact.stdout) <= 65535, intact.stderr
     finally:
         transport.cleanup()
+
+
+def test_why_there_are_no_facts_is_said_one_way_for_every_user_of_the_first_command():
+    cut = core.start(NODE, Answering(FIRST["node1"][:60], status=None), sweep=True)
+    assert cut.facts_problem(120) == "the command ended before the collector started: timed out"
+    facts = FIRST["node1"] + "--- facts\n"
+    hung = core.start(NODE, Answering(facts, status=None), collect=["105"], collect_timeout=120)
+    assert hung.facts_problem(120) == "timed out after 120 s"
+    failed = core.start(NODE, Answering(facts + "Traceback ...\n", status=1), collect=["105"], collect_timeout=120)
+    assert failed.facts_problem(120) == "exit 1: sh: killed"
+    good = core.start(NODE, Answering(facts + '{"collector": 1}\n'), collect=["105"], collect_timeout=120)
+    assert good.facts_problem(120) is None and good.collected.raw == {"collector": 1}
