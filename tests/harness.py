@@ -22,6 +22,7 @@ from torchenv import PYTHON, VENV, ssh_client, ssh_run
 
 from clustercheck.checks import collectives, ddp, network
 from clustercheck.model import CheckResult
+from clustercheck.remote import netprobe
 
 __all__ = ["PYTHON", "VENV", "ssh_client", "ssh_run"]
 
@@ -171,9 +172,9 @@ RECORDS = Path(__file__).parent / "unit" / "records"
 
 def real_results() -> list[CheckResult]:
     """Check results as a three-node run judges them: per-host statuses, a cluster-wide busbw sweep, DDP."""
-    netprobe = _record("netprobe-node3-firewall.json")
+    records = probe_records("netprobe-node3-firewall.json")
     results = network.evaluate(
-        netprobe, [network.Peer(n, r["address"]) for n, r in sorted(netprobe.items())], "node1", 29500
+        records, [network.Peer(n, r["address"]) for n, r in sorted(records.items())], "node1", 29500
     )
     results += collectives.evaluate_bandwidth(_record("collectives-2x2.json"), world_size=4)
     results.append(ddp.evaluate(_record("ddp-pass.json"), world_size=3))
@@ -182,6 +183,14 @@ def real_results() -> list[CheckResult]:
 
 def _record(name: str):
     return json.loads((RECORDS / name).read_text())
+
+
+def probe_records(name_or_records: str | dict[str, dict]) -> dict[str, dict]:
+    """The network probe's records as the controller receives them: the recorded records (a file of RECORDS, or
+    ones a test altered) are what each node's mesh() measured; the probe prints them through netprobe.summarise."""
+    full = _record(name_or_records) if isinstance(name_or_records, str) else name_or_records
+    addresses = {name: record["address"] for name, record in full.items()}
+    return {name: netprobe.summarise(record, addresses) for name, record in full.items()}
 
 
 # ------------------------------------------------------------------------------------------- faults

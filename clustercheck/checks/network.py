@@ -512,13 +512,13 @@ def tcp_checks(records: dict[str, dict], peers: list[Peer], cidr: str | None = N
     # (node, port) for every port a node listened on: looked up once per connection, of which there are 2 N (N-1).
     listening = {(name, s["port"]) for name, r in records.items() for s in r["listen"] if s["ok"]}
     for name, record in sorted(records.items()):
-        for out in record["outgoing"]:
+        tested += record["outgoing"]["ok"]  # an answered connection: the far side listened (its token came back)
+        for out in record["outgoing"]["failed"]:
             target = out["to"]
             if (target, out["port"]) not in listening:
                 continue  # the far side did not run or could not listen: reported by other checks
             tested += 1
-            if out["result"] != "ok":
-                failures.setdefault((name, target), []).append(out)
+            failures.setdefault((name, target), []).append(out)
     ports = sorted({s["port"] for r in records.values() for s in r["listen"] if not s.get("perf")})
     if not failures:
         pairs = len(records) * (len(records) - 1)
@@ -593,18 +593,30 @@ def _is_loopback(addr: str) -> bool:
 def resolve_checks(records: dict[str, dict], peers: list[Peer]) -> list[CheckResult]:
     """Every node resolves every node's hostname to the same non-loopback address, the cluster address."""
     address = {p.name: p.address for p in peers}
-    # What most nodes resolve each name to, to name the odd ones out.
-    seen: dict[str, Counter] = {}
+    # What most nodes resolve each name to, to name the odd ones out. A record lists only the names that did not
+    # resolve to exactly the cluster address (netprobe.summarise): the nodes that do not list a name got that.
+    listed: dict[str, Counter] = {}
     for record in records.values():
-        for name, answer in record["resolve"].items():
-            if answer.get("addresses"):
-                seen.setdefault(name, Counter())[tuple(answer["addresses"])] += 1
-    majorities = {name: counts.most_common(1)[0][0] for name, counts in seen.items()}
+        for name, answer in record["resolve"]["unexpected"].items():
+            listed.setdefault(name, Counter())[tuple(answer.get("addresses") or ())] += 1
+    seen: dict[str, Counter] = {}  # name -> how many nodes got each answer (no answer is no vote)
+    for name, answers in listed.items():
+        counts = Counter({(address[name],): len(records) - sum(answers.values())} if name in address else {})
+        counts.update(answers)
+        counts.pop((), None)
+        seen[name] = +counts  # an expected answer no node gave is no vote either
+    majorities = {name: counts.most_common(1)[0][0] for name, counts in seen.items() if counts}
+    # Where most nodes agree on another address, the nodes that got the cluster address are the odd ones out.
+    outvoted = {
+        p.name: {"hostname": p.hostname or p.name, "addresses": [p.address]}
+        for p in peers
+        if p.name in majorities and majorities[p.name] != (p.address,)
+    }
     results = []
     for resolver, record in sorted(records.items()):
         problems, warnings, loopback = [], [], []
         odd: dict[str, dict] = {}  # the answers behind a problem or warning (all of them: the run directory)
-        for name, answer in sorted(record["resolve"].items()):
+        for name, answer in sorted({**outvoted, **record["resolve"]["unexpected"]}.items()):
             addrs = answer.get("addresses") or []
             host = answer.get("hostname", name)
             label = host if host == name else f"{host} ({name})"
@@ -638,7 +650,7 @@ def resolve_checks(records: dict[str, dict], peers: list[Peer]) -> list[CheckRes
             )
         else:
             status, remedy = Status.PASS, ""
-            text = f"all {len(record['resolve'])} node names resolve to their cluster addresses"
+            text = f"all {record['resolve']['names']} node names resolve to their cluster addresses"
         results.append(
             emit(
                 "network.resolve",
@@ -647,7 +659,7 @@ def resolve_checks(records: dict[str, dict], peers: list[Peer]) -> list[CheckRes
                 host=resolver,
                 remediation=remedy,
                 # Not every answer: N nodes resolving N names is N² of them, most of a 1,000-node report's size.
-                data={"names": len(record["resolve"]), "unexpected": odd},
+                data={"names": record["resolve"]["names"], "unexpected": odd},
             )
         )
     return results

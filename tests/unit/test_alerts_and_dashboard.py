@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from harness import real_results
+from harness import probe_records, real_results
 
 from clustercheck.checks import baseline, consistency, network, registry
 from clustercheck.model import CheckResult, Status
@@ -45,7 +45,7 @@ def promtool(*args: str, cwd: Path = MONITORING) -> subprocess.CompletedProcess:
 
 def _records(name: str) -> tuple[list[CheckResult], list[str]]:
     """The network checks judged on a recorded probe of the 3-node test cluster, and its hosts."""
-    records = json.loads((RECORDS / name).read_text())
+    records = probe_records(name)
     peers = [network.Peer(n, r["address"]) for n, r in sorted(records.items())]
     return network.evaluate(records, peers, "node1", 29500), sorted(records)
 

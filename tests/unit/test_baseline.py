@@ -12,6 +12,7 @@ from pathlib import Path
 import jsonschema
 import pytest
 from click.testing import CliRunner
+from harness import probe_records
 
 from clustercheck import report
 from clustercheck.checks import baseline, network, registry
@@ -31,7 +32,7 @@ def local_report() -> dict:
 
 def network_report(record: str) -> dict:
     """The JSON report of the network checks judged on a recorded probe of the 3-node test cluster."""
-    records = json.loads((RECORDS / record).read_text())
+    records = probe_records(record)
     peers = [network.Peer(name, r["address"]) for name, r in sorted(records.items())]
     results = network.evaluate(records, peers, master="node1", master_port=29500)
     return json_report.document(Report(results, sorted(records)))

@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from harness import probe_records
 
 from clustercheck.checks import network, registry
 from clustercheck.model import Status
@@ -29,7 +30,8 @@ def peers(records: dict[str, dict]) -> list[network.Peer]:
 
 
 def evaluate(records, **kw):
-    return network.evaluate(records, peers(records), master="node1", master_port=29500, **kw)
+    """RECORDS (what each node's probe measured, as recorded or altered) judged as the controller receives them."""
+    return network.evaluate(probe_records(records), peers(records), master="node1", master_port=29500, **kw)
 
 
 def named(results, name):
@@ -243,7 +245,7 @@ def test_a_node_whose_probe_never_listened_is_named_as_late_not_as_a_firewall():
             if out["to"] == "node3":
                 out.update(result="refused", detail="Connection refused")
     results = network.evaluate(
-        records,
+        probe_records(records),
         peers(healthy),
         master="node1",
         master_port=29500,
@@ -538,3 +540,35 @@ def test_probes_still_waiting_out_their_rounds_are_not_taken_for_frozen_ones():
     # Half or fewer ended: the run itself is slow, and each probe keeps its own time limit.
     half = {f"node{i}": 8.0 for i in range(32)}
     assert not stage.past_waiting(half, 64, paced_end, now=paced_end + 10 * stage.STRAGGLER_GRACE)
+
+
+def test_the_probe_counts_what_was_expected_and_lists_the_rest():
+    """What a probe prints (netprobe.summarise of what it measured): a thousand nodes would otherwise send 2 (N-1)
+    connection entries and N names each, three million entries for the controller to parse and keep."""
+    healthy = probe_records("netprobe-healthy.json")["node1"]
+    assert healthy["outgoing"] == {"ok": 4, "failed": []}
+    assert healthy["incoming"] == {"peers": 4, "others": []}
+    assert healthy["resolve"] == {"names": 3, "unexpected": {}}
+    firewall = probe_records("netprobe-node3-firewall.json")
+    assert firewall["node1"]["outgoing"]["ok"] == 2
+    assert [(o["to"], o["result"]) for o in firewall["node1"]["outgoing"]["failed"]] == [("node3", "timeout")] * 2
+    assert firewall["node3"]["incoming"] == {"peers": 0, "others": []}  # its firewall let nothing in
+    records = load("netprobe-healthy.json")
+    records["node2"]["resolve"]["node3"] = {"hostname": "node3", "addresses": ["172.30.80.13", "10.0.0.3"]}
+    records["node2"]["incoming"].append({"from": "10.1.1.1", "port": 29500, "peer": False})
+    node2 = probe_records(records)["node2"]
+    assert node2["resolve"]["unexpected"] == {"node3": {"hostname": "node3", "addresses": ["172.30.80.13", "10.0.0.3"]}}
+    assert node2["incoming"]["others"] == [{"from": "10.1.1.1", "port": 29500, "peer": False}]
+
+
+def test_a_name_most_nodes_resolve_elsewhere_is_judged_by_the_majority_of_all_answers():
+    """Nodes that list no answer for a name got its cluster address: they count in the majority as votes."""
+    records = load("netprobe-healthy.json")
+    records["node1"]["resolve"]["node3"] = {"hostname": "node3", "addresses": ["10.0.0.3"]}
+    failing = [r for r in named(evaluate(records), "network.resolve") if r.status is Status.FAIL]
+    assert [r.host for r in failing] == ["node1"]
+    assert "node3 resolves to 10.0.0.3, other nodes get 172.30.80.13" in failing[0].message
+    records["node2"]["resolve"]["node3"] = {"hostname": "node3", "addresses": ["10.0.0.3"]}
+    failing = [r for r in named(evaluate(records), "network.resolve") if r.status is Status.FAIL]
+    assert [r.host for r in failing] == ["node3"]  # now node3 itself is the odd one out
+    assert "node3 resolves to 172.30.80.13, other nodes get 10.0.0.3" in failing[0].message

@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
+from harness import probe_records
 
 from clustercheck import cli
 from clustercheck.checks import registry
@@ -32,9 +33,9 @@ from clustercheck.transport import CommandResult, HostKeyError, SessionQuirks, T
 from clustercheck.transport.factory import Connected
 
 RECORDS = Path(__file__).parent / "records"
-FIREWALL = json.loads((RECORDS / "netprobe-node3-firewall.json").read_text())
+FIREWALL = probe_records("netprobe-node3-firewall.json")
 FACTS = (RECORDS / "facts-debian12-localhost.json").read_text()
-NETPROBE = json.loads((RECORDS / "netprobe-healthy.json").read_text())
+NETPROBE = probe_records("netprobe-healthy.json")
 COLLECTIVES = json.loads((RECORDS / "collectives-2x2.json").read_text())
 DDP = json.loads((RECORDS / "ddp-pass.json").read_text())
 NAMES = ("node1", "node2", "node3")
