@@ -7,6 +7,7 @@ from __future__ import annotations
 import io
 import re
 from collections import Counter
+from dataclasses import replace
 
 from rich.cells import cell_len
 from rich.console import Console
@@ -56,7 +57,8 @@ TOP, HEAD, RULE, ROW, BOTTOM = "┏━┳┓", "┃ ┃┃", "┡━╇┩", "�
 
 def fold(results: list[CheckResult], hosts: list[str]) -> list[tuple[CheckResult, str]]:
     """One row per finding: a check that says the same (status and message) on several hosts is one row naming
-    them, in the order given, so a cluster of a thousand nodes is not a thousand rows of the same line. Each row
+    them, in the order given, so a cluster of a thousand nodes is not a thousand rows of the same line; so is a
+    check that passed with more than HOSTS_SHOWN different messages. Each row
     is its first result and the host cell: the host, the cluster, or the hosts (`all N hosts`, or the first few
     and how many more)."""
     groups: dict[tuple, list[CheckResult]] = {}
@@ -65,9 +67,18 @@ def fold(results: list[CheckResult], hosts: list[str]) -> list[tuple[CheckResult
             groups[(i,)] = [r]  # a cluster-wide result is its own row
             continue
         groups.setdefault((r.status, r.name, r.message.removeprefix(f"{r.host}: ")), []).append(r)
+    # A check that passed saying something of its own on each host (its name, its address) is one row once it
+    # would take more than HOSTS_SHOWN rows: the first host's message stands for them, the JSON report has each.
+    passing = Counter(key[1] for key in groups if key[0] is Status.PASS)
+    merged: dict[tuple, list[CheckResult]] = {}
+    for key, members in groups.items():
+        many = len(key) > 1 and key[0] is Status.PASS and passing[key[1]] > HOSTS_SHOWN
+        merged.setdefault(("passed", key[1]) if many else key, []).extend(members)
     rows = []
-    for members in groups.values():
+    for key, members in merged.items():
         first = members[0]
+        if key[0] == "passed":
+            first = replace(first, message=f"{first.message} (each host's own message: the JSON report)")
         where = list(dict.fromkeys(r.host or CLUSTER_SUITE for r in members))
         if len(where) == 1:
             rows.append((first, where[0]))

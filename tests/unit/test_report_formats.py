@@ -12,12 +12,13 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from harness import real_results
+from harness import probe_records, real_results
 
 from clustercheck import report
 from clustercheck.checks import network, registry
 from clustercheck.model import CheckResult, Metric, Status
 from clustercheck.report import FORMAT_NAMES, Report, markdown, prometheus
+from clustercheck.report import text as text_report
 
 RECORDS = Path(__file__).parent / "records"
 SAMPLE = re.compile(r"^(?P<name>[a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(?P<labels>.*)\})? (?P<value>\S+)$")
@@ -168,7 +169,7 @@ README = Path(__file__).resolve().parent.parent.parent / "README.md"
 
 
 def test_every_pair_s_round_trip_and_throughput_are_metrics():
-    records = json.loads((Path(__file__).parent / "records" / "netprobe-node2-tbf.json").read_text())
+    records = probe_records("netprobe-node2-tbf.json")
     peers = [network.Peer(n, r["address"]) for n, r in sorted(records.items())]
     results = network.evaluate(records, peers, "node1", 29500)
     got = samples(prometheus.render(Report(results, sorted(records), "x", 1, 2)))
@@ -316,7 +317,7 @@ def test_only_core_is_not_called_ready_and_the_next_step_says_what_to_run():
 
 
 def test_a_ready_cluster_s_next_step_is_the_launch_and_a_failing_one_s_the_first_fix():
-    healthy = json.loads((RECORDS / "netprobe-healthy.json").read_text())
+    healthy = probe_records("netprobe-healthy.json")
     from clustercheck.checks import collectives, ddp
 
     peers = [network.Peer(n, r["address"]) for n, r in sorted(healthy.items())]
@@ -359,7 +360,7 @@ def test_the_same_fix_on_several_nodes_is_one_line_naming_them():
 def test_a_skipped_ddp_stage_is_named_in_the_verdict_with_the_option_that_skipped_it():
     from clustercheck.selection import Selection
 
-    healthy = json.loads((RECORDS / "netprobe-healthy.json").read_text())
+    healthy = probe_records("netprobe-healthy.json")
     from clustercheck.checks import collectives
 
     peers = [network.Peer(n, r["address"]) for n, r in sorted(healthy.items())]
@@ -404,3 +405,24 @@ def test_the_same_finding_on_several_hosts_is_one_row_naming_them():
         ["PASS", "shm.size", "node2", "/dev/shm is 64 GiB"],
         ["PASS", "shm.size", "node3", "/dev/shm is 32 GiB"],
     ]
+
+
+def test_a_check_passing_in_its_own_words_on_many_hosts_is_one_row_and_its_problems_stay_listed():
+    """hostname.resolve says each host's own name and address: a thousand nodes are one row, not a thousand; a
+    failure or warning is never folded into it, and a few hosts keep a row each."""
+    check = registry.get("hostname.resolve")
+    hosts = [f"node{i}" for i in range(1, 13)]
+    results = [check.result(h, registry.passed(f"hostname {h} resolves to 10.0.0.{i}")) for i, h in enumerate(hosts)]
+    results[5] = check.result("node6", registry.fail("hostname node6 resolves to 127.0.1.1 (loopback)"))
+    rows = [(r.status.value, where, r.message) for r, where in text_report.fold(results, hosts)]
+    assert rows == [
+        (
+            "PASS",
+            "node1, node2, node3 and 8 more",
+            "node1: hostname node1 resolves to 10.0.0.0 (each host's own message: the JSON report)",
+        ),
+        ("FAIL", "node6", "node6: hostname node6 resolves to 127.0.1.1 (loopback)"),
+    ]
+    assert sum(line.startswith("│") and "hostname.resolve" in line for line in text_lines(Report(results, hosts))) == 2
+    few = [r for r in results if r.host in hosts[:4]]
+    assert sum(line.startswith("│") and "hostname.resolve" in line for line in text_lines(Report(few, hosts[:4]))) == 4
