@@ -15,7 +15,8 @@ pipeline by a transport factory) that answers every command with the output reco
 torch job's rank records and logs. Per node only its name, address and identity (machine ID, boot ID, hostname) are
 put in, so the nodes are distinct. The network probe's record is made for each node from the recorded probe
 records' entries: a connection entry for every pair and port (every pair, as the probe tries them), a round trip and
-throughput entry for each pair of the rounds the probe's own schedule gives (--network-rounds, 8 by default). One
+throughput entry for each pair of the rounds the probe's own schedule gives (--network-rounds, 8 by default), then
+printed as the probe prints it (netprobe.summarise: what was expected counted, the rest listed). One
 node is slow (its round trips 30 times longer, its transfers 30 times slower) and one pair fails (the second node's
 connections to the third time out on both ports, as the recorded firewall probe shows), so the report has findings
 to list.
@@ -30,7 +31,6 @@ one run per size (--rounds N: the median of N).
 from __future__ import annotations
 
 import argparse
-import base64
 import contextlib
 import json
 import os
@@ -72,17 +72,15 @@ def kind(command: list[str]) -> str:
         script = command[2]
         if 'echo "clock=$(date' in script:
             return "first"
-        if "tar czf" in script:
-            return "tar-logs"
         return "sh"
     if len(command) > 2 and command[1].endswith(".pyz"):
         return f"netprobe-{command[3]}" if command[2] == "netprobe" and len(command) > 3 else command[2]
     if "torch.distributed.run" in command:
         return "torchrun"
-    if command[1:2] == ["-c"] and "heartbeat" in command[2]:
-        return "heartbeats"
     if command[1:2] == ["-c"] and "rank-*.json" in command[2]:
         return "rank-records"
+    if command[1:2] == ["-c"] and "heartbeat" in command[2]:
+        return "heartbeats"
     return f"other:{command[0]}"
 
 
@@ -94,7 +92,6 @@ def record_core() -> None:
     from clustercheck.transport import factory
 
     answers: dict[str, dict] = {}
-    files: dict[str, str] = {}
 
     class Recording:
         def __init__(self, transport) -> None:
@@ -122,10 +119,6 @@ def record_core() -> None:
             answers.setdefault(what, {**kept, "example": example})
             return result
 
-        def get(self, remote: str, local: str) -> None:
-            self.transport.get(remote, local)
-            files[Path(remote).name] = base64.b64encode(Path(local).read_bytes()).decode()
-
     real = factory.default(None)
 
     def recording(node, run_id, register) -> Connected:
@@ -137,7 +130,7 @@ def record_core() -> None:
         config = RunConfig(run_dir=Path(run_dir), selection=Selection(only=("core",)))
         node = Node(name="localhost", address="127.0.0.1", connection="local")
         Pipeline([node], config, Fanout(recording)).run()
-    CORE_RECORD.write_text(json.dumps({"answers": answers, "files": files}, indent=1) + "\n")
+    CORE_RECORD.write_text(json.dumps({"answers": answers}, indent=1) + "\n")
     say(f"recorded {sorted(answers)} to {CORE_RECORD}")
 
 
@@ -188,7 +181,6 @@ class Simulation:
         self.failing = (self.names[1], self.names[2])  # the second node's connections to the third time out
         core = json.loads(CORE_RECORD.read_text())
         self.answers = core["answers"]
-        self.files = {name: base64.b64decode(text) for name, text in core["files"].items()}
         facts = self.answers["facts"]["stdout"].strip().splitlines()[-1]
         raw = json.loads(facts)
         recorded_address = self._own_address(raw)
@@ -248,38 +240,37 @@ class Simulation:
         perf_port = int(_values(args, "--perf-port")[0]) if "--perf-port" in args else None
         outgoing, incoming, resolve, partners = self._parts(tuple(peers), tuple(ports), rounds, seed, hostnames)
         i = peers.index(me)
-        recorded = self.probes["node1"]
         out = outgoing[:i] + outgoing[i + 1 :]
         into = incoming[:i] + incoming[i + 1 :]
         src, dst = self.failing
         if me == src:
             j = peers.index(dst) - (peers.index(dst) > i)
-            out[j] = ", ".join(json.dumps({**self.timeout_entry, "to": dst, "port": p}) for p in ports)
+            out[j] = [{**self.timeout_entry, "to": dst, "port": p} for p in ports]
         if me == dst:
             j = peers.index(src) - (peers.index(src) > i)
-            into[j] = ""
+            into[j] = []
         listen = [{"port": p, "ok": True} for p in ports]
         if perf_port and measure:
             listen.append({"port": perf_port, "ok": True, "perf": True})
-        head = {
+        recorded = self.probes["node1"]
+        record = {
             "node": me,
             "hostname": me,
             "address": self.address[me],
             "interface": self.interface,
             "mtu": self.mtu,
             "listen": listen,
+            "outgoing": [entry for entries in out for entry in entries],
+            "incoming": [entry for entries in into for entry in entries],
+            "resolve": resolve,
+            "seconds": recorded["seconds"],
+            "barrier": recorded["barrier"],
         }
-        tail: dict = {"seconds": recorded["seconds"], "barrier": recorded["barrier"]}
         if perf_port and measure:
-            tail["perf"] = self._perf(me, partners.get(me, []), measure)
-            tail["rounds"] = len(partners["plan"])
-        return (
-            json.dumps(head)[:-1]
-            + f', "outgoing": [{", ".join(filter(None, out))}], "incoming": [{", ".join(filter(None, into))}], '
-            + f'"resolve": {{{resolve}}}, '
-            + json.dumps(tail)[1:]
-            + "\n"
-        )
+            record["perf"] = self._perf(me, partners.get(me, []), measure)
+            record["rounds"] = len(partners["plan"])
+        # What the probe prints of what it measured: the same function as on a node.
+        return json.dumps(netprobe.summarise(record, {p: self.address[p] for p in peers})) + "\n"
 
     def _parts(self, peers: tuple, ports: tuple, rounds, seed, hostnames: dict):
         """Each peer's connection entries (out and in) and every resolve entry, made once for every node's record;
@@ -290,19 +281,10 @@ class Simulation:
                 ok = next(o for o in self.probes["node1"]["outgoing"] if o["result"] == "ok")
                 come = self.probes["node1"]["incoming"][0]
                 outgoing = [
-                    ", ".join(
-                        json.dumps({**ok, "to": p, "port": port, "detail": hostnames.get(p, p)}) for port in ports
-                    )
-                    for p in peers
+                    [{**ok, "to": p, "port": port, "detail": hostnames.get(p, p)} for port in ports] for p in peers
                 ]
-                incoming = [
-                    ", ".join(json.dumps({**come, "from": self.address[p], "port": port}) for port in ports)
-                    for p in peers
-                ]
-                resolve = ", ".join(
-                    f'"{p}": {json.dumps({"hostname": hostnames.get(p, p), "addresses": [self.address[p]]})}'
-                    for p in peers
-                )
+                incoming = [[{**come, "from": self.address[p], "port": port} for port in ports] for p in peers]
+                resolve = {p: {"hostname": hostnames.get(p, p), "addresses": [self.address[p]]} for p in peers}
                 plan = netprobe.schedule(list(peers), rounds, seed)
                 partners: dict[str, list] = {"plan": plan}
                 for number, pairs in enumerate(plan):
@@ -385,12 +367,6 @@ class SimTransport:
 
     def put(self, local_path: str, remote_path: str) -> None:
         pass
-
-    def get(self, remote_path: str, local_path: str) -> None:
-        started = time.thread_time()
-        Path(local_path).write_bytes(self.sim.files[Path(remote_path).name])
-        with self.sim._lock:
-            self.sim.cpu += time.thread_time() - started
 
     def stop(self) -> None:
         pass

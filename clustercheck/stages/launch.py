@@ -11,6 +11,7 @@ same planner (`plan_torchrun`).
 
 from __future__ import annotations
 
+import base64
 import json
 import shlex
 from collections.abc import Callable
@@ -190,17 +191,36 @@ def ranks_by_node(launches: list[NodeLaunch]) -> dict[str, list[int]]:
     return ranks
 
 
-# Prints every rank record of a stage, one JSON document per line, so one command fetches them all.
+# Prints every rank record of a stage, one JSON document per line, then, after LOGS_LINE, the stage's files as one
+# gzipped tar in base64: the rank records, the ranks' last heartbeats, torchrun's per-rank logs and the run's NCCL
+# logs (regular files only). One command per node brings all of it back: a second one to pack the files and a file
+# transfer to fetch them cost every node two more sessions and the controller more CPU.
+LOGS_LINE = "--- clustercheck: logs ---"
 _COLLECT = (
-    "import glob, os, sys\n"
-    "for path in sorted(glob.glob(os.path.join(sys.argv[1], 'rank-*.json'))):\n"
+    "import base64, glob, io, os, sys, tarfile\n"
+    "out = sys.argv[1]\n"
+    "run_dir = os.path.dirname(out)\n"
+    "for path in sorted(glob.glob(os.path.join(out, 'rank-*.json'))):\n"
     "    with open(path) as fh:\n"
     "        print(fh.read().strip())\n"
+    "keep = []\n"
+    "for top, dirs, files in os.walk(out):\n"
+    "    dirs.sort()\n"
+    "    keep += [os.path.join(top, name) for name in sorted(files)]\n"
+    "keep += sorted(glob.glob(os.path.join(run_dir, 'nccl-*.log')))\n"
+    "packed = io.BytesIO()\n"
+    "with tarfile.open(fileobj=packed, mode='w:gz') as tar:\n"
+    "    for path in keep:\n"
+    "        if os.path.isfile(path) and not os.path.islink(path):\n"
+    "            tar.add(path, os.path.relpath(path, run_dir), recursive=False)\n"
+    f"print({LOGS_LINE!r})\n"
+    "print(base64.b64encode(packed.getvalue()).decode())\n"
 )
 
 
 def collect_command(python: str, run_dir: str, stage: str) -> list[str]:
-    """The command that prints the rank records a node's torchrun left in RUN_DIR/STAGE."""
+    """The command that prints the rank records a node's torchrun left in RUN_DIR/STAGE, and the stage's logs
+    (parse_collected)."""
     return [python, "-c", _COLLECT, output_dir(run_dir, stage)]
 
 
@@ -236,15 +256,20 @@ def parse_progress(stdout: str) -> dict[str, dict] | None:
     return beats
 
 
-def parse_records(stdout: str) -> list[dict]:
-    """Rank records from collect_command's output; a truncated record (a rank killed mid-write) is left out,
-    so the judge reports that rank as missing."""
+def parse_collected(stdout: str) -> tuple[list[dict], bytes | None]:
+    """Rank records and the logs archive from collect_command's output (None: no archive, or not a whole one); a
+    truncated record (a rank killed mid-write) is left out, so the judge reports that rank as missing."""
+    text, marker, logs = stdout.partition(LOGS_LINE)
     records = []
-    for line in stdout.splitlines():
+    for line in text.splitlines():
         try:
             record = json.loads(line)
         except ValueError:
             continue
         if isinstance(record, dict) and "rank" in record:
             records.append(record)
-    return records
+    try:
+        archive = base64.b64decode(logs.strip(), validate=True) if marker else None
+    except ValueError:
+        archive = None
+    return records, archive

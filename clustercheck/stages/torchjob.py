@@ -10,8 +10,11 @@ did not answer when the results were collected); a node that does not answer is 
 from __future__ import annotations
 
 import contextlib
+import io
 import tarfile
+import zlib
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from clustercheck.checks import registry
 from clustercheck.model import CheckResult, Status
@@ -108,11 +111,11 @@ def run(
             return [], f"its results could not be collected: {exc}"
         if got.exit_status is None:
             return [], f"{m.transport.channel} did not answer within {timeout:.0f} s when the results were collected"
-        _fetch_logs(m, stage, ctx, timeout)
-        records = []
-        for record in launch.parse_records(got.stdout):
+        records, logs = launch.parse_collected(got.stdout)
+        if logs is not None:
+            keep_files(logs, config.host_dir(m.name))
+        for record in records:
             record["node"] = m.name  # the inventory name (the record's host is the node's hostname)
-            records.append(record)
         return records, None if got.ok else f"its results could not be collected: {got.cause()}"
 
     outcome = JobOutcome([], world, backend, data={"world_size": world, "backend": backend})
@@ -174,34 +177,26 @@ def run(
     return outcome
 
 
-def _fetch_logs(m: Member, stage: str, ctx: Context, timeout: float = COLLECT_TIMEOUT) -> None:
-    """The rank logs torchrun kept (and NCCL's INFO logs) into the local run directory, best effort."""
-    workdir = m.transport.workdir.rstrip("/")
-    archive = f"{workdir}/{stage}-logs.tgz"
-    script = f"cd {workdir} && tar czf {archive} {stage} $(ls nccl-*.log 2>/dev/null)"
-    target = ctx.config.host_dir(m.name)
-    local = target / f"{stage}-logs.tgz"
-    with contextlib.suppress(TransportError, OSError, tarfile.TarError):
-        if not m.transport.run(["sh", "-c", script], timeout=timeout).ok:
-            return
-        m.transport.get(archive, str(local))
-        with tarfile.open(local) as tar:
-            _extract_data(tar, target)
-        local.unlink()
-
-
-def _extract_data(tar: tarfile.TarFile, target) -> None:
-    """The archive's plain files and directories under TARGET, nothing outside it: tarfile's "data" filter where
-    this Python has it (3.11.4 and later; Debian 12's 3.11.2 has not), else the same refusal by hand."""
-    if hasattr(tarfile, "data_filter"):
-        tar.extractall(target, filter="data")
-        return
-    members = [
-        m
-        for m in tar.getmembers()
-        if (m.isfile() or m.isdir()) and not m.name.startswith("/") and ".." not in m.name.split("/")
-    ]
-    tar.extractall(target, members=members)
+def keep_files(archive: bytes, target: Path) -> None:
+    """The regular files of ARCHIVE (a gzipped tar from a node) under TARGET, their directories made as needed, and
+    nothing else: no link, device, absolute name or name climbing out, no owner, mode or time taken from the
+    archive. An archive that cannot be read is left, as far as it went (the logs are best effort)."""
+    made: set[Path] = set()
+    with (
+        contextlib.suppress(tarfile.TarError, OSError, EOFError, zlib.error),
+        tarfile.open(fileobj=io.BytesIO(archive)) as tar,
+    ):
+        for member in tar:
+            parts = member.name.split("/")
+            if not member.isfile() or member.name.startswith("/") or ".." in parts:
+                continue
+            path = target.joinpath(*parts)
+            if path.parent not in made:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                made.add(path.parent)
+            source = tar.extractfile(member)
+            if source is not None:
+                path.write_bytes(source.read())
 
 
 def judged(results: list[CheckResult], outcome: JobOutcome) -> list[CheckResult]:

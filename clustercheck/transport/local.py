@@ -56,9 +56,6 @@ class LocalTransport:
         os.makedirs(os.path.dirname(remote_path) or ".", mode=0o700, exist_ok=True)
         shutil.copyfile(local_path, remote_path)
 
-    def get(self, remote_path: str, local_path: str) -> None:
-        shutil.copyfile(remote_path, local_path)
-
     def _sweep(self) -> None:
         script = sweep_script(self.run_id, "/nonexistent-clustercheck")  # keep the workdir until cleanup()
         with contextlib.suppress(OSError, subprocess.TimeoutExpired):

@@ -101,12 +101,6 @@ class SrunTransport:
         if not result.ok:
             raise TransportError(f"{self.host}: copying {local_path} there through srun failed: {result.cause()}")
 
-    def get(self, remote_path: str, local_path: str) -> None:
-        result = self._run_step(f"base64 < {shlex.quote(remote_path)}", COPY_TIMEOUT)
-        if not result.ok:
-            raise TransportError(f"{self.host}: copying {remote_path} from there through srun failed: {result.cause()}")
-        Path(local_path).write_bytes(base64.b64decode(result.stdout))
-
     def stop(self) -> None:
         """Kill every process of this run on the node, keeping the work directory (a job's logs)."""
         self._run_step(sweep_script(self.run_id, "/nonexistent-clustercheck"), CLEANUP_TIMEOUT)

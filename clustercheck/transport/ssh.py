@@ -23,7 +23,6 @@ import shlex
 import threading
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import BinaryIO
 
 import paramiko
@@ -557,22 +556,6 @@ class SSHTransport:
             raise TransportError(
                 f"{self.host}: {remote_path} arrived with SHA-256 {got or '(none)'}, {local_path} has {sent}"
             )
-
-    def get(self, remote_path: str, local_path: str) -> None:
-        """REMOTE_PATH to LOCAL_PATH, piped through `cat`; its SHA-256 on the node must be the one received."""
-        script = 'sha256sum "$1" >&2 && cat "$1"'
-        line = remote_command(["sh", "-c", script, "sh", remote_path], {}, self.run_id, TRANSFER_TIMEOUT * 10)
-        status, out, err, timed_out = self._exec_bytes(line, TRANSFER_TIMEOUT * 10, None, True)
-        told = (err.decode(errors="replace").split() or [""])[0]
-        if status != 0 or timed_out:
-            cause = CommandResult(status, "", err.decode(errors="replace"), timed_out).cause()
-            raise TransportError(f"{self.host}: could not fetch {remote_path}: {cause}")
-        if hashlib.sha256(out).hexdigest() != told:
-            raise TransportError(f"{self.host}: {remote_path} came back with another SHA-256 than the node's {told}")
-        try:
-            Path(local_path).write_bytes(out)
-        except OSError as exc:
-            raise TransportError(f"{self.host}: could not write {local_path}: {exc.strerror or exc}") from exc
 
     # ------------------------------------------------------------------ ending
 

@@ -82,9 +82,9 @@ def job(nodes, worker: str, master_port: int, extra_env=None, worker_args=None):
     records = []
     for plan in plans:
         client = nodes[plan.node.name][1]
-        records += launch.parse_records(
+        records += launch.parse_collected(
             run(client, shlex.join(launch.collect_command("python3", plan.node.run_dir, worker)))[1]
-        )
+        )[0]
         # Every torchrun and rank is gone once the job ends.
         assert run(client, "pgrep -f 'torch[.]distributed[.]run'")[0] == 1, f"torchrun left running on {plan.node.name}"
     assert {name: e[0] for name, e in exits.items()} == dict.fromkeys(nodes, 0), exits

@@ -128,9 +128,6 @@ class FakeTransport:
     def put(self, local_path: str, remote_path: str) -> None:
         self.files[remote_path] = Path(local_path).read_bytes()
 
-    def get(self, remote_path: str, local_path: str) -> None:
-        raise TransportError(f"{self.host}: no such file {remote_path}")
-
     def stop(self) -> None:
         self.stopped += 1
 

@@ -103,16 +103,15 @@ def _archive(path) -> None:
             tar.addfile(info, io.BytesIO(data))
 
 
-def test_without_tarfiles_data_filter_only_plain_files_inside_the_target_are_extracted(tmp_path, monkeypatch):
-    """Debian 12's Python 3.11.2 has no tarfile.data_filter: the fallback takes the archive's files and directories
-    under the target, and leaves out links, absolute names and names that climb out."""
+def test_only_plain_files_inside_the_target_are_kept_from_a_node_s_archive(tmp_path):
+    """A node's logs archive is written under the run directory's host folder: its files only, never a link, an
+    absolute name or a name that climbs out; a damaged archive leaves what came before it and no error."""
     _archive(tmp_path / "logs.tgz")
-    monkeypatch.delattr(tarfile, "data_filter", raising=False)
     target = tmp_path / "run" / "node1"
-    target.mkdir(parents=True)
-    with tarfile.open(tmp_path / "logs.tgz") as tar:
-        torchjob._extract_data(tar, target)
+    torchjob.keep_files((tmp_path / "logs.tgz").read_bytes(), target)
     extracted = sorted(str(p.relative_to(target)) for p in target.rglob("*"))
     assert extracted == ["logs", "logs/rank-0.log"]
     assert (target / "logs" / "rank-0.log").read_text() == "loss 0.5\n"
     assert not (tmp_path / "run" / "outside.log").exists() and not (target / "tmp").exists()
+    torchjob.keep_files((tmp_path / "logs.tgz").read_bytes()[:40], tmp_path / "cut")
+    torchjob.keep_files(b"not an archive", tmp_path / "garbage")

@@ -10,7 +10,7 @@ from importlib import resources
 
 import pytest
 
-from clustercheck.stages import bundle, launch
+from clustercheck.stages import bundle, launch, torchjob
 
 
 def node(name, address, gpus=0, python="/opt/venv/bin/python"):
@@ -134,7 +134,40 @@ def test_collected_records_come_back_and_truncated_ones_are_left_out(tmp_path):
     (out / "rank-1.json").write_text('{"rank": 1, "ok"')  # killed while writing
     command = launch.collect_command(sys.executable, str(tmp_path), "ddp")
     stdout = subprocess.run(command, capture_output=True, text=True, check=True).stdout
-    assert launch.parse_records(stdout) == [{"rank": 0, "ok": True}]
+    assert launch.parse_collected(stdout)[0] == [{"rank": 0, "ok": True}]
+
+
+def test_the_same_command_brings_back_the_stage_s_logs(tmp_path):
+    """Rank records, heartbeats, torchrun's per-rank logs and the run's NCCL logs, in one archive on the collect
+    command's output; links and other stages' files are left on the node."""
+    out = tmp_path / "ddp"
+    (out / "torchrun-logs" / "none_x" / "attempt_0" / "0").mkdir(parents=True)
+    (out / "heartbeat").mkdir()
+    (out / "rank-0.json").write_text(json.dumps({"rank": 0, "ok": True}))
+    (out / "torchrun-logs" / "none_x" / "attempt_0" / "0" / "stderr.log").write_text("Traceback: boom\n")
+    (out / "torchrun-logs" / "none_x" / "attempt_0" / "0" / "stdout.log").write_text("")
+    (out / "heartbeat" / "rank-0.json").write_text('{"step": 3}')
+    (out / "secret").symlink_to("/etc/hostname")
+    (tmp_path / "nccl-node1-42.log").write_text("node1:42:42 [0] NCCL INFO Bootstrap : Using eth0\n")
+    (tmp_path / "facts.json").write_text("{}")  # another stage's file: not this stage's
+    command = launch.collect_command(sys.executable, str(tmp_path), "ddp")
+    stdout = subprocess.run(command, capture_output=True, text=True, check=True).stdout
+    records, archive = launch.parse_collected(stdout)
+    assert records == [{"rank": 0, "ok": True}]
+    target = tmp_path / "controller" / "hosts" / "node1"
+    torchjob.keep_files(archive, target)
+    kept = sorted(str(p.relative_to(target)) for p in target.rglob("*") if p.is_file())
+    assert kept == [
+        "ddp/heartbeat/rank-0.json",
+        "ddp/rank-0.json",
+        "ddp/torchrun-logs/none_x/attempt_0/0/stderr.log",
+        "ddp/torchrun-logs/none_x/attempt_0/0/stdout.log",
+        "nccl-node1-42.log",
+    ]
+    assert (target / "ddp/torchrun-logs/none_x/attempt_0/0/stderr.log").read_text() == "Traceback: boom\n"
+    # Output that was cut short (the node stopped answering mid-way) keeps the records, and no archive.
+    cut = stdout[: stdout.index(launch.LOGS_LINE) + len(launch.LOGS_LINE) + 20]
+    assert launch.parse_collected(cut) == (records, None)
 
 
 def test_the_node_side_package_stays_runnable_on_python_38():
