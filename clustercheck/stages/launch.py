@@ -257,8 +257,9 @@ def parse_progress(stdout: str) -> dict[str, dict] | None:
 
 
 def parse_collected(stdout: str) -> tuple[list[dict], bytes | None]:
-    """Rank records and the logs archive from collect_command's output (None: no archive, or not a whole one); a
-    truncated record (a rank killed mid-write) is left out, so the judge reports that rank as missing."""
+    """Rank records and the logs archive from collect_command's output (None: no archive line, or not base64; an
+    archive cut short is returned as it came, and torchjob.keep_files keeps what it can read of it); a truncated
+    record (a rank killed mid-write) is left out, so the judge reports that rank as missing."""
     text, marker, logs = stdout.partition(LOGS_LINE)
     records = []
     for line in text.splitlines():

@@ -165,7 +165,7 @@ def test_the_same_command_brings_back_the_stage_s_logs(tmp_path):
         "nccl-node1-42.log",
     ]
     assert (target / "ddp/torchrun-logs/none_x/attempt_0/0/stderr.log").read_text() == "Traceback: boom\n"
-    # Output that was cut short (the node stopped answering mid-way) keeps the records, and no archive.
+    # Output cut short inside the archive's line (not whole base64) keeps the records, and gives no archive.
     cut = stdout[: stdout.index(launch.LOGS_LINE) + len(launch.LOGS_LINE) + 20]
     assert launch.parse_collected(cut) == (records, None)
 
