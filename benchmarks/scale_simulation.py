@@ -140,8 +140,10 @@ def record_probe() -> None:
     names = {f"node{i}": f"127.0.0.{i}" for i in (1, 2, 3)}
     with tempfile.TemporaryDirectory() as work:
         go = f"{work}/go"
-        args = [a for n, addr in names.items() for a in ("--peer", f"{n}={addr}")]
-        args += ["--port", "29500", "--port", "52719", "--perf-port", "53111", "--rounds", "all", "--seed", "0"]
+        peer_file = Path(work) / "peers"
+        peer_file.write_text("".join(f"{n} {addr}\n" for n, addr in names.items()))
+        args = ["--peers", str(peer_file), "--port", "29500", "--port", "52719", "--perf-port", "53111"]
+        args += ["--rounds", "all", "--seed", "0"]
 
         def barrier(name: str) -> list[str]:
             return ["--ready-file", f"{work}/{name}.ready", "--go-file", go, "--ready-timeout", "30"]
@@ -195,6 +197,7 @@ class Simulation:
         self.timeout_entry = next(o for r in firewall.values() for o in r["outgoing"] if o["result"] == "timeout")
         self.measured = [e for r in self.probes.values() for e in r["perf"] if "rtt_ms" in e]
         self._mesh_parts: dict[tuple, tuple] = {}
+        self._listed: tuple[str, tuple[dict, dict]] | None = None  # the node list the probes were sent, read
         self._lock = threading.Lock()
         self.cpu = 0.0  # seconds of CPU the simulated nodes spent making their answers
         self.unknown: dict[str, int] = {}
@@ -228,11 +231,15 @@ class Simulation:
 
     # ------------------------------------------------------------------ the network probe's record
 
-    def mesh(self, args: list[str]) -> str:
-        """The record the probe would print on its node, for the arguments the controller gave it."""
+    def mesh(self, args: list[str], listed: str) -> str:
+        """The record the probe would print on its node, for the arguments and the node list (its standard input)
+        the controller gave it."""
         me = args[args.index("--self") + 1]
-        peers = [a.split("=", 1)[0] for a in _values(args, "--peer")]
-        hostnames = dict(a.split("=", 1) for a in _values(args, "--hostname-of"))
+        with self._lock:  # every node is sent the same list: read once
+            if self._listed is None or self._listed[0] is not listed:
+                self._listed = (listed, netprobe.parse_peers(listed))
+            named, hostnames = self._listed[1]
+        peers = list(named)
         ports = [int(p) for p in _values(args, "--port")]
         rounds = netprobe.parse_rounds(_values(args, "--rounds")[0]) if "--rounds" in args else None
         seed = int(_values(args, "--seed")[0]) if "--seed" in args else None
@@ -333,7 +340,7 @@ class SimTransport:
     def run(self, command, *, timeout, env=None, stdin=None, on_output=None) -> CommandResult:
         started = time.thread_time()
         try:
-            result = self._answer(list(command))
+            result = self._answer(list(command), stdin)
             if on_output is not None:
                 for stream in ("stdout", "stderr"):
                     if getattr(result, stream):
@@ -345,7 +352,7 @@ class SimTransport:
             with self.sim._lock:
                 self.sim.cpu += spent
 
-    def _answer(self, command: list[str]) -> CommandResult:
+    def _answer(self, command: list[str], stdin: str | None) -> CommandResult:
         what = kind(command)
         if what == "first":  # and the facts collector after it, when the command goes on to it (core.COLLECT)
             facts = f"{parse.FACTS_LINE}\n{self.sim.facts_of(self.host)}" if len(command) > 7 else ""
@@ -353,7 +360,7 @@ class SimTransport:
         if what == "facts":
             return CommandResult(0, self.sim.facts_of(self.host), "")
         if what == "netprobe-mesh":
-            return CommandResult(0, self.sim.mesh(command[4:]), "")
+            return CommandResult(0, self.sim.mesh(command[4:], stdin or ""), "")
         if what == "netprobe-wait-ready":
             return CommandResult(0, self.sim.wait_ready, "")
         if what == "netprobe-go":

@@ -1,7 +1,10 @@
 """Network probe, run on every node at the same time before any torch job (standard library only).
 
-    python3 netprobe.py mesh --self NAME --peer NAME=ADDR ... --port 29500 --port 49731 [--duration 10]
-                             [--hostname-of NAME=HOSTNAME ...]
+    python3 netprobe.py mesh --self NAME --peers FILE --port 29500 --port 49731 [--duration 10]
+
+--peers names every node, one per line: NAME ADDRESS [HOSTNAME] (the hostname to resolve, default NAME); `-` reads
+the list from standard input, as the controller sends it: the command line stays the same size however many nodes
+there are (one shell argument is limited to 128 KiB on Linux, a few thousand peers).
 
 Each node listens on the given TCP ports on its own cluster address, connects to every peer on every
 port, resolves every node's name, reads the MTU of the interface carrying its address, and, when a port
@@ -651,11 +654,23 @@ def accept(selector: selectors.BaseSelector, listener, hostname: str) -> None:
     selector.register(conn, selectors.EVENT_READ, {"from": peer_addr, "port": listener.getsockname()[1]})
 
 
-def parse_peer(text: str) -> tuple[str, str]:
-    name, sep, value = text.partition("=")
-    if not sep or not name or not value:
-        raise argparse.ArgumentTypeError(f"expected NAME=ADDRESS or NAME=HOSTNAME, not {text!r}")
-    return name, value
+def parse_peers(text: str) -> tuple[dict[str, str], dict[str, str]]:
+    """--peers' list: one node per line, NAME ADDRESS [HOSTNAME]; (name -> address, name -> hostname where given).
+    ValueError names a line that is not one."""
+    peers: dict[str, str] = {}
+    hostnames: dict[str, str] = {}
+    for number, line in enumerate(text.splitlines(), 1):
+        fields = line.split()
+        if not fields:
+            continue
+        if len(fields) > 3 or len(fields) < 2:
+            raise ValueError(f"line {number}: expected NAME ADDRESS [HOSTNAME], not {line.strip()!r}")
+        peers[fields[0]] = fields[1]
+        if len(fields) == 3:
+            hostnames[fields[0]] = fields[2]
+    if not peers:
+        raise ValueError("no node listed")
+    return peers, hostnames
 
 
 def parse_rounds(text: str) -> int | None:
@@ -672,9 +687,8 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     p_mesh = sub.add_parser("mesh", help="listen, connect to every peer, resolve names, report MTU")
     p_mesh.add_argument("--self", dest="me", required=True, help="this node's name among the peers")
-    p_mesh.add_argument("--peer", action="append", type=parse_peer, required=True, help="NAME=ADDRESS, every node")
     p_mesh.add_argument(
-        "--hostname-of", action="append", type=parse_peer, default=[], help="NAME=HOSTNAME to resolve (default NAME)"
+        "--peers", metavar="FILE", required=True, help="every node, a line each: NAME ADDRESS [HOSTNAME]; - for stdin"
     )
     p_mesh.add_argument("--port", action="append", type=int, required=True, help="a TCP port to probe (repeat)")
     p_mesh.add_argument("--duration", type=float, default=10.0, help="seconds before the probe gives up")
@@ -722,16 +736,24 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "go":
         write_atomic(args.file, f"{args.seconds:g}\n")
         return 0
-    peers = dict(args.peer)
+    try:
+        if args.peers == "-":
+            text = sys.stdin.read()
+        else:
+            with open(args.peers) as fh:
+                text = fh.read()
+        peers, hostnames = parse_peers(text)
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        parser.error(f"--peers {args.peers}: {exc}")
     if args.me not in peers:
-        parser.error(f"--self {args.me} is not among the --peer names")
+        parser.error(f"--self {args.me} is not among the nodes --peers lists")
     record = mesh(
         args.me,
         peers,
         args.port,
         args.duration,
         socket.gethostname(),
-        dict(args.hostname_of),
+        hostnames,
         go_file=args.go_file,
         ready_file=args.ready_file,
         ready_timeout=args.ready_timeout,

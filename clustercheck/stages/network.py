@@ -49,21 +49,16 @@ def pick_ephemeral_port(rng: random.Random | None = None) -> int:
 
 def mesh_args(
     me: str,
-    peers: list[network.Peer],
     ports: list[int],
     duration: float,
     barrier: tuple[str, str, float] | None = None,
     perf: tuple[int, tuple[str, ...]] | None = None,
     rounds: int | None = netprobe.DEFAULT_ROUNDS,
 ) -> list[str]:
-    """The probe's arguments on node ME. BARRIER: (ready file, go file, seconds to wait for the go file). PERF:
-    (port, measurements) for the perf rounds (network.plan()); none when no measurement is wanted. ROUNDS: how many
-    perf rounds (None: every pair)."""
-    args = ["mesh", "--self", me, "--duration", f"{duration:g}"]
-    for peer in peers:
-        args += ["--peer", f"{peer.name}={peer.address}"]
-        if peer.hostname and peer.hostname != peer.name:
-            args += ["--hostname-of", f"{peer.name}={peer.hostname}"]
+    """The probe's arguments on node ME, which reads the nodes from its standard input (peer_list()).
+    BARRIER: (ready file, go file, seconds to wait for the go file). PERF: (port, measurements) for the perf rounds
+    (network.plan()); none when no measurement is wanted. ROUNDS: how many perf rounds (None: every pair)."""
+    args = ["mesh", "--self", me, "--duration", f"{duration:g}", "--peers", "-"]
     for port in ports:
         args += ["--port", str(port)]
     if barrier:
@@ -75,6 +70,15 @@ def mesh_args(
         for measurement in perf[1]:
             args += ["--measure", measurement]
     return args
+
+
+def peer_list(peers: list[network.Peer]) -> str:
+    """The probe's --peers list: a line per node, NAME ADDRESS, and the hostname to resolve where it is not NAME."""
+    lines = []
+    for peer in peers:
+        other = peer.hostname if peer.hostname and peer.hostname != peer.name else ""
+        lines.append(f"{peer.name} {peer.address} {other}".rstrip())
+    return "\n".join(lines) + "\n"
 
 
 def ready_timeout(nodes: int) -> float:
@@ -146,6 +150,7 @@ def run(members: list[Member], ctx: Context) -> list[CheckResult]:
     wait = ready_timeout(len(members))
     window = connect_window(config.network_duration, len(members))
     rounds = round_count(peers, config.network_rounds)
+    listed = peer_list(peers)  # the same for every node, on each probe's standard input
 
     def files(m: Member) -> tuple[str, str]:
         workdir = m.transport.workdir.rstrip("/")
@@ -155,7 +160,6 @@ def run(members: list[Member], ctx: Context) -> list[CheckResult]:
         ready, go = files(m)
         args = mesh_args(
             m.name,
-            peers,
             [config.master_port, port],
             window,
             (ready, go, wait + GO_SLACK),
@@ -165,7 +169,9 @@ def run(members: list[Member], ctx: Context) -> list[CheckResult]:
         command = bundle.command(m.facts.python, m.transport.workdir, "netprobe", *args)
         try:
             answer = m.transport.run(
-                command, timeout=wait + GO_SLACK + window + (perf_time(rounds) if measure else 0) + 30
+                command,
+                timeout=wait + GO_SLACK + window + (perf_time(rounds) if measure else 0) + 30,
+                stdin=listed,
             )
         except Exception as exc:  # one node's trouble is that node's network.probe ERROR
             answer, error = None, f"{type(exc).__name__}: {exc}"

@@ -28,8 +28,11 @@ MASTER_PORT = 29500
 CHAIN = "CLUSTERCHECK-TEST"  # our own iptables chain, so cleanup removes exactly what we added
 
 
-def run(client: paramiko.SSHClient, command: str, timeout: float = 60) -> str:
-    _, stdout, stderr = client.exec_command(command, timeout=timeout)
+def run(client: paramiko.SSHClient, command: str, timeout: float = 60, stdin: str | None = None) -> str:
+    given, stdout, stderr = client.exec_command(command, timeout=timeout)
+    if stdin is not None:
+        given.write(stdin)
+    given.channel.shutdown_write()
     out = stdout.read().decode()
     status = stdout.channel.recv_exit_status()
     assert status == 0, f"{command!r} exited {status}: {stderr.read().decode()}"
@@ -78,12 +81,13 @@ def write_hosts(client: paramiko.SSHClient, text: str) -> None:
 def mesh(nodes, duration: float = 5) -> tuple[list, dict]:
     peers = [network.Peer(name, addr) for name, (addr, _) in nodes.items()]
     ports = [MASTER_PORT, stage.pick_ephemeral_port()]
+    listed = stage.peer_list(peers)
     records, errors = {}, {}
 
     def probe(name: str, client: paramiko.SSHClient) -> None:
-        command = ["python3", PROBE, "netprobe", *stage.mesh_args(name, peers, ports, duration)]
+        command = ["python3", PROBE, "netprobe", *stage.mesh_args(name, ports, duration)]
         try:
-            records[name] = json.loads(run(client, shlex.join(command), timeout=duration + 30))
+            records[name] = json.loads(run(client, shlex.join(command), timeout=duration + 30, stdin=listed))
         except Exception as exc:
             errors[name] = str(exc)
 

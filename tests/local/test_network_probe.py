@@ -11,6 +11,8 @@ import tempfile
 import threading
 import time
 
+import pytest
+
 from clustercheck.checks import network
 from clustercheck.model import Status
 from clustercheck.remote import netprobe
@@ -62,15 +64,19 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def start_probe(argv: list[str], peers: list[network.Peer]) -> subprocess.Popen:
+    """A probe started as the stage starts it: the node list on its standard input."""
+    with tempfile.TemporaryFile() as listed:
+        listed.write(stage.peer_list(peers).encode())
+        listed.seek(0)
+        return subprocess.Popen(argv, stdin=listed, stdout=subprocess.PIPE, text=True)
+
+
 def run_mesh(names_addrs: dict[str, str], ports: list[int], duration: float, only: list[str] | None = None):
     probe = bundle.write(tmp_dir())
     peers = [network.Peer(n, a) for n, a in names_addrs.items()]
     procs = {
-        name: subprocess.Popen(
-            [sys.executable, probe, "netprobe", *stage.mesh_args(name, peers, ports, duration)],
-            stdout=subprocess.PIPE,
-            text=True,
-        )
+        name: start_probe([sys.executable, probe, "netprobe", *stage.mesh_args(name, ports, duration)], peers)
         for name in (only or names_addrs)
     }
     records = {}
@@ -138,25 +144,30 @@ def test_a_held_master_port_is_named_with_pid_and_command():
     assert f"pid {holder.pid} (" in port.message and "time.sleep(60)" in port.message, port.message
 
 
-def test_bad_peer_argument_is_a_usage_error():
+@pytest.mark.parametrize(
+    ("listed", "said"),
+    [
+        ("a 127.0.0.1\nnonsense\n", "--peers -: line 2: expected NAME ADDRESS [HOSTNAME], not 'nonsense'"),
+        ("\n", "--peers -: no node listed"),
+        ("b 127.0.0.2\n", "--self a is not among the nodes --peers lists"),
+    ],
+)
+def test_a_bad_node_list_is_a_usage_error(listed, said):
     probe = bundle.write(tmp_dir())
     proc = subprocess.run(
-        [sys.executable, probe, "netprobe", "mesh", "--self", "a", "--peer", "nonsense", "--port", "1"],
+        [sys.executable, probe, "netprobe", "mesh", "--self", "a", "--peers", "-", "--port", "1"],
+        input=listed,
         capture_output=True,
         text=True,
     )
     assert proc.returncode == 2
-    assert "NAME=ADDRESS" in proc.stderr and "Traceback" not in proc.stderr
+    assert said in proc.stderr and "Traceback" not in proc.stderr
 
 
 def start_barrier_probe(name: str, peers, ports: list[int], workdir: str, window: float) -> subprocess.Popen:
     probe = bundle.write(workdir)
     barrier = (f"{workdir}/{name}.ready", f"{workdir}/{name}.go", 30.0)
-    return subprocess.Popen(
-        [sys.executable, probe, "netprobe", *stage.mesh_args(name, peers, ports, window, barrier)],
-        stdout=subprocess.PIPE,
-        text=True,
-    )
+    return start_probe([sys.executable, probe, "netprobe", *stage.mesh_args(name, ports, window, barrier)], peers)
 
 
 def test_probes_connect_only_after_the_go_signal_so_a_late_node_is_not_a_firewall():
@@ -196,7 +207,8 @@ def test_a_probe_that_gets_no_go_signal_says_so_and_ends():
     probe = bundle.write(workdir)
     barrier = (f"{workdir}/r", f"{workdir}/g", 1.0)
     out = subprocess.run(
-        [sys.executable, probe, "netprobe", *stage.mesh_args("localhost", peers, ports, 2, barrier)],
+        [sys.executable, probe, "netprobe", *stage.mesh_args("localhost", ports, 2, barrier)],
+        input=stage.peer_list(peers),
         capture_output=True,
         text=True,
         timeout=30,
@@ -214,10 +226,8 @@ def test_probes_measure_round_trips_and_throughput_of_every_pair_in_rounds():
     peers = [network.Peer(n, a) for n, a in LOOPBACK.items()]
     probe = bundle.write(workdir)
     procs = {
-        n: subprocess.Popen(
-            [sys.executable, probe, "netprobe", *stage.mesh_args(n, peers, ports, 5), "--perf-port", str(perf_port)],
-            stdout=subprocess.PIPE,
-            text=True,
+        n: start_probe(
+            [sys.executable, probe, "netprobe", *stage.mesh_args(n, ports, 5), "--perf-port", str(perf_port)], peers
         )
         for n in LOOPBACK
     }

@@ -8,6 +8,7 @@ import random
 import re
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -214,16 +215,26 @@ def test_a_node_without_a_record_is_an_error_and_others_are_still_judged():
 def test_mesh_command_and_ephemeral_port():
     port = stage.pick_ephemeral_port(random.Random(1))
     assert stage.EPHEMERAL_RANGE[0] <= port <= stage.EPHEMERAL_RANGE[1]
-    command = stage.mesh_args("a", [network.Peer("a", "10.0.0.1"), network.Peer("b", "10.0.0.2")], [29500, port], 8)
-    assert command[:5] == ["mesh", "--self", "a", "--duration", "8"]
-    assert command[5:] == ["--peer", "a=10.0.0.1", "--peer", "b=10.0.0.2", "--port", "29500", "--port", str(port)]
+    command = stage.mesh_args("a", [29500, port], 8)
+    assert command == ["mesh", "--self", "a", "--duration", "8", "--peers", "-", "--port", "29500", "--port", str(port)]
+    listed = stage.peer_list([network.Peer("a", "10.0.0.1"), network.Peer("b", "10.0.0.2")])
+    assert listed == "a 10.0.0.1\nb 10.0.0.2\n"
+    assert netprobe.parse_peers(listed) == ({"a": "10.0.0.1", "b": "10.0.0.2"}, {})
+
+
+def test_the_probe_command_stays_the_same_size_however_many_nodes():
+    """The node list goes to the probe's standard input: a command line naming 4,000 peers would pass Linux's
+    128 KiB limit on one argument (the shell line SSH runs) with longer names."""
+    peers = [network.Peer(f"gpu-node-{i:04d}.cluster.example.com", f"10.20.{i // 256}.{i % 256}") for i in range(4000)]
+    command = stage.mesh_args(peers[0].name, [29500, 40000], 8, perf=(50000, ("rtt",)), rounds=8)
+    assert len(" ".join(command)) < 400
+    assert netprobe.parse_peers(stage.peer_list(peers))[0] == {p.name: p.address for p in peers}
 
 
 def test_a_hostname_other_than_the_inventory_name_is_resolved_and_named():
     peers = [network.Peer("node1", "10.0.0.1"), network.Peer("node2", "10.0.0.2", hostname="gpu-02")]
-    command = stage.mesh_args("node1", peers, [29500], 5)
-    assert command[command.index("--hostname-of") + 1] == "node2=gpu-02"
-    assert "--hostname-of" not in command[command.index("--hostname-of") + 1 :]
+    assert stage.peer_list(peers) == "node1 10.0.0.1\nnode2 10.0.0.2 gpu-02\n"
+    assert netprobe.parse_peers(stage.peer_list(peers))[1] == {"node2": "gpu-02"}
     records = load("netprobe-healthy.json")
     records["node1"]["resolve"]["node2"] = {"hostname": "gpu-02", "addresses": [], "error": "Name or service not known"}
     failing = [r for r in named(evaluate(records), "network.resolve") if r.status is Status.FAIL]
@@ -317,10 +328,9 @@ def test_the_probe_is_told_the_measurements_of_the_selected_checks_only():
     assert network.plan(lambda name: True) == ("rtt", "throughput")
     assert network.plan(lambda name: name != "network.rtt") == ("throughput",)
     assert network.plan(lambda name: not name.startswith("network.")) == ()
-    peers = [network.Peer("a", "10.0.0.1"), network.Peer("b", "10.0.0.2")]
-    command = stage.mesh_args("a", peers, [29500], 8, perf=(50000, ("throughput",)))
+    command = stage.mesh_args("a", [29500], 8, perf=(50000, ("throughput",)))
     assert command[-4:] == ["--perf-port", "50000", "--measure", "throughput"]
-    assert "--perf-port" not in stage.mesh_args("a", peers, [29500], 8, perf=(50000, ()))
+    assert "--perf-port" not in stage.mesh_args("a", [29500], 8, perf=(50000, ()))
 
 
 def test_a_check_whose_measurement_was_not_made_is_skip_and_the_other_is_judged():
@@ -340,14 +350,14 @@ def test_the_probe_makes_only_the_measurements_it_is_told(measure, made, not_mad
     """Two real probes on this machine (127.0.0.1 and 127.0.0.2), told one measurement: the other is not made."""
     rng = random.Random(measure)
     ports = [str(stage.pick_ephemeral_port(rng)) for _ in range(2)]
-    peers = ["--peer", "a=127.0.0.1", "--peer", "b=127.0.0.2", "--port", ports[0]]
-    probe = [sys.executable, "-m", "clustercheck.remote.netprobe", "mesh", "--duration", "3", *peers]
-    probes = [
-        subprocess.Popen(
-            [*probe, "--self", me, "--perf-port", ports[1], "--measure", measure], stdout=subprocess.PIPE, text=True
-        )
-        for me in ("a", "b")
-    ]
+    probe = [sys.executable, "-m", "clustercheck.remote.netprobe", "mesh", "--duration", "3", "--port", ports[0]]
+    probes = []
+    for me in ("a", "b"):
+        argv = [*probe, "--self", me, "--peers", "-", "--perf-port", ports[1], "--measure", measure]
+        with tempfile.TemporaryFile() as listed:
+            listed.write(b"a 127.0.0.1\nb 127.0.0.2\n")
+            listed.seek(0)
+            probes.append(subprocess.Popen(argv, stdin=listed, stdout=subprocess.PIPE, text=True))
     records = [json.loads(p.communicate(timeout=60)[0].splitlines()[-1]) for p in probes]
     entries = [e for r in records for e in r["perf"] if not e.get("served")]
     assert len(entries) == 1 and "error" not in entries[0], entries
@@ -415,10 +425,10 @@ def test_the_schedule_is_the_same_for_the_same_seed_and_spread_by_it():
 
 def test_the_stage_passes_the_rounds_and_seed_and_bounds_the_probe_by_them():
     peers = [network.Peer(f"node{i}", f"10.0.0.{i}") for i in range(1, 101)]
-    command = stage.mesh_args("node1", peers, [29500], 8, perf=(50000, ("rtt",)), rounds=8)
+    command = stage.mesh_args("node1", [29500], 8, perf=(50000, ("rtt",)), rounds=8)
     assert command[command.index("--rounds") + 1] == "8"
     assert command[command.index("--seed") + 1] == str(stage.SCHEDULE_SEED)
-    everything = stage.mesh_args("node1", peers, [29500], 8, perf=(50000, ("rtt",)), rounds=None)
+    everything = stage.mesh_args("node1", [29500], 8, perf=(50000, ("rtt",)), rounds=None)
     assert everything[everything.index("--rounds") + 1] == "all"
     assert stage.round_count(peers, 8) == 8 and stage.round_count(peers, None) == 99
     assert stage.perf_time(8) == 8 * netprobe.ROUND_SECONDS  # not a figure that grows with the cluster
