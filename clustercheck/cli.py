@@ -11,7 +11,6 @@ import shlex
 import shutil
 import signal
 import socket
-import subprocess
 import sys
 import tempfile
 import threading
@@ -27,7 +26,7 @@ from clustercheck.checks.collectives import ThresholdError, parse_min_busbw
 from clustercheck.checks.consistency import DEFAULT_MAX_CLOCK_OFFSET
 from clustercheck.config import RunConfig
 from clustercheck.exitcodes import ExitCode
-from clustercheck.launcher import batch
+from clustercheck.launcher import batch, slurmjob
 from clustercheck.launcher.batch import BatchRequest
 from clustercheck.model import Status, overall_status
 from clustercheck.reach import Fanout
@@ -477,12 +476,9 @@ def _allocation_nodes(nodes: list, job: str, nodelist: str) -> list:
     """The nodes of Slurm job JOB (NODELIST): NODES (from --hosts) when given, which must all be in it, else every
     node of the allocation, at the address its name has here (the cluster's /etc/hosts)."""
     try:
-        shown = subprocess.run(["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True, timeout=30)
-    except (OSError, subprocess.SubprocessError) as exc:
-        raise UsageError(f"--slurm: scontrol cannot run here: {exc}") from exc
-    names = slurm.allocation_nodes(shown.stdout)
-    if shown.returncode != 0 or not names:
-        raise UsageError(f"--slurm: scontrol show hostnames {nodelist}: {shown.stderr.strip() or 'no node'}")
+        names = slurmjob.hostnames(nodelist)
+    except slurmjob.SlurmError as exc:
+        raise UsageError(f"--slurm: {exc}") from exc
     if nodes:
         outside = [n.name for n in nodes if n.name not in names]
         if outside:
@@ -498,32 +494,17 @@ def _allocation_nodes(nodes: list, job: str, nodelist: str) -> list:
 
 
 def _allocate(request: dict, wait: int) -> tuple[str, str]:
-    """Ask Slurm for the nodes of REQUEST (salloc --no-shell), waiting at most WAIT seconds: the job's id and node
-    list. The job is cancelled when the command ends, however it ends (a Ctrl-C included)."""
-    argv = ["salloc", "--no-shell", "--job-name=clustercheck", f"--immediate={wait}"]
-    argv += [f"--{name}={value}" for name, value in request.items() if value is not None]
+    """Ask Slurm for the nodes of REQUEST, waiting at most WAIT seconds: the job's id and node list. The job is
+    cancelled when the command ends, however it ends (a Ctrl-C included)."""
     try:
-        proc = subprocess.run(argv, capture_output=True, text=True, timeout=wait + 60)
-    except (OSError, subprocess.SubprocessError) as exc:
-        raise UsageError(f"--slurm: salloc cannot run here: {exc}", ExitCode.NO_HOSTS) from exc
-    job = slurm.granted_job(proc.stderr + proc.stdout)
-    if job is None:
-        said = (proc.stderr.strip().splitlines() or proc.stdout.strip().splitlines() or [f"exit {proc.returncode}"])[-1]
-        raise UsageError(f"--slurm: Slurm granted no allocation ({shlex.join(argv[1:])}): {said}", ExitCode.NO_HOSTS)
-    click.get_current_context().call_on_close(lambda: _release(job))
+        job = slurmjob.allocate(request, wait)
+    except slurmjob.SlurmError as exc:
+        raise UsageError(f"--slurm: {exc}", ExitCode.NO_HOSTS) from exc
+    click.get_current_context().call_on_close(lambda: slurmjob.release(job))
     try:
-        shown = subprocess.run(
-            ["squeue", "--noheader", "--jobs", job, "--format=%N"], capture_output=True, text=True, timeout=30
-        )
-    except (OSError, subprocess.SubprocessError) as exc:
-        raise UsageError(f"--slurm: squeue cannot run here: {exc}") from exc
-    return job, shown.stdout.strip()
-
-
-def _release(job: str) -> None:
-    """Cancel the allocation clustercheck asked for (and so every step still running in it)."""
-    with contextlib.suppress(OSError, subprocess.SubprocessError):
-        subprocess.run(["scancel", job], capture_output=True, timeout=30)
+        return job, slurmjob.nodelist(job)
+    except slurmjob.SlurmError as exc:
+        raise UsageError(f"--slurm: {exc}") from exc
 
 
 def _srun_factory(job: str):
@@ -992,7 +973,7 @@ def _launch_batch(request, launch_args: list[str], run_dir: str | None, dry_run:
     """launch --slurm outside an allocation: write the batch script into the run directory, print it (--dry-run)
     or submit it; then print the job's id (--detach) or follow its output until it ends and exit with its status.
     Ctrl-C cancels the job."""
-    from clustercheck.launcher import records, slurmjob
+    from clustercheck.launcher import records
     from clustercheck.launcher.job import NotStarted
 
     run_path = _make_run_dir(run_dir, "launch-%Y%m%d-%H%M%S").resolve()
@@ -1227,8 +1208,6 @@ def stop_command(job: str, hosts: str | None, limit: str | None, **ssh_opts) -> 
 
 def _slurm_jobs(show_all: bool) -> None:
     """The launches this user submitted to Slurm: pending and running (--all: also those Slurm still remembers)."""
-    from clustercheck.launcher import slurmjob
-
     try:
         found = slurmjob.listed(batch.JOB_NAME, show_all)
     except slurmjob.SlurmError as exc:
@@ -1242,7 +1221,7 @@ def _slurm_jobs(show_all: bool) -> None:
 def _slurm_logs(job: str, follow: bool) -> None:
     """A Slurm job's output: the file scontrol names, else (once Slurm has forgotten the job) the one in the run
     directory of a launch recorded on this machine; --follow: until the job ends."""
-    from clustercheck.launcher import records, slurmjob
+    from clustercheck.launcher import records
 
     try:
         record = records.load(job)
@@ -1274,8 +1253,6 @@ def _slurm_logs(job: str, follow: bool) -> None:
 def _slurm_stop(job: str) -> None:
     """Stop a launch's Slurm job (slurmjob.cancel) and wait for its end; a job clustercheck did not launch is left
     alone."""
-    from clustercheck.launcher import slurmjob
-
     try:
         found = slurmjob.show(job)
         if found is None:
@@ -1284,7 +1261,7 @@ def _slurm_stop(job: str) -> None:
             raise UsageError(f"Slurm job {job} ({found.name}) is not a clustercheck launch: cancel it with scancel")
         if found.ended:
             raise UsageError(f"Slurm job {job} is not running ({found.state})")
-        ended = slurmjob.cancel(job)
+        ended = slurmjob.cancel(job, seen=found)
     except slurmjob.SlurmError as exc:
         raise UsageError(f"Slurm job {job}: {exc}", ExitCode.CHECK_FAILED) from exc
     if ended is not None and not ended.ended:

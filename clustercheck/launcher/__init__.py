@@ -15,6 +15,7 @@ session.py    a launch from start to end (Launch), each step in its own module:
   foreground.py   the job on the torch-job runner (stages/runner.py), output streamed with node/rank prefixes
   background.py   a systemd unit per node (--detach), started on all of them or on none
 batch.py      launch --slurm outside an allocation: the batch script that runs the launch inside the job (pure)
-slurmjob.py   that batch job from the login node: sbatch, its state (scontrol), squeue, its output, scancel
+slurmjob.py   Slurm's commands from the login node: run --slurm's allocation (salloc, scontrol, squeue, scancel),
+              that batch job (sbatch, its state, squeue, its output, scancel)
 connections.py  the nodes of a detached job reached again for `jobs`, `logs` and `stop`
 """

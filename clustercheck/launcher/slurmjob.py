@@ -1,5 +1,7 @@
-"""A launch's Slurm batch job from the login node: submitting it (sbatch), asking how it stands (scontrol),
-following its output file until it ends, and cancelling it (scancel).
+"""Slurm's commands from the login node, each run in one way (_call) with Slurm's own words in a SlurmError: the
+allocation `clustercheck run --slurm` asks for (salloc), its nodes (scontrol, squeue) and its release (scancel);
+and a launch's batch job: submitting it (sbatch), asking how it stands (scontrol), following its output file until
+it ends, and cancelling it (scancel).
 
 The output file is written by Slurm on the job's batch node; it is read here, so the run directory must be on a
 filesystem the login node shares with the nodes (as the home directories of a Slurm cluster are). When it does
@@ -8,8 +10,10 @@ not show up here while the job runs, clustercheck says so once and still waits f
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pwd
+import shlex
 import subprocess
 import time
 from collections.abc import Callable
@@ -39,6 +43,38 @@ def _said(proc: subprocess.CompletedProcess) -> str:
     return lines[-1] if lines else f"exit {proc.returncode}"
 
 
+def hostnames(nodelist: str) -> list[str]:
+    """The node names of NODELIST (host list syntax, node[1-3]), in order (scontrol show hostnames)."""
+    proc = _call(["scontrol", "show", "hostnames", nodelist])
+    names = slurm.allocation_nodes(proc.stdout)
+    if proc.returncode != 0 or not names:
+        raise SlurmError(f"scontrol show hostnames {nodelist}: {proc.stderr.strip() or 'no node'}")
+    return names
+
+
+def allocate(request: dict[str, str | None], wait: int) -> str:
+    """Ask Slurm for the nodes of REQUEST (salloc --no-shell, the options given a value), waiting at most WAIT
+    seconds: the granted job's id. The caller releases it (release())."""
+    argv = ["salloc", "--no-shell", "--job-name=clustercheck", f"--immediate={wait}"]
+    argv += [f"--{name}={value}" for name, value in request.items() if value is not None]
+    proc = _call(argv, timeout=wait + 60)
+    job = slurm.granted_job(proc.stderr + proc.stdout)
+    if job is None:
+        raise SlurmError(f"Slurm granted no allocation ({shlex.join(argv[1:])}): {_said(proc)}")
+    return job
+
+
+def nodelist(job: str) -> str:
+    """The node list of job JOB (squeue)."""
+    return _call(["squeue", "--noheader", "--jobs", job, "--format=%N"]).stdout.strip()
+
+
+def release(job: str) -> None:
+    """Cancel the allocation JOB (and so every step still running in it); nothing to say if Slurm cannot."""
+    with contextlib.suppress(SlurmError):
+        _call(["scancel", job])
+
+
 def submit(script_path: Path) -> str:
     """sbatch SCRIPT_PATH: the job's id. Raises NotStarted with sbatch's own words when Slurm refuses it."""
     proc = _call(["sbatch", "--parsable", str(script_path)], timeout=120)
@@ -55,13 +91,14 @@ def show(job: str) -> slurm.SlurmJob | None:
     return slurm.parse_show_job(proc.stdout, job) if proc.returncode == 0 else None
 
 
-def cancel(job: str, wait: float = CANCEL_WAIT) -> slurm.SlurmJob | None:
+def cancel(job: str, wait: float = CANCEL_WAIT, seen: slurm.SlurmJob | None = None) -> slurm.SlurmJob | None:
     """Stop job JOB and wait (at most WAIT seconds for each way) until Slurm says it ended; how it stands then.
 
     A running job's batch step, `clustercheck launch` itself, gets SIGTERM first (scancel --batch): it stops every
     node's torchrun and cleans the nodes up with job steps, which a cancelled job could no longer start. Only a job
-    still running after that, or one that has not started, is cancelled outright."""
-    found = show(job)
+    still running after that, or one that has not started, is cancelled outright. SEEN: how the job stood a moment
+    ago (show()), when the caller just asked."""
+    found = seen if seen is not None else show(job)
     if found is not None and found.state == "RUNNING":
         _scancel(["--batch", "--signal=TERM", job])
         found = _wait_end(job, wait)
