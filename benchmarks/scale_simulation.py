@@ -55,7 +55,7 @@ from clustercheck.reach import Fanout  # noqa: E402
 from clustercheck.remote import netprobe  # noqa: E402
 from clustercheck.run.pipeline import Pipeline  # noqa: E402
 from clustercheck.selection import Selection  # noqa: E402
-from clustercheck.transport import CommandResult, SessionQuirks, workdir_for  # noqa: E402
+from clustercheck.transport import PUT, CommandResult, SessionQuirks, workdir_for  # noqa: E402
 from clustercheck.transport.factory import Connected  # noqa: E402
 
 DATA = Path(__file__).resolve().parent / "data"
@@ -72,6 +72,8 @@ def kind(command: list[str]) -> str:
         script = command[2]
         if 'echo "clock=$(date' in script:
             return "first"
+        if script == PUT:
+            return "put"
         return "sh"
     if len(command) > 2 and command[1].endswith(".pyz"):
         return f"netprobe-{command[3]}" if command[2] == "netprobe" and len(command) > 3 else command[2]
@@ -363,7 +365,7 @@ class SimTransport:
             return CommandResult(0, self.sim.mesh(command[4:], stdin or ""), "")
         if what == "netprobe-wait-ready":
             return CommandResult(0, self.sim.wait_ready, "")
-        if what == "netprobe-go":
+        if what in ("netprobe-go", "put"):
             return CommandResult(0, "", "")
         recorded = self.sim.answers.get(what)
         if recorded is None:
@@ -371,9 +373,6 @@ class SimTransport:
                 self.sim.unknown[what] = self.sim.unknown.get(what, 0) + 1
             return CommandResult(1, "", f"simulated node: no recorded answer for {what}")
         return CommandResult(recorded["exit_status"], recorded["stdout"], recorded["stderr"], recorded["timed_out"])
-
-    def put(self, local_path: str, remote_path: str) -> None:
-        pass
 
     def stop(self) -> None:
         pass

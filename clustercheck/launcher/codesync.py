@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import io
 import tarfile
-import tempfile
 import threading
 from pathlib import Path
 
@@ -14,6 +13,7 @@ from clustercheck.launcher.job import Echo, LaunchOptions, NotStarted, each
 from clustercheck.reach import Reach
 from clustercheck.stages import Member
 from clustercheck.stages.launch import LaunchError
+from clustercheck.transport import put
 
 
 def sync_script(sync: Path, script: str) -> str:
@@ -48,21 +48,16 @@ def upload(
     o = options
     script = sync_script(sync, o.command.script) if not o.command.is_module else o.command.script
     data = archive(sync, (str(o.run_dir.resolve()),))
-    with tempfile.TemporaryDirectory() as tmp:
-        local = Path(tmp) / "code.tgz"
-        local.write_bytes(data)
 
-        def one(m: Member) -> None:
-            m.transport.put(str(local), f"{m.transport.workdir.rstrip('/')}/code.tgz")
-            if not o.detach:
-                target = f"{m.transport.workdir.rstrip('/')}/code"
-                got = m.transport.run(
-                    ["sh", "-c", f"mkdir -p {target} && tar xzf {target}.tgz -C {target}"], timeout=300
-                )
-                if not got.ok:
-                    raise NotStarted(f"{m.name}: could not unpack the synced code: {got.cause()}")
+    def one(m: Member) -> None:
+        put(m.transport, data, f"{m.transport.workdir.rstrip('/')}/code.tgz")
+        if not o.detach:
+            target = f"{m.transport.workdir.rstrip('/')}/code"
+            got = m.transport.run(["sh", "-c", f"mkdir -p {target} && tar xzf {target}.tgz -C {target}"], timeout=300)
+            if not got.ok:
+                raise NotStarted(f"{m.name}: could not unpack the synced code: {got.cause()}")
 
-        each(reach, members, one, "copying --sync")
+    each(reach, members, one, "copying --sync")
     say(f"synced {sync} ({len(data) >> 10} KiB) to {len(members)} node(s)")
     if o.detach:
         return script, "@code", "code.tgz"

@@ -11,13 +11,20 @@ import functools
 import hashlib
 import io
 import shlex
-import tempfile
 import threading
 import zipfile
 from importlib import resources
 from pathlib import Path
 
-from clustercheck.transport import RECORD_UNTIL, UNTIL_MARKER, CommandResult, Transport
+from clustercheck.transport import (
+    RECORD_UNTIL,
+    UNTIL_MARKER,
+    UPLOAD_FAILED,
+    WRITE_CHECKED,
+    CommandResult,
+    Transport,
+    put,
+)
 
 PACKAGE = "clustercheck_remote"  # its name on the node, so it never shadows an installed clustercheck
 FILE = "clustercheck-remote.pyz"
@@ -53,21 +60,15 @@ def digest() -> str:
     return hashlib.sha256(bundle()).hexdigest()
 
 
-UPLOAD_FAILED = 86  # INSTALL's exit status when the bundle could not be written or arrived altered
-
 # sh -c INSTALL sh WORKDIR SHA256 COMMAND...: the bundle (base64, on standard input) written into WORKDIR (made,
-# mode 700), whole or not at all, and checked against SHA256; then COMMAND in the same process. The upload and the
-# first program run in one round trip instead of two. The run's deadline is recorded in the new directory, as
-# every later command does (transport.RECORD_UNTIL).
+# mode 700) as every file is (transport.WRITE_CHECKED: whole or not at all, checked against SHA256); then COMMAND in
+# the same process. The upload and the first program run in one round trip instead of two. The run's deadline is
+# recorded in the new directory, as every later command does (transport.RECORD_UNTIL).
 INSTALL = (
     f'd=$1; sum=$2; shift 2; f="$d/{FILE}"; '
     f'mkdir -p -m 700 "$d" || exit {UPLOAD_FAILED}; '
     f'[ -z "${UNTIL_MARKER}" ] || sh -c {shlex.quote(RECORD_UNTIL)} sh "$d" "${UNTIL_MARKER}"; '
-    'if ! base64 -d > "$f.$$" || ! got=$(sha256sum "$f.$$"); then '
-    f'rm -f "$f.$$"; echo "could not write $f" >&2; exit {UPLOAD_FAILED}; fi; '
-    'got=${got%% *}; if [ "$got" != "$sum" ]; then '
-    f'rm -f "$f.$$"; echo "$f arrived with SHA-256 $got, not $sum" >&2; exit {UPLOAD_FAILED}; fi; '
-    f'mv -f "$f.$$" "$f" || exit {UPLOAD_FAILED}; exec "$@"'
+    f'{WRITE_CHECKED}; exec "$@"'
 )
 
 
@@ -90,10 +91,7 @@ def install(transport: Transport) -> str:
     with _lock:
         if key in _uploaded:
             return remote
-    with tempfile.TemporaryDirectory() as tmp:
-        local = Path(tmp) / FILE
-        local.write_bytes(bundle())
-        transport.put(str(local), remote)
+    put(transport, bundle(), remote)
     with _lock:
         _uploaded.add(key)
     return remote

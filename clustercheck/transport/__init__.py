@@ -19,7 +19,9 @@ than NO_DEADLINE_AGE.
 
 from __future__ import annotations
 
+import base64
 import contextlib
+import hashlib
 import os
 import secrets
 import shlex
@@ -114,13 +116,42 @@ class Transport(Protocol):
         on_output: OutputSink | None = None,
     ) -> CommandResult: ...
 
-    def put(self, local_path: str, remote_path: str) -> None: ...
-
     def stop(self) -> None: ...
 
     def cleanup(self) -> None: ...
 
     def close(self) -> None: ...
+
+
+UPLOAD_FAILED = 86  # a checked write's exit status when the file could not be written or arrived altered
+TRANSFER_TIMEOUT = 60.0  # seconds every copy is given, and one more per TRANSFER_RATE bytes
+TRANSFER_RATE = 1 << 20
+
+# A shell fragment, the one way a file reaches a node: standard input (base64) written to "$f", whole or not at all,
+# and checked against the SHA-256 "$sum" there. bundle.INSTALL runs it before the command it carries; put() alone.
+WRITE_CHECKED = (
+    'if ! base64 -d > "$f.$$" || ! got=$(sha256sum "$f.$$"); then '
+    f'rm -f "$f.$$"; echo "could not write $f" >&2; exit {UPLOAD_FAILED}; fi; '
+    'got=${got%% *}; if [ "$got" != "$sum" ]; then '
+    f'rm -f "$f.$$"; echo "$f arrived with SHA-256 $got, not $sum" >&2; exit {UPLOAD_FAILED}; fi; '
+    f'mv -f "$f.$$" "$f" || exit {UPLOAD_FAILED}'
+)
+# sh -c PUT sh PATH SHA256: WRITE_CHECKED into PATH, its directory made (mode 700) first.
+PUT = f'f=$1; sum=$2; mkdir -p -m 700 "$(dirname "$f")" || exit {UPLOAD_FAILED}; {WRITE_CHECKED}'
+
+
+def put(transport: Transport, data: bytes, remote_path: str) -> None:
+    """DATA into REMOTE_PATH on TRANSPORT's node, through a command's standard input, whatever the transport (SSH,
+    srun, local): written whole or not at all and checked against its SHA-256 on the node. TransportError says why
+    not, naming the node."""
+    sha256 = hashlib.sha256(data).hexdigest()
+    answer = transport.run(
+        ["sh", "-c", PUT, "sh", remote_path, sha256],
+        timeout=TRANSFER_TIMEOUT + len(data) / TRANSFER_RATE,
+        stdin=base64.b64encode(data).decode(),
+    )
+    if not answer.ok:
+        raise TransportError(f"{transport.host}: could not copy {remote_path} there: {answer.cause()}")
 
 
 def sweep_script(run_id: str, workdir: str) -> str:

@@ -52,10 +52,6 @@ class LocalTransport:
             command, timeout=timeout, env=full_env, stdin=stdin, on_output=on_output, after_kill=self._sweep
         )
 
-    def put(self, local_path: str, remote_path: str) -> None:
-        os.makedirs(os.path.dirname(remote_path) or ".", mode=0o700, exist_ok=True)
-        shutil.copyfile(local_path, remote_path)
-
     def _sweep(self) -> None:
         script = sweep_script(self.run_id, "/nonexistent-clustercheck")  # keep the workdir until cleanup()
         with contextlib.suppress(OSError, subprocess.TimeoutExpired):

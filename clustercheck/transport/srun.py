@@ -9,12 +9,9 @@ step of its own then stops what the command left on the node (the run-marker swe
 
 from __future__ import annotations
 
-import base64
 import os
-import shlex
 import subprocess
 from collections.abc import Callable
-from pathlib import Path
 
 from clustercheck import slurm
 from clustercheck.inventory import Node
@@ -34,7 +31,6 @@ from clustercheck.transport.local import run_process
 
 STEP_SLACK = 10.0  # seconds a step may take beyond its command's deadline to start and report (srun's own work)
 CONNECT_TIMEOUT = 30.0  # the first step on a node: Slurm answers, the node runs it
-COPY_TIMEOUT = 120.0  # a file's copy through a step
 
 
 class SrunTransport:
@@ -92,14 +88,6 @@ class SrunTransport:
     ) -> CommandResult:
         line = remote_command(command, env or {}, self.run_id, timeout, self.workdir)
         return self._run_step(line, timeout + STEP_SLACK, stdin, on_output, after_kill=self.stop)
-
-    def put(self, local_path: str, remote_path: str) -> None:
-        data = base64.b64encode(Path(local_path).read_bytes()).decode()
-        directory = os.path.dirname(remote_path) or "."
-        line = f"umask 077 && mkdir -p {shlex.quote(directory)} && base64 -d > {shlex.quote(remote_path)}"
-        result = self._run_step(line, COPY_TIMEOUT, stdin=data)
-        if not result.ok:
-            raise TransportError(f"{self.host}: copying {local_path} there through srun failed: {result.cause()}")
 
     def stop(self) -> None:
         """Kill every process of this run on the node, keeping the work directory (a job's logs)."""

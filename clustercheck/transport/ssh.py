@@ -15,7 +15,6 @@ Two things real sites' sshd do are worked around here, at the one place every co
 from __future__ import annotations
 
 import codecs
-import hashlib
 import logging
 import os
 import select
@@ -23,7 +22,6 @@ import shlex
 import threading
 import time
 from dataclasses import dataclass
-from typing import BinaryIO
 
 import paramiko
 
@@ -220,9 +218,6 @@ class Connection:
 OPEN_CONNECT_FAILED = 2
 MAX_CONNECTIONS = 8  # connections to one node at most, when its sshd allows few sessions on each
 CLOSE_LAG = 0.05  # seconds to wait before asking again for a session refused on a connection with none open
-TRANSFER_RATE = 1 << 20  # bytes per second a copy is given at least, beyond TRANSFER_TIMEOUT
-TRANSFER_TIMEOUT = 60.0
-CHUNK = 1 << 20  # bytes read and sent at a time
 WAKE_AT_MOST = 2.0  # seconds a waiting command sleeps at most before it looks at its deadline and connection again
 SHOW_MARKER = 'printf %s "$0"; printf %s "$0" >&2'  # sh -c SHOW_MARKER MARKER: the marker on stdout and stderr
 
@@ -417,7 +412,7 @@ class SSHTransport:
         self,
         line: str,
         timeout: float,
-        stdin: str | bytes | BinaryIO | None,
+        stdin: str | None,
         sweep_on_timeout: bool,
         on_output: OutputSink | None = None,
     ) -> CommandResult:
@@ -431,7 +426,7 @@ class SSHTransport:
         self,
         line: str,
         timeout: float,
-        stdin: str | bytes | BinaryIO | None,
+        stdin: str | None,
         sweep_on_timeout: bool,
         on_output: OutputSink | None = None,
     ) -> tuple[int | None, bytes, bytes, bool]:
@@ -456,18 +451,15 @@ class SSHTransport:
         channel: paramiko.Channel,
         line: str,
         deadline: float,
-        stdin: str | bytes | BinaryIO | None,
+        stdin: str | None,
         sweep_on_timeout: bool,
         on_output: OutputSink | None,
     ) -> tuple[int | None, bytes, bytes, bool]:
         transport = channel.get_transport()
         try:
             channel.exec_command(line)
-            if isinstance(stdin, (str, bytes)):
-                channel.sendall(stdin.encode() if isinstance(stdin, str) else stdin)
-            elif stdin is not None:  # a file, in pieces
-                for piece in iter(lambda: stdin.read(CHUNK), b""):
-                    channel.sendall(piece)
+            if stdin is not None:
+                channel.sendall(stdin.encode())
             channel.shutdown_write()
         except (paramiko.SSHException, OSError) as exc:
             channel.close()
@@ -537,26 +529,6 @@ class SSHTransport:
 
     # ------------------------------------------------------------------ files
 
-    def put(self, local_path: str, remote_path: str) -> None:
-        """LOCAL_PATH to REMOTE_PATH (its directory made, mode 700), piped through `cat` and written whole or not
-        at all; the SHA-256 the node computes must be the one sent."""
-        script = 'mkdir -p -m 700 "$(dirname "$1")" && cat > "$1.part" && mv -f "$1.part" "$1" && sha256sum "$1"'
-        try:
-            sent, size = _sha256(local_path)
-            with open(local_path, "rb") as source:
-                timeout = _transfer_time(size)
-                line = remote_command(["sh", "-c", script, "sh", remote_path], {}, self.run_id, timeout, self.workdir)
-                answer = self._exec(line, timeout, source, sweep_on_timeout=True)
-        except OSError as exc:
-            raise TransportError(f"{self.host}: could not read {local_path}: {exc.strerror or exc}") from exc
-        got = (answer.stdout.split() or [""])[0]
-        if not answer.ok:
-            raise TransportError(f"{self.host}: could not copy {local_path} to {remote_path}: {answer.cause()}")
-        if got != sent:
-            raise TransportError(
-                f"{self.host}: {remote_path} arrived with SHA-256 {got or '(none)'}, {local_path} has {sent}"
-            )
-
     # ------------------------------------------------------------------ ending
 
     def cleanup(self) -> None:
@@ -600,17 +572,3 @@ def _refused(exc: paramiko.SSHException) -> bool:
     if isinstance(exc, paramiko.ChannelException):
         return exc.code == OPEN_CONNECT_FAILED
     return str(exc) == "Unable to open channel."
-
-
-def _sha256(path: str) -> tuple[str, int]:
-    """PATH's SHA-256 (hex) and size, read in pieces."""
-    digest, size = hashlib.sha256(), 0
-    with open(path, "rb") as fh:
-        for piece in iter(lambda: fh.read(CHUNK), b""):
-            digest.update(piece)
-            size += len(piece)
-    return digest.hexdigest(), size
-
-
-def _transfer_time(size: int) -> float:
-    return TRANSFER_TIMEOUT + size / TRANSFER_RATE

@@ -206,3 +206,32 @@ def test_an_sshd_that_sends_no_banner_is_named_as_such_without_a_traceback(capfd
         with pytest.raises(transport.TransportError, match="accepted the connection but sent no SSH banner within 2 s"):
             connection.open()
     assert "Traceback" not in capfd.readouterr().err
+
+
+class Altering:
+    """A transport whose channel changes one character of what it carries to the node."""
+
+    def __init__(self, inner: LocalTransport) -> None:
+        self.inner, self.host = inner, inner.host
+
+    def run(self, command, *, timeout, env=None, stdin=None, on_output=None):
+        altered = stdin[:10] + ("A" if stdin[10] != "A" else "B") + stdin[11:]
+        return self.inner.run(command, timeout=timeout, env=env, stdin=altered, on_output=on_output)
+
+
+def test_a_file_reaches_the_node_whole_and_checked_or_not_at_all(tmp_path):
+    """transport.put, the one way a file reaches a node over every transport: the node writes it from the command's
+    standard input and checks its SHA-256; a copy altered on the way is refused, naming the node, and nothing of it
+    is left."""
+    node = LocalTransport()
+    data = os.urandom(300_000)
+    target = tmp_path / "made" / "code.tgz"
+    transport.put(node, data, str(target))
+    assert target.read_bytes() == data
+    assert (target.parent.stat().st_mode & 0o777) == 0o700
+    other = tmp_path / "other" / "code.tgz"
+    with pytest.raises(transport.TransportError) as refused:
+        transport.put(Altering(node), data, str(other))
+    message = str(refused.value)
+    assert message.startswith(f"{node.host}: could not copy {other} there: ") and "arrived with SHA-256" in message
+    assert list(other.parent.iterdir()) == []

@@ -29,7 +29,7 @@ from clustercheck.reach import Fanout
 from clustercheck.run.pipeline import Pipeline
 from clustercheck.selection import STAGES, Selection
 from clustercheck.stages import bundle
-from clustercheck.transport import CommandResult, HostKeyError, SessionQuirks, TransportError, workdir_for
+from clustercheck.transport import PUT, CommandResult, HostKeyError, SessionQuirks, TransportError, workdir_for
 from clustercheck.transport.factory import Connected
 
 RECORDS = Path(__file__).parent / "records"
@@ -92,6 +92,9 @@ class FakeTransport:
             if answer is not None:
                 return self.collecting(command, answer, timeout, stdin) if is_first(command) else answer
         text = " ".join(command)
+        if command[:3] == ["sh", "-c", PUT]:  # a file, as transport.put sends it
+            self.files[command[4]] = base64.b64decode(stdin)
+            return CommandResult(0, "", "")
         if is_first(command):
             return self.collecting(command, CommandResult(0, first_answer(self.host), ""), timeout, stdin)
         if len(command) > 2 and command[2] == "facts":
@@ -124,9 +127,6 @@ class FakeTransport:
             first.stderr + facts.stderr,
             facts.timed_out,
         )
-
-    def put(self, local_path: str, remote_path: str) -> None:
-        self.files[remote_path] = Path(local_path).read_bytes()
 
     def stop(self) -> None:
         self.stopped += 1
