@@ -1142,6 +1142,14 @@ def jobs_command(hosts: str | None, limit: str | None, use_slurm: bool, show_all
 def logs_command(job: str, follow: bool, hosts: str | None, limit: str | None, **ssh_opts) -> None:
     """Show a detached job's output from every node, each line prefixed with node/rank (a Slurm job's, for a Slurm
     job id)."""
+    try:
+        _logs(job, follow, hosts, limit, ssh_opts)
+    except KeyboardInterrupt as exc:  # Ctrl-C stops the following, not the job: say so
+        exc.note = f"job {job} goes on running (clustercheck stop {job} stops it)"
+        raise
+
+
+def _logs(job: str, follow: bool, hosts: str | None, limit: str | None, ssh_opts: dict) -> None:
     from clustercheck.launcher import detached
     from clustercheck.launcher.connections import Connections
     from clustercheck.launcher.job import HostKeysRefused
@@ -1330,7 +1338,8 @@ def main() -> None:
     except (click.exceptions.Abort, KeyboardInterrupt) as exc:
         cause = exc.__cause__ if isinstance(exc, click.exceptions.Abort) else exc
         unclean = getattr(cause, "unclean", {})
-        click.echo(f"clustercheck: interrupted; {cleanup_message(unclean)}", err=True)
+        note = getattr(cause, "note", "")  # what the command wants said of the interruption
+        click.echo(f"clustercheck: interrupted; {note + '; ' if note else ''}{cleanup_message(unclean)}", err=True)
         sys.exit(ExitCode.INTERRUPTED)
     except Exception as exc:  # a bug: one line, and where to report it
         click.echo(f"clustercheck: internal error: {type(exc).__name__}: {exc}", err=True)

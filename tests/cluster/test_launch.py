@@ -13,6 +13,8 @@ from pathlib import Path
 import pytest
 from harness import CLUSTERCHECK, RANK_0_WRITES, leftovers, ssh_client, ssh_run
 
+from clustercheck.exitcodes import ExitCode
+
 pytestmark = pytest.mark.cluster
 
 REPO = Path(__file__).resolve().parents[2]
@@ -239,6 +241,21 @@ def test_a_detached_job_outlives_clustercheck_then_jobs_logs_and_stop_reach_ever
         follow.send_signal(signal.SIGKILL)
         follow.wait(30)
         assert seen == {"node1/0", "node2/1", "node3/2"}
+        # Ctrl-C on a follower stops the following and says the job goes on.
+        follow = subprocess.Popen(
+            [CLUSTERCHECK, "logs", job, "--follow"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+        assert follow.stdout is not None
+        line, deadline = " ", time.monotonic() + 120
+        while line and not re.search(r"tick \d+$", line) and time.monotonic() < deadline:
+            line = follow.stdout.readline()  # "" once it ended
+        follow.send_signal(signal.SIGINT)
+        _, said = follow.communicate(timeout=60)
+        assert follow.returncode == ExitCode.INTERRUPTED, said
+        assert said.strip().splitlines()[-1] == (
+            f"clustercheck: interrupted; job {job} goes on running (clustercheck stop {job} stops it); "
+            "processes started on the nodes were stopped"
+        )
         time.sleep(2)
         for node in torch_cluster.nodes:
             with ssh_client(torch_cluster, node) as client:
