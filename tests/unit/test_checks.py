@@ -149,6 +149,21 @@ def test_clock_offsets_within_the_bound():
     assert offsets == {f"n{i}": ("clock_offset_seconds", o) for i, o in enumerate((0.01, -0.02, 2.0))}
 
 
+def test_clock_offsets_read_over_slow_answers_differ_only_beyond_their_error():
+    """Offsets as 64 srun steps started at once on a busy login node gave them (0.9 s apart, each read over an
+    answer that took up to 2 s): not a difference; a clock 2 s off is one whatever the error."""
+    nodes = [node_facts(name=f"n{i}") for i in range(3)]
+    config = type("Config", (), {"clock_bound": 0.5})()
+    for n, offset, error in zip(nodes, (0.5, -0.4, 0.1), (0.9, 0.6, 0.2), strict=True):
+        n.clock_offset, n.clock_uncertainty = offset, error
+    coarse = consistency.clocks(nodes, config)
+    assert coarse.status is Status.PASS, coarse.message
+    assert coarse.message.startswith("no two clocks known to differ by more than 0.5 s: within 0.900 s")
+    nodes[2].clock_offset = 3.0
+    late = consistency.clocks(nodes, config)
+    assert late.status is Status.FAIL and "n2 is +2.500 s" in late.message and "n0" not in late.message
+
+
 def test_junit_has_a_suite_per_host_and_a_case_per_check():
     results = [
         CheckResult("torch.import", Status.PASS, "n1: ok", host="n1"),
