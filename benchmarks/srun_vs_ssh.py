@@ -3,12 +3,15 @@
 the whole run), run in alternating order, timed as wall clock and as the CPU time of the control side (clustercheck
 and what it starts on the login node: srun for the Slurm side, nothing but itself over SSH).
 
-    salloc --nodes=N python3 srun_vs_ssh.py --hosts INVENTORY [--rounds 5] [--all] [--json FILE]
+    salloc --nodes=N python3 srun_vs_ssh.py --hosts INVENTORY [--rounds 5] [--network] [--all] [--skip GLOB]
+        [--json FILE]
 
 It runs on the login node (the Slurm test cluster's controller, or yours), inside an allocation of the inventory's
 nodes, with the `clustercheck` on PATH: `clustercheck run --hosts INVENTORY` over SSH beside `clustercheck run
 --slurm --hosts INVENTORY` through job steps of the allocation, so both reach the same nodes with the same checks.
-One warm-up round is not counted; the figures are medians. Standard library only, so that it runs where
+One warm-up round is not counted; the figures are medians. --network adds the network stage (every pair of
+nodes), --all the whole run; --skip passes checks to leave out to both sides (`--skip 'torch.*'` on nodes without
+torch). Standard library only, so that it runs where
 clustercheck is installed without the repository.
 """
 
@@ -42,7 +45,9 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--hosts", metavar="INVENTORY", required=True, help="the nodes, all in the current allocation")
     p.add_argument("--rounds", metavar="N", type=int, default=5, help="measured rounds (default %(default)s)")
+    p.add_argument("--network", action="store_true", help="the network stage as well as the core stage")
     p.add_argument("--all", action="store_true", help="the whole run (every stage) as well as the core stage")
+    p.add_argument("--skip", metavar="GLOB", action="append", default=[], help="checks both sides leave out")
     p.add_argument("--json", metavar="FILE", help="also write the figures as JSON to FILE")
     args = p.parse_args()
     if not os.environ.get("SLURM_JOB_ID"):
@@ -53,7 +58,12 @@ def main() -> int:
         print("srun_vs_ssh: error: no clustercheck on PATH", file=sys.stderr)
         return 1
     inventory = os.path.abspath(args.hosts)
-    kinds = {"core": ["--only", "core"], **({"whole run": []} if args.all else {})}
+    skips = [arg for glob in args.skip for arg in ("--skip", glob)]
+    kinds = {"core": ["--only", "core", *skips]}
+    if args.network:
+        kinds["network"] = ["--only", "network", *skips]
+    if args.all:
+        kinds["whole run"] = skips
     samples: dict[str, list[dict]] = {}
     nodes = None
     with tempfile.TemporaryDirectory(prefix="srun-vs-ssh-") as tmp:
