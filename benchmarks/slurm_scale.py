@@ -7,8 +7,8 @@ allocation of every node: the core stage and the network stage, through job step
     benchmarks/slurm_scale.py                      # 64 nodes, brought up and taken down
     benchmarks/slurm_scale.py --nodes 8 --keep --json slurm-8.json
 
-One machine holds every node, so the nodes get no torch (one environment with torch per node does not fit its disk
-and memory at 64): their environment is a venv of the system Python, the torch checks and the node-local
+One machine holds every node, so the nodes get no torch (about 1 GB per node, and a torch process per rank on
+every node of the whole run): their environment is a venv of the system Python, the torch checks and the node-local
 collectives are left out on both sides, and the torch stages (collectives, DDP) are not measured here
 (srun_vs_ssh.py --all measures them on the 3-node Slurm test cluster). The setup's wall time is recorded beside the
 figures.
