@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 import time
+from dataclasses import dataclass
 
 from clustercheck.checks.registry import Finding, fail, node_check, passed, skip, warn
 from clustercheck.facts import parse
@@ -110,6 +111,56 @@ def torch_import(facts: NodeFacts) -> Finding:
     )
 
 
+# The oldest Linux driver each CUDA major release runs on through minor-version compatibility: a program built with
+# any CUDA 12.x runs, with a limited feature set, on a driver of at least 525.60.13 even where that driver supports
+# an older 12.x only. NVIDIA: "CUDA Compatibility", Minor Version Compatibility, and the CUDA Toolkit Release Notes'
+# table "CUDA Toolkit and Minimum Required Driver Version for CUDA Minor Version Compatibility"
+# (https://docs.nvidia.com/deploy/cuda-compatibility/minor-version-compatibility.html,
+# https://docs.nvidia.com/cuda/cuda-toolkit-release-notes/). Before CUDA 11 there was none.
+MINOR_VERSION_DRIVER = {11: "450.80.02", 12: "525.60.13", 13: "580"}
+FORWARD_COMPAT = (
+    "on a data-center GPU, NVIDIA's forward-compatibility package (cuda-compat-<major>-<minor>, on the library path) "
+    "runs a newer CUDA on an older driver"
+)
+
+
+def _numbers(version: str | None) -> tuple[int, ...] | None:
+    parts = re.findall(r"\d+", version or "")
+    return tuple(int(p) for p in parts) or None
+
+
+@dataclass(frozen=True)
+class CudaSupport:
+    """Whether a driver runs a program built for a CUDA release (cuda_support)."""
+
+    status: Status  # PASS: supported; WARN: through minor-version compatibility only; FAIL: not supported
+    message: str
+
+
+def cuda_support(build: str, driver: str | None, driver_cuda: str | None) -> CudaSupport | None:
+    """Whether the driver DRIVER (nvidia-smi's "Driver Version"), supporting CUDA DRIVER_CUDA (its "CUDA Version"),
+    runs a program built for CUDA BUILD (torch.version.cuda, an image's CUDA_VERSION): supported up to its own
+    CUDA version; within the same major release through minor-version compatibility when the driver is at least
+    MINOR_VERSION_DRIVER's; else not (forward compatibility aside). None when a version cannot be read."""
+    wanted, have, version = _numbers(build), _numbers(driver_cuda), _numbers(driver)
+    if wanted is None or have is None or version is None:
+        return None
+    wanted, have = wanted[:2], have[:2]
+    supports = f"driver {driver} supports CUDA {driver_cuda}"
+    if wanted <= have:
+        return CudaSupport(Status.PASS, f"built for CUDA {build}; {supports}")
+    floor = MINOR_VERSION_DRIVER.get(wanted[0])
+    if floor and wanted[0] == have[0] and version >= _numbers(floor):
+        return CudaSupport(
+            Status.WARN,
+            f"built for CUDA {build}, newer than the CUDA {driver_cuda} that driver {driver} supports: it runs "
+            f"through CUDA {wanted[0]}.x minor-version compatibility (driver >= {floor}), with a limited feature set "
+            "(PTX JIT of newer code fails)",
+        )
+    need = f"CUDA {wanted[0]}.x needs driver >= {floor}" if floor else f"CUDA {build} needs a driver supporting it"
+    return CudaSupport(Status.FAIL, f"built for CUDA {build}, but {supports} and {need}")
+
+
 @node_check(
     "torch.cuda",
     proves="on a GPU node, torch sees the GPUs through CUDA and has NCCL",
@@ -131,6 +182,10 @@ def torch_cuda(facts: NodeFacts) -> Finding:
     }
     if not torch.cuda_available:
         build = "a CPU-only build" if not torch.cuda else f"built for CUDA {torch.cuda}"
+        smi = facts.smi
+        support = cuda_support(torch.cuda, smi.driver, smi.cuda) if torch.cuda and smi else None
+        if support is not None and support.status is Status.FAIL:
+            return fail(f"torch.cuda.is_available() is False: torch is {support.message}", **data)
         return fail(f"torch.cuda.is_available() is False (torch is {build})", **data)
     if not torch.nccl_backend or torch.nccl is None:
         return Finding(
@@ -140,6 +195,39 @@ def torch_cuda(facts: NodeFacts) -> Finding:
             data,
         )
     return passed(f"CUDA {torch.cuda}, {torch.device_count} device(s), NCCL {torch.nccl}, cuDNN {torch.cudnn}", **data)
+
+
+@node_check(
+    "torch.driver",
+    proves="on a GPU node, the node's NVIDIA driver supports the CUDA release torch was built for (NVIDIA's minimum "
+    "driver per CUDA major release for minor-version compatibility, forward compatibility noted)",
+    fix="Install a driver that supports torch's CUDA (the setup playbook's nvidia_driver role, nvidia_driver_branch), "
+    "or install torch built for a CUDA the driver supports (the python_env role's python_env_pytorch_variant).",
+)
+def torch_driver(facts: NodeFacts) -> Finding:
+    if not facts.gpus_present and not facts.gpu_expected:
+        return skip("no NVIDIA GPU on this node (none expected)")
+    torch = facts.torch
+    if torch is None:
+        return skip("torch does not import")
+    if not torch.cuda:
+        return skip(f"torch {torch.version} is a CPU-only build (torch.cuda says why)")
+    smi = facts.smi
+    if smi is None or not smi.driver:
+        return skip("the driver's version is not known (gpu.driver says why)")
+    support = cuda_support(torch.cuda, smi.driver, smi.cuda)
+    data = {"torch": torch.version, "cuda": torch.cuda, "driver": smi.driver, "driver_cuda": smi.cuda}
+    if support is None:
+        return skip(f"cannot compare CUDA {torch.cuda} with driver {smi.driver} (CUDA {smi.cuda})", **data)
+    message = f"torch {torch.version} {support.message}"
+    if support.status is Status.FAIL and torch.cuda_available:
+        # torch works all the same: the forward-compatibility package must be in use
+        return passed(f"{message}; yet CUDA works here, so forward compatibility is in use ({FORWARD_COMPAT})", **data)
+    if support.status is Status.FAIL:
+        return fail(f"{message} ({FORWARD_COMPAT})", **data)
+    if support.status is Status.WARN:
+        return warn(message, **data)
+    return passed(message, **data)
 
 
 IFNAME_VARIABLES = ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME")

@@ -333,3 +333,42 @@ def test_limits_read_on_no_node_are_never_called_room():
     (one, two) = copies(container, 2)
     result = system.neighbour_table([one, replace(two, neigh=None)], None)
     assert result.status is Status.WARN and "could not collect on node2" in result.message
+
+
+A100_470 = (Path(__file__).parent / "data" / "nvidia-smi-q-a100-sxm4-80gb-cudalibrarysamples-104.txt").read_text()
+
+
+def cuda_torch(cuda: str, available: bool) -> dict:
+    return {
+        "version": f"2.13.0+cu{cuda.replace('.', '')}",
+        "cuda": cuda,
+        "cuda_available": available,
+        "device_count": 1 if available else 0,
+        "nccl": "2.27.3" if available else None,
+        "nccl_backend": True,
+        "gloo": True,
+    }
+
+
+def test_torch_cuda_build_against_the_recorded_drivers():
+    # H800: driver 525.105.17, CUDA 12.0; A100: driver 470.103.01, CUDA 11.4 (tests/unit/data/README.md)
+    older = by_name(node_facts(gpus_expected=1, smi=H800, torch=cuda_torch("11.8", True)))["torch.driver"]
+    assert older.status is Status.PASS and "driver 525.105.17 supports CUDA 12.0" in older.message
+    minor = by_name(node_facts(gpus_expected=1, smi=H800, torch=cuda_torch("12.8", True)))["torch.driver"]
+    assert minor.status is Status.WARN and "minor-version compatibility (driver >= 525.60.13)" in minor.message
+    also_minor = by_name(node_facts(gpus_expected=1, smi=A100_470, torch=cuda_torch("11.8", True)))["torch.driver"]
+    assert also_minor.status is Status.WARN and ">= 450.80.02" in also_minor.message
+    results = by_name(node_facts(gpus_expected=1, smi=A100_470, torch=cuda_torch("12.8", False)))
+    assert results["torch.driver"].status is Status.FAIL
+    assert "CUDA 12.x needs driver >= 525.60.13" in results["torch.driver"].message
+    assert "driver 470.103.01 supports CUDA 11.4" in results["torch.driver"].message
+    # torch.cuda's FAIL names that cause instead of only "built for CUDA 12.8"
+    assert results["torch.cuda"].status is Status.FAIL and ">= 525.60.13" in results["torch.cuda"].message
+    # CUDA working all the same on that driver: NVIDIA's forward-compatibility package is what makes it work
+    forward = by_name(node_facts(gpus_expected=1, smi=A100_470, torch=cuda_torch("12.8", True)))["torch.driver"]
+    assert forward.status is Status.PASS and "forward compatibility is in use" in forward.message
+
+
+def test_torch_driver_skips_a_cpu_build_and_a_node_without_gpus():
+    assert by_name(node_facts(gpus_expected=1, smi=H800))["torch.driver"].status is Status.SKIP
+    assert by_name(node_facts(torch=cuda_torch("12.8", False)))["torch.driver"].status is Status.SKIP
