@@ -25,6 +25,7 @@ from clustercheck.checks.baseline import DEFAULT_TOLERANCES, Baseline, Tolerance
 from clustercheck.checks.collectives import ThresholdError, parse_min_busbw
 from clustercheck.checks.consistency import DEFAULT_MAX_CLOCK_OFFSET
 from clustercheck.config import RunConfig
+from clustercheck.container import Container
 from clustercheck.exitcodes import ExitCode
 from clustercheck.launcher import batch, slurmjob
 from clustercheck.launcher.batch import BatchRequest
@@ -87,6 +88,37 @@ def _slurm_request_options(function):
     return function
 
 
+def _container_options(function):
+    """--container IMAGE and --container-option: the torch side in a container image on every node."""
+    function = click.option(
+        "--container-option",
+        "container_options",
+        multiple=True,
+        metavar="OPT",
+        help="With --container: a docker run option of your own, after clustercheck's (repeatable; give an option "
+        "that takes a value as one word: --container-option=--shm-size=16g).",
+    )(function)
+    return click.option(
+        "--container",
+        "container_image",
+        default=None,
+        metavar="IMAGE",
+        help="Run python, torch and the torch stages inside IMAGE on every node (docker run with the host's network "
+        "and IPC, memlock unlimited, --gpus all on GPU nodes), as NVIDIA documents for its PyTorch images; IMAGE must "
+        "be on every node already.",
+    )(function)
+
+
+def _container(image: str | None, options: tuple[str, ...]) -> Container | None:
+    if image is None:
+        if options:
+            raise UsageError("--container-option: only with --container IMAGE")
+        return None
+    if not image.strip() or image.startswith("-") or any(c.isspace() for c in image):
+        raise UsageError(f"--container {image!r}: not an image name")
+    return Container(image, tuple(options))
+
+
 def _slurm_request(use_slurm: bool, **asked) -> dict:
     """--nodes, --nodelist, --partition, --account, --time as given (None where not): only with --slurm, and only
     outside an allocation."""
@@ -136,6 +168,7 @@ def cli() -> None:
     help="Environment python on every node (default: clustercheck_python from the inventory, else "
     "/etc/clustercheck/python on the node, else python3; on localhost, the python running clustercheck).",
 )
+@_container_options
 @click.option(
     "--nproc-per-node",
     type=click.IntRange(min=1),
@@ -317,6 +350,8 @@ def run(
     slurm_time: str | None,
     slurm_wait: int,
     python: str | None,
+    container_image: str | None,
+    container_options: tuple[str, ...],
     nproc_per_node: int | None,
     fmt: str,
     output: str | None,
@@ -345,6 +380,7 @@ def run(
 ) -> None:
     """Check every node, the consistency between them, and print a verdict."""
     tolerances = _tolerances(baseline_tolerances)
+    box = _container(container_image, container_options)
     if baseline_tolerances and baseline_path is None:
         raise UsageError("--baseline-tolerance: give the report to compare with (--baseline REPORT.json)")
     baseline = Baseline(_load_report(baseline_path), baseline_path, tolerances) if baseline_path else None
@@ -386,6 +422,7 @@ def run(
         run_dir=run_path,
         selection=selection,
         python=python,
+        container=box,
         forks=forks,
         command_timeout=command_timeout,
         job_timeout=timeout,

@@ -8,6 +8,7 @@ from pathlib import Path
 from clustercheck import expected
 from clustercheck.checks.baseline import Baseline
 from clustercheck.checks.consistency import DEFAULT_MAX_CLOCK_OFFSET
+from clustercheck.container import Container
 from clustercheck.remote.netprobe import DEFAULT_ROUNDS
 from clustercheck.selection import Selection
 from clustercheck.transport.params import SshSettings
@@ -18,6 +19,7 @@ class RunConfig:
     run_dir: Path
     selection: Selection = field(default_factory=Selection)
     python: str | None = None  # --python: the same environment python on every node
+    container: Container | None = None  # --container: torch runs in this image on every node
     forks: int = 32  # hosts handled at once in the core stage
     command_timeout: float = 120.0  # the facts collector
     job_timeout: float = 300.0  # each torch job (node-local collectives, collectives, DDP)

@@ -12,6 +12,7 @@ against an earlier report, with --baseline).
 # isort: off
 from clustercheck.checks import connection  # noqa: F401
 from clustercheck.checks import environment  # noqa: F401
+from clustercheck.checks import container  # noqa: F401
 from clustercheck.checks import gpu  # noqa: F401
 from clustercheck.checks import pcie  # noqa: F401
 from clustercheck.checks import fabric  # noqa: F401

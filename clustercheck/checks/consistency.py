@@ -115,6 +115,24 @@ _same(
     "Create the environment with the same Python version on every node.",
     lambda f: None if f.python_missing else f.python_version,
 )
+
+
+@cluster_check(
+    "consistency.image",
+    proves="with --container: every node has the same image (the same image ID)",
+    fix="Pull the image by its digest (docker pull NAME@sha256:...) on the nodes that differ, or docker save it on a "
+    "node that has the right one and docker load it there; then every node runs the same image.",
+)
+def image(nodes: list[NodeFacts], config: Any) -> Finding:
+    few = too_few(nodes)
+    if few:
+        return skip(few)
+    asked = next((n.image.image for n in nodes if n.image), None)
+    if asked is None:
+        return skip("no --container image")
+    return compare({n.host: n.image.id if n.image else None for n in nodes}, f"image {asked} ID")
+
+
 _same(
     "gpu_count",
     "GPU count",

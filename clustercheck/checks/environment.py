@@ -19,6 +19,15 @@ from clustercheck.model import Status
     fix="Run the setup playbook (ansible-playbook site.yml) or fix clustercheck_python in the inventory.",
 )
 def python_env(facts: NodeFacts) -> Finding:
+    if facts.image is not None:  # --container: the image's python
+        if not facts.image.python:
+            return skip(f"no python in image {facts.image.image} could be run (container.* says why)")
+        return passed(
+            f"{facts.environment} (Python {facts.python_version}, --container)",
+            python=facts.image.python,
+            version=facts.python_version,
+            source=f"image {facts.image.image}",
+        )
     if facts.python_missing:
         return fail(
             f"the environment's python {facts.python_missing} ({facts.python_source}) does not exist",
@@ -56,13 +65,15 @@ def torchvision_mismatch(torch_version: str, package) -> str | None:
 )
 def torch_import(facts: NodeFacts) -> Finding:
     problem = facts.torch_problem
+    if facts.image is not None and not facts.image.python:
+        return skip(f"no python in image {facts.image.image} could be run (container.* says why)")
     if problem or facts.torch is None:
-        python = facts.python_missing or facts.python
+        python = facts.python_missing or facts.environment
         return fail(
             f"torch does not import with {python}: {problem}",
-            f"Install PyTorch into that environment ({facts.python} -m pip install torch), or point "
+            f"Install PyTorch into that environment ({facts.torch_python} -m pip install torch), or point "
             "clustercheck_python / --python at the environment that has it.",
-            python=facts.python,
+            python=facts.torch_python,
             error=problem,
         )
     torch = facts.torch
@@ -72,12 +83,12 @@ def torch_import(facts: NodeFacts) -> Finding:
         first = broken[0]
         what = f"{first.name} {first.version}" if first.version else first.name
         return fail(
-            f"{what} does not import with {facts.python}: {first.error}"
+            f"{what} does not import with {facts.environment}: {first.error}"
             + (f" (and {', '.join(p.name for p in broken[1:])})" if broken[1:] else ""),
             f"Install {first.name} built for this torch ({torch.version}) into that environment, from the same "
             "index or wheelhouse as torch (the setup playbook's python_env role checks every package imports), "
             "or remove it.",
-            python=facts.python,
+            python=facts.torch_python,
             torch=torch.version,
             packages=versions,
             broken={p.name: p.error for p in broken},
@@ -88,7 +99,7 @@ def torch_import(facts: NodeFacts) -> Finding:
         return fail(
             mismatch,
             "Install the torchvision release paired with this torch, from the same index (CUDA variant) as torch.",
-            python=facts.python,
+            python=facts.torch_python,
             torch=torch.version,
             packages=versions,
         )
@@ -98,9 +109,9 @@ def torch_import(facts: NodeFacts) -> Finding:
         at = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(torch.imported_at))
         reused = f" (as imported at {at}; its environment, driver and devices unchanged since)"
     return passed(
-        f"torch {torch.version} imports with {facts.python}{others}{reused}",
+        f"torch {torch.version} imports with {facts.environment}{others}{reused}",
         packages=versions,
-        python=facts.python,
+        python=facts.torch_python,
         torch=torch.version,
         cuda=torch.cuda_available,
         gpus=torch.device_count,

@@ -339,6 +339,26 @@ class DcgmDiag:
     error: str | None = None  # why it gave no verdict (timed out, dcgmi failed)
 
 
+@dataclass(frozen=True)
+class Image:
+    """With --container, the image on one node (clustercheck/container.py reads it): its ID (the digest of its
+    configuration: the same image has the same ID on every node) and the repository digests it was pulled by, or
+    why it could not be read."""
+
+    image: str
+    id: str | None = None
+    digests: tuple[str, ...] = ()
+    docker_problem: str | None = None  # Docker itself cannot be used by the node user (not installed, no access)
+    image_problem: str | None = None  # Docker answers, the image is not there
+    python: str | None = None  # the image's python, once the environment was read inside it
+    refused: str | None = None  # Docker would not start the image (`docker run` exit 125): why
+
+    @property
+    def problem(self) -> str | None:
+        """Why the image cannot be used on the node (None when it can)."""
+        return self.docker_problem or self.image_problem
+
+
 @dataclass
 class NodeFacts:
     """What was learnt on one node, parsed once."""
@@ -383,6 +403,7 @@ class NodeFacts:
     virt: str | None = None  # systemd-detect-virt --vm: none, kvm, microsoft, ...
     dcgmi: str | None = fact(node.dcgmi, path)  # where dcgmi is installed
     dcgm: DcgmDiag | None = None  # set by the core stage when --dcgm-level asks for it
+    image: Image | None = None  # with --container: the image on this node; python and torch are then the image's
     interface: str | None = None  # the cluster interface, chosen once (see collect.cluster_interface)
     interface_how: str = "not found"
     missing: dict[str, str] = field(default_factory=dict)  # field -> why it could not be collected
@@ -409,8 +430,22 @@ class NodeFacts:
         return bool(self.node.gpus_expected)
 
     @property
+    def torch_python(self) -> str:
+        """The python torch runs with: the environment's, or the image's with --container."""
+        return (self.image.python or "python3") if self.image is not None else self.python
+
+    @property
+    def environment(self) -> str:
+        """That python as the reports name it."""
+        if self.image is not None:
+            return f"{self.torch_python} in image {self.image.image}"
+        return self.python
+
+    @property
     def torch_problem(self) -> str | None:
         """Why torch cannot be used on this node (None when it can): the one place this is decided."""
+        if self.image is not None and self.image.problem:
+            return self.image.problem
         if self.python_missing:
             return f"the environment's python {self.python_missing} does not exist"
         if self.torch is None:

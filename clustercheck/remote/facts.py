@@ -590,7 +590,9 @@ def run_all(commands, timeout=PROBE_TIMEOUT):
 
 
 def main():
-    """facts TIMEOUT [--no-torch] [--probe-timeout S] [--package DIST ...] [--reuse-import FILE MAX_AGE]"""
+    """facts TIMEOUT [--no-torch | --environment-only] [--probe-timeout S] [--package DIST ...]
+    [--reuse-import FILE MAX_AGE]. --environment-only: the python, its packages and torch, nothing of the node (what
+    a container image holds, read inside it)."""
     torch_timeout = float(sys.argv[1]) if len(sys.argv) > 1 else 120
     wanted = [sys.argv[i + 1] for i, word in enumerate(sys.argv[:-1]) if word == "--package"]
     probe_timeout = [float(sys.argv[i + 1]) for i, word in enumerate(sys.argv[:-1]) if word == "--probe-timeout"]
@@ -600,10 +602,17 @@ def main():
     # The slow probes first, each in the background: torch's import in a child process, the commands in
     # threads; the quick reads of /proc and /sys meanwhile.
     torch = None if "--no-torch" in sys.argv else TorchProbe(torch_timeout, wanted, reuse[-1] if reuse else None)
+    python = {"executable": sys.executable, "version": platform.python_version()}
+    if "--environment-only" in sys.argv:
+        facts = {"collector": 1, "python": python, "packages": probe(packages)}
+        facts["torch"] = probe(torch.result) if torch else {"error": "not asked for"}
+        json.dump(facts, sys.stdout)
+        sys.stdout.write("\n")
+        return 0
     commands = run_all(COMMANDS, probe_timeout[-1] if probe_timeout else PROBE_TIMEOUT)
     facts = {
         "collector": 1,
-        "python": {"executable": sys.executable, "version": platform.python_version()},
+        "python": python,
         "disk_root": probe(lambda: disk_free("/")),
         "disk_tmp": probe(lambda: disk_free(tempfile.gettempdir())),
         "launch_files": probe(launch_files),

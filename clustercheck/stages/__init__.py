@@ -17,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from clustercheck.config import RunConfig
+from clustercheck.container import Container
 from clustercheck.facts.model import NodeFacts
 from clustercheck.inventory import Node
 from clustercheck.reach import Reach
@@ -49,6 +50,11 @@ class Context:
     progress: Progress
     hosts: tuple[str, ...]  # every node of the run, in inventory order
     reach: Reach  # how commands reach the nodes (reach.py)
+
+
+def container(m: Member, config: RunConfig) -> Container | None:
+    """The image torch runs in on M's node (--container), None for the node's own environment."""
+    return config.container if m.facts.image is not None else None
 
 
 def modules() -> dict:

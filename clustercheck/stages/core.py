@@ -9,13 +9,14 @@ import json
 import shlex
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
+from clustercheck import container
 from clustercheck.checks import connection, registry
 from clustercheck.checks.collectives import COLLECTIVES, LOCAL_PREFIX
 from clustercheck.checks.gpu import DCGM_DEADLINES
 from clustercheck.facts import collect, parse
-from clustercheck.facts.model import DcgmDiag, NodeFacts
+from clustercheck.facts.model import DcgmDiag, Image, NodeFacts
 from clustercheck.inventory import Node
 from clustercheck.model import CheckResult, Status
 from clustercheck.stages import Context, Member, bundle, collectives, network
@@ -245,6 +246,20 @@ def run_host(node: Node, transport: Transport, ctx: Context, step, begun: NodeSt
         clock_offset=begun.clock_offset,
         clock_uncertainty=begun.clock_uncertainty,
     )
+    if config.container is not None:
+        step(f"the environment in image {config.container.image}")
+        image, environment = read_image(node, transport, config, facts.gpus_present > 0)
+        (host_dir / "image.json").write_text(json.dumps(environment, indent=1) + "\n")
+        facts = collect.build(
+            node,
+            {**collected.raw, **environment},
+            python=python,
+            python_source=source,
+            cluster_size=len(ctx.hosts),
+            clock_offset=begun.clock_offset,
+            clock_uncertainty=begun.clock_uncertainty,
+        )
+        facts.image = image
     facts.models = config.models
     outcome.facts = facts
     write_packages(facts, host_dir)
@@ -261,6 +276,28 @@ def run_host(node: Node, transport: Transport, ctx: Context, step, begun: NodeSt
     step("collectives on the node")
     outcome.results += local_collectives(facts, transport, ctx)
     return outcome
+
+
+def read_image(node: Node, transport: Transport, config, gpus: bool) -> tuple[Image, dict]:
+    """With --container: the image on the node (container.image_of) and, when it is there, the environment inside
+    it (the facts collector's --environment-only: python, packages, torch), as the collector's keys; a key is an
+    error where it could not be read."""
+    box = config.container
+    inspected = transport.run(box.inspect(), timeout=config.command_timeout)
+    image = container.image_of(box, inspected, node.user)
+    if image.problem:
+        return image, {"python": {}, "packages": {"error": image.problem}, "torch": {"error": image.problem}}
+    program = [bundle.path(transport.workdir), "facts", *collector_args(node, config), "--environment-only"]
+    answer = transport.run(box.python(program, workdir=transport.workdir, gpus=gpus), timeout=config.command_timeout)
+    raw = None
+    with contextlib.suppress(ValueError, IndexError):
+        raw = json.loads(answer.stdout.strip().splitlines()[-1])
+    if not answer.ok or not isinstance(raw, dict):
+        why = f"the environment in image {box.image} could not be read: {container.run_problem(answer)}"
+        refused = why if answer.exit_status == container.DOCKER_REFUSED else None
+        return replace(image, refused=refused), {"python": {}, "packages": {"error": why}, "torch": {"error": why}}
+    python = (raw.get("python") or {}).get("executable")
+    return replace(image, python=python), {k: raw.get(k) for k in ("python", "packages", "torch")}
 
 
 def collector_args(node: Node, config) -> list[str]:

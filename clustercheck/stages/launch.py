@@ -17,6 +17,7 @@ import shlex
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from clustercheck.container import Container
 from clustercheck.stages import bundle
 
 CPU_RANKS_PER_NODE = 2  # ranks on a node without GPUs, unless the user says otherwise
@@ -35,6 +36,7 @@ class NodeSpec:
     gpus: int  # GPUs torch sees on the node (0 without GPUs)
     python: str  # the environment's python, with torch
     run_dir: str  # per-run directory on the node; the worker and its outputs live under it
+    container: Container | None = None  # torchrun runs inside this image (its python is PYTHON)
 
 
 @dataclass(frozen=True)
@@ -135,7 +137,10 @@ def plan_torchrun(
         else:
             argv += [f"--node-rank={node_rank}", f"--master-addr={master}", f"--master-port={master_port}"]
         argv += [*options, f"--log-dir={log_dir(node)}", "--tee=3", *program(node)]
-        launches.append(NodeLaunch(node, node_rank, nproc, argv, env(node, backend)))
+        environment = env(node, backend)
+        if node.container is not None:
+            argv = node.container.run(argv, workdir=node.run_dir, gpus=node.gpus > 0, env=tuple(sorted(environment)))
+        launches.append(NodeLaunch(node, node_rank, nproc, argv, environment))
     return launches
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 
+from clustercheck import stages
 from clustercheck.checks import lightning, registry
 from clustercheck.model import CheckResult, Status
 from clustercheck.stages import Context, Member, bundle, launch, torchjob
@@ -17,9 +18,11 @@ NAME = "lightning"
 
 def _probe(m: Member, ctx: Context) -> dict:
     bundle.install(m.transport)
-    answer = m.transport.run(
-        bundle.command(m.facts.python, m.transport.workdir, "lightning", "probe"), timeout=ctx.config.command_timeout
-    )
+    command = bundle.command(m.facts.torch_python, m.transport.workdir, "lightning", "probe")
+    box = stages.container(m, ctx.config)
+    if box is not None:
+        command = box.run(command, workdir=m.transport.workdir, gpus=m.gpus > 0)
+    answer = m.transport.run(command, timeout=ctx.config.command_timeout)
     (ctx.config.host_dir(m.name) / "lightning-probe.json").write_text(answer.stdout + answer.stderr)
     try:
         return json.loads(answer.stdout.strip().splitlines()[-1])

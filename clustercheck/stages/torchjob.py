@@ -16,6 +16,7 @@ import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from clustercheck import stages
 from clustercheck.checks import registry
 from clustercheck.model import CheckResult, Status
 from clustercheck.stages import Context, Member, bundle, launch, runner
@@ -63,7 +64,12 @@ def run(
     port = master_port or config.master_port
     specs = [
         launch.NodeSpec(
-            m.name, "127.0.0.1" if single_node else m.address, m.gpus, m.facts.python, m.transport.workdir.rstrip("/")
+            m.name,
+            "127.0.0.1" if single_node else m.address,
+            m.gpus,
+            m.facts.torch_python,
+            m.transport.workdir.rstrip("/"),
+            stages.container(m, config),
         )
         for m in members
     ]

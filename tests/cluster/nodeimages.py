@@ -431,3 +431,47 @@ def ensure_images(os_names: list[str]) -> dict[str, str]:
     with ThreadPoolExecutor(max_workers=len(wanted) or 1) as pool:
         tags = dict(zip(wanted, pool.map(ensure_image, wanted), strict=True))
     return tags
+
+
+# --------------------------------------------------------------------------- an image users train in
+
+
+def ensure_torch_image(wheelhouse: Path, pin: str, os_name: str = DEFAULT_OS) -> str:
+    """The tag of an image to train in, as a site builds its own: the node image for OS (Debian 12: the control
+    machine's Python 3.11, which the wheelhouse's torch wheel is built for) with PIN (torch) from WHEELHOUSE installed
+    for its python3 (pip --target on this machine, copied in by `docker build`). Built once per node image and
+    wheelhouse; kept for later test sessions like the node images."""
+    base = ensure_image(os_name)
+    stamp = (wheelhouse / ".complete").read_text() if (wheelhouse / ".complete").exists() else ""
+    tag = f"clustercheck-torchimage:{hashlib.sha256(f'{base} {stamp} {pin}'.encode()).hexdigest()[:12]}"
+    if image_exists(tag):
+        return tag
+    images = CACHE_DIR / "images"
+    images.mkdir(parents=True, exist_ok=True)
+    with open(images / ".lock-torchimage", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if image_exists(tag):
+            return tag
+        version = docker("run", "--rm", base, "python3", "-c", "import sys; print(sys.version_info[:2])").stdout
+        if version.strip() != str(sys.version_info[:2]):
+            raise ClusterError(f"{base} has Python {version.strip()}, the wheelhouse is for {sys.version_info[:2]}")
+        with tempfile.TemporaryDirectory(prefix="torchimage-") as context:
+            site = Path(context) / "site"
+            log(f"building {tag}: torch for {base}")
+            run([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--find-links", str(wheelhouse),
+                 "--target", str(site), pin], timeout=900)  # fmt: skip
+            minor = f"python{sys.version_info[0]}.{sys.version_info[1]}"
+            (Path(context) / "Dockerfile").write_text(
+                f'FROM {base}\nCOPY site /usr/local/lib/{minor}/dist-packages\nCMD ["python3"]\n'
+            )
+            # the classic builder: Debian's docker.io has no buildx
+            built = subprocess.run(
+                ["docker", "build", "-q", "-t", tag, context],
+                env={**os.environ, "DOCKER_BUILDKIT": "0"},
+                capture_output=True,
+                text=True,
+                timeout=900,
+            )
+            if built.returncode != 0:
+                raise ClusterError(f"docker build {tag} failed: {(built.stderr.strip().splitlines() or [''])[-1]}")
+    return tag
