@@ -103,9 +103,9 @@ def _container_options(function):
         "container_image",
         default=None,
         metavar="IMAGE",
-        help="Run python, torch and the torch stages inside IMAGE on every node (docker run with the host's network "
-        "and IPC, memlock unlimited, --gpus all on GPU nodes), as NVIDIA documents for its PyTorch images; IMAGE must "
-        "be on every node already.",
+        help="Python and torch inside IMAGE on every node: run's environment checks and torch stages, launch's job "
+        "(docker run with the host's network and IPC, memlock unlimited, --gpus all on GPU nodes, as NVIDIA documents "
+        "for its PyTorch images); IMAGE must be on every node already.",
     )(function)
 
 
@@ -836,6 +836,7 @@ def _ssh_settings(config, known_hosts: tuple[str, ...], accept_new_host_keys: bo
     "localhost; with --sync, the synced copy).",
 )
 @click.option("--python", default=None, help="Environment python on every node (default as for clustercheck run).")
+@_container_options
 @click.option("--no-preflight", is_flag=True, help="Start without the core and network checks first.")
 @click.option(
     "--detach",
@@ -869,6 +870,8 @@ def launch(
     sync: str | None,
     chdir: str | None,
     python: str | None,
+    container_image: str | None,
+    container_options: tuple[str, ...],
     no_preflight: bool,
     detach: bool,
     run_dir: str | None,
@@ -893,6 +896,7 @@ def launch(
         user_env = launch_command.parse_env(env)
     except LaunchError as exc:
         raise UsageError(str(exc)) from exc
+    box = _container(container_image, container_options)
     request = _slurm_request(
         use_slurm, nodes=slurm_nodes, nodelist=nodelist, partition=partition, account=account, time=slurm_time
     )
@@ -917,6 +921,8 @@ def launch(
             *(("--sync", str(Path(sync).resolve())) if sync else ()),
             *(("--chdir", chdir) if chdir else ()),
             *(("--python", python) if python else ()),
+            *(("--container", container_image) if container_image else ()),
+            *(f"--container-option={option}" for option in container_options),
             *(("--no-preflight",) if no_preflight else ()),
         ]
         _launch_batch(BatchRequest(**request), [*extra, "--", *job], run_dir, dry_run, detach)
@@ -943,6 +949,7 @@ def launch(
         run_dir=run_path,
         ssh=ssh,
         python=python,
+        container=box,
         nproc_per_node=nproc_per_node,
         master_port=master_port,
         env=user_env,

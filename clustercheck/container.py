@@ -23,8 +23,14 @@ from clustercheck.transport import RUN_MARKER, UNTIL_MARKER, CommandResult
 # NVIDIA's options for its PyTorch images; /dev/shm is the host's through --ipc host
 NVIDIA_OPTIONS = ("--network", "host", "--ipc", "host", "--ulimit", "memlock=-1", "--ulimit", "stack=67108864")
 LABEL = "clustercheck.run"
-# sh -c RUN sh OPTION... IMAGE COMMAND...: docker run as the node user, labelled with the run
-RUN = f'exec docker run --rm --user "$(id -u):$(id -g)" --label "{LABEL}=${RUN_MARKER}" "$@"'
+# sh -c RUN sh DIRECTORY... -- here|there OPTION... IMAGE COMMAND...: each directory to mount made first (as the
+# node user: Docker would make a missing one as root), the current directory mounted and the container's working
+# directory with `here`, then docker run as the node user, labelled with the run
+RUN = (
+    'while [ "$1" != -- ]; do mkdir -p -- "$1" || exit 125; shift; done; shift; '
+    'if [ "$1" = here ]; then shift; set -- -v "$PWD:$PWD" -w "$PWD" "$@"; else shift; fi; '
+    f'exec docker run --rm --user "$(id -u):$(id -g)" --label "{LABEL}=${RUN_MARKER}" "$@"'
+)
 # The image's python: python3, else python (NVIDIA's images have both)
 PYTHON = 'exec "$(command -v python3 || command -v python || echo python3)" "$@"'
 DOCKER_REFUSED = 125  # docker run's exit status when Docker itself could not start the container
@@ -39,15 +45,34 @@ class Container:
     image: str
     options: tuple[str, ...] = ()
 
-    def run(self, command: list[str], *, workdir: str, gpus: bool, env: tuple[str, ...] = ()) -> list[str]:
+    def run(
+        self,
+        command: list[str],
+        *,
+        workdir: str,
+        gpus: bool,
+        env: tuple[str, ...] = (),
+        mounts: tuple[str, ...] = (),
+        here: bool = False,
+    ) -> list[str]:
         """COMMAND inside the image on a node whose run directory is WORKDIR: environment variables named in ENV
-        (set for this command on the node) passed into the container, with the run's markers."""
+        (set for this command on the node) passed into the container, with the run's markers; WORKDIR and each of
+        MOUNTS (directories, made when missing) mounted at their paths. The container works in WORKDIR, or with
+        HERE in the directory the command starts in (mounted too), as a user's job does."""
         workdir = workdir.rstrip("/")
-        options = ["--init", *NVIDIA_OPTIONS, "-v", f"{workdir}:{workdir}", "-w", workdir, "-e", f"HOME={workdir}"]
+        directories: list[str] = []
+        for directory in [workdir, *(m.rstrip("/") or "/" for m in mounts)]:
+            if not any(directory == d or directory.startswith(d.rstrip("/") + "/") for d in directories):
+                directories.append(directory)  # one inside another mounted directory is there already
+        options = ["--init", *NVIDIA_OPTIONS, "-e", f"HOME={workdir}"]
+        for directory in directories:
+            options += ["-v", f"{directory}:{directory}"]
+        options += [] if here else ["-w", workdir]
         options += ["--gpus", "all"] if gpus else []
         for name in (RUN_MARKER, UNTIL_MARKER, *env):
             options += ["-e", name]
-        return ["sh", "-c", RUN, "sh", *options, *self.options, self.image, *command]
+        where = "here" if here else "there"
+        return ["sh", "-c", RUN, "sh", *directories, "--", where, *options, *self.options, self.image, *command]
 
     def python(self, args: list[str], *, workdir: str, gpus: bool) -> list[str]:
         """The image's own python (python3, else python) with ARGS, inside the image."""

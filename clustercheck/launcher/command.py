@@ -9,6 +9,7 @@ runs), --nproc-per-node, and the interface variables; the user's own torchrun op
 
 from __future__ import annotations
 
+import posixpath
 import re
 from dataclasses import dataclass
 
@@ -205,6 +206,13 @@ def plan(
         cpu_ranks=1,
         nnodes=check_nnodes(command, len(nodes)),
         rendezvous=rendezvous,
+        # in a container: the job works where it would on the node, and its script's directory is there too
+        mounts=lambda node: (
+            [posixpath.dirname(script or command.script)]
+            if posixpath.isabs(script or command.script) and not command.is_module
+            else []
+        ),
+        here=True,
     )
 
 

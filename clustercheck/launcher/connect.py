@@ -33,13 +33,28 @@ def node_facts(
     def one(node: Node) -> NodeFacts:
         transport = reach.connect(node, job_id, lambda t: register(node, t)).transport
         timeout = options.facts_timeout
-        collect = None if node.name in known else [str(max(10.0, timeout - 15))]
-        begun = core.start(node, transport, options.python, collect=collect, collect_timeout=timeout)
+        collector = None if node.name in known else [str(max(10.0, timeout - 15))]
+        begun = core.start(node, transport, options.python, collect=collector, collect_timeout=timeout)
         with lock:
             homes[node.name] = begun.home or "/tmp"
         if node.name in known:
             return known[node.name]
-        return collect_facts(node, begun, len(nodes), timeout)
+        facts = collect_facts(node, begun, len(nodes), timeout)
+        if options.container is not None:  # the environment is the image's (as the preflight reads it)
+            image, environment = core.read_image(
+                node, transport, options.container, collector or [], timeout, facts.gpus_present > 0
+            )
+            facts = collect.build(
+                node,
+                {**facts.raw, **environment},
+                python=facts.python,
+                python_source=facts.python_source,
+                cluster_size=len(nodes),
+            )
+            facts.image = image
+        if facts.torch_problem:
+            raise NotStarted(f"{node.name}: {facts.torch_problem}")
+        return facts
 
     answers = reach.each(one, nodes, name=lambda n: n.name)
     for i, node in enumerate(nodes):
@@ -64,7 +79,4 @@ def collect_facts(node: Node, begun: core.NodeStart, cluster_size: int, deadline
     collected = begun.collected
     if collected is None or collected.raw is None:
         raise NotStarted(f"{node.name}: could not collect facts with {python}: {begun.facts_problem(deadline)}")
-    facts = collect.build(node, collected.raw, python=python, python_source=source, cluster_size=cluster_size)
-    if facts.torch_problem:
-        raise NotStarted(f"{node.name}: {facts.torch_problem}")
-    return facts
+    return collect.build(node, collected.raw, python=python, python_source=source, cluster_size=cluster_size)

@@ -8,6 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from clustercheck.container import Container
 from clustercheck.inventory import Node
 from clustercheck.launcher import command as cmd
 from clustercheck.reach import Reach
@@ -34,6 +35,7 @@ class LaunchOptions:
     run_dir: Path
     ssh: SshSettings = field(default_factory=SshSettings)
     python: str | None = None
+    container: Container | None = None  # --container: the job runs inside this image on every node
     nproc_per_node: int | None = None
     master_port: int = 29500
     env: dict[str, str] = field(default_factory=dict)

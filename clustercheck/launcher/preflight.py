@@ -25,6 +25,7 @@ def run(nodes: list[Node], options: LaunchOptions, reach: Reach, say: Echo) -> d
         run_dir=o.run_dir / "preflight",
         selection=PREFLIGHT,
         python=o.python,
+        container=o.container,
         master_port=o.master_port,
         ssh=o.ssh,
         inventory=o.inventory,

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import threading
 
+from clustercheck import stages
 from clustercheck.facts.model import NodeFacts
 from clustercheck.inventory import Node
 from clustercheck.launcher import background, codesync, connect, foreground, preflight
@@ -72,7 +73,15 @@ class Launch:
     def plan(self, script: str, cwd: str | None) -> list[NodeLaunch]:
         o = self.options
         specs = [
-            NodeSpec(m.name, m.address, m.gpus, m.facts.python, m.transport.workdir.rstrip("/")) for m in self.members
+            NodeSpec(
+                m.name,
+                m.address,
+                m.gpus,
+                m.facts.torch_python,
+                m.transport.workdir.rstrip("/"),
+                stages.container(m, o.container),
+            )
+            for m in self.members
         ]
         log_dirs = {
             m.name: f"{self.homes[m.name]}/.local/state/clustercheck/jobs/{self.job_id}/ranks"

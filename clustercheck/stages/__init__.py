@@ -52,9 +52,10 @@ class Context:
     reach: Reach  # how commands reach the nodes (reach.py)
 
 
-def container(m: Member, config: RunConfig) -> Container | None:
-    """The image torch runs in on M's node (--container), None for the node's own environment."""
-    return config.container if m.facts.image is not None else None
+def container(m: Member, box: Container | None) -> Container | None:
+    """The image torch runs in on M's node (BOX, --container, once read there), None for the node's own
+    environment."""
+    return box if m.facts.image is not None else None
 
 
 def modules() -> dict:

@@ -248,7 +248,10 @@ def run_host(node: Node, transport: Transport, ctx: Context, step, begun: NodeSt
     )
     if config.container is not None:
         step(f"the environment in image {config.container.image}")
-        image, environment = read_image(node, transport, config, facts.gpus_present > 0)
+        box, gpus = config.container, facts.gpus_present > 0
+        image, environment = read_image(
+            node, transport, box, collector_args(node, config), config.command_timeout, gpus
+        )
         (host_dir / "image.json").write_text(json.dumps(environment, indent=1) + "\n")
         facts = collect.build(
             node,
@@ -278,17 +281,18 @@ def run_host(node: Node, transport: Transport, ctx: Context, step, begun: NodeSt
     return outcome
 
 
-def read_image(node: Node, transport: Transport, config, gpus: bool) -> tuple[Image, dict]:
-    """With --container: the image on the node (container.image_of) and, when it is there, the environment inside
-    it (the facts collector's --environment-only: python, packages, torch), as the collector's keys; a key is an
-    error where it could not be read."""
-    box = config.container
-    inspected = transport.run(box.inspect(), timeout=config.command_timeout)
+def read_image(
+    node: Node, transport: Transport, box: container.Container, collector: list[str], timeout: float, gpus: bool
+) -> tuple[Image, dict]:
+    """With --container BOX: the image on the node (container.image_of) and, when it is there, the environment
+    inside it (the facts collector, with the arguments COLLECTOR and --environment-only: python, packages, torch),
+    as the collector's keys; a key is an error where it could not be read. Each command within TIMEOUT seconds."""
+    inspected = transport.run(box.inspect(), timeout=timeout)
     image = container.image_of(box, inspected, node.user)
     if image.problem:
         return image, {"python": {}, "packages": {"error": image.problem}, "torch": {"error": image.problem}}
-    program = [bundle.path(transport.workdir), "facts", *collector_args(node, config), "--environment-only"]
-    answer = transport.run(box.python(program, workdir=transport.workdir, gpus=gpus), timeout=config.command_timeout)
+    program = [bundle.path(transport.workdir), "facts", *collector, "--environment-only"]
+    answer = transport.run(box.python(program, workdir=transport.workdir, gpus=gpus), timeout=timeout)
     raw = None
     with contextlib.suppress(ValueError, IndexError):
         raw = json.loads(answer.stdout.strip().splitlines()[-1])

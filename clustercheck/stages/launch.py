@@ -105,6 +105,8 @@ def plan_torchrun(
     cpu_ranks: int = CPU_RANKS_PER_NODE,
     nnodes: str | None = None,
     rendezvous: list[str] | None = None,
+    mounts: Callable[[NodeSpec], list[str]] | None = None,
+    here: bool = False,
 ) -> list[NodeLaunch]:
     """The one planner of torchrun command lines (the torch stages' and `clustercheck launch`'s): one NodeLaunch
     per node, node rank in inventory order, the first node the master.
@@ -112,7 +114,9 @@ def plan_torchrun(
     PROGRAM(node): the script torchrun runs there and its arguments; LOG_DIR(node): where torchrun keeps the
     per-rank logs there; ENV(node, backend): the node's environment. OPTIONS: further torchrun options, as
     --name=value. NNODES: torchrun's --nnodes (default: the node count). RENDEZVOUS: the elastic rendezvous
-    options (c10d at an endpoint), given instead of the static node rank and master.
+    options (c10d at an endpoint), given instead of the static node rank and master. On a node with a container
+    (NodeSpec.container), torchrun runs inside it, the log directory and MOUNTS(node) mounted, working in the run
+    directory, or with HERE in the directory the command starts in.
     """
     if not nodes:
         raise LaunchError("no nodes to launch on")
@@ -139,7 +143,14 @@ def plan_torchrun(
         argv += [*options, f"--log-dir={log_dir(node)}", "--tee=3", *program(node)]
         environment = env(node, backend)
         if node.container is not None:
-            argv = node.container.run(argv, workdir=node.run_dir, gpus=node.gpus > 0, env=tuple(sorted(environment)))
+            argv = node.container.run(
+                argv,
+                workdir=node.run_dir,
+                gpus=node.gpus > 0,
+                env=tuple(sorted(environment)),
+                mounts=(log_dir(node), *(mounts(node) if mounts else ())),
+                here=here,
+            )
         launches.append(NodeLaunch(node, node_rank, nproc, argv, environment))
     return launches
 

@@ -19,7 +19,7 @@ NAME = "lightning"
 def _probe(m: Member, ctx: Context) -> dict:
     bundle.install(m.transport)
     command = bundle.command(m.facts.torch_python, m.transport.workdir, "lightning", "probe")
-    box = stages.container(m, ctx.config)
+    box = stages.container(m, ctx.config.container)
     if box is not None:
         command = box.run(command, workdir=m.transport.workdir, gpus=m.gpus > 0)
     answer = m.transport.run(command, timeout=ctx.config.command_timeout)

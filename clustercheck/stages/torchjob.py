@@ -69,7 +69,7 @@ def run(
             m.gpus,
             m.facts.torch_python,
             m.transport.workdir.rstrip("/"),
-            stages.container(m, config),
+            stages.container(m, config.container),
         )
         for m in members
     ]

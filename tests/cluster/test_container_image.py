@@ -10,7 +10,7 @@ import subprocess
 import nodeimages
 import pytest
 from conftest import TORCH_PIN, _need_docker
-from harness import run_cli
+from harness import CLUSTERCHECK, run_cli
 
 pytestmark = pytest.mark.cluster  # this machine's own Docker, no test cluster
 
@@ -109,3 +109,34 @@ def test_container_options_need_a_container():
     proc = run_cli("run", "--hosts", "localhost", "--container-option=--shm-size=1g")
     assert proc.returncode == 4
     assert proc.stderr.strip() == "clustercheck: error: --container-option: only with --container IMAGE"
+
+
+JOB = """\
+import os, sys
+import torch
+import torch.distributed as dist
+dist.init_process_group("gloo")
+total = torch.ones(1) * (dist.get_rank() + 1)
+dist.all_reduce(total)
+print(f"rank {dist.get_rank()} of {dist.get_world_size()}: sum {total.item():g}, {sys.executable} in {os.getcwd()}")
+dist.destroy_process_group()
+"""
+
+
+def test_launch_runs_the_users_script_inside_the_image_where_it_lies(torch_image, memlock, tmp_path):
+    code = tmp_path / "code"
+    code.mkdir()
+    (code / "job.py").write_text(JOB)
+    proc = subprocess.run(
+        [CLUSTERCHECK, "launch", "--hosts", "localhost", "--container", torch_image, *memlock,
+         "--nproc-per-node", "2", "--run-dir", str(tmp_path / "run"), "--master-port", "29641", "--", "job.py"],
+        cwd=code, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    ranks = sorted(line for line in proc.stdout.splitlines() if ": rank " in line)
+    # the image's python, in the directory the script lies in on the node (mounted there), the ranks meeting
+    assert ranks == [f"localhost/{r}: rank {r} of 2: sum 3, /usr/bin/python3 in {code}" for r in (0, 1)], proc.stdout[
+        -2000:
+    ]
+    assert "preflight passed" in proc.stderr
+    assert left_behind() == ""

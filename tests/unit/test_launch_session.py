@@ -71,7 +71,7 @@ def launch_on(nodes, tmp_path, argv=("train.py",)):
 
 
 def member(name, transport):
-    facts = types.SimpleNamespace(python="/opt/venv/bin/python")
+    facts = types.SimpleNamespace(python="/opt/venv/bin/python", torch_python="/opt/venv/bin/python", image=None)
     address = "10.0.0.1" + name[-1]
     return Member(Node(name, address), transport, facts, address, "eth0", name, 0)
 
