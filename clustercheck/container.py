@@ -122,4 +122,9 @@ def run_problem(answer: CommandResult) -> str:
         said += (
             " (this Docker may not raise memlock: give the limit it allows, --container-option=--ulimit=memlock=N:N)"
         )
+    elif "could not select device driver" in said and "[[gpu]]" in said:  # --gpus all, and no GPU runtime
+        said += (
+            " (Docker has no GPU runtime on this node: install NVIDIA's Container Toolkit and configure it for Docker, "
+            "nvidia-ctk runtime configure --runtime=docker, then systemctl restart docker)"
+        )
     return f"exit {answer.exit_status}: {said}"

@@ -90,6 +90,9 @@ def test_dockers_own_refusal_is_the_line_given_with_what_to_do_about_memlock():
     said = run_problem(recorded("run-memlock-refused"))
     assert said.startswith("exit 125: docker: Error response from daemon:")
     assert "rlimit type 8" in said and "--container-option=--ulimit=memlock=N:N" in said
+    gpus = run_problem(recorded("run-gpus-no-toolkit"))
+    assert gpus.startswith('exit 125: docker: Error response from daemon: could not select device driver ""')
+    assert "nvidia-ctk runtime configure --runtime=docker" in gpus
     assert run_problem(CommandResult(127, "", "sh: 1: exec: python3: not found\n")) == (
         "exit 127: sh: 1: exec: python3: not found"
     )
