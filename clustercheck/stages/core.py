@@ -331,7 +331,7 @@ def write_packages(facts: NodeFacts, host_dir) -> None:
     `pip freeze` and `conda list --export` form."""
     if facts.packages is None:
         return
-    lines = [f"# {facts.host}: {facts.python} ({facts.packages.prefix})", "# pip"]
+    lines = [f"# {facts.host}: {facts.environment} ({facts.packages.prefix})", "# pip"]
     lines += [f"{name}=={version}" for name, version in sorted(facts.packages.pip.items())]
     if facts.packages.conda is not None:
         lines += ["# conda"] + [f"{name}={version}" for name, version in sorted(facts.packages.conda.items())]
