@@ -41,17 +41,7 @@ def node_facts(
             return known[node.name]
         facts = collect_facts(node, begun, len(nodes), timeout)
         if options.container is not None:  # the environment is the image's (as the preflight reads it)
-            image, environment = core.read_image(
-                node, transport, options.container, collector or [], timeout, facts.gpus_present > 0
-            )
-            facts = collect.build(
-                node,
-                {**facts.raw, **environment},
-                python=facts.python,
-                python_source=facts.python_source,
-                cluster_size=len(nodes),
-            )
-            facts.image = image
+            facts = core.in_image(node, transport, options.container, facts, collector or [], timeout)
         if facts.torch_problem:
             raise NotStarted(f"{node.name}: {facts.torch_problem}")
         return facts

@@ -248,21 +248,9 @@ def run_host(node: Node, transport: Transport, ctx: Context, step, begun: NodeSt
     )
     if config.container is not None:
         step(f"the environment in image {config.container.image}")
-        box, gpus = config.container, facts.gpus_present > 0
-        image, environment = read_image(
-            node, transport, box, collector_args(node, config), config.command_timeout, gpus
-        )
+        facts = in_image(node, transport, config.container, facts, collector_args(node, config), config.command_timeout)
+        environment = {key: facts.raw.get(key) for key in ENVIRONMENT}
         (host_dir / "image.json").write_text(json.dumps(environment, indent=1) + "\n")
-        facts = collect.build(
-            node,
-            {**collected.raw, **environment},
-            python=python,
-            python_source=source,
-            cluster_size=len(ctx.hosts),
-            clock_offset=begun.clock_offset,
-            clock_uncertainty=begun.clock_uncertainty,
-        )
-        facts.image = image
     facts.models = config.models
     outcome.facts = facts
     write_packages(facts, host_dir)
@@ -281,12 +269,35 @@ def run_host(node: Node, transport: Transport, ctx: Context, step, begun: NodeSt
     return outcome
 
 
+ENVIRONMENT = ("python", "packages", "torch")  # the collector's keys that --environment-only reads in an image
+
+
+def in_image(
+    node: Node, transport: Transport, box: container.Container, facts: NodeFacts, collector: list[str], timeout: float
+) -> NodeFacts:
+    """FACTS (the host's) with the environment in image BOX in place of the host's (read_image), and the image
+    (facts.image): the core stage's and the launch's one way to it."""
+    image, environment = read_image(node, transport, box, collector, timeout, facts.gpus_present > 0)
+    rebuilt = collect.build(
+        node,
+        {**facts.raw, **environment},
+        python=facts.python,  # the host's, which the node-side helpers (network, data, records) still run with
+        python_source=facts.python_source,
+        cluster_size=facts.cluster_size,
+        clock_offset=facts.clock_offset,
+        clock_uncertainty=facts.clock_uncertainty,
+    )
+    rebuilt.image = image
+    return rebuilt
+
+
 def read_image(
     node: Node, transport: Transport, box: container.Container, collector: list[str], timeout: float, gpus: bool
 ) -> tuple[Image, dict]:
     """With --container BOX: the image on the node (container.image_of) and, when it is there, the environment
     inside it (the facts collector, with the arguments COLLECTOR and --environment-only: python, packages, torch),
-    as the collector's keys; a key is an error where it could not be read. Each command within TIMEOUT seconds."""
+    as the collector's keys (ENVIRONMENT); a key is an error where it could not be read. Each command within
+    TIMEOUT seconds; GPUS: the node has GPUs (the image then gets them)."""
     inspected = transport.run(box.inspect(), timeout=timeout)
     image = container.image_of(box, inspected, node.user)
     if image.problem:
@@ -301,7 +312,7 @@ def read_image(
         refused = why if answer.exit_status == container.DOCKER_REFUSED else None
         return replace(image, refused=refused), {"python": {}, "packages": {"error": why}, "torch": {"error": why}}
     python = (raw.get("python") or {}).get("executable")
-    return replace(image, python=python), {k: raw.get(k) for k in ("python", "packages", "torch")}
+    return replace(image, python=python), {k: raw.get(k) for k in ENVIRONMENT}
 
 
 def collector_args(node: Node, config) -> list[str]:
