@@ -54,7 +54,7 @@ def image(facts: NodeFacts) -> Finding:
         )
     if not found.python:
         return fail(
-            facts.torch_problem or facts.why_missing("torch"),
+            facts.why_missing("torch"),
             "Use an image with python and torch in it (NVIDIA's PyTorch images, or your own built on one).",
             **data,
         )

@@ -193,9 +193,10 @@ def plan(
             for name, value in (("rdzv-backend", "c10d"), ("rdzv-endpoint", endpoint), ("rdzv-id", job_id))
             if not command.has(f"--{name}")
         ]
+    script = script or command.script
     return plan_torchrun(
         nodes,
-        program=lambda node: [script or command.script, *command.args],
+        program=lambda node: [script, *command.args],
         master_port=master_port,
         log_dir=lambda node: log_dirs[node.name],
         env=lambda node, backend: job_env(backend, interfaces.get(node.name), env),
@@ -207,11 +208,7 @@ def plan(
         nnodes=check_nnodes(command, len(nodes)),
         rendezvous=rendezvous,
         # in a container: the job works where it would on the node, and its script's directory is there too
-        mounts=lambda node: (
-            [posixpath.dirname(script or command.script)]
-            if posixpath.isabs(script or command.script) and not command.is_module
-            else []
-        ),
+        mounts=lambda node: [posixpath.dirname(script)] if posixpath.isabs(script) and not command.is_module else [],
         here=True,
     )
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import threading
 
-from clustercheck import stages
 from clustercheck.facts.model import NodeFacts
 from clustercheck.inventory import Node
 from clustercheck.launcher import background, codesync, connect, foreground, preflight
@@ -79,7 +78,7 @@ class Launch:
                 m.gpus,
                 m.facts.torch_python,
                 m.transport.workdir.rstrip("/"),
-                stages.container(m, o.container),
+                o.container,
             )
             for m in self.members
         ]

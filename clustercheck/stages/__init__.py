@@ -17,7 +17,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from clustercheck.config import RunConfig
-from clustercheck.container import Container
 from clustercheck.facts.model import NodeFacts
 from clustercheck.inventory import Node
 from clustercheck.reach import Reach
@@ -50,12 +49,6 @@ class Context:
     progress: Progress
     hosts: tuple[str, ...]  # every node of the run, in inventory order
     reach: Reach  # how commands reach the nodes (reach.py)
-
-
-def container(m: Member, box: Container | None) -> Container | None:
-    """The image torch runs in on M's node (BOX, --container, once read there), None for the node's own
-    environment."""
-    return box if m.facts.image is not None else None
 
 
 def modules() -> dict:

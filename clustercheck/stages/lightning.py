@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 
-from clustercheck import stages
 from clustercheck.checks import lightning, registry
 from clustercheck.model import CheckResult, Status
 from clustercheck.stages import Context, Member, bundle, launch, torchjob
@@ -19,7 +18,7 @@ NAME = "lightning"
 def _probe(m: Member, ctx: Context) -> dict:
     bundle.install(m.transport)
     command = bundle.command(m.facts.torch_python, m.transport.workdir, "lightning", "probe")
-    box = stages.container(m, ctx.config.container)
+    box = ctx.config.container
     if box is not None:
         command = box.run(command, workdir=m.transport.workdir, gpus=m.gpus > 0)
     answer = m.transport.run(command, timeout=ctx.config.command_timeout)

@@ -16,7 +16,6 @@ import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from clustercheck import stages
 from clustercheck.checks import registry
 from clustercheck.model import CheckResult, Status
 from clustercheck.stages import Context, Member, bundle, launch, runner
@@ -69,7 +68,7 @@ def run(
             m.gpus,
             m.facts.torch_python,
             m.transport.workdir.rstrip("/"),
-            stages.container(m, config.container),
+            config.container,
         )
         for m in members
     ]
