@@ -50,7 +50,8 @@ declare(
     "allreduce.bandwidth",
     stage="collectives",
     scope="cluster",
-    proves="all_reduce bus bandwidth across every node (nccl-tests' busbw), judged against --min-busbw",
+    proves="all_reduce bus bandwidth across every node (nccl-tests' busbw), judged against --min-busbw (a job of "
+    "one rank moves no data: SKIP)",
     fix="Check that NCCL uses the fast interconnect (NET/IB or NVLink rather than NET/Socket in the NCCL INFO "
     "log), the link speed, the MTU, and NCCL_SOCKET_IFNAME.",
 )
@@ -270,9 +271,21 @@ def evaluate_bandwidth(
             for h in hosts
         ]
     backend = first.get("backend")
-    results = [
-        _check("allreduce.bandwidth", None, "cluster", first["bandwidth"]["world"], world_size, backend, thresholds)
-    ]
+    if world_size < 2:
+        # One rank's all_reduce moves nothing: NCCL returns in microseconds whatever the size (an H200 "reached"
+        # 64 TB/s), and nccl-tests' bus factor 2(n-1)/n is 0.
+        results = [
+            emit(
+                "allreduce.bandwidth",
+                Status.SKIP,
+                "one rank: all_reduce moves no data, so there is no bandwidth to measure (a node with several GPUs "
+                "runs one rank per GPU)",
+            )
+        ]
+    else:
+        results = [
+            _check("allreduce.bandwidth", None, "cluster", first["bandwidth"]["world"], world_size, backend, thresholds)
+        ]
     measured = set()
     for record in sorted(records, key=lambda r: r["rank"]):
         intra = (record.get("bandwidth") or {}).get("intra_node")

@@ -282,7 +282,7 @@ def gpu_identity(facts: NodeFacts) -> Finding:
 @node_check(
     "gpu.nvlink",
     proves="every NVLink of every GPU is active (nvidia-smi nvlink -s), and as many and as fast as the model's "
-    "expected values say; a link down, missing or slow is named",
+    "expected values say; a link down, missing or slow is named (a node with one GPU and no links: SKIP)",
     fix="An inactive NVLink makes NCCL route that GPU's traffic over PCIe: reset the GPU or reboot, check the "
     "kernel log for Xid 74 (NVLink error), and have the board or NVLink bridge serviced if it persists.",
     reads=("nvlink",),
@@ -297,6 +297,9 @@ def gpu_nvlink(facts: NodeFacts) -> Finding:
     least = model.get("nvlink_link_gbps") if model else None
     links = sum(len(g["links"]) for g in gpus.values())
     if not links:
+        if facts.smi is not None and len(facts.smi.gpus) < 2:
+            # A GPU's NVLinks carry traffic to the node's other GPUs; a VM given one GPU of a board sees none.
+            return skip("one GPU on this node: no NVLink to a peer GPU, none reported")
         if want:
             return warn(f"no NVLink reported, where {model.name} has {want} per GPU ({match.why})")
         return skip("no NVLink on this node's GPUs" + (f" ({match.why})" if model else ""))

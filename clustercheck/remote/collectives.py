@@ -19,7 +19,7 @@ import socket
 import time
 import zlib
 
-from .common import exit_now, progress, rank_identity, run_rank
+from .common import exit_now, progress, rank_identity, run_rank, start_process_group
 from .endpoints import tcp_endpoints
 
 
@@ -174,12 +174,7 @@ def main() -> int:
         import torch
         import torch.distributed as dist
 
-        if args.backend == "nccl":
-            torch.cuda.set_device(record["local_rank"])
-            device = torch.device("cuda", record["local_rank"])
-        else:
-            device = torch.device("cpu")
-        dist.init_process_group(backend=args.backend)
+        device = start_process_group(torch, dist, args.backend, record["local_rank"])
         record.update(
             world_size=dist.get_world_size(),
             backend=args.backend,

@@ -35,6 +35,24 @@ def rank_identity() -> dict:
     }
 
 
+def start_process_group(torch, dist, backend: str, local_rank: int):
+    """Join the job's process group; returns this rank's device. With NCCL the rank's GPU is bound first and named to
+    the group (torch >= 2.3's device_id), so NCCL need not guess the device from the global rank, which hangs a job
+    whose ranks map to GPUs unevenly (torch warns so on every barrier otherwise)."""
+    import inspect
+
+    if backend != "nccl":
+        dist.init_process_group(backend=backend)
+        return torch.device("cpu")
+    device = torch.device("cuda", local_rank)
+    torch.cuda.set_device(device)  # before the first collective, so NCCL binds this GPU
+    if "device_id" in inspect.signature(dist.init_process_group).parameters:
+        dist.init_process_group(backend=backend, device_id=device)
+    else:
+        dist.init_process_group(backend=backend)
+    return device
+
+
 def progress(step: int, phase: str | None = None) -> None:
     """This rank reached STEP (of PHASE): what its next heartbeat says."""
     if phase is None:

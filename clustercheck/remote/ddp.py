@@ -20,9 +20,10 @@ import hashlib
 import os
 import time
 
-from .common import exit_now, progress, rank_identity, run_rank
+from .common import exit_now, progress, rank_identity, run_rank, start_process_group
 
 os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # before CUDA starts: deterministic cuBLAS
+WARMUP_STEPS = 1  # steps trained before the throughput is timed (train)
 
 
 def make_data(torch, seed: int, samples: int, features: int, classes: int):
@@ -66,8 +67,11 @@ def accuracy(torch, model, x, y) -> float:
 def train(
     torch, model, loader, sampler, steps: int, lr: float, loss_scale_fn, sync, on_step=None, phase: str = "ddp"
 ) -> tuple[list, list, float]:
-    """K SGD steps over LOADER (epochs re-seeded); returns (global loss per step, param hash per step, seconds).
-    ON_STEP(step, optimizer), when given, runs after every step (untimed); PHASE names the heartbeat's phase."""
+    """K SGD steps over LOADER (epochs re-seeded); returns (global loss per step, param hash per step, seconds of
+    the steps after the first WARMUP_STEPS). ON_STEP(step, optimizer), when given, runs after every step (untimed);
+    PHASE names the heartbeat's phase. The first step is not timed: it pays once for what the process had not done
+    yet (CUDA loads each kernel at its first launch, cuBLAS makes its handle), which the reference, trained first,
+    would pay alone and the DDP run after it not at all."""
     opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
     losses, hashes = [], []
     step, epoch = 0, 0
@@ -85,7 +89,8 @@ def train(
             loss.backward()
             opt.step()
             sync()
-            timed += time.perf_counter() - t0
+            if step >= WARMUP_STEPS:
+                timed += time.perf_counter() - t0
             losses.append(loss_scale_fn(loss.detach()))
             hashes.append(param_hash(model.module if hasattr(model, "module") else model))
             step += 1
@@ -94,6 +99,12 @@ def train(
                 on_step(step, opt)
         epoch += 1
     return losses, hashes, timed
+
+
+def samples_per_second(args, seconds: float) -> float | None:
+    """Training throughput of the timed steps (all but the first WARMUP_STEPS) that took SECONDS."""
+    timed_steps = args.steps - WARMUP_STEPS
+    return timed_steps * args.global_batch / seconds if seconds and timed_steps > 0 else None
 
 
 def run(args, rank: int, local_rank: int, world: int) -> dict:
@@ -156,7 +167,7 @@ def run(args, rank: int, local_rank: int, world: int) -> dict:
         record["reference"] = {
             "losses": ref_losses,
             "seconds": ref_seconds,
-            "samples_per_s": args.steps * args.global_batch / ref_seconds if ref_seconds else None,
+            "samples_per_s": samples_per_second(args, ref_seconds),
             "accuracy": accuracy(torch, reference, x_test, y_test),
         }
     dist.barrier()
@@ -188,7 +199,7 @@ def run(args, rank: int, local_rank: int, world: int) -> dict:
         final_hash=hashes[-1] if hashes else param_hash(model),
         ddp={
             "seconds": float(elapsed.item()),
-            "samples_per_s": args.steps * args.global_batch / float(elapsed.item()) if elapsed.item() else None,
+            "samples_per_s": samples_per_second(args, float(elapsed.item())),
         },
     )
     if rank == 0:
@@ -380,9 +391,7 @@ def main() -> int:
         import torch
         import torch.distributed as dist
 
-        if args.backend == "nccl":
-            torch.cuda.set_device(record["local_rank"])  # before the first collective, so NCCL binds this GPU
-        dist.init_process_group(backend=args.backend)
+        start_process_group(torch, dist, args.backend, record["local_rank"])
         record.update(run(args, record["rank"], record["local_rank"], world))
         dist.destroy_process_group()
 

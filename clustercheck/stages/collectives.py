@@ -22,7 +22,7 @@ def run(members: list[Member], ctx: Context) -> list[CheckResult]:
         outcome = torchjob.run(members, "collectives", ctx)
     except (launch.LaunchError, collectives.ThresholdError, TransportError, OSError) as exc:
         return [
-            registry.emit(name, Status.ERROR, f"{name}: {exc}")
+            registry.emit(name, Status.ERROR, f"{name}: {exc}", remediation=launch.launch_fix(exc))
             for name in (*collectives.COLLECTIVES, "allreduce.bandwidth")
         ] + [
             nccl_net.TRANSPORT.result(m.name, registry.skip(f"the collectives job did not start: {exc}"))
@@ -75,6 +75,7 @@ def run_local(member: Member, ctx: Context, port: int) -> list[CheckResult]:
                 Status.ERROR,
                 f"{member.name}: {exc}",
                 host=member.name,
+                remediation=launch.launch_fix(exc),
             )
             for n in collectives.COLLECTIVES
         ]

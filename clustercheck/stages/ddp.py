@@ -17,7 +17,10 @@ def run(members: list[Member], ctx: Context) -> list[CheckResult]:
     try:
         outcome = torchjob.run(members, "ddp", ctx, worker_args=args or None)
     except (launch.LaunchError, TransportError, OSError) as exc:
-        return [registry.emit(name, Status.ERROR, f"{name}: {exc}") for name in (ddp.NAME, ddp.CHECKPOINT)]
+        return [
+            registry.emit(name, Status.ERROR, f"{name}: {exc}", remediation=launch.launch_fix(exc))
+            for name in (ddp.NAME, ddp.CHECKPOINT)
+        ]
     results = [
         ddp.evaluate(outcome.records, outcome.world_size),
         ddp.evaluate_checkpoint(outcome.records, outcome.world_size),

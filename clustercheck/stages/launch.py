@@ -24,7 +24,18 @@ CPU_RANKS_PER_NODE = 2  # ranks on a node without GPUs, unless the user says oth
 
 
 class LaunchError(ValueError):
-    """A launch that cannot work as asked (no nodes, a bad port); printed as one line."""
+    """A launch that cannot work as asked (no nodes, a bad port); printed as one line. FIX, where the cause has its
+    own, is what the torch stages give as the remediation of their ERROR (None: the check's declared fix)."""
+
+    def __init__(self, message: str, fix: str | None = None) -> None:
+        super().__init__(message)
+        self.fix = fix
+
+
+def launch_fix(exc: Exception) -> str | None:
+    """The remediation of a torch stage that could not start for EXC: a LaunchError's own fix, else None (the
+    check's declared fix)."""
+    return exc.fix if isinstance(exc, LaunchError) else None
 
 
 @dataclass(frozen=True)
@@ -128,7 +139,11 @@ def plan_torchrun(
     for node_rank, node in enumerate(nodes):
         nproc = ranks_per_node(node.gpus, backend, nproc_override, cpu_ranks)
         if backend == "nccl" and nproc > node.gpus:
-            raise LaunchError(f"{node.name}: {nproc} ranks per node asked for, but it has {node.gpus} GPU(s)")
+            raise LaunchError(
+                f"{node.name}: {nproc} ranks per node asked for, but it has {node.gpus} GPU(s)",
+                fix=f"NCCL gives every rank a GPU of its own: ask for at most {node.gpus} rank(s) per node "
+                "(--nproc-per-node), or leave the option out for one rank per GPU.",
+            )
         argv = [
             node.python,  # torchrun through the node's environment python, so that python picks the torch
             "-m",

@@ -69,5 +69,8 @@ def run(members: list[Member], ctx: Context) -> list[CheckResult]:
     try:
         outcome = torchjob.run(members, "lightning", ctx, worker_args=args)
     except (launch.LaunchError, TransportError, OSError) as exc:
-        return [*results, registry.emit(lightning.NAME, Status.ERROR, f"{lightning.NAME}: {exc}")]
+        return [
+            *results,
+            registry.emit(lightning.NAME, Status.ERROR, f"{lightning.NAME}: {exc}", remediation=launch.launch_fix(exc)),
+        ]
     return results + torchjob.judged([lightning.evaluate(outcome.records, outcome.world_size, len(members))], outcome)

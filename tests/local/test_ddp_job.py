@@ -6,11 +6,16 @@ that trains differently) is loaded by one agent's interpreters only, as a broken
 
 from __future__ import annotations
 
+import time
+from types import SimpleNamespace
+
 import localjob
+import torch
 from harness import diverging_torch
 
 from clustercheck.checks import ddp
 from clustercheck.model import Status
+from clustercheck.remote import ddp as ddp_worker
 from clustercheck.stages import rootcause
 
 
@@ -102,3 +107,29 @@ def test_a_checkpoint_in_a_shared_directory_is_saved_once_and_read_by_every_rank
     assert result.status is Status.PASS, result.message
     assert result.data["via"] == f"shared directory {shared}"
     assert not shared.exists()  # removed after the round trip
+
+
+def test_the_first_step_is_not_timed():
+    """On an H200 the reference, trained first in the process, took 0.35 s for 20 steps and the DDP run after it
+    0.08 s (tests/unit/records/ddp-h200-1rank.json): CUDA loads each kernel at its first launch. The worker leaves
+    the first step out of the throughput, so a first step that pays for the process's start does not make the
+    reference look slow (a scaling efficiency of 443% on one rank)."""
+    args = SimpleNamespace(steps=5, global_batch=8)
+    x, y = torch.randn(40, 4), torch.randint(0, 2, (40,))
+    dataset = torch.utils.data.TensorDataset(x, y)
+    sampler = torch.utils.data.DistributedSampler(dataset, num_replicas=1, rank=0, shuffle=False)
+    loader = torch.utils.data.DataLoader(dataset, batch_size=8, sampler=sampler)
+    model = torch.nn.Linear(4, 2)
+    first = []
+
+    def slow_first_launch(module, inputs):
+        if not first:
+            first.append(True)
+            time.sleep(0.5)
+
+    model.register_forward_pre_hook(slow_first_launch)
+    losses, _, seconds = ddp_worker.train(torch, model, loader, sampler, args.steps, 0.1, float, lambda: None)
+    assert len(losses) == 5 and first
+    assert seconds < 0.5  # the sleep, timed, would be 0.5 s alone
+    assert ddp_worker.samples_per_second(args, seconds) == 4 * 8 / seconds
+    assert ddp_worker.samples_per_second(SimpleNamespace(steps=1, global_batch=8), seconds) is None

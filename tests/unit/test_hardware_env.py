@@ -68,6 +68,7 @@ def facts(name="node1", **raw):
         ("socket-nccl-1232.log", "socket", False, {"SHM": 2}),
         ("socket-nccl-226.log", "socket", None, {}),
         ("socket-p2p-ipc-nccl-952.log", "socket", False, {"P2P/IPC": 3}),
+        ("socket-lo-h200-vm.log", "socket", None, {}),
     ],
 )
 def test_the_network_gdr_and_intra_node_paths_are_read_from_real_nccl_logs(log, network, gdr, intra):
@@ -85,6 +86,8 @@ def test_hcas_interfaces_and_disabled_gdr_are_named():
     assert nccl_net.parse_nccl_log((NCCL / "socket-nccl-226.log").read_text()).socket_ifaces == ["ens3"]
     assert nccl_net.parse_nccl_log((NCCL / "ib-nv_peer_memory-56.log").read_text()).ib_disabled is False
     assert nccl_net.parse_nccl_log((NCCL / "socket-p2p-ipc-nccl-952.log").read_text()).channel_nets == {"Socket": 2}
+    h200 = nccl_net.parse_nccl_log((NCCL / "socket-lo-h200-vm.log").read_text())  # NCCL 2.28.9, one rank
+    assert h200.no_ib_device and h200.socket_ifaces == ["lo"] and h200.oob == "lo"
 
 
 def test_nccl_on_sockets_beside_an_active_rdma_port_is_a_warning_with_the_cause():

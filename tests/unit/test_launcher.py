@@ -15,7 +15,7 @@ import time
 import pytest
 
 from clustercheck.launcher import command, detached, output, sameness
-from clustercheck.stages.launch import LaunchError, NodeSpec
+from clustercheck.stages.launch import LaunchError, NodeSpec, launch_fix
 
 
 def nodes(count=3, gpus=0):
@@ -66,8 +66,11 @@ def test_gpu_nodes_get_one_rank_per_gpu_and_nccl_settings_and_the_users_env_wins
     assert plans[0].env["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "1"
     assert plans[0].env["NCCL_SOCKET_IFNAME"] == "ib0" and plans[0].env["WANDB_MODE"] == "offline"
     assert command.first_ranks(plans, elastic=False) == {"node1": 0, "node2": 4}
-    with pytest.raises(LaunchError, match="node1: 8 ranks per node asked for, but it has 4 GPU"):
+    with pytest.raises(LaunchError, match="node1: 8 ranks per node asked for, but it has 4 GPU") as refused:
         plan(["train.py"], count=2, gpus=4, nproc_override=8)
+    # What the torch stages give as the fix (seen on an H200 VM asked for 2 ranks on its one GPU).
+    assert "at most 4 rank(s) per node (--nproc-per-node)" in launch_fix(refused.value)
+    assert launch_fix(OSError("no route")) is None  # the check's own fix
 
 
 def test_elastic_options_pass_through_and_the_first_node_is_the_rendezvous_endpoint():
