@@ -27,10 +27,26 @@ def interfaces_in_cidr(interfaces, cidr):
     return [i for i in interfaces if in_cidr(i.get("ipv4", {}).get("address"), cidr)]
 
 
+def overlaps(networks, reserved):
+    """'A overlaps B' for every network of NETWORKS (CIDRs, or an address with its prefix) that shares addresses with
+    one of RESERVED (CIDRs; empty ones and 'any' are left out)."""
+    found = []
+    for text in networks:
+        mine = ipaddress.ip_network(str(text), strict=False)
+        for other in reserved:
+            if not other or str(other).lower() == "any":
+                continue
+            theirs = ipaddress.ip_network(str(other), strict=False)
+            if mine.version == theirs.version and mine.overlaps(theirs):
+                found.append(f"{text} overlaps {other}")
+    return found
+
+
 class FilterModule:
     def filters(self):
         return {
             "clustercheck_in_cidr": in_cidr,
             "clustercheck_network_of": network_of,
             "clustercheck_interfaces_in_cidr": interfaces_in_cidr,
+            "clustercheck_overlaps": overlaps,
         }

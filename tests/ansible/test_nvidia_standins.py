@@ -15,6 +15,7 @@ import contextlib
 import functools
 import http.server
 import ipaddress
+import json
 import os
 import shlex
 import shutil
@@ -71,7 +72,8 @@ def served(cluster, distro: str):
     handler = functools.partial(_QuietHandler, directory=str(repo.path))
     server = http.server.ThreadingHTTPServer((gateway, 0), handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
-    repo.url = f"http://{gateway}:{server.server_address[1]}/{distro}/x86_64"
+    repo.served_at = f"http://{gateway}:{server.server_address[1]}"
+    repo.url = f"{repo.served_at}/{distro}/x86_64"
     # Nodes that reach their distribution through the control machine's apt cache fetch this one directly.
     direct = f'Acquire::http::Proxy::{gateway} "DIRECT";'
     docker_sh(cluster, f"echo '{direct}' > /etc/apt/apt.conf.d/99clustercheck-standin")
@@ -93,7 +95,11 @@ def play(cluster, repo, playbook: str, *args: str) -> subprocess.CompletedProces
     cmd = [str(Path(sys.executable).parent / "ansible-playbook"), "-i", cluster.inventory, str(HERE / playbook)]
     cmd += ["-e", f"nvidia_gpu_sysfs_root={SYSFS}"]
     cmd += ["-e", f"nvidia_repo_url={repo.url}", "-e", f"nvidia_repo_key_fingerprint={repo.fingerprint}"]
-    cmd += ["-e", f"nvidia_repo_keyring_sha256={repo.keyring_sha256}", *args]
+    cmd += ["-e", f"nvidia_repo_keyring_sha256={repo.keyring_sha256}"]
+    # NVIDIA's Container Toolkit repository, served beside it with the same test key (containers role).
+    cmd += ["-e", f"containers_toolkit_repo_url={repo.served_at}/{build_repo.TOOLKIT_DIR}"]
+    cmd += ["-e", f"containers_toolkit_key_url={repo.served_at}/{build_repo.TOOLKIT_KEY}"]
+    cmd += ["-e", f"containers_toolkit_key_fingerprint={repo.fingerprint}", *args]
     env = {**os.environ, "ANSIBLE_NOCOLOR": "1"}
     return subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=1800, env=env)
 
@@ -178,6 +184,28 @@ def test_converge_installs_the_stack_and_starts_no_gpu_service_before_the_reboot
     assert "ib_umad" in ssh(nv_node, "cat /etc/modules-load.d/clustercheck-nvlsm.conf")
     exec_start = ssh(nv_node, "systemctl show -p ExecStart --value nvidia-persistenced")
     assert "--persistence-mode" in exec_start and "--no-persistence-mode" not in exec_start, exec_start
+    # The containers role: NVIDIA's Container Toolkit from its own repository at the pinned version and held, its
+    # runtime registered with the distribution's Docker the way nvidia-ctk registers it, Docker's networks set.
+    toolkit = (
+        "nvidia-container-toolkit",
+        "nvidia-container-toolkit-base",
+        "libnvidia-container-tools",
+        "libnvidia-container1",
+    )
+    assert {versions[p] for p in toolkit} == {"1.20.0-1"} and "docker.io" in versions
+    assert set(toolkit) <= held
+    toolkit_source = ssh(nv_node, "cat /etc/apt/sources.list.d/nvidia-container-toolkit.sources")
+    assert f"URIs: {standin_repo.served_at}/{build_repo.TOOLKIT_DIR}/amd64/" in toolkit_source
+    assert "Signed-By: /usr/share/keyrings/nvidia-container-toolkit-keyring.gpg" in toolkit_source
+    daemon = json.loads(ssh(nv_node, "cat /etc/docker/daemon.json"))
+    assert daemon == {
+        "bip": "172.17.0.1/24",
+        "default-address-pools": [{"base": "172.17.0.0/16", "size": 24}],
+        "runtimes": {"nvidia": {"args": [], "path": "nvidia-container-runtime"}},
+    }
+    # No Docker daemon can run in this unprivileged node: installed, configured and masked, and said so.
+    assert "node1 is a docker container: Docker is installed and configured, and masked there" in proc.stdout
+    assert ssh(nv_node, "systemctl is-enabled docker.service docker.socket; true").split() == ["masked", "masked"]
 
 
 def test_skipping_another_role_keeps_gpu_detection(nv_node, standin_repo):
@@ -228,6 +256,26 @@ def test_keyring_with_another_key_is_refused(nv_node, standin_repo):
     )
     assert proc.returncode != 0
     assert "refusing to trust it" in proc.stdout, proc.stdout[-3000:]
+
+
+def test_docker_networks_over_the_cluster_network_and_a_foreign_toolkit_key_are_refused(nv_node, standin_repo):
+    pools = json.dumps({"containers_address_pools": [{"base": nv_node.subnet, "size": 26}]})
+    overlap = play(nv_node, standin_repo, "nvidia-standins.yml", "--tags", "containers", "-e", pools)
+    assert overlap.returncode != 0
+    said = f"Docker's networks would overlap networks the node must reach ({nv_node.subnet} overlaps {nv_node.subnet})"
+    assert said in overlap.stdout, overlap.stdout[-3000:]
+    # NVIDIA's real key (the default) is not the stand-in's: the role must not trust what it downloaded.
+    foreign = play(
+        nv_node,
+        standin_repo,
+        "nvidia-standins.yml",
+        "--tags",
+        "containers",
+        "-e",
+        "containers_toolkit_key_fingerprint=C95B321B61E88C1809C4F759DDCAE044F796ECB0",
+    )
+    assert foreign.returncode != 0
+    assert "refusing to trust it" in foreign.stdout, foreign.stdout[-3000:]
 
 
 def test_reboot_handler_refuses_the_control_machine(nv_node, standin_repo):

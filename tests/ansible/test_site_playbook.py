@@ -17,6 +17,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+import yaml
 from conftest import REPO, ansible_playbook
 
 pytestmark = pytest.mark.cluster
@@ -93,6 +94,19 @@ def acceptance(cluster, *args: str) -> subprocess.CompletedProcess:
     )  # testinfra runs ansible-*
 
 
+def inventory_with(cluster, directory: Path, settings: dict) -> SimpleNamespace:
+    """CLUSTER's inventory copied into DIRECTORY with SETTINGS in group_vars/all.yml (and its host_vars), as a user's
+    inventory holds what the test variables pass on the command line: for the acceptance suite, which reads them."""
+    inventory = directory / "hosts.ini"
+    inventory.write_text(Path(cluster.inventory).read_text())
+    (directory / "group_vars").mkdir()
+    (directory / "group_vars" / "all.yml").write_text(yaml.safe_dump(settings))
+    for host_vars in (Path(cluster.inventory).parent / "host_vars").glob("*.yml"):
+        (directory / "host_vars").mkdir(exist_ok=True)
+        (directory / "host_vars" / host_vars.name).write_text(host_vars.read_text())
+    return SimpleNamespace(inventory=str(inventory))
+
+
 def test_acceptance_suite_passes(converged_cluster):
     proc = acceptance(converged_cluster)
     assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-2000:]
@@ -114,6 +128,17 @@ def test_the_acceptance_suite_starts_the_registered_jupyter_kernel(converged_clu
     )
     assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-2000:]
     assert f"{len(converged_cluster.nodes)} passed" in proc.stdout, proc.stdout[-2000:]
+
+
+def test_the_acceptance_suite_checks_docker_where_the_containers_role_ran(converged_cluster, tmp_path):
+    """containers_enabled (testcluster-vars.yml) put Docker on the nodes, masked since they can run no daemon, with
+    its networks off the cluster network; the toolkit test skips (no GPU on these nodes)."""
+    proc = acceptance(
+        inventory_with(converged_cluster, tmp_path, {"containers_enabled": True}),
+        str(REPO / "tests" / "acceptance" / "test_containers.py"),
+    )
+    assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-2000:]
+    assert re.search(r"\b6 passed, 3 skipped\b", proc.stdout), proc.stdout[-3000:]
 
 
 def test_acceptance_suite_fails_on_a_broken_node_and_the_role_repairs_it(converged_cluster, wheelhouse):

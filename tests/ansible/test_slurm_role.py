@@ -15,15 +15,12 @@ import json
 import re
 import subprocess
 import time
-from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
-import yaml
 from conftest import REPO, ansible_playbook
 from harness import DDP_RANKS, HEARTBEATS, LONG_DDP, leftovers, on
 from test_launch import FOREVER, readme_ddp_script
-from test_site_playbook import acceptance, changed_tasks, recap
+from test_site_playbook import acceptance, changed_tasks, inventory_with, recap
 
 from clustercheck.exitcodes import ExitCode
 
@@ -75,14 +72,8 @@ def test_every_node_is_idle_and_srun_runs_on_all_three(slurm_cluster):
 
 def test_the_acceptance_suite_checks_slurm(slurm_cluster, tmp_path):
     """The acceptance suite's Slurm tests, with slurm_enabled in the inventory as a user's cluster has it."""
-    inventory = tmp_path / "hosts.ini"
-    inventory.write_text(Path(slurm_cluster.inventory).read_text())
-    (tmp_path / "group_vars").mkdir()
-    (tmp_path / "group_vars" / "all.yml").write_text(yaml.safe_dump({"slurm_enabled": True}))
-    for host_vars in (Path(slurm_cluster.inventory).parent / "host_vars").glob("*.yml"):
-        (tmp_path / "host_vars").mkdir(exist_ok=True)
-        (tmp_path / "host_vars" / host_vars.name).write_text(host_vars.read_text())
-    proc = acceptance(SimpleNamespace(inventory=str(inventory)), str(REPO / "tests" / "acceptance" / "test_slurm.py"))
+    inventory = inventory_with(slurm_cluster, tmp_path, {"slurm_enabled": True})
+    proc = acceptance(inventory, str(REPO / "tests" / "acceptance" / "test_slurm.py"))
     assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-2000:]
     passed = int(re.search(r"(\d+) passed", proc.stdout)[1])
     assert passed == 5 * 3 + 2, proc.stdout[-3000:]  # five tests on each node, two over all nodes

@@ -279,6 +279,11 @@ def test_address_filters():
     assert net.network_of("172.30.80.11", "255.255.255.0") == "172.30.80.0/24"
     faces = [{"device": "lo", "ipv4": {"address": "127.0.0.1"}}, {"device": "eth0", "ipv4": {"address": "10.0.0.5"}}]
     assert [f["device"] for f in net.interfaces_in_cidr(faces, "10.0.0.0/16")] == ["eth0"]
+    # The containers role's refusal: Docker's own default pools (172.17.0.0/16 to 172.31.0.0/16) hold AWS's default VPC;
+    # the role's default pool and docker0 (an address with its prefix) stay clear of a 172.30.80.0/24 cluster network.
+    assert net.overlaps(["172.16.0.0/12"], ["172.31.0.0/16"]) == ["172.16.0.0/12 overlaps 172.31.0.0/16"]
+    assert net.overlaps(["172.17.0.0/16", "172.17.0.1/24"], ["172.30.80.0/24", "any", ""]) == []
+    assert net.overlaps(["172.17.0.1/24"], ["172.17.0.0/16"]) == ["172.17.0.1/24 overlaps 172.17.0.0/16"]
 
 
 def test_firewall_removes_only_its_own_rules_that_the_settings_no_longer_ask_for():

@@ -111,9 +111,44 @@ class Repo:
     keyring_sha256: str
     packages: list[Package]
     url: str = ""
+    served_at: str = ""  # http://host:port of the whole tree, once served
 
     def distro_path(self, distro: str) -> Path:
         return self.path / distro / ARCH_DIR
+
+
+# NVIDIA's Container Toolkit repository (nvidia.github.io/libnvidia-container): one flat repository per architecture
+# under stable/deb/, its key published ASCII-armored beside it (SOURCES.md).
+TOOLKIT_DIR = "libnvidia-container/stable/deb"
+TOOLKIT_KEY = "libnvidia-container/gpgkey"
+TOOLKIT_VERSIONS = ("1.19.0-1", "1.20.0-1")
+
+NVIDIA_CTK = """#!/bin/sh
+# TEST DOUBLE of nvidia-ctk {version}: no real GPU is present.
+echo "NVIDIA Container Toolkit CLI version {version} (TEST DOUBLE)"
+"""
+
+
+def _toolkit_packages() -> list[Package]:
+    """The toolkit's four packages per release, with the dependencies their control files declare."""
+    packages = []
+    for v in TOOLKIT_VERSIONS:
+        packages += [
+            Package(
+                "nvidia-container-toolkit",
+                v,
+                depends=f"nvidia-container-toolkit-base (= {v}), libnvidia-container-tools (= {v}), "
+                "libnvidia-container-tools (<< 2.0.0)",
+            ),
+            Package(
+                "nvidia-container-toolkit-base",
+                v,
+                files={"usr/bin/nvidia-ctk": (NVIDIA_CTK.format(version=v.split("-")[0]), 0o755)},
+            ),
+            Package("libnvidia-container-tools", v, depends=f"libnvidia-container1 (>= {v})"),
+            Package("libnvidia-container1", v),
+        ]
+    return packages
 
 
 def _driver_release(suffix: str, version: str) -> list[Package]:
@@ -272,6 +307,14 @@ def build(dest: Path) -> Repo:
             for deb in debs:
                 os.link(deb, repo_dir / deb.name)
             _index(repo_dir, fingerprint, env)
+        toolkit = [_build_deb(pkg, pool, work) for pkg in _toolkit_packages()]
+        toolkit_dir = dest / TOOLKIT_DIR / "amd64"
+        toolkit_dir.mkdir(parents=True, exist_ok=True)
+        for deb in toolkit:
+            os.link(deb, toolkit_dir / deb.name)
+        _index(toolkit_dir, fingerprint, env)
+        armored = _run(["gpg", "--batch", "--armor", "--export", fingerprint], env=env).stdout
+        (dest / TOOLKIT_KEY).write_bytes(armored)
         keyring_deb = pool / "cuda-keyring_1.1-1_all.deb"
         return Repo(dest, fingerprint, hashlib.sha256(keyring_deb.read_bytes()).hexdigest(), packages)
     finally:
