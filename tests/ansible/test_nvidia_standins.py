@@ -23,6 +23,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -35,6 +36,7 @@ import build_repo
 pytestmark = pytest.mark.cluster
 HERE = Path(__file__).resolve().parent
 SB_VAR = "/root/SecureBoot-standin"
+TOOLKIT_HOST = "nvidia-github.standin"  # the stand-in of nvidia.github.io, on the CUDA stand-in's address
 SYSFS = "/root/sysfs-standin"
 # PCI class codes as sysfs shows them: 0x0302 3D controller (an SXM GPU), 0x0680 bridge (NVSwitch);
 # an NVLink-5 switch management port is an InfiniBand device whose VPD says SMDL=SW_MNG.
@@ -72,11 +74,15 @@ def served(cluster, distro: str):
     handler = functools.partial(_QuietHandler, directory=str(repo.path))
     server = http.server.ThreadingHTTPServer((gateway, 0), handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
-    repo.served_at = f"http://{gateway}:{server.server_address[1]}"
-    repo.url = f"{repo.served_at}/{distro}/x86_64"
-    # Nodes that reach their distribution through the control machine's apt cache fetch this one directly.
-    direct = f'Acquire::http::Proxy::{gateway} "DIRECT";'
-    docker_sh(cluster, f"echo '{direct}' > /etc/apt/apt.conf.d/99clustercheck-standin")
+    port = server.server_address[1]
+    repo.url = f"http://{gateway}:{port}/{distro}/x86_64"
+    # NVIDIA serves the toolkit from another host (nvidia.github.io) than the CUDA repository: so does the stand-in,
+    # under a name of its own for the same address (apt's origin pins tell repositories apart by host name).
+    repo.served_at = f"http://{TOOLKIT_HOST}:{port}"
+    docker_sh(cluster, f"grep -q ' {TOOLKIT_HOST}$' /etc/hosts || echo '{gateway} {TOOLKIT_HOST}' >> /etc/hosts")
+    # Nodes that reach their distribution through the control machine's apt cache fetch these directly.
+    direct = f'Acquire::http::Proxy::{gateway} "DIRECT";\nAcquire::http::Proxy::{TOOLKIT_HOST} "DIRECT";'
+    docker_sh(cluster, f"printf '{direct}\\n' > /etc/apt/apt.conf.d/99clustercheck-standin")
     try:
         yield repo
     finally:
@@ -214,6 +220,61 @@ def test_skipping_another_role_keeps_gpu_detection(nv_node, standin_repo):
     proc = play(nv_node, standin_repo, "nvidia-standins.yml", "--check", "--skip-tags", "python_env,cuda_toolkit")
     assert proc.returncode == 0, proc.stdout[-4000:]
     assert "installing the NVIDIA driver (branch 580, from cuda_repo)" in proc.stdout
+
+
+@contextlib.contextmanager
+def docker_daemon(config: Path):
+    """A real dockerd (the control machine's) started with CONFIG as its daemon.json, in a network namespace of its
+    own (its docker0 and iptables rules touch nothing of the machine's), its state in a directory of its own, removed
+    afterwards; yields its docker command. The test nodes cannot run a Docker daemon, so this is where the role's
+    configuration meets one. The directory's path is short: containerd's sockets live under it, and a Unix socket's
+    path has at most 107 bytes."""
+    root = Path(tempfile.mkdtemp(prefix="ccdockerd-"))
+    sock, pid = root / "docker.sock", root / "docker.pid"
+    dockerd = ["--config-file", str(config), "--data-root", str(root / "data"), "--exec-root", str(root / "exec")]
+    dockerd += ["--pidfile", str(pid), "-H", f"unix://{sock}"]
+    log = root / "dockerd.log"
+    with log.open("w") as output:
+        daemon = subprocess.Popen(
+            ["unshare", "--net", "--fork", "sh", "-c", 'ip link set lo up && exec dockerd "$@"', "sh", *dockerd],
+            stdout=output,
+            stderr=subprocess.STDOUT,
+        )
+    docker = ["docker", "-H", f"unix://{sock}"]
+    try:
+        for _ in range(120):
+            if subprocess.run([*docker, "info"], capture_output=True).returncode == 0:
+                break
+            assert daemon.poll() is None, log.read_text()[-3000:]
+            time.sleep(0.5)
+        else:
+            raise AssertionError(f"dockerd did not answer within 60 s: {log.read_text()[-3000:]}")
+        yield docker
+    finally:
+        if pid.exists():
+            subprocess.run(["kill", pid.read_text().strip()], check=False)
+        daemon.wait(timeout=60)
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def test_a_real_docker_daemon_takes_the_configuration_the_role_wrote(nv_node, standin_repo, tmp_path):
+    """The node's /etc/docker/daemon.json, as the role left it, read by Docker itself: the NVIDIA runtime is
+    registered, docker0 takes containers_bridge_ip, and a new network comes from the role's pool."""
+    config = tmp_path / "daemon.json"
+    config.write_text(ssh(nv_node, "cat /etc/docker/daemon.json"))
+    with docker_daemon(config) as docker:
+        runtimes = json.loads(subprocess.check_output([*docker, "info", "--format", "{{json .Runtimes}}"], text=True))
+        assert runtimes["nvidia"] == {"path": "nvidia-container-runtime"}
+        bridge = subprocess.check_output([*docker, "network", "inspect", "bridge", "--format", "{{json .IPAM.Config}}"])
+        assert json.loads(bridge) == [{"Subnet": "172.17.0.0/24", "Gateway": "172.17.0.1"}]
+        subprocess.run([*docker, "network", "create", "clustercheck-test"], check=True, capture_output=True)
+        made = json.loads(
+            subprocess.check_output(
+                [*docker, "network", "inspect", "clustercheck-test", "--format", "{{json .IPAM.Config}}"]
+            )
+        )
+        subnet = ipaddress.ip_network(made[0]["Subnet"])
+        assert subnet.subnet_of(ipaddress.ip_network("172.17.0.0/16")) and subnet.prefixlen == 24, made
 
 
 def test_second_run_before_the_reboot_changes_nothing(nv_node, standin_repo):

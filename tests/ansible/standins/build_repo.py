@@ -111,7 +111,7 @@ class Repo:
     keyring_sha256: str
     packages: list[Package]
     url: str = ""
-    served_at: str = ""  # http://host:port of the whole tree, once served
+    served_at: str = ""  # http://host:port of the toolkit's repository and key (the same tree), once served
 
     def distro_path(self, distro: str) -> Path:
         return self.path / distro / ARCH_DIR
