@@ -107,15 +107,14 @@ def samples_per_second(args, seconds: float) -> float | None:
     return timed_steps * args.global_batch / seconds if seconds and timed_steps > 0 else None
 
 
-def run(args, rank: int, local_rank: int, world: int) -> dict:
+def run(args, rank: int, device, world: int) -> dict:
+    """The reference and the DDP run on DEVICE, the rank's own (start_process_group bound it)."""
     import torch
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
     from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
-    if args.backend == "nccl":
-        torch.cuda.set_device(local_rank)
-        device = torch.device("cuda", local_rank)
+    if device.type == "cuda":
         dtype = torch.float32
         torch.backends.cuda.matmul.allow_tf32 = False
         torch.backends.cudnn.allow_tf32 = False
@@ -126,7 +125,6 @@ def run(args, rank: int, local_rank: int, world: int) -> dict:
         def sync():
             torch.cuda.synchronize(device)
     else:
-        device = torch.device("cpu")
         dtype = torch.float64
         torch.use_deterministic_algorithms(True)
 
@@ -179,7 +177,7 @@ def run(args, rank: int, local_rank: int, world: int) -> dict:
     sampler = DistributedSampler(TensorDataset(x, y), num_replicas=world, rank=rank, shuffle=True, seed=args.seed)
     loader = DataLoader(TensorDataset(x, y), batch_size=args.global_batch // world, sampler=sampler)
     model = make_model(torch, args.seed, args.features, args.hidden, args.classes, dtype, device)
-    ddp = DistributedDataParallel(model, device_ids=[local_rank] if device.type == "cuda" else None)
+    ddp = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
 
     def global_loss(local):
         # Every rank holds the same number of samples, so the global mean is the mean of the local means.
@@ -391,8 +389,8 @@ def main() -> int:
         import torch
         import torch.distributed as dist
 
-        start_process_group(torch, dist, args.backend, record["local_rank"])
-        record.update(run(args, record["rank"], record["local_rank"], world))
+        device = start_process_group(torch, dist, args.backend, record["local_rank"])
+        record.update(run(args, record["rank"], device, world))
         dist.destroy_process_group()
 
     return run_rank(args.out, record, work)
