@@ -1,4 +1,5 @@
-"""The check model: every check has one outcome, a one-line message, a remediation and data."""
+"""The check model: every check has one outcome, a one-line message, a remediation and data; a result carries its
+stage, and a SKIP why it judged nothing (Skip), as data the reports read."""
 
 from __future__ import annotations
 
@@ -47,6 +48,26 @@ class Measure:
 
 
 @dataclass(frozen=True)
+class Skip:
+    """Why a result is SKIP: the reason in words (without the host or the check's name, so the same reason on many
+    hosts is one), and the options that left the check out when options did, as the command line takes them
+    (`--only core`, `--skip gpu.*`): what a run without them would verify."""
+
+    reason: str
+    deselected_by: str | None = None
+
+    @classmethod
+    def deselected(cls, options: str) -> Skip:
+        """Left out by OPTIONS (`--skip ddp`)."""
+        return cls(f"not selected ({options})", options)
+
+
+def skipped_message(name: str, reason: str) -> str:
+    """The message of check NAME that did not run, for REASON: the one place it is worded."""
+    return f"{name} skipped: {reason}"
+
+
+@dataclass(frozen=True)
 class CheckResult:
     """One check's outcome on one host (or the cluster). Frozen: a result is made once, never edited; a stage
     that must say more makes a new one."""
@@ -59,6 +80,14 @@ class CheckResult:
     data: dict[str, Any] = field(default_factory=dict)
     measures: tuple[Measure, ...] = ()  # its measured values, typed (the JSON report carries data, as before)
     fix_command: str | None = None  # the setup line that puts it right on the nodes it names (checks/setup_roles.py)
+    stage: str | None = None  # the stage that reports the check (selection.STAGES); the registry sets it
+    skip: Skip | None = None  # a SKIP's reason; the registry sets it (a SKIP made by hand: its message)
+
+    def __post_init__(self) -> None:
+        if self.status is not Status.SKIP:
+            object.__setattr__(self, "skip", None)  # only a SKIP has a reason to skip
+        elif self.skip is None:
+            object.__setattr__(self, "skip", Skip(self.message))
 
     def to_dict(self) -> dict[str, Any]:
         out = {
@@ -71,6 +100,12 @@ class CheckResult:
         }
         if self.fix_command is not None:
             out["fix_command"] = self.fix_command
+        if self.stage is not None:
+            out["stage"] = self.stage
+        if self.skip is not None:
+            out["skip_reason"] = self.skip.reason
+            if self.skip.deselected_by is not None:
+                out["deselected_by"] = self.skip.deselected_by
         return out
 
 

@@ -6,12 +6,16 @@ README's stage table come from it (each stage's checks are the ones the check re
 A deselected stage does no work and reports every check it would have emitted as SKIP; a deselected check is
 SKIP without being judged. The core stage always runs: the others need the facts it collects. A stage an option
 asks for (baseline, by --baseline) runs whenever the option is given, whatever --only keeps, unless --skip names it.
+What left a check out is told as data (model.Skip: the reason, and the options that did it).
 """
 
 from __future__ import annotations
 
 import fnmatch
+from collections.abc import Iterable
 from dataclasses import dataclass
+
+from clustercheck.model import Skip
 
 
 @dataclass(frozen=True)
@@ -95,14 +99,19 @@ class Selection:
             return name not in self.skip
         return (not self.only or name in self.only) and name not in self.skip
 
-    def why_not_stage(self, stage: str) -> str:
+    def why_not_stage(self, stage: str) -> Skip:
         if stage in self.skip:
-            return f"not selected (--skip {stage})"
-        return f"not selected (--only {' '.join(self.only)})"
+            return Skip.deselected(f"--skip {stage}")
+        return Skip.deselected(f"--only {' '.join(self.only)}")
 
     def check_selected(self, name: str) -> bool:
         return not any(fnmatch.fnmatchcase(name, pattern) for pattern in self.globs)
 
-    def why_not_check(self, name: str) -> str:
-        pattern = next(p for p in self.globs if fnmatch.fnmatchcase(name, p))
-        return f"not selected (--skip {pattern})"
+    def why_not_check(self, name: str) -> Skip:
+        return self.why_not_checks([name])
+
+    def why_not_checks(self, names: Iterable[str]) -> Skip:
+        """Why the checks NAMES (every one deselected) are left out: the --skip globs that match them."""
+        names = list(names)
+        patterns = [p for p in self.globs if any(fnmatch.fnmatchcase(n, p) for n in names)]
+        return Skip.deselected(f"--skip {' '.join(patterns)}")

@@ -433,7 +433,7 @@ def _collector_results(comparison: Comparison, baseline: Baseline, hosts: list[s
         elif mine.not_in_baseline:
             results.append(emit(name, Status.PASS, f"{host}: not in the baseline, nothing to compare", host=host))
         else:
-            results.append(emit(name, Status.SKIP, f"{host}: its facts were not collected now", host=host, data=data))
+            results.append(emit(name, Status.SKIP, "its facts were not collected now", host=host, data=data))
     return results
 
 

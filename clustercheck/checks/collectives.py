@@ -267,8 +267,7 @@ def evaluate_bandwidth(
     if first is None or not first.get("ok") or "bandwidth" not in first:
         why = "the collectives job did not complete" if first is None or not first.get("ok") else "sweep not run"
         return [emit("allreduce.bandwidth", Status.SKIP, f"no bandwidth results: {why}")] + [
-            emit("allreduce.bandwidth.intra_node", Status.SKIP, f"{h}: no bandwidth results: {why}", host=h)
-            for h in hosts
+            emit("allreduce.bandwidth.intra_node", Status.SKIP, f"no bandwidth results: {why}", host=h) for h in hosts
         ]
     backend = first.get("backend")
     if world_size < 2:
@@ -310,7 +309,7 @@ def evaluate_bandwidth(
                 emit(
                     "allreduce.bandwidth.intra_node",
                     Status.SKIP,
-                    f"{host}: measured only on nodes with several GPUs in a multi-node job",
+                    "measured only on nodes with several GPUs in a multi-node job",
                     host=host,
                 )
             )

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import asdict, dataclass
 
-from clustercheck.checks.registry import declare, emit
+from clustercheck.checks.registry import declare, emit, get
 from clustercheck.model import CheckResult, Metric, Status
 
 NAME = "ddp_equivalence"
@@ -231,7 +231,7 @@ def evaluate_checkpoint(records: list[dict], world_size: int) -> CheckResult:
     run's losses and parameters equal the uninterrupted run's bit for bit."""
     mine = [r for r in records if r.get("ok") and "checkpoint" in r]
     if records and all(r.get("ok") for r in records) and all(r.get("steps", 0) < 2 for r in records):
-        return emit(CHECKPOINT, Status.SKIP, "checkpoint skipped: a DDP run of fewer than 2 steps has no half-way")
+        return get(CHECKPOINT).not_run(None, "a DDP run of fewer than 2 steps has no half-way")
     if len(mine) < world_size or not any(r["rank"] == 0 for r in mine):
         missing = sorted(set(range(world_size)) - {r["rank"] for r in mine})
         failed = sorted(r["rank"] for r in records if not r.get("ok"))

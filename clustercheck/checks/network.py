@@ -373,7 +373,7 @@ def master_port_check(record: dict | None, master: str, port: int) -> CheckResul
         return emit(
             "network.master_port",
             Status.SKIP,
-            f"{master}: no probe result",
+            "no probe result",
             host=master,
             data={"port": port},
         )

@@ -15,8 +15,13 @@ Cross-node checks (`cluster_check`) take every node's facts. Checks that a multi
 with `declare` so the catalog (`clustercheck checks`) and the JUnit test set know them before the stage runs.
 
 Every result is made here: `result(name, host, finding)` (and `emit`, the same with the finding written out) adds
-the name, the host and the declared fix, and refuses a name nobody declared. A finding carries its measured values
-typed (`measures`, see model.Metric), which the metrics outputs render.
+the name, the stage, the host and the declared fix, and refuses a name nobody declared. A finding carries its
+measured values typed (`measures`, see model.Metric), which the metrics outputs render.
+
+A SKIP carries why as data (model.Skip), set here: a check that judged nothing says why in its own words (`skip`,
+the reason; the registry puts the host in front), a check that did not run at all is `not_run` (or `skipped`, in
+the shape a run gives) with the reason, or the options that left it out (Selection.why_not_*); its message is
+worded in one place (model.skipped_message). The reports read the reason and the options, never the message.
 """
 
 from __future__ import annotations
@@ -26,7 +31,8 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from clustercheck.facts.model import COULD_NOT_COLLECT, NodeFacts
-from clustercheck.model import CheckResult, Measure, Status
+from clustercheck.model import CheckResult, Measure, Skip, Status, skipped_message
+from clustercheck.selection import Selection
 
 SCOPES = ("node", "cluster", "master")  # one result per node, one for the cluster, one on the first node
 
@@ -40,6 +46,7 @@ class Finding:
     fix: str | None = None  # None: the check's default fix (shown for WARN, FAIL and ERROR)
     data: dict[str, Any] = field(default_factory=dict)
     measures: tuple[Measure, ...] = ()  # the measured values the metrics outputs carry (report/prometheus.py)
+    skip: Skip | None = None  # a SKIP of a check that did not run: why (None: a SKIP's message is its reason)
 
 
 def passed(message: str, **data: Any) -> Finding:
@@ -55,7 +62,15 @@ def fail(message: str, fix: str | None = None, **data: Any) -> Finding:
 
 
 def skip(message: str, **data: Any) -> Finding:
+    """SKIP in the check's own words: MESSAGE (without the host, which the registry puts in front) is the reason."""
     return Finding(Status.SKIP, message, "", data)
+
+
+def not_run(why: str | Skip, **data: Any) -> Finding:
+    """SKIP of a check that did not run at all, for WHY (a reason, or model.Skip with the options that left it
+    out); its message is model.skipped_message's."""
+    reason = why if isinstance(why, Skip) else Skip(why)
+    return Finding(Status.SKIP, "", "", data, skip=reason)
 
 
 @dataclass(frozen=True)
@@ -71,10 +86,17 @@ class Check:
     function: Callable[..., Finding] | None = None  # None: emitted by its stage
 
     def result(self, host: str | None, finding: Finding, *, named: bool = False) -> CheckResult:
-        """This check's result on HOST (None: the cluster): its name, the host, and for a WARN, FAIL or ERROR
-        whose finding gives no fix of its own the declared fix. The message gets the host in front unless it is
-        NAMED already (a stage's messages name their nodes themselves)."""
-        message = f"{host}: {finding.message}" if host and not named else finding.message
+        """This check's result on HOST (None: the cluster): its name, its stage, the host, for a WARN, FAIL or
+        ERROR whose finding gives no fix of its own the declared fix, and for a SKIP why (Skip). The message gets
+        the host in front unless it is NAMED already (a stage's messages name their nodes themselves); a SKIP's
+        always does, as the registry words it from the reason."""
+        reason = None
+        text = finding.message
+        if finding.status is Status.SKIP:
+            reason = finding.skip or Skip(finding.message)
+            text = skipped_message(self.name, reason.reason) if finding.skip else finding.message
+            named = False
+        message = f"{host}: {text}" if host and not named else text
         if finding.status in (Status.PASS, Status.SKIP):
             fix = finding.fix or ""
         else:
@@ -87,7 +109,13 @@ class Check:
             remediation=fix,
             data=dict(finding.data),
             measures=tuple(finding.measures),
+            stage=self.stage,
+            skip=reason,
         )
+
+    def not_run(self, host: str | None, why: str | Skip) -> CheckResult:
+        """This check on HOST, not run: SKIP for WHY (see not_run())."""
+        return self.result(host, not_run(why))
 
 
 class UndeclaredCheck(LookupError):
@@ -187,18 +215,21 @@ def cluster_checks() -> list[Check]:
     return [c for c in REGISTRY.values() if c.function is not None and c.scope == "cluster"]
 
 
-def run_node_checks(facts: NodeFacts, selected: Callable[[str], bool], why_not: str) -> list[CheckResult]:
-    """Every per-node check on FACTS, in registry order; never raises."""
+EVERY = Selection()  # every check selected
+
+
+def run_node_checks(facts: NodeFacts, selection: Selection = EVERY) -> list[CheckResult]:
+    """Every per-node check on FACTS, in registry order, those SELECTION leaves out SKIP; never raises."""
     results = []
     for check in node_checks():
-        results.append(_run_one(check, facts, selected, why_not))
+        results.append(_run_one(check, facts, selection))
     return results
 
 
-def _run_one(check: Check, facts: NodeFacts, selected: Callable[[str], bool], why_not: str) -> CheckResult:
+def _run_one(check: Check, facts: NodeFacts, selection: Selection) -> CheckResult:
     host = facts.host
-    if not selected(check.name):
-        return check.result(host, skip(f"{check.name} skipped: {why_not}"))
+    if not selection.check_selected(check.name):
+        return check.not_run(host, selection.why_not_check(check.name))
     if check.needs_gpu and facts.smi is None:
         if facts.gpu_expected:
             return check.result(host, skip("nvidia-smi did not answer (see gpu.count)"))
@@ -214,11 +245,12 @@ def _run_one(check: Check, facts: NodeFacts, selected: Callable[[str], bool], wh
         return check.result(host, Finding(Status.ERROR, f"check {check.name} failed: {type(exc).__name__}: {exc}", ""))
 
 
-def run_cluster_checks(nodes: list[NodeFacts], config: Any, selected: Callable[[str], bool], why_not: str):
+def run_cluster_checks(nodes: list[NodeFacts], config: Any, selection: Selection = EVERY) -> list[CheckResult]:
+    """Every cross-node check on NODES' facts, those SELECTION leaves out SKIP; never raises."""
     results = []
     for check in cluster_checks():
-        if not selected(check.name):
-            results.append(check.result(None, skip(f"{check.name} skipped: {why_not}")))
+        if not selection.check_selected(check.name):
+            results.append(check.not_run(None, selection.why_not_check(check.name)))
             continue
         assert check.function is not None
         try:
@@ -230,11 +262,11 @@ def run_cluster_checks(nodes: list[NodeFacts], config: Any, selected: Callable[[
     return results
 
 
-def skipped(check: Check, hosts: list[str], why: str) -> list[CheckResult]:
-    """SKIP results for CHECK in the shape a run gives (one per node, one for the cluster, one on the first
+def skipped(check: Check, hosts: list[str], why: str | Skip) -> list[CheckResult]:
+    """CHECK not run, for WHY, in the shape a run gives (one per node, one for the cluster, one on the first
     node), so a skipped stage and a run stage list the same checks."""
     if check.scope == "node":
-        return [check.result(h, skip(f"{check.name} skipped: {why}")) for h in hosts]
+        return [check.not_run(h, why) for h in hosts]
     if check.scope == "master":
-        return [check.result(hosts[0] if hosts else None, skip(f"{check.name} skipped: {why}"))]
-    return [check.result(None, skip(f"{check.name} skipped: {why}"))]
+        return [check.not_run(hosts[0] if hosts else None, why)]
+    return [check.not_run(None, why)]

@@ -39,7 +39,7 @@ class Report:
 
     @property
     def verdict(self) -> str:
-        return verdict(self.results, self.durations)
+        return verdict(self)
 
     @property
     def next_step(self) -> str:
@@ -54,6 +54,7 @@ class StageSummary:
     status: Status  # the worst of its results (PASS, WARN or FAIL); SKIP when every one of them is SKIP
     duration_s: float | None  # None: it did not run (or the report does not know)
     skipped: str | None = None  # why it did not run, when none of its checks judged anything
+    deselected_by: tuple[str, ...] = ()  # then, the options that left its checks out (`--only core`), if options did
 
     @property
     def verified(self) -> bool:
@@ -74,37 +75,29 @@ def duration_text(seconds: float) -> str:
     return f"{minutes}m{secs:02d}s"
 
 
-def skip_reason(result: CheckResult) -> str:
-    """Why RESULT (a SKIP) did not run, without the host and check name its message starts with."""
-    text = result.message
-    if result.host and text.startswith(f"{result.host}: "):
-        text = text[len(result.host) + 2 :]
-    return text.removeprefix(f"{result.name} skipped: ")
-
-
 def stage_summaries(results: list[CheckResult], durations: dict[str, float] | None = None) -> list[StageSummary]:
-    """Every stage, in the order they run, from its checks' results (the check registry says which stage emits
-    which check) and the seconds each stage ran."""
-    from clustercheck.checks import REGISTRY
+    """Every stage, in the order they run, from its checks' results (each carries its stage) and the seconds each
+    stage ran; a stage none of whose checks judged anything says why, from its results' skip reasons."""
     from clustercheck.selection import STAGES
 
     durations = durations or {}
     by_stage: dict[str, list[CheckResult]] = {stage: [] for stage in STAGES}
     for r in results:
-        check = REGISTRY.get(r.name)
-        if check is not None and check.stage in by_stage:
-            by_stage[check.stage].append(r)
+        if r.stage in by_stage:
+            by_stage[r.stage].append(r)
     summaries = []
     for stage, members in by_stage.items():
         judged = [r for r in members if r.status is not Status.SKIP]
         if not members and stage not in durations:
             continue  # nothing of this stage in the report (a report of some checks only)
-        skipped = None
+        skipped, deselected_by = None, ()
         if not judged:
-            reasons = list(dict.fromkeys(skip_reason(r) for r in members))
+            skips = [r.skip for r in members if r.skip is not None]
+            reasons = list(dict.fromkeys(s.reason for s in skips))
             skipped = "; ".join(reasons) if reasons else "nothing to check"
+            deselected_by = tuple(dict.fromkeys(s.deselected_by for s in skips if s.deselected_by))
         status = overall_status(judged) if judged else Status.SKIP
-        summaries.append(StageSummary(stage, status, durations.get(stage), skipped))
+        summaries.append(StageSummary(stage, status, durations.get(stage), skipped, deselected_by))
     return summaries
 
 
@@ -118,15 +111,16 @@ def _names(stages: list[StageSummary | str]) -> str:
     return ", ".join(s if isinstance(s, str) else s.name for s in stages)
 
 
-def verdict(results: list[CheckResult], durations: dict[str, float] | None = None) -> str:
+def verdict(report: Report) -> str:
     """One line: NOT READY with the failures, READY when the multi-node stages proved it, else what passed and what
     was not verified."""
+    results = report.results
     status = overall_status(results)
     if status is Status.FAIL:
         bad = sum(1 for r in results if r.status.is_problem)
         return f"NOT READY: {bad} check(s) failed"
     warnings = " (with warnings)" if status is Status.WARN else ""
-    stages = stage_summaries(results, durations)
+    stages = report.stages
     missing = unverified(stages)
     if not missing:
         return "READY for multi-node PyTorch" + warnings
@@ -137,7 +131,6 @@ def verdict(results: list[CheckResult], durations: dict[str, float] | None = Non
 
 def next_step(report: Report) -> str:
     """What to do next, in one line: the first failure to fix, the stages still to run, or the training to start."""
-    import re
     import shlex
 
     problems = [r for r in report.results if r.status.is_problem]
@@ -148,8 +141,7 @@ def next_step(report: Report) -> str:
         return f"fix {first.name}{where} first{others} (each with its fix above), and run the same command again"
     missing = unverified(report.stages)
     if missing:
-        reasons = " ".join(s.skipped or "" for s in missing if not isinstance(s, str))
-        flags = list(dict.fromkeys(re.findall(r"\((--(?:only|skip)\b[^()]*)\)", reasons)))  # what deselected them
+        flags = list(dict.fromkeys(f for s in missing if not isinstance(s, str) for f in s.deselected_by))
         if flags:
             return f"run the same command without {' and '.join(flags)} to verify {_names(missing)}"
         return f"find out why {_names(missing)} did not run (above), and run the same command again"

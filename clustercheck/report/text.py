@@ -17,7 +17,7 @@ from rich.style import Style
 from rich.text import Text
 
 from clustercheck.model import CheckResult, Status
-from clustercheck.report import CLUSTER_SUITE, SEVERITY, Report, StageSummary, duration_text, skip_reason
+from clustercheck.report import CLUSTER_SUITE, SEVERITY, Report, StageSummary, duration_text
 
 STYLES = {
     Status.PASS: "green",
@@ -247,12 +247,12 @@ def fix_lines(results: list[CheckResult]) -> list[str]:
 
 
 def skipped_lines(results: list[CheckResult], hosts: list[str]) -> list[str]:
-    """One line per reason a check was skipped: how many results, the reason, which checks, and on which hosts
-    where not on all of them."""
+    """One line per reason a check was skipped (each SKIP's own, as data): how many results, the reason, which
+    checks, and on which hosts where not on all of them."""
     groups: dict[str, list[CheckResult]] = {}
     for r in results:
-        if r.status is Status.SKIP:
-            groups.setdefault(skip_reason(r), []).append(r)
+        if r.skip is not None:
+            groups.setdefault(r.skip.reason, []).append(r)
     lines = []
     for reason, members in groups.items():
         names = _names(list(dict.fromkeys(r.name for r in members)))

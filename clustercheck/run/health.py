@@ -156,7 +156,7 @@ def judge(
     )
     if models is not None:
         facts.models = models
-    return registry.run_node_checks(facts, lambda _: True, "not selected")
+    return registry.run_node_checks(facts)
 
 
 def slurm_update(health: Health, name: str, say: Callable[[str], None], budget: Budget) -> None:

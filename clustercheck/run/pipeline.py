@@ -19,7 +19,7 @@ from clustercheck.config import RunConfig
 from clustercheck.facts import parse
 from clustercheck.facts.model import NodeFacts
 from clustercheck.inventory import Node
-from clustercheck.model import CheckResult, Status
+from clustercheck.model import CheckResult, Skip, Status
 from clustercheck.reach import Reach
 from clustercheck.selection import DISTRIBUTED
 from clustercheck.selection import stage as declared
@@ -86,9 +86,7 @@ class Pipeline:
             cluster = [self._distinct()]
             reached = [self._facts[n.name] for n in self.nodes if n.name in self._facts]
             selection = self.config.selection
-            cluster += registry.run_cluster_checks(
-                reached, self.config, selection.check_selected, "not selected (--skip)"
-            )
+            cluster += registry.run_cluster_checks(reached, self.config, selection)
             self._durations["core"] = time.monotonic() - started
             later = self._multinode()
             results = []
@@ -143,11 +141,11 @@ class Pipeline:
         for stage in DISTRIBUTED:
             module = modules()[stage]
             checks = registry.of_stage(stage)
-            why = None
+            why: str | Skip | None = None
             if not selection.stage_selected(stage):
                 why = selection.why_not_stage(stage)
             elif not any(selection.check_selected(c.name) for c in checks):
-                why = f"not selected (--skip {' '.join(selection.globs)})"
+                why = selection.why_not_checks(c.name for c in checks)
             elif blocked:
                 why = blocked
             elif declared(stage).needs_torch and no_torch:
@@ -194,8 +192,7 @@ class Pipeline:
         selection = self.config.selection
         if selection.check_selected(result.name):
             return result
-        why = selection.why_not_check(result.name)
-        return registry.get(result.name).result(result.host, registry.skip(f"{result.name} skipped: {why}"))
+        return registry.get(result.name).not_run(result.host, selection.why_not_check(result.name))
 
     # ------------------------------------------------------------------ one host
 
@@ -268,8 +265,9 @@ class Pipeline:
 
     def _distinct(self) -> CheckResult:
         check = registry.get("nodes.distinct")
-        if not self.config.selection.check_selected(check.name):  # still, nothing ran twice on one machine
-            return check.result(None, registry.skip(f"{check.name} skipped: not selected (--skip)"))
+        selection = self.config.selection
+        if not selection.check_selected(check.name):  # still, nothing ran twice on one machine
+            return check.not_run(None, selection.why_not_check(check.name))
         finding = connection.distinct_finding(
             [n.name for n in self.nodes], {n.name: n.address for n in self.nodes}, self._same, self._identities
         )

@@ -263,7 +263,7 @@ def run_host(node: Node, transport: Transport, ctx: Context, step, begun: NodeSt
             registry.passed(f"facts collected with {python} in {seconds:.1f} s", seconds=round(seconds, 3)),
         )
     )
-    outcome.results += registry.run_node_checks(facts, selection.check_selected, _why_not(selection))
+    outcome.results += registry.run_node_checks(facts, selection)
     step("collectives on the node")
     outcome.results += local_collectives(facts, transport, ctx)
     return outcome
@@ -349,11 +349,6 @@ def write_packages(facts: NodeFacts, host_dir) -> None:
     (host_dir / "packages.txt").write_text("\n".join(lines) + "\n")
 
 
-def _why_not(selection) -> str:
-    globs = selection.globs
-    return f"not selected (--skip {' '.join(globs)})" if globs else "not selected"
-
-
 def _facts_error(node: Node, message: str) -> CheckResult:
     return registry.get("facts").result(
         node.name,
@@ -373,18 +368,16 @@ def local_collectives(facts: NodeFacts, transport: Transport, ctx: Context) -> l
     checks = [registry.get(n) for n in LOCAL_NAMES]
     if len(ctx.hosts) == 1 and selection.stage_selected("collectives"):
         why = "on one node the collectives stage runs this very job"
-        return [c.result(name, registry.skip(f"{c.name} skipped: {why}")) for c in checks]
+        return [c.not_run(name, why) for c in checks]
     if not any(selection.check_selected(n) for n in LOCAL_NAMES):
-        return [c.result(name, registry.skip(f"{c.name} skipped: {selection.why_not_check(c.name)}")) for c in checks]
+        return [c.not_run(name, selection.why_not_check(c.name)) for c in checks]
     problem = facts.torch_problem
     if problem:
-        return [c.result(name, registry.skip(f"{c.name} skipped: torch does not import")) for c in checks]
+        return [c.not_run(name, "torch does not import") for c in checks]
     member = Member(facts.node, transport, facts, "127.0.0.1", "lo", None, facts.gpus_for_torch)
     results = collectives.run_local(member, ctx, local_port(transport, facts.python))
     return [
-        r
-        if selection.check_selected(r.name)
-        else registry.get(r.name).result(name, registry.skip(f"{r.name} skipped: {selection.why_not_check(r.name)}"))
+        r if selection.check_selected(r.name) else registry.get(r.name).not_run(name, selection.why_not_check(r.name))
         for r in results
     ]
 

@@ -10,7 +10,7 @@ import json
 import secrets
 
 from clustercheck.checks import data, registry
-from clustercheck.model import CheckResult, Status
+from clustercheck.model import CheckResult
 from clustercheck.stages import Context, Member, bundle
 
 NAME = "data"
@@ -75,13 +75,9 @@ def run(members: list[Member], ctx: Context) -> list[CheckResult]:
     if config.shared_dir:
         results.append(shared_dir(members, ctx, config.shared_dir))
     else:
-        results.append(registry.emit(data.SHARED_DIR, Status.SKIP, f"{data.SHARED_DIR} skipped: no --shared-dir given"))
+        results.append(registry.get(data.SHARED_DIR).not_run(None, "no --shared-dir given"))
     if config.data_paths:
         results.append(data_paths(members, ctx, config.data_paths))
     else:
-        results.append(
-            registry.emit(
-                data.PATHS, Status.SKIP, f"{data.PATHS} skipped: no --data-path given (nor clustercheck_data_paths)"
-            )
-        )
+        results.append(registry.get(data.PATHS).not_run(None, "no --data-path given (nor clustercheck_data_paths)"))
     return results

@@ -41,17 +41,13 @@ def run(members: list[Member], ctx: Context) -> list[CheckResult]:
         results.append(check.result(m.name, lightning.import_finding(answer, error, required)))
     missing = [r.host for r in results if r.status is not Status.PASS]
     if missing:
-        status = Status.FAIL if required else Status.SKIP
         why = f"Lightning does not import on {', '.join(str(h) for h in missing)}"
-        return [
-            *results,
-            registry.emit(
-                lightning.NAME,
-                status,
-                f"{lightning.NAME} {'failed' if required else 'skipped'}: {why}",
-                remediation=lightning.INSTALL if required else "",
-            ),
-        ]
+        if not required:
+            return [*results, registry.get(lightning.NAME).not_run(None, why)]
+        failed = registry.emit(
+            lightning.NAME, Status.FAIL, f"{lightning.NAME} failed: {why}", remediation=lightning.INSTALL
+        )
+        return [*results, failed]
 
     backend = launch.choose_backend([m.gpus for m in members])
     per_node = {launch.ranks_per_node(m.gpus, backend, ctx.config.nproc_per_node) for m in members}

@@ -257,7 +257,7 @@ def run(members: list[Member], ctx: Context) -> list[CheckResult]:
             registry.emit(
                 "network.resolve",
                 Status.SKIP,
-                f"{name}: one node: its ranks meet on 127.0.0.1 (hostname.resolve covers its own name)",
+                "one node: its ranks meet on 127.0.0.1 (hostname.resolve covers its own name)",
                 host=name,
             )
         )

@@ -224,7 +224,7 @@ def judged(results: list[CheckResult], outcome: JobOutcome) -> list[CheckResult]
             r = registry.emit(
                 r.name,
                 Status.SKIP,
-                f"{r.host}: {r.name} did not run to the end: {outcome.failure}",
+                f"{r.name} did not run to the end: {outcome.failure}",
                 host=r.host,
                 data={**r.data, **outcome.data},
             )

@@ -31,7 +31,7 @@ def node_facts(name="node1", gpus_expected=None, smi=None, torch=None, cluster_s
 
 
 def by_name(facts: NodeFacts) -> dict[str, CheckResult]:
-    return {r.name: r for r in registry.run_node_checks(facts, lambda name: True, "")}
+    return {r.name: r for r in registry.run_node_checks(facts)}
 
 
 def test_gpu_checks_skip_without_gpus_unless_expected():
@@ -100,7 +100,7 @@ def test_the_loopback_fix_names_the_address_the_hostname_resolved_to():
 
 def test_consistency_with_fewer_than_two_nodes_reached_says_how_many_of_how_many():
     def messages(nodes):
-        results = registry.run_cluster_checks(nodes, None, lambda name: True, "")
+        results = registry.run_cluster_checks(nodes, None)
         return {r.message for r in results if r.name.startswith("consistency.")}
 
     assert messages([]) == {"no node reached, nothing to compare"}
@@ -109,7 +109,7 @@ def test_consistency_with_fewer_than_two_nodes_reached_says_how_many_of_how_many
 
 
 def test_what_no_node_reported_is_skipped_with_one_message_for_every_consistency_check():
-    results = registry.run_cluster_checks([node_facts(name=f"n{i}") for i in range(3)], None, lambda name: True, "")
+    results = registry.run_cluster_checks([node_facts(name=f"n{i}") for i in range(3)], None)
     unknown = {r.name for r in results if r.message == "known on 0 of 3 nodes, nothing to compare"}
     assert {"consistency.cuda", "consistency.nccl", "consistency.driver", "consistency.vbios"} <= unknown  # CPU nodes
     assert {"consistency.packages", "consistency.clock"} <= unknown  # not collected in these facts
@@ -129,7 +129,7 @@ def test_consistency_names_the_nodes_that_differ_from_the_majority():
 def test_consistency_checks_read_the_typed_facts_of_every_node():
     nodes = [node_facts(name=f"n{i}") for i in range(3)]
     nodes[2] = node_facts(name="n2", torch={**TORCH_CPU, "version": "2.12.0+cpu"})
-    results = {r.name: r for r in registry.run_cluster_checks(nodes, None, lambda name: True, "")}
+    results = {r.name: r for r in registry.run_cluster_checks(nodes, None)}
     assert results["consistency.torch"].status is Status.FAIL
     assert "n2 has 2.12.0+cpu" in results["consistency.torch"].message
     assert results["consistency.torch"].remediation

@@ -17,7 +17,7 @@ from clustercheck.report import json as json_report
 
 
 def test_a_node_finding_gains_the_command_of_the_role_that_sets_it():
-    results = registry.run_node_checks(recorded_node("facts-node3-shm-tmp-chrony.json"), lambda name: True, "")
+    results = registry.run_node_checks(recorded_node("facts-node3-shm-tmp-chrony.json"))
     fixed = {r.name: r for r in setup_roles.with_fix_commands(results, "inventory/hosts.ini")}
     command = "ansible-playbook site.yml -i inventory/hosts.ini --limit node3 --tags base"
     for name in ("shm.size", "time.sync"):

@@ -18,6 +18,7 @@ from clustercheck import report
 from clustercheck.checks import network, registry
 from clustercheck.model import CheckResult, Metric, Status
 from clustercheck.report import FORMAT_NAMES, Report, markdown, prometheus
+from clustercheck.report import json as json_report
 from clustercheck.report import text as text_report
 
 RECORDS = Path(__file__).parent / "records"
@@ -257,13 +258,14 @@ def one_node_core_only() -> list[CheckResult]:
     raw = json.loads((RECORDS / "facts-debian12-localhost.json").read_text())
     facts = collect.build(Node(name="localhost", address="localhost"), raw, python="python3", python_source="x")
     results = [registry.get("connect").result("localhost", registry.passed("local"))]
-    results += registry.run_node_checks(facts, lambda name: True, "")
-    results += registry.run_cluster_checks([facts], None, lambda name: True, "")
-    from clustercheck.selection import stage
+    results += registry.run_node_checks(facts)
+    results += registry.run_cluster_checks([facts], None)
+    from clustercheck.selection import Selection, stage
 
+    only_core = Selection(only=("core",))
     for check in registry.REGISTRY.values():
         if check.stage != "core" and stage(check.stage).asked_by is None:  # baseline: nothing without --baseline
-            results += registry.skipped(check, ["localhost"], "not selected (--only core)")
+            results += registry.skipped(check, ["localhost"], only_core.why_not_stage(check.stage))
     return results
 
 
@@ -314,6 +316,25 @@ def test_only_core_is_not_called_ready_and_the_next_step_says_what_to_run():
     summary = markdown.render(Report(one_node_core_only(), ["localhost"], durations={"core": 21.3})).splitlines()
     assert summary[0] == "## clustercheck: " + verdict
     assert "stages: core WARN in 21.3 s" in summary[4] and summary[6] == "Next: " + next_step.removeprefix("next: ")
+
+
+def test_the_verdict_and_the_next_step_read_the_skips_data_not_their_messages():
+    """A SKIP carries why and the options that left it out as data: rewording every SKIP's message changes neither
+    the verdict, the next step, the stages line nor the folded skip lines."""
+    from dataclasses import replace
+
+    results = one_node_core_only()
+    reworded = [replace(r, message=f"{r.name} was not run") if r.status is Status.SKIP else r for r in results]
+    before, after = (text_lines(Report(rs, ["localhost"], durations={"core": 21.3})) for rs in (results, reworded))
+    rows = [line for line in before if not line.startswith(("│", "┏", "┃", "┡", "└"))]
+    assert rows == [line for line in after if not line.startswith(("│", "┏", "┃", "┡", "└"))]
+    assert before[-1] == "next: run the same command without --only core to verify network, collectives, ddp"
+    document = json_report.document(Report(reworded, ["localhost"], durations={"core": 21.3}))
+    stages = {s["name"]: s for s in document["stages"]}
+    assert stages["ddp"] == {"name": "ddp", "status": "SKIP", "skipped": "not selected (--only core)"}
+    ddp = next(c for c in document["checks"] if c["name"] == "ddp_equivalence")
+    assert ddp["stage"] == "ddp" and ddp["skip_reason"] == "not selected (--only core)"
+    assert ddp["deselected_by"] == "--only core" and ddp["message"] == "ddp_equivalence was not run"
 
 
 def test_a_ready_cluster_s_next_step_is_the_launch_and_a_failing_one_s_the_first_fix():

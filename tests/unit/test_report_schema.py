@@ -82,10 +82,11 @@ def test_each_stage_s_outcome_and_duration_are_in_the_report_and_the_schema():
     assert list(stages) == [s for s in STAGES if s in stages]  # in the order they run
     assert stages["network"] == {"name": "network", "status": "FAIL", "duration_s": 3.2}  # node3's firewall
     assert stages["ddp"] == {"name": "ddp", "status": "PASS", "duration_s": 15.5}
-    skipped = document(
-        [CheckResult("network.tcp", Status.SKIP, "network.tcp skipped: not selected (--only core)")],
-        durations={"core": 1.0},
-    )
+    from clustercheck.checks import registry
+    from clustercheck.selection import Selection
+
+    why = Selection(only=("core",)).why_not_stage("network")
+    skipped = document([registry.get("network.tcp").not_run(None, why)], durations={"core": 1.0})
     validator().validate(skipped)
     assert skipped["stages"] == [
         {"name": "core", "status": "SKIP", "duration_s": 1.0, "skipped": "nothing to check"},
@@ -96,3 +97,36 @@ def test_each_stage_s_outcome_and_duration_are_in_the_report_and_the_schema():
     spoiled = document(durations=durations)
     spoiled["stages"][0]["duration_s"] = "21 s"
     assert list(validator().iter_errors(spoiled))
+
+
+def test_each_check_s_stage_and_a_skip_s_reason_are_in_the_report_and_an_older_report_still_loads(tmp_path):
+    from pathlib import Path
+
+    from clustercheck.checks import registry
+    from clustercheck.report.load import load
+    from clustercheck.selection import STAGES, Selection
+
+    why = Selection(only=("core", "network")).why_not_stage("lightning")
+    results = real_results() + registry.skipped(registry.get("lightning.ddp"), ["node1"], why)
+    doc = document(results)
+    validator().validate(doc)
+    assert all(c["stage"] in STAGES for c in doc["checks"])
+    skipped = next(c for c in doc["checks"] if c["name"] == "lightning.ddp")
+    assert skipped["stage"] == "lightning" and skipped["skip_reason"] == "not selected (--only core network)"
+    assert skipped["deselected_by"] == "--only core network"
+    assert all("skip_reason" not in c for c in doc["checks"] if c["status"] != "SKIP")
+    schema = json.loads(report.schema_text())
+    assert schema["$defs"]["check"]["properties"]["stage"]["enum"] == list(STAGES)
+    for name, spoil in (
+        ("network.tcp", {"skip_reason": "why"}),  # a PASS has no reason to skip
+        ("lightning.ddp", {"deselected_by": "lightning"}),  # the options, as the command line takes them
+        ("lightning.ddp", {"stage": "gpu"}),
+    ):
+        spoiled = json.loads(json.dumps(doc))
+        next(c for c in spoiled["checks"] if c["name"] == name).update(spoil)
+        assert list(validator().iter_errors(spoiled)), spoil
+    # A report written before checks carried these (records/report-localhost.json) is still a report: --baseline
+    # and diff read it.
+    recorded = Path(__file__).parent / "records" / "report-localhost.json"
+    older = load(recorded)
+    assert not any({"stage", "skip_reason"} & set(c) for c in older["checks"])

@@ -31,7 +31,7 @@ def node3_results():
     facts = collect.build(
         Node(name="node3", address="node3"), raw, python="/usr/bin/python3", python_source="test", cluster_size=3
     )
-    return registry.run_node_checks(facts, lambda _: True, "")
+    return registry.run_node_checks(facts)
 
 
 def passing(results):
