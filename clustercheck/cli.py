@@ -390,7 +390,7 @@ def run(
         except ThresholdError as exc:
             raise UsageError(str(exc)) from exc
     try:
-        selection = Selection(only=only, skip=skip)
+        selection = Selection(only=only, skip=skip).against(entry["name"] for entry in catalog.entries())
     except SelectionError as exc:
         raise UsageError(str(exc)) from exc
     request = _slurm_request(

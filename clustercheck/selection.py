@@ -6,7 +6,9 @@ README's stage table come from it (each stage's checks are the ones the check re
 A deselected stage does no work and reports every check it would have emitted as SKIP; a deselected check is
 SKIP without being judged. The core stage always runs: the others need the facts it collects. A stage an option
 asks for (baseline, by --baseline) runs whenever the option is given, whatever --only keeps, unless --skip names it.
-What left a check out is told as data (model.Skip: the reason, and the options that did it).
+What left a check out is told as data (model.Skip: the reason, and the options that did it). Like --only with a name
+that is not a stage, --skip with a name that is neither a stage nor matches a check of the catalog is refused
+(Selection.against), before anything runs.
 """
 
 from __future__ import annotations
@@ -98,6 +100,20 @@ class Selection:
         if stage(name).asked_by:  # its option asks for it, whatever --only keeps of the others
             return name not in self.skip
         return (not self.only or name in self.only) and name not in self.skip
+
+    def against(self, checks: Iterable[str]) -> Selection:
+        """This selection, every --skip name checked against the catalog's check names CHECKS: one that is neither
+        a stage nor matches a check is refused, as --only refuses a name that is not a stage (a typo would
+        otherwise leave in what it meant to leave out, and say nothing)."""
+        names = list(checks)
+        for pattern in self.globs:
+            if not any(fnmatch.fnmatchcase(name, pattern) for name in names):
+                stages = ", ".join(s for s in STAGES if s != "core")
+                raise SelectionError(
+                    f"--skip {pattern}: not a stage ({stages}) and no check's name matches it (clustercheck checks "
+                    "lists them)"
+                )
+        return self
 
     def why_not_stage(self, stage: str) -> Skip:
         if stage in self.skip:

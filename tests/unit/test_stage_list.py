@@ -37,3 +37,27 @@ def test_the_stage_table_has_one_row_per_stage_with_its_checks():
 
 def test_a_family_of_three_or_more_checks_is_one_glob():
     assert catalog.families(["a", "gpu.x", "gpu.y", "gpu.z", "t.a", "t.b"]) == ["a", "gpu.*", "t.a", "t.b"]
+
+
+def test_a_skip_that_names_no_stage_and_no_check_is_refused_as_an_only_would_be():
+    """`--skip ddpp` and `--skip gpu.cnt` left everything in and said nothing; now they are usage errors, in one line
+    naming the stages and where the checks are listed, before anything runs."""
+    from clustercheck.launcher.preflight import PREFLIGHT
+    from clustercheck.selection import Selection, SelectionError
+
+    stages = ", ".join(STAGES[1:])
+    for typo in ("ddpp", "gpu.cnt", "locl.*"):
+        out = CliRunner().invoke(cli, ["run", "--hosts", "gpu1.invalid", "--skip", "ddp", "--skip", typo])
+        assert out.exit_code == 4, out.output  # a usage error (the command line says `clustercheck: error:`)
+        said = f"--skip {typo}: not a stage ({stages}) and no check's name matches it (clustercheck checks lists them)"
+        assert out.output.strip().splitlines() == [f"Error: {said}"]
+    names = list(checks.REGISTRY)
+    for fine in (("ddp", "baseline"), ("local.*",), ("gpu.count", "network.r*"), ("consistency.*", "lightning")):
+        assert Selection(skip=fine).against(names).skip == fine
+    assert PREFLIGHT.against(names) is PREFLIGHT  # the launch's own selection
+    try:
+        Selection(skip=("gpu.cnt",)).against(names)
+    except SelectionError as exc:
+        assert str(exc).startswith("--skip gpu.cnt: not a stage")
+    else:
+        raise AssertionError("--skip gpu.cnt was taken")
