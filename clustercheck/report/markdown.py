@@ -1,5 +1,6 @@
-"""A Markdown summary for a CI job summary or a pull request comment: the verdict, each stage's time, the next step,
-what is wrong with its fix, then one compact table row per check."""
+"""A Markdown summary for a CI job summary or a pull request comment: the verdict, each stage's time, what is wrong
+with its fix, the next step (after the failures and warnings it refers to), then one compact table row per
+check."""
 
 from __future__ import annotations
 
@@ -56,7 +57,6 @@ def render(report: Report) -> str:
     lines = [f"## clustercheck: {report.verdict}", "", " · ".join(facts), ""]
     if report.durations:
         lines += [stages_line(report.stages), ""]
-    lines += [f"Next: {report.next_step}", ""]
 
     problems = sorted((r for r in results if r.status.is_problem), key=lambda r: SEVERITY[r.status])
     warnings = [r for r in results if r.status is Status.WARN]
@@ -66,6 +66,7 @@ def render(report: Report) -> str:
             for r in members:
                 lines += _problem(r)
             lines.append("")
+    lines += [f"Next: {report.next_step}", ""]
 
     grouped: dict[str, list[CheckResult]] = {}
     for r in results:

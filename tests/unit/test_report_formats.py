@@ -166,6 +166,31 @@ def test_markdown_puts_the_verdict_and_the_failures_with_their_fixes_first():
     assert all(row.count(" | ") == 2 for row in rows)  # pipes in messages are escaped
 
 
+def test_markdown_s_next_step_comes_after_the_warnings_it_tells_to_read():
+    """`Next: read the warnings above, then train` stood above the Warnings section it meant."""
+    healthy = probe_records("netprobe-healthy.json")
+    from clustercheck.checks import collectives, ddp
+
+    peers = [network.Peer(n, r["address"]) for n, r in sorted(healthy.items())]
+    results = network.evaluate(healthy, peers, "node1", 29500)
+    results += collectives.evaluate_bandwidth(load("collectives-2x2.json"), world_size=4)
+    results.append(ddp.evaluate(load("ddp-pass.json"), world_size=3))
+    results += [
+        registry.get("time.sync").result(h, registry.warn("the clock is not synchronized to NTP")) for h in healthy
+    ]
+    lines = markdown.render(Report(results, sorted(healthy))).splitlines()
+    assert lines[0] == "## clustercheck: READY for multi-node PyTorch (with warnings)"
+    (next_line,) = [line for line in lines if line.startswith("Next: ")]
+    assert next_line.startswith("Next: read the warnings above, then train: ")
+    warnings = lines.index("### Warnings")
+    assert warnings < lines.index("- **WARN** `time.sync` on `node3`: node3: the clock is not synchronized to NTP")
+    assert (
+        lines.index("- **WARN** `time.sync` on `node3`: node3: the clock is not synchronized to NTP")
+        < lines.index(next_line)
+        < lines.index("### Checks")
+    )
+
+
 README = Path(__file__).resolve().parent.parent.parent / "README.md"
 
 
@@ -315,7 +340,9 @@ def test_only_core_is_not_called_ready_and_the_next_step_says_what_to_run():
     assert next_step == "next: run the same command without --only core to verify network, collectives, ddp"
     summary = markdown.render(Report(one_node_core_only(), ["localhost"], durations={"core": 21.3})).splitlines()
     assert summary[0] == "## clustercheck: " + verdict
-    assert "stages: core WARN in 21.3 s" in summary[4] and summary[6] == "Next: " + next_step.removeprefix("next: ")
+    assert "stages: core WARN in 21.3 s" in summary[4] and summary[6] == "### Warnings"
+    # The next step after the warnings it may refer to, before the table of every check.
+    assert summary[summary.index("### Checks") - 2] == "Next: " + next_step.removeprefix("next: ")
 
 
 def test_the_verdict_and_the_next_step_read_the_skips_data_not_their_messages():
