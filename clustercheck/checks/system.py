@@ -160,8 +160,9 @@ def hostname_resolve(facts: NodeFacts) -> Finding:
     if len(loopback) == len(addresses):
         if not several:
             return warn(
-                f"hostname {name} resolves to loopback ({', '.join(addresses)}): fine on one node, "
-                "breaks rendezvous across nodes",
+                f"hostname {name} resolves to loopback ({', '.join(addresses)}): fine on one node (its ranks meet "
+                "on 127.0.0.1), breaks rendezvous across nodes (a FAIL in a run over several, and in node-health, "
+                "which judges a node as one of a cluster's)",
                 "Map the hostname to the node's cluster address in /etc/hosts before adding nodes.",
                 hostname=name,
                 addresses=addresses,

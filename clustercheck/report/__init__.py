@@ -112,8 +112,9 @@ def _names(stages: list[StageSummary | str]) -> str:
 
 
 def verdict(report: Report) -> str:
-    """One line: NOT READY with the failures, READY when the multi-node stages proved it, else what passed and what
-    was not verified."""
+    """One line: NOT READY with the failures; READY for multi-node PyTorch when the multi-node stages proved it
+    across more than one node, and on one node what they proved there (multi-node is not proven by one node);
+    else what passed and what was not verified."""
     results = report.results
     status = overall_status(results)
     if status is Status.FAIL:
@@ -122,8 +123,13 @@ def verdict(report: Report) -> str:
     warnings = " (with warnings)" if status is Status.WARN else ""
     stages = report.stages
     missing = unverified(stages)
-    if not missing:
+    if not missing and len(report.hosts) > 1:
         return "READY for multi-node PyTorch" + warnings
+    if not missing:
+        node = report.hosts[0] if report.hosts else "this node"
+        ranks = next((r.data["world_size"] for r in results if r.stage == "ddp" and "world_size" in r.data), None)
+        with_ranks = f" with {ranks} rank{'s' if ranks != 1 else ''}" if ranks else ""
+        return f"READY for PyTorch on {node}{with_ranks}{warnings}; multi-node not verified with one node"
     passed = ", ".join(s.name for s in stages if s.verified) or "nothing"
     why = "; ".join(dict.fromkeys("no result" if isinstance(s, str) else s.skipped or "" for s in missing))
     return f"NOT VERIFIED for multi-node PyTorch: {passed} passed{warnings}; {_names(missing)} did not run ({why})"
@@ -133,7 +139,7 @@ def next_step(report: Report) -> str:
     """What to do next, in one line: the first failure to fix, the stages still to run, or the training to start."""
     import shlex
 
-    problems = [r for r in report.results if r.status.is_problem]
+    problems = in_run_order([r for r in report.results if r.status.is_problem])
     if problems:
         first = problems[0]
         where = f" on {first.host}" if first.host else ""
@@ -148,6 +154,19 @@ def next_step(report: Report) -> str:
     hosts = shlex.join(report.hosts_args) if report.hosts_args else "--hosts INVENTORY"
     read = "read the warnings above, then " if report.status is Status.WARN else ""
     return f"{read}train: clustercheck launch {hosts} -- train.py ARGS (your script under torchrun on every node)"
+
+
+def in_run_order(results: list[CheckResult]) -> list[CheckResult]:
+    """RESULTS in the order a run meets their checks: the stages' order, then the catalog's within a stage
+    (connect first), each check's hosts in the order given. A report lists the results node by node, so its first
+    problem can be a late check on a node that was reached (hostname.resolve, judged for a cluster of several)
+    ahead of the node that could not be reached at all, which is what keeps the multi-node stages from running."""
+    from clustercheck.checks import REGISTRY
+    from clustercheck.selection import STAGES
+
+    stages = {name: i for i, name in enumerate(STAGES)}
+    checks = {name: i for i, name in enumerate(REGISTRY)}
+    return sorted(results, key=lambda r: (stages.get(r.stage or "", len(stages)), checks.get(r.name, len(checks))))
 
 
 def _formats() -> dict[str, Callable[[Report], str]]:

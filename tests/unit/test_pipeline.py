@@ -194,6 +194,21 @@ def test_an_unreachable_node_among_reachable_ones_is_named_and_the_others_are_ju
     assert all(t.cleaned for t in cluster.transports.values())
 
 
+def test_the_next_step_names_the_unreachable_node_first_not_a_finding_on_a_node_reached(tmp_path):
+    """The report lists the results node by node: node1's hostname.resolve FAIL (its name resolves to loopback,
+    judged for a cluster of three) and its warnings came before node2's connect failure, and the next step named
+    them first. What keeps every multi-node stage from running is node2."""
+    from clustercheck.report import Report
+
+    cluster = Cluster(faults={"node2": TransportError("node2 (10.0.0.2:22): unreachable: timed out after 3 s")})
+    results = cluster.run(tmp_path).results
+    node1 = [r for r in results if r.host == "node1"]
+    assert any(r.status is Status.FAIL for r in node1) and any(r.status is Status.WARN for r in node1)
+    report = Report(results, list(NAMES))
+    assert report.next_step.startswith("fix connect on node2 first, then the ")
+    assert report.verdict.startswith("NOT READY: ")
+
+
 def test_a_name_that_does_not_resolve_gets_the_dns_fix_not_the_sshd_one(tmp_path):
     """paramiko's connect raises socket.gaierror for a name that does not resolve; the SSH transport wraps it."""
     try:

@@ -388,6 +388,39 @@ def test_a_ready_cluster_s_next_step_is_the_launch_and_a_failing_one_s_the_first
     assert len(fixes) == 2 and failing.index(fixes[0]) < failing.index(failing[-2])
 
 
+def recorded_run(name: str) -> list[CheckResult]:
+    """The results of a recorded JSON report (records/), as the run held them: each check's stage from the
+    catalog."""
+    document = load(name)
+    return [
+        CheckResult(
+            c["name"],
+            Status(c["status"]),
+            c["message"],
+            host=c["host"],
+            remediation=c["remediation"],
+            data=c["data"],
+            stage=registry.get(c["name"]).stage,
+        )
+        for c in document["checks"]
+    ]
+
+
+def test_one_node_is_ready_for_pytorch_on_that_node_not_for_multi_node():
+    """`run --hosts localhost` said "READY for multi-node PyTorch (with warnings)" while its own hostname.resolve
+    warned that the name breaks rendezvous across nodes: one node proves what it proves there, with its ranks."""
+    results = recorded_run("report-localhost.json")
+    one = Report(results, ["localhost"], durations={"core": 2.3, "network": 0.2, "collectives": 3.9, "ddp": 5.6})
+    assert one.verdict == (
+        "READY for PyTorch on localhost with 2 ranks (with warnings); multi-node not verified with one node"
+    )
+    assert "READY for multi-node" not in text_lines(one)[-2]
+    assert one.next_step == (
+        "read the warnings above, then train: clustercheck launch --hosts INVENTORY -- train.py ARGS (your script "
+        "under torchrun on every node)"
+    )
+
+
 def test_the_same_fix_on_several_nodes_is_one_line_naming_them():
     fix = registry.get("time.sync").fix
     results = [
