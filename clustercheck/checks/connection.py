@@ -126,6 +126,10 @@ def distinct_finding(names: list[str], addresses: dict[str, str], same: dict[str
     data: dict[str, Any] = {"same_machine": dict(same), "not_read": unknown}
     if len(names) < 2:
         return skip("one node, nothing to compare", **data)
+    if len(unknown) == len(names):  # no machine to tell apart: nothing judged, nothing passed
+        reached = [n for n in names if n in identities]
+        why = f"the identity of no node could be read (reached: {', '.join(reached)})" if reached else "no node reached"
+        return skip(f"{why}, nothing to compare", **data)
     if not same:
         note = f" (not read on {', '.join(unknown)})" if unknown else ""
         return passed(

@@ -257,6 +257,8 @@ def neighbour_table(nodes: list[NodeFacts], config: Any) -> Finding:
         "differ": sorted(set(overflowed) | {entry.split(" ", 1)[0] for entry in small}),  # the nodes to fix
     }
     fix = _neigh_fix(count)
+    if not nodes:
+        return skip("no node reached, nothing to check", **data)
     if overflowed:
         said = "; ".join(
             f"{host}: {_times(len(lines))}, last: {lines[-1]}" for host, lines in sorted(overflowed.items())

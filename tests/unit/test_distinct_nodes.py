@@ -82,3 +82,11 @@ def test_a_node_whose_identity_could_not_be_read_is_said_so():
         ["node1", "node2"], {}, {}, {"node1": parse_identity(RECORDED["node1"]), "node2": None}
     )
     assert finding.status is Status.PASS and "not read on node2" in finding.message
+
+
+def test_names_whose_machines_could_not_be_told_apart_at_all_pass_nothing():
+    finding = connection.distinct_finding(["node1", "node2"], {}, {}, {"node1": None, "node2": None})
+    assert finding.status is Status.SKIP
+    assert finding.message == "the identity of no node could be read (reached: node1, node2), nothing to compare"
+    nobody = connection.distinct_finding(["node1", "node2"], {}, {}, {})
+    assert nobody.status is Status.SKIP and nobody.message == "no node reached, nothing to compare"

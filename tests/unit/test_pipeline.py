@@ -209,6 +209,23 @@ def test_the_next_step_names_the_unreachable_node_first_not_a_finding_on_a_node_
     assert report.verdict.startswith("NOT READY: ")
 
 
+def test_a_run_that_reached_no_node_passes_nothing(tmp_path):
+    """nodes.distinct said `PASS 0 names, as many machines` when no node answered: nothing was there to judge."""
+    from clustercheck.report import Report
+
+    down = {n: TransportError(f"{n} (10.0.0.9:22): unreachable: timed out after 3 s") for n in NAMES}
+    results = by_key(Cluster(faults=down).run(tmp_path).results)
+    distinct = results[("nodes.distinct", None)]
+    assert distinct.status is Status.SKIP and distinct.message == "no node reached, nothing to compare"
+    assert distinct.skip.reason == "no node reached, nothing to compare"
+    neighbours = results[("neighbour.table", None)]  # not "limits not shown in the nodes' network namespaces"
+    assert neighbours.status is Status.SKIP and neighbours.message == "no node reached, nothing to check"
+    assert [r for r in results.values() if r.status is Status.PASS] == []
+    report = Report(list(results.values()), list(NAMES))
+    assert report.verdict == "NOT READY: 3 check(s) failed"
+    assert report.next_step.startswith("fix connect on node1 first, then the 2 other failure(s)")
+
+
 def test_a_name_that_does_not_resolve_gets_the_dns_fix_not_the_sshd_one(tmp_path):
     """paramiko's connect raises socket.gaierror for a name that does not resolve; the SSH transport wraps it."""
     try:
