@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from click.testing import CliRunner
 
 from clustercheck import catalog, checks, stages
@@ -61,3 +63,14 @@ def test_a_skip_that_names_no_stage_and_no_check_is_refused_as_an_only_would_be(
         assert str(exc).startswith("--skip gpu.cnt: not a stage")
     else:
         raise AssertionError("--skip gpu.cnt was taken")
+
+
+def test_the_distributed_checks_doc_counts_and_names_every_declared_stage():
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "distributed-checks.md").read_text()
+    first = " ".join(doc.split("\n\n")[1].split())
+    words = {5: "five", 6: "six", 7: "seven", 8: "eight", 9: "nine"}
+    assert first.startswith(f"`clustercheck run` has {words[len(STAGES)]} stages, run in this order:")
+    named = [stage for stage in STAGES if f"**{stage}**" in first]
+    assert named == list(STAGES) and [first.index(f"**{s}**") for s in named] == sorted(
+        first.index(f"**{s}**") for s in named
+    )
