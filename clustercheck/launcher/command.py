@@ -204,7 +204,6 @@ def plan(
             f"{name}={value}" if value is not None else name for name, value in command.options if name != "--nnodes"
         ],
         nproc_override=nproc_override,
-        cpu_ranks=1,
         nnodes=check_nnodes(command, len(nodes)),
         rendezvous=rendezvous,
         # in a container: the job works where it would on the node, and its script's directory is there too

@@ -60,7 +60,8 @@ def no_connection(node, run_id, register):
 
 def launch_on(nodes, tmp_path, argv=("train.py",)):
     echoed, said = [], []
-    options = LaunchOptions(command=command.parse(list(argv)), run_dir=tmp_path, preflight=False)
+    # One rank per node, as `--nproc-per-node 1` asks: each fake node's torchrun prints local rank 0's lines.
+    options = LaunchOptions(command=command.parse(list(argv)), run_dir=tmp_path, preflight=False, nproc_per_node=1)
     job = session.Launch(
         [n.node for n in nodes], options, reach=Fanout(no_connection), echo=echoed.append, say=said.append
     )
