@@ -86,17 +86,16 @@ def run(
     status = result.exit_status if result.exit_status is not None else 1
     why = "no exit status: killed or disconnected" if result.exit_status is None else f"exit {result.exit_status}"
     failure = rootcause.node_failure(raw[name])
+    ranks = {n: rootcause.rank_ends(text) for n, text in raw.items()}  # how each rank of each node ended
     if failure is not None:  # the failing rank's own error, not torchrun's report of it
         said = f"{name}'s {failure.text()}"
         facts = next(m.facts for m in members if m.name == name)
-        said += "".join(f". {note}" for note in told(failure, name, facts, ends, raw, plans, command.elastic))
+        said += "".join(f". {note}" for note in told(failure, name, facts, ends, ranks, plans, command.elastic))
     else:
         said = f"Last lines from {name}: " + (
             " | ".join(outputs[name].tail) or (result.stderr.strip().splitlines() or [""])[-1]
         )
-    alike = rootcause.same_status(
-        {n: rootcause.rank_ends(text) for n, text in raw.items()}, {p.node.name: p.nproc for p in plans}
-    )
+    alike = rootcause.same_status(ranks, {p.node.name: p.nproc for p in plans})
     if alike is not None and alike != status:
         said += f". Every rank failed alike: exit {alike}, the script's own status (torchrun's: {status})"
         status = alike
@@ -111,13 +110,13 @@ def told(
     name: str,
     facts: NodeFacts,
     ends: runner.Ends,
-    raw: dict[str, str],
+    ranks: dict[str, dict[int, rootcause.RankEnd]],
     plans: list[NodeLaunch],
     elastic: bool,
 ) -> list[str]:
     """What clustercheck knows of FAILURE, the failing rank of node NAME (FACTS: what it collected there): a GPU
-    or CUDA build the script asked for and the node lacks; whether the job's work had finished, from the other
-    ranks' ends (ENDS, and each node's torchrun output RAW) and rank 0's last line; what is known of the rank's last
+    or CUDA build the script asked for and the node lacks; whether the job's work had finished, from how the nodes'
+    torchruns (ENDS) and the other ranks (RANKS) ended and rank 0's last line; what is known of the rank's last
     words."""
     notes = []
     lacking = rootcause.without_cuda(failure, name, facts)
@@ -125,7 +124,6 @@ def told(
         notes.append(lacking)
     known = rootcause.known_cause(failure)
     if known is not None and known[1] and failure.signal is not None:
-        ranks = {n: rootcause.rank_ends(text) for n, text in raw.items()}
         others = [
             end
             for n, node_ends in ranks.items()
