@@ -36,8 +36,18 @@ def test_the_quick_starts_next_step_trains_the_readme_script_in_a_directory_of_i
     argv = shlex.split(line)
     # Its own rendezvous port, before the --, so that it runs beside other tests on the machine.
     argv[argv.index("--") : argv.index("--")] = ["--master-port", "29531", "--run-dir", str(tmp_path / "run")]
-    proc = subprocess.run([CLUSTERCHECK, *argv[1:]], cwd=directory, capture_output=True, text=True, timeout=300)
+    scratch = tmp_path / "tmpdir"  # its TMPDIR: torch's compile cache goes to the job's directory, not there
+    scratch.mkdir()
+    proc = subprocess.run(
+        [CLUSTERCHECK, *argv[1:]],
+        cwd=directory,
+        env={**os.environ, "TMPDIR": str(scratch)},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
+    assert list(scratch.iterdir()) == []
     assert "the same 1 file(s) on every node" in proc.stderr  # the script alone, not a checkout's files
     lines = proc.stdout.splitlines()
     # Two CPU ranks on this machine without a GPU, as `clustercheck run --hosts localhost` uses.

@@ -281,3 +281,19 @@ def test_a_rank_killed_mid_job_is_not_said_to_have_finished_its_work(tmp_path, m
     assert "killed by Signal 9 (SIGKILL)" in finished.message
     assert "work had finished" not in finished.message and "Known of" not in finished.message
     job.close()
+
+
+def test_torchs_compile_cache_goes_in_the_jobs_own_directory_on_each_node(tmp_path):
+    """Not $TMPDIR/torchinductor_<user>, left by every job: in the launch's work directory (removed at its end), or
+    a detached job's own directory, which outlives the launch; the user's --env still wins."""
+    fakes = {n: StreamingNode(n, 0, []) for n in ("node1", "node2")}
+    job, _, _ = launch_on([member(n, t) for n, t in fakes.items()], tmp_path)
+    assert {p.env["TORCHINDUCTOR_CACHE_DIR"] for p in job.plans} == {f"{workdir_for('0123456789ab')}/torchinductor"}
+    options = LaunchOptions(command=command.parse(["train.py"]), run_dir=tmp_path, preflight=False, detach=True)
+    detached = session.Launch([m.node for m in job.members], options, Fanout(no_connection), print, print)
+    detached.members, detached.homes, detached.job_id = job.members, {"node1": "/root", "node2": "/home/u"}, "j1"
+    plans = detached.plan("train.py", None)
+    assert plans[1].env["TORCHINDUCTOR_CACHE_DIR"] == "/home/u/.local/state/clustercheck/jobs/j1/torchinductor"
+    assert "--log-dir=/home/u/.local/state/clustercheck/jobs/j1/ranks" in plans[1].command
+    mine = command.job_env("gloo", None, {"TORCHINDUCTOR_CACHE_DIR": "/scratch/inductor"}, job_dir="/tmp/j")
+    assert mine["TORCHINDUCTOR_CACHE_DIR"] == "/scratch/inductor"
