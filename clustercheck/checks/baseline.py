@@ -6,11 +6,16 @@ A figure that got worse than the baseline by more than its tolerance (percent, p
 FIGURE=WARN[:FAIL]`) is a WARN, or a FAIL past the second bound, naming the node or pair, then and now:
 `node3 -> node1 throughput 9.1 Gbit/s, baseline 23.4 Gbit/s (-61 %)`. A node or pair that only one of the two
 reports measured is said, never judged.
+
+Only the nodes both reports checked are compared. A figure of the whole cluster (its all_reduce busbw, its DDP
+step) depends on the nodes it was measured across, so it is compared only when both reports checked the same
+nodes, and said otherwise; a baseline with no node in common is a report of another cluster: baseline.versions
+FAILs naming both sets of nodes, and nothing is compared.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from clustercheck.checks.collectives import size_text
@@ -68,6 +73,14 @@ FIGURES = {
     )
 }
 VERSIONS = "baseline.versions"
+CLUSTER = "cluster"  # how a busbw measured across the whole cluster is named (a node's own: "node1 intra-node")
+DDP_STEP = "DDP step"
+
+
+def cluster_wide(key: str) -> bool:
+    """Whether the figure KEY is of the whole cluster (its all_reduce across every node, its DDP step), not of one
+    node or pair: it changes with the nodes it was measured across."""
+    return key.startswith(f"{CLUSTER} ") or key == DDP_STEP
 
 
 @dataclass(frozen=True)
@@ -138,7 +151,7 @@ def figures(checks: list[dict]) -> dict[str, dict[str, float]]:
             continue
         name, host, data = check.get("name"), check.get("host"), check.get("data") or {}
         if name in ("allreduce.bandwidth", "allreduce.bandwidth.intra_node"):
-            where = "cluster" if host is None else f"{host} intra-node"
+            where = CLUSTER if host is None else f"{host} intra-node"
             for row in data.get("sizes") or []:
                 size, busbw = row.get("bytes"), _number(row.get("busbw_gbps"))
                 if isinstance(size, int) and size >= BUSBW_FROM_BYTES and busbw is not None:
@@ -156,7 +169,7 @@ def figures(checks: list[dict]) -> dict[str, dict[str, float]]:
         elif name == "ddp_equivalence":
             batch, rate = _number(data.get("global_batch")), _number(data.get("ddp_samples_per_s"))
             if batch and rate:
-                out["ddp_step"]["DDP step"] = batch / rate
+                out["ddp_step"][DDP_STEP] = batch / rate
         elif name == "facts" and host is not None:
             seconds = _number(data.get("seconds"))
             if seconds is not None:
@@ -208,12 +221,14 @@ class Change:
 
 @dataclass(frozen=True)
 class Comparison:
-    """One figure across every node or pair: the changes, and what only one of the two reports measured."""
+    """One figure across every node or pair: the changes, what only one of the two reports measured, and the
+    cluster-wide figures both measured but across other nodes (not compared)."""
 
     figure: str
     changes: list[Change]
     not_in_baseline: list[str]
     not_measured_now: list[str]
+    not_compared: list[str] = field(default_factory=list)
 
     @property
     def regressions(self) -> list[Change]:
@@ -238,21 +253,30 @@ def judge(figure: Figure, tolerance: Tolerance, baseline: float, now: float) -> 
     return change, Status.PASS
 
 
-def compare(then: dict[str, float], now: dict[str, float], figure: Figure, tolerance: Tolerance) -> Comparison:
-    changes = []
+def compare(
+    then: dict[str, float], now: dict[str, float], figure: Figure, tolerance: Tolerance, *, same_nodes: bool = True
+) -> Comparison:
+    """THEN and NOW of every key both measured; the cluster-wide ones only when SAME_NODES (both reports checked
+    the same nodes)."""
+    changes, not_compared = [], []
     for key in sorted(set(then) & set(now)):
+        if not same_nodes and cluster_wide(key):
+            not_compared.append(key)
+            continue
         change, status = judge(figure, tolerance, then[key], now[key])
         changes.append(Change(figure.name, key, then[key], now[key], change, status))
-    return Comparison(figure.name, changes, sorted(set(now) - set(then)), sorted(set(then) - set(now)))
+    return Comparison(figure.name, changes, sorted(set(now) - set(then)), sorted(set(then) - set(now)), not_compared)
 
 
 def compare_reports(
     baseline: dict[str, Any], current: dict[str, Any], tolerances: dict[str, Tolerance] | None = None
 ) -> dict[str, Comparison]:
-    """Every figure of CURRENT against BASELINE (report documents), figure name -> Comparison."""
+    """Every figure of CURRENT against BASELINE (report documents), figure name -> Comparison. A figure of a node
+    or pair is compared where both reports measured it; a cluster-wide one only when both checked the same nodes."""
     tolerances = tolerances or DEFAULT_TOLERANCES
     then, now = figures(baseline.get("checks", [])), figures(current.get("checks", []))
-    return {name: compare(then[name], now[name], f, tolerances[name]) for name, f in FIGURES.items()}
+    same = node_sets(baseline, current).same
+    return {name: compare(then[name], now[name], f, tolerances[name], same_nodes=same) for name, f in FIGURES.items()}
 
 
 @dataclass(frozen=True)
@@ -283,10 +307,44 @@ def version_changes(baseline: dict[str, Any], current: dict[str, Any]) -> list[V
     return out
 
 
-def hosts_changed(baseline: dict[str, Any], current: dict[str, Any]) -> tuple[list[str], list[str]]:
-    """(nodes only in CURRENT, nodes only in BASELINE), in their reports' order."""
-    old, new = baseline.get("hosts", []), current.get("hosts", [])
-    return [h for h in new if h not in old], [h for h in old if h not in new]
+@dataclass(frozen=True)
+class Nodes:
+    """The nodes two reports checked, each list in its report's order."""
+
+    baseline: list[str]
+    now: list[str]
+
+    @property
+    def common(self) -> list[str]:
+        return [h for h in self.now if h in self.baseline]
+
+    @property
+    def added(self) -> list[str]:
+        """Checked now, not in the baseline."""
+        return [h for h in self.now if h not in self.baseline]
+
+    @property
+    def gone(self) -> list[str]:
+        """In the baseline, not checked now."""
+        return [h for h in self.baseline if h not in self.now]
+
+    @property
+    def same(self) -> bool:
+        return set(self.baseline) == set(self.now)
+
+    @property
+    def unrelated(self) -> bool:
+        """No node in common: a report of another cluster (or of these nodes under other names)."""
+        return not self.common
+
+    def across(self) -> str:
+        """What the cluster-wide figures of the two reports were measured across, when the node sets differ."""
+        return f"the baseline's across {', '.join(self.baseline)}, this run's across {', '.join(self.now)}"
+
+
+def node_sets(baseline: dict[str, Any], current: dict[str, Any]) -> Nodes:
+    """The nodes BASELINE and CURRENT (report documents) checked."""
+    return Nodes(list(baseline.get("hosts", [])), list(current.get("hosts", [])))
 
 
 # ---------------------------------------------------------------------------------------------- the checks
@@ -348,18 +406,49 @@ def _source(baseline: Baseline) -> str:
     return baseline.source + (f" of {started}" if started else "")
 
 
+CLUSTER_FIGURES = ("busbw", "rtt", "throughput", "ddp_step")  # one result each; collector: one per node
+
+
 def evaluate(baseline: Baseline, current: dict[str, Any]) -> list[CheckResult]:
     """Every baseline.* check of CURRENT (a report document: its hosts and checks) against BASELINE."""
+    nodes = node_sets(baseline.document, current)
+    if nodes.unrelated:
+        return _unrelated(baseline, nodes)
     comparisons = compare_reports(baseline.document, current, baseline.tolerances)
     results = []
-    for name in ("busbw", "rtt", "throughput", "ddp_step"):
-        results.append(_figure_result(comparisons[name], baseline))
-    results += _collector_results(comparisons["collector"], baseline, current.get("hosts", []))
-    results.append(_versions_result(baseline, current))
+    for name in CLUSTER_FIGURES:
+        results.append(_figure_result(comparisons[name], baseline, nodes))
+    results += _collector_results(comparisons["collector"], baseline, nodes)
+    results.append(_versions_result(baseline, current, nodes))
     return results
 
 
-def _data(comparison: Comparison, baseline: Baseline) -> dict[str, Any]:
+def _unrelated(baseline: Baseline, nodes: Nodes) -> list[CheckResult]:
+    """A baseline with no node in common: nothing is compared, and baseline.versions FAILs naming both sets."""
+    why = "not compared: no node in common with the baseline"
+    data = {"baseline": _source(baseline), **_node_data(nodes)}
+    results = [emit(f"baseline.{name}", Status.SKIP, f"baseline.{name}: {why}", data=data) for name in CLUSTER_FIGURES]
+    results += [emit("baseline.collector", Status.SKIP, f"{host}: {why}", host=host, data=data) for host in nodes.now]
+    results.append(
+        emit(
+            VERSIONS,
+            Status.FAIL,
+            f"no node in common with the baseline: {_source(baseline)} checked {', '.join(nodes.baseline) or 'none'}; "
+            f"this run checked {', '.join(nodes.now)}. Nothing was compared: it is a report of other nodes (another "
+            "cluster's, or these under other names)",
+            remediation="Give --baseline a JSON report of these nodes, under the names this run gives them (the "
+            "inventory's); take one with `clustercheck run --hosts INVENTORY --format json -o baseline.json`.",
+            data={**data, "changes": [], "hosts_added": nodes.added, "hosts_gone": nodes.gone},
+        )
+    )
+    return results
+
+
+def _node_data(nodes: Nodes) -> dict[str, Any]:
+    return {"nodes": {"baseline": nodes.baseline, "now": nodes.now, "common": nodes.common}}
+
+
+def _data(comparison: Comparison, baseline: Baseline, nodes: Nodes) -> dict[str, Any]:
     tolerance = baseline.tolerances[comparison.figure]
     return {
         "baseline": _source(baseline),
@@ -367,11 +456,20 @@ def _data(comparison: Comparison, baseline: Baseline) -> dict[str, Any]:
         "changes": [c.to_dict() for c in comparison.changes],
         "not_in_baseline": comparison.not_in_baseline,
         "not_measured_now": comparison.not_measured_now,
+        "not_compared": comparison.not_compared,
+        **_node_data(nodes),
     }
 
 
-def _notes(comparison: Comparison) -> str:
+def _not_compared(comparison: Comparison, nodes: Nodes) -> str:
+    keys = comparison.not_compared
+    return f"not compared, measured across other nodes ({nodes.across()}): {', '.join(keys[:SHOWN])}"
+
+
+def _notes(comparison: Comparison, nodes: Nodes) -> str:
     notes = []
+    if comparison.not_compared:
+        notes.append(_not_compared(comparison, nodes))
     if comparison.not_in_baseline:
         notes.append(f"not in the baseline: {', '.join(comparison.not_in_baseline[:SHOWN])}")
     if comparison.not_measured_now:
@@ -379,32 +477,41 @@ def _notes(comparison: Comparison) -> str:
     return "".join(f"; {n}" for n in notes)
 
 
-def _figure_result(comparison: Comparison, baseline: Baseline) -> CheckResult:
+def _figure_result(comparison: Comparison, baseline: Baseline, nodes: Nodes) -> CheckResult:
     name = f"baseline.{comparison.figure}"
     figure = FIGURES[comparison.figure]
-    data = _data(comparison, baseline)
+    data = _data(comparison, baseline, nodes)
     if not comparison.changes:
+        if comparison.not_compared:
+            return emit(name, Status.SKIP, f"{name}: {_not_compared(comparison, nodes)}", data=data)
         if not comparison.not_in_baseline:
             return emit(name, Status.SKIP, f"{name}: not measured in this run", data=data)
         return emit(
             name,
             Status.PASS,
-            f"{name}: nothing to compare, the baseline has no such figure{_notes(comparison)}",
+            f"{name}: nothing to compare, the baseline has no such figure{_notes(comparison, nodes)}",
             data=data,
         )
-    return _judged_result(name, None, comparison, figure, baseline, data)
+    return _judged_result(name, None, comparison, figure, baseline, nodes, data)
 
 
 def _judged_result(
-    name: str, host: str | None, comparison: Comparison, figure: Figure, baseline: Baseline, data: dict
+    name: str,
+    host: str | None,
+    comparison: Comparison,
+    figure: Figure,
+    baseline: Baseline,
+    nodes: Nodes,
+    data: dict,
 ) -> CheckResult:
     regressions = comparison.regressions
     tolerance = baseline.tolerances[comparison.figure]
+    notes = _notes(comparison, nodes)
     if regressions:
         worst = Status.FAIL if any(c.status is Status.FAIL for c in regressions) else Status.WARN
         more = f"; and {len(regressions) - SHOWN} more" if len(regressions) > SHOWN else ""
         text = "; ".join(c.message for c in regressions[:SHOWN]) + more
-        return emit(name, worst, f"{text} ({tolerance.describe()}){_notes(comparison)}", host=host, data=data)
+        return emit(name, worst, f"{text} ({tolerance.describe()}){notes}", host=host, data=data)
     judged = [c for c in comparison.changes if c.change_pct is not None]
     if len(comparison.changes) == 1 and judged:
         text = f"{comparison.changes[0].message}: within its tolerance"
@@ -413,23 +520,23 @@ def _judged_result(
         text = f"{len(judged)} figure(s) within their tolerance of the baseline" + (
             f" (largest change: {largest.message})" if largest else ""
         )
-    return emit(name, Status.PASS, text + _notes(comparison), host=host, data=data)
+    return emit(name, Status.PASS, text + notes, host=host, data=data)
 
 
-def _collector_results(comparison: Comparison, baseline: Baseline, hosts: list[str]) -> list[CheckResult]:
+def _collector_results(comparison: Comparison, baseline: Baseline, nodes: Nodes) -> list[CheckResult]:
     name = "baseline.collector"
     figure = FIGURES["collector"]
     results = []
-    for host in hosts:
+    for host in nodes.now:
         mine = Comparison(
             comparison.figure,
             [c for c in comparison.changes if c.key == host],
             [k for k in comparison.not_in_baseline if k == host],
             [],
         )
-        data = _data(mine, baseline)
+        data = _data(mine, baseline, nodes)
         if mine.changes:
-            results.append(_judged_result(name, host, mine, figure, baseline, data))
+            results.append(_judged_result(name, host, mine, figure, baseline, nodes, data))
         elif mine.not_in_baseline:
             results.append(emit(name, Status.PASS, f"{host}: not in the baseline, nothing to compare", host=host))
         else:
@@ -437,16 +544,19 @@ def _collector_results(comparison: Comparison, baseline: Baseline, hosts: list[s
     return results
 
 
-def _versions_result(baseline: Baseline, current: dict[str, Any]) -> CheckResult:
+def _versions_result(baseline: Baseline, current: dict[str, Any], nodes: Nodes) -> CheckResult:
     changed = version_changes(baseline.document, current)
-    added, gone = hosts_changed(baseline.document, current)
+    added, gone = nodes.added, nodes.gone
     data = {
         "baseline": _source(baseline),
         "changes": [c.to_dict() for c in changed],
         "hosts_added": added,
         "hosts_gone": gone,
+        **_node_data(nodes),
     }
     notes = []
+    if added or gone:
+        notes.append(f"compared on the node(s) in both: {', '.join(nodes.common)}")
     if added:
         notes.append(f"not in the baseline: {', '.join(added)}")
     if gone:

@@ -13,7 +13,7 @@ import posixpath
 import re
 from dataclasses import dataclass
 
-from clustercheck.stages.launch import LaunchError, NodeLaunch, NodeSpec, plan_torchrun
+from clustercheck.stages.launch import LaunchError, NodeLaunch, NodeSpec, inductor_cache, plan_torchrun
 
 # torchrun's options (torch.distributed.run's parser), by whether they take a value.
 VALUE_OPTIONS = frozenset(
@@ -154,9 +154,14 @@ def check_nnodes(command: UserCommand, count: int) -> str:
     return given
 
 
-def job_env(backend: str, interface: str | None, extra: dict[str, str] | None = None) -> dict[str, str]:
-    """The job's environment: the cluster interface for NCCL and Gloo, output unbuffered, the user's --env last."""
+def job_env(
+    backend: str, interface: str | None, extra: dict[str, str] | None = None, *, job_dir: str | None = None
+) -> dict[str, str]:
+    """The job's environment: the cluster interface for NCCL and Gloo, output unbuffered, torch's compile cache in
+    the job's directory on the node (JOB_DIR), the user's --env last."""
     env = {"PYTHONUNBUFFERED": "1"}
+    if job_dir:
+        env["TORCHINDUCTOR_CACHE_DIR"] = inductor_cache(job_dir)
     if interface:
         env["NCCL_SOCKET_IFNAME"] = interface
         env["GLOO_SOCKET_IFNAME"] = interface
@@ -174,13 +179,14 @@ def plan(
     master_port: int,
     interfaces: dict[str, str | None],
     log_dirs: dict[str, str],
+    job_dirs: dict[str, str] | None = None,
     nproc_override: int | None = None,
     env: dict[str, str] | None = None,
     script: str | None = None,
 ) -> list[NodeLaunch]:
     """One NodeLaunch per node (stages/launch.py's planner), node rank in inventory order, the first node the
-    master. LOG_DIRS: node -> where torchrun keeps its per-rank logs there; SCRIPT replaces the user's script path
-    (a synced copy)."""
+    master. LOG_DIRS: node -> where torchrun keeps its per-rank logs there; JOB_DIRS: node -> the job's own
+    directory there, which holds torch's compile cache; SCRIPT replaces the user's script path (a synced copy)."""
     if not nodes:
         raise LaunchError("no nodes to launch on")
     if not 1024 <= master_port <= 65535:
@@ -199,12 +205,13 @@ def plan(
         program=lambda node: [script, *command.args],
         master_port=master_port,
         log_dir=lambda node: log_dirs[node.name],
-        env=lambda node, backend: job_env(backend, interfaces.get(node.name), env),
+        env=lambda node, backend: job_env(
+            backend, interfaces.get(node.name), env, job_dir=(job_dirs or {}).get(node.name)
+        ),
         options=[
             f"{name}={value}" if value is not None else name for name, value in command.options if name != "--nnodes"
         ],
         nproc_override=nproc_override,
-        cpu_ranks=1,
         nnodes=check_nnodes(command, len(nodes)),
         rendezvous=rendezvous,
         # in a container: the job works where it would on the node, and its script's directory is there too

@@ -10,6 +10,7 @@ import threading
 import time
 from pathlib import Path
 
+from clustercheck.facts.model import NodeFacts
 from clustercheck.launcher import command as cmd
 from clustercheck.launcher import output
 from clustercheck.launcher.job import FOREVER, Echo, Finished, in_dir, work_dir
@@ -75,7 +76,8 @@ def run(
             logs.clear()
     elapsed = time.monotonic() - started
     ends = ran.ends
-    first = runner.first_failure(ends, lambda name, result: rootcause.node_failure("\n".join(outputs[name].recent)))
+    raw = {name: "\n".join(o.recent) for name, o in outputs.items()}
+    first = runner.first_failure(ends, lambda name, result: rootcause.node_failure(raw[name]))
     if first is None:
         if len(ends) == len(plans) and all(r.ok for _, r, _ in ends.values()):
             return Finished(0, f"the job completed on every node in {elapsed:.0f} s (output: {run_dir})")
@@ -83,14 +85,62 @@ def run(
     name, result = first
     status = result.exit_status if result.exit_status is not None else 1
     why = "no exit status: killed or disconnected" if result.exit_status is None else f"exit {result.exit_status}"
-    failure = rootcause.node_failure("\n".join(outputs[name].recent))
+    failure = rootcause.node_failure(raw[name])
+    ranks = {n: rootcause.rank_ends(text) for n, text in raw.items()}  # how each rank of each node ended
     if failure is not None:  # the failing rank's own error, not torchrun's report of it
         said = f"{name}'s {failure.text()}"
+        facts = next(m.facts for m in members if m.name == name)
+        said += "".join(f". {note}" for note in told(failure, name, facts, ends, ranks, plans, command.elastic))
     else:
         said = f"Last lines from {name}: " + (
             " | ".join(outputs[name].tail) or (result.stderr.strip().splitlines() or [""])[-1]
         )
+    alike = rootcause.same_status(ranks, {p.node.name: p.nproc for p in plans})
+    if alike is not None and alike != status:
+        said += f". Every rank failed alike: exit {alike}, the script's own status (torchrun's: {status})"
+        status = alike
     return Finished(
         status,
         f"the job failed on {name} first ({why}) after {elapsed:.0f} s; every node's torchrun was stopped. {said}",
     )
+
+
+def told(
+    failure: rootcause.RankFailure,
+    name: str,
+    facts: NodeFacts,
+    ends: runner.Ends,
+    ranks: dict[str, dict[int, rootcause.RankEnd]],
+    plans: list[NodeLaunch],
+    elastic: bool,
+) -> list[str]:
+    """What clustercheck knows of FAILURE, the failing rank of node NAME (FACTS: what it collected there): a GPU
+    or CUDA build the script asked for and the node lacks; whether the job's work had finished, from how the nodes'
+    torchruns (ENDS) and the other ranks (RANKS) ended and rank 0's last line; what is known of the rank's last
+    words."""
+    notes = []
+    lacking = rootcause.without_cuda(failure, name, facts)
+    if lacking:
+        notes.append(lacking)
+    known = rootcause.known_cause(failure)
+    if known is not None and known[1] and failure.signal is not None:
+        others = [
+            end
+            for n, node_ends in ranks.items()
+            for local, end in node_ends.items()
+            if (n, local) != (name, failure.local_rank)
+        ]
+        nodes_failed = [n for n, (_, result, own) in ends.items() if n != name and own and not result.ok]
+        if not nodes_failed and not any(end.failed for end in others):
+            first = plans[0].node.name
+            zero = ranks.get(first, {}).get(0)
+            last = (
+                f" (rank 0's last line: {zero.said[-1]!r})"
+                if zero is not None and zero.said and not elastic and (first, 0) != (name, failure.local_rank)
+                else ""
+            )
+            who = f"rank {failure.rank}" if failure.rank is not None else f"local rank {failure.local_rank}"
+            notes.append(f"No other rank failed on its own{last}: the job's work had finished before {who} ended")
+    if known is not None:
+        notes.append(f"Known of its last words: {known[0]}")
+    return notes

@@ -82,10 +82,11 @@ class Launch:
             )
             for m in self.members
         ]
-        log_dirs = {
-            m.name: f"{self.homes[m.name]}/.local/state/clustercheck/jobs/{self.job_id}/ranks"
+        # The job's own directory on each node: a detached job's outlives the launch (its logs stay there).
+        job_dirs = {
+            m.name: f"{self.homes[m.name]}/.local/state/clustercheck/jobs/{self.job_id}"
             if o.detach
-            else f"{m.transport.workdir.rstrip('/')}/ranks"
+            else m.transport.workdir.rstrip("/")
             for m in self.members
         }
         self.plans = cmd.plan(
@@ -94,7 +95,8 @@ class Launch:
             job_id=self.job_id,
             master_port=o.master_port,
             interfaces={m.name: m.interface for m in self.members},
-            log_dirs=log_dirs,
+            log_dirs={name: f"{directory}/ranks" for name, directory in job_dirs.items()},
+            job_dirs=job_dirs,
             nproc_override=o.nproc_per_node,
             env=o.env,
             script=script,

@@ -82,13 +82,22 @@ def output_dir(run_dir: str, stage: str) -> str:
     return f"{run_dir.rstrip('/')}/{stage}"
 
 
+def inductor_cache(job_dir: str) -> str:
+    """Where a torch job's compile cache goes: inside its own directory on the node. torch makes the cache
+    directory on importing torch.optim (torch._dynamo), by default $TMPDIR/torchinductor_<user>, which every job
+    would leave behind."""
+    return f"{job_dir.rstrip('/')}/torchinductor"
+
+
 def torchrun_env(
     backend: str, interface: str | None, run_dir: str, extra: dict[str, str] | None = None
 ) -> dict[str, str]:
-    """Environment for torchrun: the cluster interface for NCCL and Gloo, NCCL's INFO log kept in the run dir."""
+    """Environment for torchrun: the cluster interface for NCCL and Gloo, NCCL's INFO log and torch's compile
+    cache kept in the run dir."""
     env = {
         "NCCL_DEBUG": "INFO",
         "NCCL_DEBUG_FILE": f"{run_dir.rstrip('/')}/nccl-%h-%p.log",
+        "TORCHINDUCTOR_CACHE_DIR": inductor_cache(run_dir),
         # One thread per rank: ranks share the node's cores, and oversubscription makes timings noise.
         "OMP_NUM_THREADS": "1",
         "PYTHONUNBUFFERED": "1",

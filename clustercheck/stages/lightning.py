@@ -21,7 +21,9 @@ def _probe(m: Member, ctx: Context) -> dict:
     box = ctx.config.container
     if box is not None:
         command = box.run(command, workdir=m.transport.workdir, gpus=m.gpus > 0)
-    answer = m.transport.run(command, timeout=ctx.config.command_timeout)
+    # Lightning's import makes torch's compile cache directory: in the run's work directory, as the torch jobs'.
+    env = {"TORCHINDUCTOR_CACHE_DIR": launch.inductor_cache(m.transport.workdir)}
+    answer = m.transport.run(command, timeout=ctx.config.command_timeout, env=env)
     (ctx.config.host_dir(m.name) / "lightning-probe.json").write_text(answer.stdout + answer.stderr)
     try:
         return json.loads(answer.stdout.strip().splitlines()[-1])

@@ -58,6 +58,58 @@ class _Transport(paramiko.Transport):
     # more) need no finer step.
     _active_check_timeout = 1.0
 
+    def __init__(self, *args, **kwargs) -> None:
+        self.greeting: list[str] = []  # what the server sent before an SSH banner (paramiko skips such lines)
+        super().__init__(*args, **kwargs)
+
+    def _log(self, level, msg, *args) -> None:
+        # paramiko's only record of the lines it skipped while it looked for the banner: they name a refusal
+        # ("Exceeded MaxStartups") or another service on the port.
+        if isinstance(msg, str) and msg.startswith("Banner: ") and len(self.greeting) < GREETING_LINES:
+            self.greeting.append(msg[len("Banner: ") :])
+        super()._log(level, msg, *args)
+
+
+GREETING_LINES = 3  # lines of a server's non-SSH greeting kept to quote
+
+
+def no_banner(error: BaseException | None, greeting: list[str], banner_timeout: float, elapsed: float) -> str:
+    """Why a TCP connection gave no SSH banner, from how waiting for it ended (ERROR: EOFError or a
+    ConnectionError when the connection was closed, a timeout when nothing came), what the server sent instead
+    (GREETING) and the seconds from connecting to the end (ELAPSED).
+
+    A close and a reset are one case: paramiko sends its own banner first, and a socket the server closed
+    answers that with a reset, so either can be seen for either."""
+    said = " | ".join(line.strip() for line in greeting if line.strip())
+    if said in REFUSALS:
+        return f"sshd refused the connection, saying {said!r} ({REFUSALS[said]})"
+    if said:
+        return (
+            f"the server on that port answered {said!r}, not an SSH banner (a service other than sshd listens "
+            "there: check the port, `ss -tlnp` on the node)"
+        )
+    if isinstance(error, EOFError | ConnectionError):
+        return (
+            f"the server closed (or reset) the connection {elapsed:.1f} s after connecting, without an SSH banner: "
+            "sshd refusing new connections (its MaxStartups limit of unauthenticated connections at once, "
+            "OpenSSH's PerSourcePenalties, TCP wrappers' /etc/hosts.deny: `journalctl -u ssh` on the node says "
+            "which), a firewall or load balancer cutting the connection, or a service other than sshd on that port"
+        )
+    if error is None or isinstance(error, TimeoutError):
+        return (
+            f"sshd accepted the connection but sent no SSH banner within {banner_timeout:.0f} s (sshd hung or "
+            "overloaded, or no SSH server on that port)"
+        )
+    return f"reading the server's SSH banner failed after {elapsed:.1f} s: {error}"
+
+
+# What OpenSSH's sshd sends, in place of its banner, to a connection it refuses (8.2's drop_connection: over
+# MaxStartups), and what that means.
+REFUSALS = {
+    "Exceeded MaxStartups": "too many unauthenticated connections to it at once, sshd_config's MaxStartups: "
+    "fewer at once (--forks), or a higher MaxStartups",
+}
+
 
 def _transport(sock, **kwargs) -> paramiko.Transport:
     """The paramiko transport of a connection, with PREFERRED_CIPHERS first."""
@@ -129,6 +181,7 @@ class Connection:
         # The first key file is offered first, as paramiko would (pkey comes before key_filename), read only once.
         first = _private_key(params.key_files[0]) if params.key_files else None
         files = params.key_files[1:] if first is not None else params.key_files
+        started = time.monotonic()
         try:
             client.connect(
                 params.hostname,
@@ -159,18 +212,22 @@ class Connection:
         except TimeoutError as exc:
             client.close()
             raise TransportError(f"{where}: unreachable: timed out after {self.timeouts.connect:.0f} s") from exc
-        except paramiko.SSHException as exc:
+        except (paramiko.SSHException, OSError, EOFError) as exc:
             transport = client.get_transport()
-            silent = transport is not None and not transport.remote_version  # TCP connected, no "SSH-2.0-..." line
+            # TCP connected, and no "SSH-2.0-..." line came: paramiko raised on reading it (the SSHException's
+            # context says how the reading ended), or on sending its own banner to a connection reset already,
+            # or the server's reset reached the socket before its connect() returned.
+            before_banner = (
+                not transport.remote_version if transport is not None else isinstance(exc, ConnectionResetError)
+            )
+            greeting = list(getattr(transport, "greeting", ()))
             client.close()
-            if silent:
-                raise TransportError(
-                    f"{where}: unreachable: sshd accepted the connection but sent no SSH banner within "
-                    f"{self.timeouts.banner:.0f} s (sshd hung or overloaded, or no SSH server on that port)"
-                ) from exc
-            raise TransportError(f"{where}: unreachable: SSH failed: {exc}") from exc
-        except OSError as exc:
-            client.close()
+            if before_banner:
+                how = exc.__context__ if isinstance(exc, paramiko.SSHException) else exc
+                why = no_banner(how, greeting, self.timeouts.banner, time.monotonic() - started)
+                raise TransportError(f"{where}: unreachable: {why}") from exc
+            if isinstance(exc, paramiko.SSHException):
+                raise TransportError(f"{where}: unreachable: SSH failed: {exc}") from exc
             raise TransportError(f"{where}: unreachable: {exc.strerror or exc}") from exc
         transport = client.get_transport()
         if transport is not None:

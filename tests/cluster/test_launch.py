@@ -1,6 +1,8 @@
 """`clustercheck launch` on the 3-node test cluster, over SSH, as a user runs it: the README's DDP script to
 completion, a failing rank that stops every node, code that differs on one node, and a detached job that outlives
-the control machine's clustercheck process, then `jobs`, `logs` and `stop`. One rank per node (gloo on CPUs)."""
+the control machine's clustercheck process, then `jobs`, `logs` and `stop`. One rank per node (gloo on CPUs), asked
+with `--nproc-per-node 1`: the test nodes share this machine's few cores (the default, 2 CPU ranks per node as `run`
+uses, is tested on localhost by tests/local/test_quickstart.py)."""
 
 from __future__ import annotations
 
@@ -64,7 +66,10 @@ def put_code(cluster, files: dict[str, str], nodes=None) -> None:
 def launch_command(cluster, tmp_path: Path, *args: str) -> list[str]:
     empty_config = tmp_path / "ssh_config"
     empty_config.touch()
-    return [CLUSTERCHECK, *args[:1], "--hosts", cluster.inventory, "--ssh-config", str(empty_config), *args[1:]]
+    one_rank = ["--nproc-per-node", "1"] if args[:1] == ("launch",) else []
+    return [
+        CLUSTERCHECK, *args[:1], "--hosts", cluster.inventory, "--ssh-config", str(empty_config), *one_rank, *args[1:]
+    ]  # fmt: skip
 
 
 def cli(cluster, tmp_path, *args, timeout=300, env=None) -> subprocess.CompletedProcess:

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
-from harness import run_cli
+from harness import CLUSTERCHECK, run_cli
 
 from clustercheck import selection
 
@@ -16,10 +18,26 @@ from clustercheck import selection
 def full_run(tmp_path_factory):
     """One run of every stage on this machine, which the tests below read: (the process, its run directory)."""
     tmp_path = tmp_path_factory.mktemp("full")
-    proc = run_cli(
-        "run", "--hosts", "localhost", "--format", "json", "--run-dir", str(tmp_path / "run"), "--master-port", "29611"
-    )
+    (tmp_path / "tmpdir").mkdir()  # its TMPDIR, where nothing of the run may be left (test_nothing_is_left_in_tmpdir)
+    proc = subprocess.run(
+        [
+            CLUSTERCHECK, "run", "--hosts", "localhost", "--format", "json", "--run-dir", str(tmp_path / "run"),
+            "--master-port", "29611",
+        ],
+        env={**os.environ, "TMPDIR": str(tmp_path / "tmpdir")},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )  # fmt: skip
     return proc, tmp_path
+
+
+def test_nothing_is_left_in_tmpdir(full_run):
+    """torch makes its compile cache directory ($TMPDIR/torchinductor_<user>) in every job that imports its
+    optimizers: the torch jobs' cache is in the run's work directory on the node, removed with it."""
+    proc, tmp_path = full_run
+    assert proc.returncode == 0, proc.stderr
+    assert list((tmp_path / "tmpdir").iterdir()) == []
 
 
 def test_localhost_runs_every_stage_and_proves_ddp_equivalence_on_two_cpu_ranks(full_run):

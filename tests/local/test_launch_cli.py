@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 from harness import CLUSTERCHECK, RANK_0_WRITES, run_cli
 
 
@@ -146,10 +147,38 @@ def test_a_job_on_localhost_streams_prefixed_rank_output_and_passes_on_its_exit_
     command = (run / "hosts" / "localhost" / "launch.command").read_text()
     assert "--nnodes=1" in command and "--node-rank=0" in command and "--nproc-per-node=2" in command
     assert "the job completed on every node" in proc.stderr
-    # The script's own exit status is clustercheck's; torchrun reports a failed rank as exit 1.
-    failed = run_cli(*base, "--sync", str(tmp_path / "code"), "--", "job.py", "3", timeout=240)
-    assert failed.returncode == 1, failed.stderr[-3000:]
+    # When every rank failed alike, the script's own exit status is clustercheck's, not torchrun's 1. One rank: two
+    # exiting at once may see torchrun stop the second before it exits on its own (tests/unit/test_rootcause.py).
+    one = [*base[:4], "--nproc-per-node", "1", *base[6:]]
+    failed = run_cli(*one, "--sync", str(tmp_path / "code"), "--", "job.py", "3", timeout=240)
+    assert failed.returncode == 3, failed.stderr[-3000:]
     assert "the job failed on localhost first (exit 1)" in failed.stderr
+    assert "localhost's rank 0 (local rank 0): exit code 3 | hello from rank 0 of 1" in failed.stderr
+    assert "Every rank failed alike: exit 3, the script's own status (torchrun's: 1)" in failed.stderr
+
+
+CUDA = """
+import os
+import torch
+import torch.distributed as dist
+torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+dist.init_process_group("nccl")
+"""
+
+
+@pytest.mark.skipif(torch.version.cuda is not None, reason="torch here is a CUDA build")
+def test_a_cuda_script_on_this_machine_without_a_gpu_says_it_has_none(tmp_path):
+    """A script written for GPUs, launched here (no GPU, a CPU build of torch): its ranks' AttributeError, and
+    what clustercheck knew of this machine."""
+    (tmp_path / "code").mkdir()
+    (tmp_path / "code" / "train_cuda.py").write_text(CUDA)  # not cuda.py: torch imports a module of that name
+    args = ["launch", "--hosts", "localhost", "--no-preflight", "--master-port", "29644", "--run-dir"]
+    proc = run_cli(*args, str(tmp_path / "run"), "--sync", str(tmp_path / "code"), "--", "train_cuda.py", timeout=240)
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert "AttributeError: module 'torch._C' has no attribute '_cuda_setDevice'. " in proc.stderr
+    assert f"localhost has no GPU, and its torch {torch.__version__} is a CPU build: the script asks for CUDA" in (
+        proc.stderr
+    )
 
 
 FOREVER = """

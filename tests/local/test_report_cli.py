@@ -73,6 +73,25 @@ def test_a_run_against_a_real_report_compares_this_machines_figures(tmp_path):
     assert not [c for c in json.loads(recorded.read_text())["checks"] if c["name"].startswith("baseline.")]
 
 
+def test_a_baseline_of_another_cluster_fails_the_run_naming_both_sets_of_nodes(tmp_path):
+    """`--baseline` of another cluster's report (the recorded one with its node renamed gpu01 and another torch,
+    edited here): not a PASS, whatever this machine measures; baseline.versions FAILs naming both sets of nodes."""
+    recorded = Path(__file__).resolve().parents[1] / "unit" / "records" / "report-localhost.json"
+    other = json.loads(recorded.read_text().replace('"localhost"', '"gpu01"'))
+    next(c for c in other["checks"] if c["name"] == "consistency.torch")["data"]["values"]["gpu01"] = "2.12.0+cu126"
+    (tmp_path / "other.json").write_text(json.dumps(other))
+    proc = run_cli(
+        "run", "--hosts", "localhost", "--only", "core", "--format", "json", "--run-dir", str(tmp_path / "run"),
+        "--baseline", str(tmp_path / "other.json"),
+    )  # fmt: skip
+    assert proc.returncode == 1, proc.stderr
+    report = json.loads(proc.stdout)
+    assert report["status"] != "PASS"
+    versions = next(c for c in report["checks"] if c["name"] == "baseline.versions")
+    assert versions["status"] == "FAIL"
+    assert "checked gpu01; this run checked localhost. Nothing was compared" in versions["message"]
+
+
 def test_a_baseline_that_is_not_a_report_stops_the_run_before_it_starts(tmp_path):
     other = tmp_path / "notes.json"
     other.write_text('{"hosts": ["node1"]}')

@@ -231,3 +231,99 @@ def test_the_documented_defaults_are_the_tolerances():
         "FIGURE (default) is busbw (10:25), rtt (50:200), throughput (20:50), ddp_step (20:50), collector (50:200)"
         in help_text
     )
+
+
+def another_clusters_report() -> dict:
+    """The recorded localhost report as another cluster's: its node renamed gpu01 (every host field and key that
+    names it), its torch another version (both edits made here)."""
+    other = json.loads(json.dumps(local_report()).replace('"localhost"', '"gpu01"'))
+    next(c for c in other["checks"] if c["name"] == "consistency.torch")["data"]["values"]["gpu01"] = "2.12.0+cu126"
+    return other
+
+
+def test_a_baseline_of_other_nodes_fails_naming_both_and_compares_nothing():
+    compared = baseline.evaluate(given(another_clusters_report()), local_report())
+    schema = jsonschema.Draft202012Validator(json.loads(report.schema_text()))
+    schema.validate(json_report.document(Report(compared, ["localhost"], durations={"baseline": 0.1})))
+    results = by_name(compared)
+    versions = results[("baseline.versions", None)]
+    assert versions.status is Status.FAIL
+    assert versions.message.startswith(
+        "no node in common with the baseline: baseline.json of 2026-11-24T13:53:45Z checked gpu01; this run "
+        "checked localhost. Nothing was compared"
+    )
+    assert versions.data["nodes"] == {"baseline": ["gpu01"], "now": ["localhost"], "common": []}
+    assert versions.remediation.startswith("Give --baseline a JSON report of these nodes, under the names this run")
+    for name in ("baseline.busbw", "baseline.rtt", "baseline.throughput", "baseline.ddp_step"):
+        assert results[(name, None)].status is Status.SKIP, name
+        assert results[(name, None)].message == f"{name}: not compared: no node in common with the baseline"
+    assert results[("baseline.collector", "localhost")].status is Status.SKIP
+    assert not [r for r in results.values() if r.data.get("changes")]  # not one figure compared
+
+
+def test_a_baseline_of_other_nodes_as_well_compares_the_nodes_in_both_and_not_the_cluster_wide_figures():
+    """The recorded report as the baseline of a two-node cluster (its hosts list given a second node here): the
+    node's own figures are compared, the cluster's all_reduce busbw and DDP step, measured across other nodes, are
+    not, and say across which."""
+    then = local_report()
+    then["hosts"] = ["localhost", "node2"]
+    results = by_name(baseline.evaluate(given(then), local_report()))
+    busbw = results[("baseline.busbw", None)]
+    assert busbw.status is Status.SKIP and not busbw.data["changes"]
+    assert busbw.data["not_compared"] == [f"cluster all_reduce busbw at {n} MiB" for n in (1, 2, 4)]
+    assert busbw.message.startswith(
+        "baseline.busbw: not compared, measured across other nodes (the baseline's across localhost, node2, this "
+        "run's across localhost): cluster all_reduce busbw at 1 MiB"
+    )
+    ddp = results[("baseline.ddp_step", None)]
+    assert ddp.status is Status.SKIP and ddp.message.endswith("this run's across localhost): DDP step")
+    schema = jsonschema.Draft202012Validator(json.loads(report.schema_text()))
+    schema.validate(json_report.document(Report(list(results.values()), ["localhost"])))
+    assert results[("baseline.collector", "localhost")].data["changes"]  # the node's own figure is compared
+    versions = results[("baseline.versions", None)]
+    assert versions.status is Status.PASS
+    assert "compared on the node(s) in both: localhost; in the baseline, not checked now: node2" in versions.message
+    assert by_name(baseline.evaluate(given(local_report()), local_report()))[("baseline.busbw", None)].data[
+        "changes"
+    ]  # the same nodes: compared
+
+
+def test_diff_of_reports_with_no_node_in_common_says_so_and_fails(tmp_path):
+    other = write(tmp_path, "other.json", another_clusters_report())
+    mine = write(tmp_path, "mine.json", local_report())
+    runner = CliRunner()
+    text = runner.invoke(cli, ["diff", mine, other])
+    assert text.exit_code == 1, text.output
+    first, *rest = text.output.splitlines()
+    assert "no node in common: OLD checked localhost, NEW checked gpu01; nothing compared" in first
+    assert rest == [
+        "nodes: 2",
+        "  gpu01 added",
+        "  localhost gone",
+        "versions: not compared",
+        "statuses: not compared",
+        "figures worse than their tolerance: not compared",
+    ]
+    data = json.loads(runner.invoke(cli, ["diff", mine, other, "--format", "json"]).output)
+    assert data["hosts_common"] == [] and data["versions"] == [] and data["regressed"] is False
+    markdown = runner.invoke(cli, ["diff", mine, other, "--format", "markdown"]).output
+    assert "**versions**: not compared" in markdown
+
+
+def test_diff_of_reports_with_some_nodes_in_common_names_them_and_leaves_the_cluster_wide_figures_out(tmp_path):
+    then = local_report()
+    then["hosts"] = ["localhost", "node2"]  # as a baseline of two nodes (edited here)
+    now = local_report()
+    sweep = next(c for c in now["checks"] if c["name"] == "allreduce.bandwidth")["data"]["sizes"]
+    for row in sweep:
+        row["busbw_gbps"] /= 2  # across one node instead of two: not a regression of the same measurement
+    old, new = write(tmp_path, "old.json", then), write(tmp_path, "new.json", now)
+    proc = CliRunner().invoke(cli, ["diff", old, new])
+    assert proc.exit_code == 0, proc.output
+    assert "; compared on the node(s) in both: localhost" in proc.output.splitlines()[0]
+    assert "  node2 gone" in proc.output
+    assert "cluster all_reduce busbw at 4 MiB" not in proc.output.split("cluster-wide figures not compared")[0]
+    assert (
+        "cluster-wide figures not compared, measured across other nodes (the baseline's across localhost, node2, "
+        "this run's across localhost): 4" in proc.output
+    )

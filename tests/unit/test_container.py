@@ -37,7 +37,9 @@ def as_run_on_a_node(argv: list[str], tmp_path: Path, env: dict[str, str]) -> li
 
 def test_docker_run_is_nvidias_line_as_the_node_user_with_the_run_marked(tmp_path):
     box = Container("nvcr.io/nvidia/pytorch:25.01-py3", ("--shm-size=16g", "--ulimit", "memlock=8388608:8388608"))
-    argv = box.run(["python3", "-c", "print(1)"], workdir="/tmp/clustercheck-abc/", gpus=True, env=("NCCL_DEBUG",))
+    # The run's work directory on the node (the line makes it when missing): here, one of the test's own.
+    workdir = tmp_path / "clustercheck-abc"
+    argv = box.run(["python3", "-c", "print(1)"], workdir=f"{workdir}/", gpus=True, env=("NCCL_DEBUG",))
     got = as_run_on_a_node(argv, tmp_path, {"CLUSTERCHECK_RUN": "abc", "NCCL_DEBUG": "INFO"})
     image = got.index(box.image)
     options, command = got[:image], got[image + 1 :]
@@ -48,11 +50,13 @@ def test_docker_run_is_nvidias_line_as_the_node_user_with_the_run_marked(tmp_pat
     text = " ".join(options)
     for nvidia in ("--network host", "--ipc host", "--ulimit memlock=-1", "--ulimit stack=67108864", "--gpus all"):
         assert nvidia in text
-    assert "-v /tmp/clustercheck-abc:/tmp/clustercheck-abc -w /tmp/clustercheck-abc" in text
+    assert f"-v {workdir}:{workdir} -w {workdir}" in text and workdir.is_dir()
     assert "-e CLUSTERCHECK_RUN -e CLUSTERCHECK_UNTIL -e NCCL_DEBUG" in text  # passed from the node's environment
     # the user's own options last, so that theirs win where Docker takes the last (--ulimit memlock here)
     assert options[-3:] == ["--shm-size=16g", "--ulimit", "memlock=8388608:8388608"]
-    cpu = as_run_on_a_node(box.run(["true"], workdir="/w", gpus=False), tmp_path, {"CLUSTERCHECK_RUN": "abc"})
+    cpu = as_run_on_a_node(
+        box.run(["true"], workdir=str(tmp_path / "w"), gpus=False), tmp_path, {"CLUSTERCHECK_RUN": "abc"}
+    )
     assert "--gpus" not in cpu
 
 

@@ -6,9 +6,11 @@ from __future__ import annotations
 import threading
 import time
 import types
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from test_checks import recorded_node
 from test_torchjob import KILLED, PEER
 
 from clustercheck.checks.network import master_port_check
@@ -58,9 +60,10 @@ def no_connection(node, run_id, register):
     raise AssertionError(f"{node.name}: the test's members are connected already")
 
 
-def launch_on(nodes, tmp_path, argv=("train.py",)):
+def launch_on(nodes, tmp_path, argv=("train.py",), ranks=1):
     echoed, said = [], []
-    options = LaunchOptions(command=command.parse(list(argv)), run_dir=tmp_path, preflight=False)
+    # RANKS per node, as `--nproc-per-node` asks (1: each fake node's torchrun prints local rank 0's lines).
+    options = LaunchOptions(command=command.parse(list(argv)), run_dir=tmp_path, preflight=False, nproc_per_node=ranks)
     job = session.Launch(
         [n.node for n in nodes], options, reach=Fanout(no_connection), echo=echoed.append, say=said.append
     )
@@ -71,7 +74,9 @@ def launch_on(nodes, tmp_path, argv=("train.py",)):
 
 
 def member(name, transport):
-    facts = types.SimpleNamespace(python="/opt/venv/bin/python", torch_python="/opt/venv/bin/python", image=None)
+    facts = types.SimpleNamespace(
+        python="/opt/venv/bin/python", torch_python="/opt/venv/bin/python", image=None, torch=None
+    )
     address = "10.0.0.1" + name[-1]
     return Member(Node(name, address), transport, facts, address, "eth0", name, 0)
 
@@ -204,3 +209,91 @@ def test_the_node_whose_rank_was_killed_is_named_even_when_a_peer_failed_earlier
     assert "Signal 9 (SIGKILL)" in finished.message
     assert fakes["node3"].stopped.is_set()
     job.close()
+
+
+TORCHRUN = Path(__file__).parent / "data" / "torchrun"  # real torchrun outputs (data/README.md)
+
+
+def test_a_rank_failing_without_a_traceback_is_quoted_and_ranks_failing_alike_give_the_scripts_status(
+    tmp_path, monkeypatch
+):
+    """The README's train_ddp.py --steps ten on two ranks: argparse's error, exit 2 (torchrun's own status: 1)."""
+    monkeypatch.setattr(runner, "FAILURE_GRACE", 0.2)
+    recorded = (TORCHRUN / "argparse-invalid-int-localhost.log").read_text().splitlines()
+    job, _, _ = launch_on([member("localhost", StreamingNode("localhost", 1, recorded))], tmp_path, ranks=2)
+    finished = job.run_foreground()
+    assert finished.status == 2, finished.message
+    assert (
+        "localhost's rank 1 (local rank 1): exit code 2 | usage: train_ddp.py [-h] [--steps STEPS] [--checkpoint "
+        "CHECKPOINT] | train_ddp.py: error: argument --steps: invalid int value: 'ten'" in finished.message
+    )
+    assert finished.message.endswith("Every rank failed alike: exit 2, the script's own status (torchrun's: 1)")
+    job.close()
+
+
+def test_a_cuda_script_on_a_node_without_a_gpu_says_the_node_has_none_and_a_cpu_torch(tmp_path, monkeypatch):
+    """A script written for GPUs on this development machine (no GPU, torch 2.13.0+cpu): its ranks' AttributeError
+    on torch._C._cuda_setDevice, and what clustercheck collected there (the recorded facts of the same machine)."""
+    monkeypatch.setattr(runner, "FAILURE_GRACE", 0.2)
+    recorded = (TORCHRUN / "cuda-script-cpu-torch-localhost.log").read_text().splitlines()
+    node = member("localhost", StreamingNode("localhost", 1, recorded))
+    node = replace(node, facts=recorded_node("facts-debian12-localhost.json"))
+    job, _, _ = launch_on([node], tmp_path, ranks=2)
+    finished = job.run_foreground()
+    assert finished.status == 1
+    assert "AttributeError: module 'torch._C' has no attribute '_cuda_setDevice'. " in finished.message
+    assert "localhost has no GPU, and its torch 2.13.0+cpu is a CPU build: the script asks for CUDA" in finished.message
+    job.close()
+
+
+def test_a_rank_aborted_after_the_work_says_the_work_had_finished_and_what_is_known_of_the_abort(tmp_path, monkeypatch):
+    """Six CPU ranks on two nodes: rank 0 printed the result, then node2's rank 3 died of SIGABRT after
+    "terminate called without an active exception" and node2's torchrun stopped its other ranks; node1's torchrun
+    waits at its exit barrier for node2's (the recording's last lines come 300 s later) and is stopped."""
+    monkeypatch.setattr(runner, "FAILURE_GRACE", 0.5)
+    node1 = (TORCHRUN / "abort-at-exit-node1.log").read_text().splitlines()
+    waiting = node1[: next(i for i, line in enumerate(node1) if "waitForInput" in line)]
+    fakes = {
+        "node1": StreamingNode("node1", None, waiting),
+        "node2": StreamingNode("node2", 1, (TORCHRUN / "abort-at-exit-node2.log").read_text().splitlines()),
+    }
+    job, _, _ = launch_on([member(n, t) for n, t in fakes.items()], tmp_path, ranks=3)
+    finished = job.run_foreground()
+    assert finished.status == 1
+    assert (
+        "node2's rank 3 (local rank 0): killed by Signal 6 (SIGABRT) | terminate called without an active "
+        "exception. No other rank failed on its own (rank 0's last line: 'sum of the ranks: 15'): the job's work "
+        "had finished before rank 3 ended. Known of its last words: C++'s std::terminate with no exception in "
+        "flight" in finished.message
+    ), finished.message
+    assert fakes["node1"].stopped.is_set()
+    job.close()
+
+
+def test_a_rank_killed_mid_job_is_not_said_to_have_finished_its_work(tmp_path, monkeypatch):
+    monkeypatch.setattr(runner, "FAILURE_GRACE", 0.2)
+    fakes = {
+        "node1": StreamingNode("node1", None, ["[default0]:step 1"]),
+        "node2": StreamingNode("node2", 1, KILLED.splitlines()),
+    }
+    job, _, _ = launch_on([member(n, t) for n, t in fakes.items()], tmp_path)
+    finished = job.run_foreground()
+    assert "killed by Signal 9 (SIGKILL)" in finished.message
+    assert "work had finished" not in finished.message and "Known of" not in finished.message
+    job.close()
+
+
+def test_torchs_compile_cache_goes_in_the_jobs_own_directory_on_each_node(tmp_path):
+    """Not $TMPDIR/torchinductor_<user>, left by every job: in the launch's work directory (removed at its end), or
+    a detached job's own directory, which outlives the launch; the user's --env still wins."""
+    fakes = {n: StreamingNode(n, 0, []) for n in ("node1", "node2")}
+    job, _, _ = launch_on([member(n, t) for n, t in fakes.items()], tmp_path)
+    assert {p.env["TORCHINDUCTOR_CACHE_DIR"] for p in job.plans} == {f"{workdir_for('0123456789ab')}/torchinductor"}
+    options = LaunchOptions(command=command.parse(["train.py"]), run_dir=tmp_path, preflight=False, detach=True)
+    detached = session.Launch([m.node for m in job.members], options, Fanout(no_connection), print, print)
+    detached.members, detached.homes, detached.job_id = job.members, {"node1": "/root", "node2": "/home/u"}, "j1"
+    plans = detached.plan("train.py", None)
+    assert plans[1].env["TORCHINDUCTOR_CACHE_DIR"] == "/home/u/.local/state/clustercheck/jobs/j1/torchinductor"
+    assert "--log-dir=/home/u/.local/state/clustercheck/jobs/j1/ranks" in plans[1].command
+    mine = command.job_env("gloo", None, {"TORCHINDUCTOR_CACHE_DIR": "/scratch/inductor"}, job_dir="/tmp/j")
+    assert mine["TORCHINDUCTOR_CACHE_DIR"] == "/scratch/inductor"

@@ -15,6 +15,7 @@ import time
 import pytest
 
 from clustercheck.launcher import command, detached, output, sameness
+from clustercheck.stages import launch
 from clustercheck.stages.launch import LaunchError, NodeSpec, launch_fix
 
 
@@ -46,7 +47,7 @@ def test_static_launch_gives_every_node_its_rank_in_inventory_order_and_the_firs
         "-m",
         "torch.distributed.run",
         "--nnodes=3",
-        "--nproc-per-node=1",
+        "--nproc-per-node=2",
         "--node-rank=1",
         "--master-addr=10.0.0.11",
         "--master-port=29500",
@@ -57,7 +58,16 @@ def test_static_launch_gives_every_node_its_rank_in_inventory_order_and_the_firs
         "3",
     ]
     assert plans[1].env == {"PYTHONUNBUFFERED": "1", "NCCL_SOCKET_IFNAME": "eth0", "GLOO_SOCKET_IFNAME": "eth0"}
-    assert command.first_ranks(plans, elastic=False) == {"node1": 0, "node2": 1, "node3": 2}
+    assert command.first_ranks(plans, elastic=False) == {"node1": 0, "node2": 2, "node3": 4}
+
+
+@pytest.mark.parametrize("gpus", [0, 4])
+def test_a_launch_runs_as_many_ranks_per_node_as_the_run_does(gpus):
+    """The same default as `clustercheck run`'s torch jobs: without GPUs 2 CPU ranks per node, with GPUs one per
+    GPU (the quick start's launch ran 1 rank where its run had used 2)."""
+    ran = launch.plan(nodes(2, gpus), worker="ddp", stage="ddp", master_port=29500, interface="eth0")
+    launched = plan(["train.py"], count=2, gpus=gpus)
+    assert [p.nproc for p in launched] == [p.nproc for p in ran] == [gpus or launch.CPU_RANKS_PER_NODE] * 2
 
 
 def test_gpu_nodes_get_one_rank_per_gpu_and_nccl_settings_and_the_users_env_wins():

@@ -187,3 +187,10 @@ def test_the_bundle_runs_its_programs_from_one_file(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert 0 < int(proc.stdout) < 65536
     assert subprocess.run([sys.executable, pyz], capture_output=True, text=True).returncode != 0
+
+
+def test_torchs_compile_cache_is_in_the_run_directory_not_tmpdir():
+    """torch makes $TMPDIR/torchinductor_<user> in every job that imports its optimizers; a torch stage's goes in
+    the run's work directory on the node, removed with it."""
+    (plan,) = launch.plan([node("node1", "10.0.0.11")], worker="ddp", stage="ddp", master_port=29500, interface=None)
+    assert plan.env["TORCHINDUCTOR_CACHE_DIR"] == "/tmp/cc-run/node1/torchinductor"
