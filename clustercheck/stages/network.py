@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 from clustercheck.checks import network, registry
 from clustercheck.model import CheckResult, Status
-from clustercheck.remote import netprobe
+from clustercheck.remote import rounds as perf
 from clustercheck.stages import Context, Member, bundle, nodeprogram
 
 NAME = "network"
@@ -53,7 +53,7 @@ def mesh_args(
     duration: float,
     barrier: tuple[str, str, float] | None = None,
     perf: tuple[int, tuple[str, ...]] | None = None,
-    rounds: int | None = netprobe.DEFAULT_ROUNDS,
+    rounds: int | None = perf.DEFAULT_ROUNDS,
 ) -> list[str]:
     """The probe's arguments on node ME, which reads the nodes from its standard input (peer_list()).
     BARRIER: (ready file, go file, seconds to wait for the go file). PERF: (port, measurements) for the perf rounds
@@ -93,13 +93,13 @@ def connect_window(duration: float, nodes: int) -> float:
 
 def round_count(peers: list[network.Peer], rounds: int | None) -> int:
     """How many perf rounds the probes run for ROUNDS (--network-rounds; None: every pair)."""
-    return len(netprobe.schedule([p.name for p in peers], rounds, SCHEDULE_SEED))
+    return len(perf.schedule([p.name for p in peers], rounds, SCHEDULE_SEED))
 
 
 def perf_time(rounds: int) -> float:
     """The longest the RTT and throughput rounds may take: each ends at a fixed time after the shared deadline,
     however late a node is."""
-    return rounds * netprobe.ROUND_SECONDS
+    return rounds * perf.ROUND_SECONDS
 
 
 def past_waiting(finished: dict[str, float], nodes: int, paced_end: float, now: float) -> bool:
