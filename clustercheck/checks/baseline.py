@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from clustercheck.checks.collectives import size_text
-from clustercheck.checks.network import RTT_MARGIN_MS
+from clustercheck.checks.netperf import RTT_MARGIN_MS
 from clustercheck.checks.registry import declare, emit
 from clustercheck.model import CheckResult, Status
 

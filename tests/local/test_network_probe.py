@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from clustercheck.checks import network
+from clustercheck.checks import netperf, network
 from clustercheck.model import Status
 from clustercheck.remote import mesh, netinfo
 from clustercheck.remote import rounds as perf
@@ -233,7 +233,7 @@ def test_probes_measure_round_trips_and_throughput_of_every_pair_in_rounds():
         for n in LOOPBACK
     }
     records = {n: json.loads(p.communicate(timeout=60)[0]) for n, p in procs.items()}
-    measured, failed = network.perf_pairs(records)
+    measured, failed = netperf.perf_pairs(records)
     assert failed == []
     assert sorted(tuple(sorted((p["a"], p["b"]))) for p in measured) == [
         ("localhost", "n2"),
@@ -277,7 +277,7 @@ def perf_in_threads(present: list[str], late: dict[str, float] | None = None):
 
 def test_a_missing_node_costs_its_own_pairs_only_and_the_rounds_end_on_time():
     results, seconds = perf_in_threads(["n1", "n2", "n3"])
-    measured, failed = network.perf_pairs(results)
+    measured, failed = netperf.perf_pairs(results)
     assert sorted(tuple(sorted((p["a"], p["b"]))) for p in measured) == [("n1", "n2"), ("n1", "n3"), ("n2", "n3")]
     assert {f["b"] for f in failed} == {"n4"} and len(failed) == 3
     assert seconds < 3 * perf.ROUND_SECONDS + 2  # three rounds, each over by its end at the latest
@@ -292,7 +292,7 @@ def test_a_node_behind_the_schedule_skips_to_the_current_round():
     partner = first["peer"]
     theirs = next(e for e in results[partner]["perf"] if e["round"] == 0)
     assert "error" in theirs
-    measured, _ = network.perf_pairs(results)
+    measured, _ = netperf.perf_pairs(results)
     pairs = {tuple(sorted((p["a"], p["b"]))) for p in measured}
     assert all(
         tuple(sorted(("n1", e["peer"]))) in pairs for e in results["n1"]["perf"][1:]
