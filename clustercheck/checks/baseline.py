@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from clustercheck.checks.collectives import size_text
-from clustercheck.checks.network import RTT_MARGIN_MS
+from clustercheck.checks.netperf import RTT_MARGIN_MS
 from clustercheck.checks.registry import declare, emit
 from clustercheck.model import CheckResult, Status
 

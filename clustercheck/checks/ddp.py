@@ -233,69 +233,13 @@ def evaluate_checkpoint(records: list[dict], world_size: int) -> CheckResult:
     if records and all(r.get("ok") for r in records) and all(r.get("steps", 0) < 2 for r in records):
         return get(CHECKPOINT).not_run(None, "a DDP run of fewer than 2 steps has no half-way")
     if len(mine) < world_size or not any(r["rank"] == 0 for r in mine):
-        missing = sorted(set(range(world_size)) - {r["rank"] for r in mine})
-        failed = sorted(r["rank"] for r in records if not r.get("ok"))
-        why = f"no round trip from rank(s) {', '.join(map(str, missing))}"
-        if failed:
-            first = next(r for r in records if r["rank"] == failed[0])
-            why += f" (rank {first['rank']} on {first.get('host', '?')}: {first.get('error', 'unknown error')})"
-        return emit(
-            CHECKPOINT,
-            Status.FAIL,
-            f"checkpoint round trip did not complete: {why}",
-            remediation="Read the rank's output in the run directory (hosts/<node>/ddp/).",
-            data={"world_size": world_size, "missing_ranks": missing, "failed_ranks": failed},
-        )
-    rank0 = next(r for r in mine if r["rank"] == 0)
-    saved = rank0["checkpoint"]
-    step = saved["step"]
-    data = {
-        "step": step,
-        "steps": rank0.get("steps"),
-        "bytes": saved.get("bytes"),
-        "save_seconds": saved.get("save_seconds"),
-        "load_seconds": max(r["checkpoint"]["load_seconds"] for r in mine),
-        "transfer_seconds": max(r["checkpoint"]["transfer_seconds"] for r in mine),
-        "via": f"shared directory {saved['shared_dir']}" if saved.get("shared_dir") else "sent from rank 0",
-        "world_size": world_size,
-    }
-    problems = []
-    unloaded = sorted(r["rank"] for r in mine if "load_error" in r["checkpoint"])
-    data["ranks_failing_to_load"] = unloaded
-    for r in mine:
-        if r["rank"] in unloaded:
-            problems.append(f"{hosts(records, [r['rank']])} could not load it: {r['checkpoint']['load_error']}")
-    odd_load = sorted(
-        r["rank"]
-        for r in mine
-        if "loaded_hash" in r["checkpoint"] and r["checkpoint"]["loaded_hash"] != saved.get("saved_hash")
-    )
-    data["ranks_loading_other_state"] = odd_load
-    if odd_load:
-        problems.append(f"{hosts(records, odd_load)} loaded state different from what rank 0 saved")
-    odd_resume = []
-    for r in mine if not unloaded else []:
-        resumed = r["checkpoint"]
-        if resumed["param_hashes"] != r["param_hashes"][step:] or resumed["losses"] != r["losses"][step:]:
-            odd_resume.append(r["rank"])
-    data["ranks_resuming_differently"] = odd_resume
-    if odd_resume:
-        first = next(r for r in mine if r["rank"] == odd_resume[0])
-        parted = next(
-            (
-                step + i + 1
-                for i, (a, b) in enumerate(
-                    zip(first["checkpoint"]["param_hashes"], first["param_hashes"][step:], strict=False)
-                )
-                if a != b
-            ),
-            None,
-        )
-        at = f" from step {parted}" if parted else ""
-        problems.append(f"{hosts(records, odd_resume)} resumed differently from the uninterrupted run{at}")
+        return _incomplete(records, mine, world_size)
+    saved = next(r for r in mine if r["rank"] == 0)["checkpoint"]
+    data = _round_trip(mine, world_size)
+    problems = _load_problems(records, mine, saved.get("saved_hash"), data) + _resume_problems(records, mine, data)
     kib = (data["bytes"] or 0) / 1024
     how = (
-        f"{kib:.1f} KiB saved by rank 0 at step {step} of {data['steps']} in {data['save_seconds']:.3f} s, "
+        f"{kib:.1f} KiB saved by rank 0 at step {data['step']} of {data['steps']} in {data['save_seconds']:.3f} s, "
         f"loaded by {world_size} ranks ({data['via']}) in at most {data['load_seconds']:.3f} s"
     )
     if problems:
@@ -311,3 +255,74 @@ def evaluate_checkpoint(records: list[dict], world_size: int) -> CheckResult:
         f"checkpoint round trip: {how}; the resumed run equals the uninterrupted run bit for bit",
         data=data,
     )
+
+
+def _incomplete(records: list[dict], mine: list[dict], world_size: int) -> CheckResult:
+    """The FAIL of a round trip that not every rank (MINE: those that made one) reported, with the first failed
+    rank's error."""
+    missing = sorted(set(range(world_size)) - {r["rank"] for r in mine})
+    failed = sorted(r["rank"] for r in records if not r.get("ok"))
+    why = f"no round trip from rank(s) {', '.join(map(str, missing))}"
+    if failed:
+        first = next(r for r in records if r["rank"] == failed[0])
+        why += f" (rank {first['rank']} on {first.get('host', '?')}: {first.get('error', 'unknown error')})"
+    return emit(
+        CHECKPOINT,
+        Status.FAIL,
+        f"checkpoint round trip did not complete: {why}",
+        remediation="Read the rank's output in the run directory (hosts/<node>/ddp/).",
+        data={"world_size": world_size, "missing_ranks": missing, "failed_ranks": failed},
+    )
+
+
+def _round_trip(mine: list[dict], world_size: int) -> dict:
+    """What the round trip was: rank 0's save (its step, size and time) and the slowest rank's load and transfer."""
+    rank0 = next(r for r in mine if r["rank"] == 0)
+    saved = rank0["checkpoint"]
+    return {
+        "step": saved["step"],
+        "steps": rank0.get("steps"),
+        "bytes": saved.get("bytes"),
+        "save_seconds": saved.get("save_seconds"),
+        "load_seconds": max(r["checkpoint"]["load_seconds"] for r in mine),
+        "transfer_seconds": max(r["checkpoint"]["transfer_seconds"] for r in mine),
+        "via": f"shared directory {saved['shared_dir']}" if saved.get("shared_dir") else "sent from rank 0",
+        "world_size": world_size,
+    }
+
+
+def _load_problems(records: list[dict], mine: list[dict], saved_hash: str | None, data: dict) -> list[str]:
+    """The ranks that could not load the checkpoint, or loaded other state than rank 0 saved (SAVED_HASH), into
+    DATA too."""
+    problems = []
+    unloaded = sorted(r["rank"] for r in mine if "load_error" in r["checkpoint"])
+    data["ranks_failing_to_load"] = unloaded
+    for r in mine:
+        if r["rank"] in unloaded:
+            problems.append(f"{hosts(records, [r['rank']])} could not load it: {r['checkpoint']['load_error']}")
+    odd_load = sorted(
+        r["rank"] for r in mine if "loaded_hash" in r["checkpoint"] and r["checkpoint"]["loaded_hash"] != saved_hash
+    )
+    data["ranks_loading_other_state"] = odd_load
+    if odd_load:
+        problems.append(f"{hosts(records, odd_load)} loaded state different from what rank 0 saved")
+    return problems
+
+
+def _resume_problems(records: list[dict], mine: list[dict], data: dict) -> list[str]:
+    """The ranks whose resumed run differs from the uninterrupted one (into DATA too), with the step where the first
+    of them parted; not judged when a rank could not load the checkpoint."""
+    step = data["step"]
+    odd_resume = []
+    for r in mine if not data["ranks_failing_to_load"] else []:
+        resumed = r["checkpoint"]
+        if resumed["param_hashes"] != r["param_hashes"][step:] or resumed["losses"] != r["losses"][step:]:
+            odd_resume.append(r["rank"])
+    data["ranks_resuming_differently"] = odd_resume
+    if not odd_resume:
+        return []
+    first = next(r for r in mine if r["rank"] == odd_resume[0])
+    pairs = zip(first["checkpoint"]["param_hashes"], first["param_hashes"][step:], strict=False)
+    parted = next((step + i + 1 for i, (a, b) in enumerate(pairs) if a != b), None)
+    at = f" from step {parted}" if parted else ""
+    return [f"{hosts(records, odd_resume)} resumed differently from the uninterrupted run{at}"]

@@ -11,7 +11,7 @@ from pathlib import Path
 from clustercheck.launcher import sameness
 from clustercheck.launcher.job import Echo, LaunchOptions, NotStarted, each
 from clustercheck.reach import Reach
-from clustercheck.stages import Member
+from clustercheck.stages import Member, nodeprogram
 from clustercheck.stages.launch import LaunchError
 from clustercheck.transport import put
 
@@ -71,8 +71,12 @@ def compare(reach: Reach, members: list[Member], options: LaunchOptions, say: Ec
     skip = (str(o.run_dir.resolve()),)  # the launch's own run directory, where the control machine is a node
 
     def hash_one(m: Member) -> None:
-        got = m.transport.run(sameness.command(m.facts.python, o.command.script, o.chdir, skip), timeout=300)
-        trees[m.name] = sameness.parse(got.stdout) if got.ok else sameness.Tree(error=f"hashing failed: {got.cause()}")
+        argv = sameness.command(m.facts.python, o.command.script, o.chdir, skip)
+        got = nodeprogram.call(m.transport, argv, program="the code's hashing", timeout=300)
+        failed = got.failure
+        trees[m.name] = (
+            sameness.tree(got.value) if failed is None else sameness.Tree(error=f"hashing failed: {failed.cause}")
+        )
 
     each(reach, members, hash_one, "comparing the code")
     trees = {m.name: trees[m.name] for m in members}

@@ -25,6 +25,8 @@ import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
+from clustercheck.stages import nodeprogram
+
 MAX_FILES = 5000
 MAX_BYTES = 512 * 1024 * 1024
 SHOWN = 3  # differing files named per node
@@ -237,13 +239,15 @@ def end_command(python: str, directory: str, job: str) -> list[str]:
 
 
 def parse(stdout: str) -> Tree:
-    """The hashing program's answer; anything else is a Tree with the error."""
-    try:
-        doc = json.loads(stdout.strip().splitlines()[-1])
-    except (ValueError, IndexError):
-        return Tree(error=f"could not hash the script's directory: {stdout.strip()[-200:] or 'no output'}")
+    """The hashing program's output; anything but its answer is a Tree with the error."""
+    doc = nodeprogram.last_json(stdout)
     if not isinstance(doc, dict):
-        return Tree(error="could not hash the script's directory")
+        return Tree(error=f"could not hash the script's directory: {stdout.strip()[-200:] or 'no output'}")
+    return tree(doc)
+
+
+def tree(doc: dict) -> Tree:
+    """The hashing program's answer (its JSON object, as nodeprogram reads it)."""
     return Tree(
         doc.get("script", ""),
         doc.get("directory", ""),

@@ -109,115 +109,164 @@ def samples_per_second(args, seconds: float) -> float | None:
 
 def run(args, rank: int, device, world: int) -> dict:
     """The reference and the DDP run on DEVICE, the rank's own (start_process_group bound it)."""
-    import torch
     import torch.distributed as dist
-    from torch.nn.parallel import DistributedDataParallel
-    from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
-    if device.type == "cuda":
-        dtype = torch.float32
-        torch.backends.cuda.matmul.allow_tf32 = False
-        torch.backends.cudnn.allow_tf32 = False
-        torch.backends.cudnn.benchmark = False
-        torch.backends.cudnn.deterministic = True
-        torch.use_deterministic_algorithms(True)
-
-        def sync():
-            torch.cuda.synchronize(device)
-    else:
-        dtype = torch.float64
-        torch.use_deterministic_algorithms(True)
-
-        def sync():
-            pass
-
-    torch.set_num_threads(1)
-    if args.global_batch % world:
-        raise ValueError(f"global batch {args.global_batch} does not split over {world} ranks")
-    samples = args.global_batch * args.batches_per_epoch
-
-    def tensors(seed: int):
-        x, y = make_data(torch, seed, samples + args.test_samples, args.features, args.classes)
-        x = x.to(device=device, dtype=dtype)
-        y = y.to(device)
-        return x[:samples], y[:samples], x[samples:], y[samples:]
-
-    record = {"dtype": str(dtype).replace("torch.", ""), "device": str(device)}
+    training = Training(args, rank, device, world)
+    record = {"dtype": str(training.dtype).replace("torch.", ""), "device": str(device)}
     dist.barrier()
-
-    # Reference: one process, the full global batch, same seeds and same data order.
+    reference = None
+    if rank == 0:  # one process, the full global batch, the same seeds and the same data order
+        reference, record["reference"] = training.reference()
+    dist.barrier()
+    model, checkpoint = training.distributed(record)  # every rank on its slice of the same global batches
     if rank == 0:
-        x, y, x_test, y_test = tensors(args.seed)
-        ref_sampler = DistributedSampler(TensorDataset(x, y), num_replicas=1, rank=0, shuffle=True, seed=args.seed)
-        ref_loader = DataLoader(TensorDataset(x, y), batch_size=args.global_batch, sampler=ref_sampler)
-        reference = make_model(torch, args.seed, args.features, args.hidden, args.classes, dtype, device)
-        ref_losses, _, ref_seconds = train(
-            torch,
+        record["ddp"]["accuracy"] = training.accuracy(model)
+        record["max_abs_param_diff"], record["max_rel_param_diff"] = training.differences(model, reference)
+    dist.barrier()
+    if checkpoint.step:
+        loader, sampler = training.slices
+        record["checkpoint"] = checkpoint.round_trip(
+            training.model, loader, sampler, training.global_loss, training.sync
+        )
+    return record
+
+
+class Training:
+    """One rank's training: the single-process reference (global rank 0 alone) and its DDP copy, on the rank's
+    DEVICE: float64 on CPUs; float32 on GPUs with TF32 off and deterministic algorithms."""
+
+    def __init__(self, args, rank: int, device, world: int) -> None:
+        import torch
+
+        self.torch, self.args, self.rank, self.device, self.world = torch, args, rank, device, world
+        self.dtype, self.sync = precision(torch, device)
+        torch.set_num_threads(1)
+        if args.global_batch % world:
+            raise ValueError(f"global batch {args.global_batch} does not split over {world} ranks")
+        self.samples = args.global_batch * args.batches_per_epoch
+        self.x_test = self.y_test = None  # the held-out data, once the DDP copy trained
+        self.slices: tuple = ()  # the DDP copy's (loader, sampler), which the checkpoint's resumed run trains on
+
+    def tensors(self):
+        """The seeded data on the device: (x, y) to train on, then (x, y) held out."""
+        args = self.args
+        x, y = make_data(self.torch, args.seed, self.samples + args.test_samples, args.features, args.classes)
+        x = x.to(device=self.device, dtype=self.dtype)
+        y = y.to(self.device)
+        return x[: self.samples], y[: self.samples], x[self.samples :], y[self.samples :]
+
+    def model(self):
+        """A fresh model, the same weights on every rank."""
+        args = self.args
+        return make_model(self.torch, args.seed, args.features, args.hidden, args.classes, self.dtype, self.device)
+
+    def loader(self, x, y, replicas: int, rank: int):
+        """The global batches of the seeded data order, the slice of rank RANK of REPLICAS."""
+        from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+
+        args = self.args
+        sampler = DistributedSampler(
+            TensorDataset(x, y), num_replicas=replicas, rank=rank, shuffle=True, seed=args.seed
+        )
+        return DataLoader(TensorDataset(x, y), batch_size=args.global_batch // replicas, sampler=sampler), sampler
+
+    def reference(self):
+        """The reference model trained alone, and its record: losses, seconds, throughput and held-out accuracy."""
+        x, y, x_test, y_test = self.tensors()
+        loader, sampler = self.loader(x, y, 1, 0)
+        reference = self.model()
+        args = self.args
+        losses, _, seconds = train(
+            self.torch,
             reference,
-            ref_loader,
-            ref_sampler,
+            loader,
+            sampler,
             args.steps,
             args.lr,
             lambda v: float(v.item()),
-            sync,
+            self.sync,
             phase="reference",
         )
-        record["reference"] = {
-            "losses": ref_losses,
-            "seconds": ref_seconds,
-            "samples_per_s": samples_per_second(args, ref_seconds),
-            "accuracy": accuracy(torch, reference, x_test, y_test),
+        return reference, {
+            "losses": losses,
+            "seconds": seconds,
+            "samples_per_s": samples_per_second(args, seconds),
+            "accuracy": accuracy(self.torch, reference, x_test, y_test),
         }
-    dist.barrier()
 
-    # Distributed: every rank on its slice of the same global batches.
-    lr = args.lr
-    x, y, x_test, y_test = tensors(args.seed)
-    record["data_hash"] = hashlib.sha256(_tensor_bytes(x) + _tensor_bytes(y)).hexdigest()[:16]
-    sampler = DistributedSampler(TensorDataset(x, y), num_replicas=world, rank=rank, shuffle=True, seed=args.seed)
-    loader = DataLoader(TensorDataset(x, y), batch_size=args.global_batch // world, sampler=sampler)
-    model = make_model(torch, args.seed, args.features, args.hidden, args.classes, dtype, device)
-    ddp = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
+    def distributed(self, record: dict):
+        """The DDP copy trained on this rank's slice, its checkpoint saved half-way; its record into RECORD. Returns
+        the model and the checkpoint."""
+        import torch.distributed as dist
+        from torch.nn.parallel import DistributedDataParallel
 
-    def global_loss(local):
-        # Every rank holds the same number of samples, so the global mean is the mean of the local means.
+        torch, args = self.torch, self.args
+        x, y, self.x_test, self.y_test = self.tensors()
+        record["data_hash"] = hashlib.sha256(_tensor_bytes(x) + _tensor_bytes(y)).hexdigest()[:16]
+        loader, sampler = self.loader(x, y, self.world, self.rank)
+        model = self.model()
+        ddp = DistributedDataParallel(model, device_ids=[self.device.index] if self.device.type == "cuda" else None)
+        checkpoint = Checkpoint(torch, args, self.rank, self.device)
+        losses, hashes, seconds = train(
+            torch,
+            ddp,
+            loader,
+            sampler,
+            args.steps,
+            args.lr,
+            self.global_loss,
+            self.sync,
+            on_step=checkpoint.save_at_half_way(model),
+        )
+        elapsed = torch.tensor([seconds], dtype=torch.float64, device=self.device)
+        dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
+        record.update(
+            losses=losses,
+            param_hashes=hashes,
+            final_hash=hashes[-1] if hashes else param_hash(model),
+            ddp={
+                "seconds": float(elapsed.item()),
+                "samples_per_s": samples_per_second(args, float(elapsed.item())),
+            },
+        )
+        self.slices = (loader, sampler)
+        return model, checkpoint
+
+    def global_loss(self, local) -> float:
+        """The global batch's loss: every rank holds the same number of samples, so the global mean is the mean of
+        the local means."""
+        import torch.distributed as dist
+
         value = local.clone()
         dist.all_reduce(value)
-        return float(value.item()) / world
+        return float(value.item()) / self.world
 
-    checkpoint = Checkpoint(torch, args, rank, device)
-    losses, hashes, seconds = train(
-        torch, ddp, loader, sampler, args.steps, lr, global_loss, sync, on_step=checkpoint.save_at_half_way(model)
-    )
-    elapsed = torch.tensor([seconds], dtype=torch.float64, device=device)
-    dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
-    record.update(
-        losses=losses,
-        param_hashes=hashes,
-        final_hash=hashes[-1] if hashes else param_hash(model),
-        ddp={
-            "seconds": float(elapsed.item()),
-            "samples_per_s": samples_per_second(args, float(elapsed.item())),
-        },
-    )
-    if rank == 0:
-        with torch.no_grad():
-            abs_diff, rel_diff = 0.0, 0.0
+    def accuracy(self, model) -> float:
+        return accuracy(self.torch, model, self.x_test, self.y_test)
+
+    def differences(self, model, reference) -> tuple[float, float]:
+        """The largest absolute and relative difference between MODEL's parameters and the REFERENCE's."""
+        abs_diff, rel_diff = 0.0, 0.0
+        with self.torch.no_grad():
             for mine, ref in zip(model.parameters(), reference.parameters()):  # noqa: B905 - runs on Python 3.8 too
                 d = (mine - ref).abs().max().item()
                 abs_diff = max(abs_diff, d)
                 rel_diff = max(rel_diff, d / max(ref.abs().max().item(), 1e-30))
-        record["ddp"]["accuracy"] = accuracy(torch, model, x_test, y_test)
-        record["max_abs_param_diff"] = abs_diff
-        record["max_rel_param_diff"] = rel_diff
-    dist.barrier()
-    if checkpoint.step:
+        return abs_diff, rel_diff
 
-        def fresh():
-            return make_model(torch, args.seed, args.features, args.hidden, args.classes, dtype, device)
 
-        record["checkpoint"] = checkpoint.round_trip(fresh, loader, sampler, global_loss, sync)
-    return record
+def precision(torch, device):
+    """(dtype, sync) of a run on DEVICE: float32 with TF32 off, deterministic cuDNN and algorithms, and a CUDA
+    synchronisation on GPUs; float64 and deterministic algorithms on CPUs, where nothing needs synchronising."""
+    if device.type != "cuda":
+        torch.use_deterministic_algorithms(True)
+        return torch.float64, lambda: None
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    torch.backends.cudnn.benchmark = False
+    torch.backends.cudnn.deterministic = True
+    torch.use_deterministic_algorithms(True)
+    return torch.float32, lambda: torch.cuda.synchronize(device)
 
 
 def state_hash(state: dict) -> str:

@@ -4,7 +4,6 @@ node's own ranks. Then, over the nodes that answered, the cross-node consistency
 
 from __future__ import annotations
 
-import contextlib
 import json
 import shlex
 import sys
@@ -19,7 +18,7 @@ from clustercheck.facts import collect, parse
 from clustercheck.facts.model import DcgmDiag, Image, NodeFacts
 from clustercheck.inventory import Node
 from clustercheck.model import CheckResult, Status
-from clustercheck.stages import Context, Member, bundle, collectives, network
+from clustercheck.stages import Context, Member, bundle, collectives, network, nodeprogram
 from clustercheck.transport import CommandResult, Transport, parse_stale, stale_sweep_script
 
 NAME = "core"
@@ -82,7 +81,60 @@ class NodeStart:
             return f"the command ended before the collector started: {self.error or 'no output'}"
         if collected.raw is not None:
             return None
-        return f"timed out after {deadline:.0f} s" if collected.answer.timed_out else collected.answer.cause()
+        failure = nodeprogram.judge("", "facts", collected.answer, deadline).failure
+        return failure.cause if failure is not None else "no answer"
+
+
+@dataclass(frozen=True)
+class Pythons:
+    """The python the first command tries on a node, and the one it falls back to."""
+
+    asked: str  # --python or the inventory's clustercheck_python ("": none, the recorded one is tried)
+    source: str  # where ASKED came from ("" with none)
+    fallback: str
+    fallback_source: str
+
+    @classmethod
+    def of(cls, node: Node, configured: str | None) -> Pythons:
+        if configured:
+            asked, source = configured, "--python"
+        elif node.python:
+            asked, source = node.python, "clustercheck_python in the inventory"
+        else:
+            asked, source = "", ""
+        if node.is_local:
+            return cls(asked, source, sys.executable, "the python running clustercheck")
+        return cls(asked, source, "python3", "default")
+
+
+class Arrivals:
+    """The first command's output as it streams in, and when its parts came: the clock line first (the clock
+    offset is taken then), then, WITH_COLLECTOR, the collector's output after parse.FACTS_LINE."""
+
+    MARKER = parse.FACTS_LINE + "\n"
+
+    def __init__(self, with_collector: bool) -> None:
+        self.with_collector = with_collector
+        self.parts: list[str] = []
+        self.clock_at: float | None = None
+        self.collector_at: float | None = None
+        self._seen = ""
+
+    def take(self, stream: str, text: str) -> None:
+        if stream != "stdout":
+            return
+        now = time.time()
+        if self.clock_at is None:
+            self.clock_at = now
+        self.parts.append(text)
+        if self.with_collector and self.collector_at is None:
+            self._seen = (self._seen + text)[-2 * len(self.MARKER) :]
+            if self.MARKER in self._seen:
+                self.collector_at = now
+
+    @property
+    def text(self) -> str:
+        return "".join(self.parts)
 
 
 def start(
@@ -103,71 +155,77 @@ def start(
     command within COLLECT_TIMEOUT seconds (the deadline a later run's sweep reads, were the node to freeze), the
     bundle uploaded on its standard input when it is not on the node yet. On a large cluster every command costs
     the controller CPU."""
-    if configured:
-        candidate, source = configured, "--python"
-    elif node.python:
-        candidate, source = node.python, "clustercheck_python in the inventory"
-    else:
-        candidate, source = "", ""
-    fallback, fallback_source = (
-        (sys.executable, "the python running clustercheck") if node.is_local else ("python3", "default")
-    )
-    sweeping = stale_sweep_script(transport.run_id) if sweep else None
-    script = parse.first_script(RECORDED_PYTHON, sweeping, COLLECT if collect is not None else None)
-    argv = ["sh", "-c", script, "sh", candidate, fallback, str(int(max(1.0, timeout)))]
-    stdin = None
-    if collect is not None:
-        stdin = bundle.to_send(transport)
-        argv += [transport.workdir, bundle.digest() if stdin is not None else "", *collect]
-    out: list[str] = []
-    arrived: list[float] = []  # when the clock line came, then when the collector's output began
-    marker = parse.FACTS_LINE + "\n"
-    seen = [""]
-
-    def take(stream: str, text: str) -> None:
-        if stream != "stdout":
-            return
-        now = time.time()
-        if not arrived:
-            arrived.append(now)  # the clock line comes first
-        out.append(text)
-        if len(arrived) == 1 and collect is not None:
-            seen[0] = (seen[0] + text)[-2 * len(marker) :]
-            if marker in seen[0]:
-                arrived.append(now)
-
-    before = time.time()
+    pythons = Pythons.of(node, configured)
+    argv, stdin = first_command(transport, pythons, timeout, sweep, collect)
+    arrivals = Arrivals(collect is not None)
     took = timeout + (SWEEP_TIME if sweep else 0) + 2  # the steps before the collector: moments, unless one hangs
     if collect is not None:
         took = max(took, collect_timeout)  # the collector's deadline is the command's: a hung step eats into it
-    answer = transport.run(argv, timeout=took, stdin=stdin, on_output=take)
+    before = time.time()
+    answer = transport.run(argv, timeout=took, stdin=stdin, on_output=arrivals.take)
     ended = time.time()
     if collect is not None:
         bundle.carried(transport, stdin, answer)
-    found = parse.parse_first("".join(out))
-    collected = None
-    if found.then is not None:
-        output = CommandResult(answer.exit_status, found.then, answer.stderr, answer.timed_out)
-        raw = None
-        if output.ok:
-            with contextlib.suppress(ValueError, IndexError):
-                raw = json.loads(output.stdout.strip().splitlines()[-1])
-        seconds = ended - (arrived[1] if len(arrived) > 1 else ended)
-        collected = Collected(raw if isinstance(raw, dict) else None, output, seconds)
-    if found.python_runs is None:
-        python = candidate or fallback
-        cause = answer.cause() if not answer.ok else "its output was cut short"
-        return NodeStart(found.identity, python, source or fallback_source, None, None, None, None, None, None, cause)
-    if not source:
-        source = RECORDED_PYTHON if found.recorded else fallback_source
-    python = found.python or candidate or fallback
-    offset = uncertainty = None
-    if found.clock is not None and arrived:
-        uncertainty = (arrived[0] - before) / 2
-        offset = found.clock - (before + uncertainty)
-    complete = found.then is not None or (collect is None and answer.ok)  # the sweep's lines are all there
-    stale = parse_stale(found.leftovers) if complete and found.leftovers is not None else None
+    found = parse.parse_first(arrivals.text)
+    collected = collected_facts(transport.host, found, answer, arrivals, ended, took)
+    return node_start(found, answer, pythons, clock(found, arrivals, before), sweep, collect is not None, collected)
+
+
+def first_command(
+    transport: Transport, pythons: Pythons, timeout: float, sweep: bool, collect: list[str] | None
+) -> tuple[list[str], str | None]:
+    """The first command's argv and standard input (the bundle, when the collector runs and it is not on the
+    node yet)."""
+    sweeping = stale_sweep_script(transport.run_id) if sweep else None
+    script = parse.first_script(RECORDED_PYTHON, sweeping, COLLECT if collect is not None else None)
+    argv = ["sh", "-c", script, "sh", pythons.asked, pythons.fallback, str(int(max(1.0, timeout)))]
+    if collect is None:
+        return argv, None
+    stdin = bundle.to_send(transport)
+    return [*argv, transport.workdir, bundle.digest() if stdin is not None else "", *collect], stdin
+
+
+def collected_facts(
+    host: str, found: parse.FirstAnswer, answer: CommandResult, arrivals: Arrivals, ended: float, took: float
+) -> Collected | None:
+    """The collector's part of the first command (None when it did not start), judged as the `facts` program's
+    answer, and its own seconds."""
+    if found.then is None:
+        return None
+    output = CommandResult(answer.exit_status, found.then, answer.stderr, answer.timed_out)
+    raw = nodeprogram.judge(host, "facts", output, took).value
+    return Collected(raw, output, ended - (arrivals.collector_at or ended))
+
+
+def clock(found: parse.FirstAnswer, arrivals: Arrivals, before: float) -> tuple[float | None, float | None]:
+    """(node clock minus control clock, its uncertainty): the node's clock line against the moment it arrived,
+    less half the round trip since the command was sent at BEFORE."""
+    if found.clock is None or arrivals.clock_at is None:
+        return None, None
+    uncertainty = (arrivals.clock_at - before) / 2
+    return found.clock - (before + uncertainty), uncertainty
+
+
+def node_start(
+    found: parse.FirstAnswer,
+    answer: CommandResult,
+    pythons: Pythons,
+    offset: tuple[float | None, float | None],
+    sweep: bool,
+    collecting: bool,
+    collected: Collected | None,
+) -> NodeStart:
+    """What the first command's output FOUND says, with ANSWER's end: the python to use and where it came from,
+    and what was swept (when the sweep's lines are all there)."""
     cause = answer.cause() if not answer.ok else "its output was cut short"
+    if found.python_runs is None:  # cut short before the python was tried
+        python = pythons.asked or pythons.fallback
+        source = pythons.source or pythons.fallback_source
+        return NodeStart(found.identity, python, source, None, None, None, None, None, None, cause)
+    source = pythons.source or (RECORDED_PYTHON if found.recorded else pythons.fallback_source)
+    python = found.python or pythons.asked or pythons.fallback
+    complete = found.then is not None or (not collecting and answer.ok)  # the sweep's lines are all there
+    stale = parse_stale(found.leftovers) if complete and found.leftovers is not None else None
     return NodeStart(
         identity=found.identity,
         python=python if found.python_runs else "python3",
@@ -175,8 +233,8 @@ def start(
         missing=None if found.python_runs else python,
         shell=found.shell,
         home=found.home,
-        clock_offset=offset,
-        clock_uncertainty=uncertainty,
+        clock_offset=offset[0],
+        clock_uncertainty=offset[1],
         leftovers=stale,
         error=cause if sweep and stale is None else None,
         collected=collected,
@@ -228,9 +286,8 @@ def run_host(node: Node, transport: Transport, ctx: Context, step, begun: NodeSt
     outcome = HostOutcome([leftovers(node, begun)])
     python, source, missing = begun.python, begun.source, begun.missing
     collected = begun.collected
-    answer = collected.answer if collected else CommandResult(None, "", begun.error or "")
-    (host_dir / "facts.json").write_text(answer.stdout)
-    (host_dir / "facts.stderr").write_text(answer.stderr)
+    output = collected.answer if collected else CommandResult(None, "", begun.error or "")
+    nodeprogram.keep(output, host_dir / "facts.json")
     if collected is None or collected.raw is None:
         problem = begun.facts_problem(config.command_timeout)
         outcome.results.append(_facts_error(node, f"{node.name}: could not collect facts with {python}: {problem}"))
@@ -303,14 +360,16 @@ def read_image(
     if image.problem:
         return image, {"python": {}, "packages": {"error": image.problem}, "torch": {"error": image.problem}}
     program = [bundle.path(transport.workdir), "facts", *collector, "--environment-only"]
-    answer = transport.run(box.python(program, workdir=transport.workdir, gpus=gpus), timeout=timeout)
-    raw = None
-    with contextlib.suppress(ValueError, IndexError):
-        raw = json.loads(answer.stdout.strip().splitlines()[-1])
-    if not answer.ok or not isinstance(raw, dict):
-        why = f"the environment in image {box.image} could not be read: {container.run_problem(answer)}"
-        refused = why if answer.exit_status == container.DOCKER_REFUSED else None
-        return replace(image, refused=refused), {"python": {}, "packages": {"error": why}, "torch": {"error": why}}
+    argv = box.python(program, workdir=transport.workdir, gpus=gpus)
+    answer = nodeprogram.call(transport, argv, program="facts --environment-only", timeout=timeout)
+    if answer.failure is not None:
+        refused = answer.result.exit_status == container.DOCKER_REFUSED
+        docker_said = "docker: " in answer.result.stderr  # Docker's own error, not the program's
+        said = container.run_problem(answer.result) if docker_said else answer.failure.cause
+        why = f"the environment in image {box.image} could not be read: {said}"
+        image = replace(image, refused=why if refused else None)
+        return image, {"python": {}, "packages": {"error": why}, "torch": {"error": why}}
+    raw = answer.value
     python = (raw.get("python") or {}).get("executable")
     return replace(image, python=python), {k: raw.get(k) for k in ENVIRONMENT}
 
@@ -385,11 +444,9 @@ def local_collectives(facts: NodeFacts, transport: Transport, ctx: Context) -> l
 def local_port(transport: Transport, python: str) -> int:
     """A port free on the node's loopback for its node-local job, never the master port: a stale process there is
     the network stage's finding (network.master_port), not the node-local collectives'."""
-    answer = transport.run(bundle.command(python, transport.workdir, "netprobe", "free-port"), timeout=30)
-    with contextlib.suppress(ValueError):
-        port = int(answer.stdout.strip())
-        if answer.ok and 1024 <= port <= 65535:
-            return port
+    answer = nodeprogram.bundled(transport, python, "netprobe", "free-port", timeout=30, kind=int)
+    if answer.value is not None and 1024 <= answer.value <= 65535:
+        return answer.value
     return network.pick_ephemeral_port()
 
 

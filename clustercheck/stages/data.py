@@ -6,27 +6,27 @@ A node that differs here does not stop the torch stages: they do not read the us
 
 from __future__ import annotations
 
-import json
 import secrets
 
 from clustercheck.checks import data, registry
 from clustercheck.model import CheckResult
-from clustercheck.stages import Context, Member, bundle
+from clustercheck.stages import Context, Member, nodeprogram
 
 NAME = "data"
 
 
 def _ask(m: Member, ctx: Context, args: list[str], log: str) -> dict:
-    bundle.install(m.transport)
-    answer = m.transport.run(
-        bundle.command(m.facts.python, m.transport.workdir, "data", *args), timeout=ctx.config.command_timeout
+    """The node's `data` program's answer to ARGS, its output kept as LOG.json; ProgramFailed says why not."""
+    answer = nodeprogram.bundled(
+        m.transport,
+        m.facts.python,
+        "data",
+        *args,
+        timeout=ctx.config.command_timeout,
+        kept=ctx.config.host_dir(m.name) / f"{log}.json",
+        name=f"data {args[0]}",
     )
-    with open(ctx.config.host_dir(m.name) / f"{log}.json", "a") as fh:
-        fh.write(answer.stdout)
-    try:
-        return json.loads(answer.stdout.strip().splitlines()[-1])
-    except (ValueError, IndexError) as exc:
-        raise RuntimeError(answer.cause()) from exc
+    return answer.json()
 
 
 def _each(ctx: Context, members: list[Member], work) -> tuple[dict[str, dict], dict[str, str]]:

@@ -281,19 +281,15 @@ _PROGRESS = (
 
 def progress_command(python: str, run_dir: str, stage: str) -> list[str]:
     """The command that prints every rank's heartbeat on a node: rank -> {step, phase, age in seconds}, the age
-    measured on the node's own clock."""
+    measured on the node's own clock (`heartbeats`)."""
     return [python, "-c", _PROGRESS, output_dir(run_dir, stage)]
 
 
-def parse_progress(stdout: str) -> dict[str, dict] | None:
-    """progress_command's answer, or None when it is not one."""
-    try:
-        beats = json.loads(stdout.strip().splitlines()[-1])
-    except (ValueError, IndexError):
+def heartbeats(answer: object) -> dict[str, dict] | None:
+    """progress_command's ANSWER (its JSON, nodeprogram's), or None when it is not one."""
+    if not isinstance(answer, dict) or not all(isinstance(b, dict) for b in answer.values()):
         return None
-    if not isinstance(beats, dict) or not all(isinstance(b, dict) for b in beats.values()):
-        return None
-    return beats
+    return answer
 
 
 def parse_collected(stdout: str) -> tuple[list[dict], bytes | None]:

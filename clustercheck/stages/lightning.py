@@ -5,30 +5,33 @@ run (checks/lightning.py). Where it does not import, the stage is SKIP with the 
 
 from __future__ import annotations
 
-import json
-
 from clustercheck.checks import lightning, registry
 from clustercheck.model import CheckResult, Status
-from clustercheck.stages import Context, Member, bundle, launch, torchjob
+from clustercheck.stages import Context, Member, launch, nodeprogram, torchjob
 from clustercheck.transport import TransportError
 
 NAME = "lightning"
 
 
 def _probe(m: Member, ctx: Context) -> dict:
-    bundle.install(m.transport)
-    command = bundle.command(m.facts.torch_python, m.transport.workdir, "lightning", "probe")
+    """Whether Lightning imports on the node (in the image with --container): the `lightning probe` program's
+    answer, or why there is none."""
     box = ctx.config.container
-    if box is not None:
-        command = box.run(command, workdir=m.transport.workdir, gpus=m.gpus > 0)
-    # Lightning's import makes torch's compile cache directory: in the run's work directory, as the torch jobs'.
-    env = {"TORCHINDUCTOR_CACHE_DIR": launch.inductor_cache(m.transport.workdir)}
-    answer = m.transport.run(command, timeout=ctx.config.command_timeout, env=env)
-    (ctx.config.host_dir(m.name) / "lightning-probe.json").write_text(answer.stdout + answer.stderr)
-    try:
-        return json.loads(answer.stdout.strip().splitlines()[-1])
-    except (ValueError, IndexError):
-        return {"ok": False, "error": answer.cause()}
+    answer = nodeprogram.bundled(
+        m.transport,
+        m.facts.torch_python,
+        "lightning",
+        "probe",
+        timeout=ctx.config.command_timeout,
+        kept=ctx.config.host_dir(m.name) / "lightning-probe.json",
+        wrap=None if box is None else lambda argv: box.run(argv, workdir=m.transport.workdir, gpus=m.gpus > 0),
+        name="lightning probe",
+        # Lightning's import makes torch's compile cache directory: in the run's work directory, as the torch jobs'.
+        env={"TORCHINDUCTOR_CACHE_DIR": launch.inductor_cache(m.transport.workdir)},
+    )
+    if answer.failure is not None:
+        return {"ok": False, "error": answer.failure.cause}
+    return answer.value
 
 
 def run(members: list[Member], ctx: Context) -> list[CheckResult]:

@@ -17,15 +17,15 @@ never, is named as such, and its connections are not judged as the network's.
 from __future__ import annotations
 
 import ipaddress
-import json
 import random
 import threading
 import time
+from dataclasses import dataclass
 
 from clustercheck.checks import network, registry
 from clustercheck.model import CheckResult, Status
-from clustercheck.remote import netprobe
-from clustercheck.stages import Context, Member, bundle
+from clustercheck.remote import rounds as perf
+from clustercheck.stages import Context, Member, bundle, nodeprogram
 
 NAME = "network"
 EPHEMERAL_RANGE = (49152, 60999)  # IANA dynamic ports, below Linux's default ip_local_port_range top
@@ -53,7 +53,7 @@ def mesh_args(
     duration: float,
     barrier: tuple[str, str, float] | None = None,
     perf: tuple[int, tuple[str, ...]] | None = None,
-    rounds: int | None = netprobe.DEFAULT_ROUNDS,
+    rounds: int | None = perf.DEFAULT_ROUNDS,
 ) -> list[str]:
     """The probe's arguments on node ME, which reads the nodes from its standard input (peer_list()).
     BARRIER: (ready file, go file, seconds to wait for the go file). PERF: (port, measurements) for the perf rounds
@@ -93,13 +93,13 @@ def connect_window(duration: float, nodes: int) -> float:
 
 def round_count(peers: list[network.Peer], rounds: int | None) -> int:
     """How many perf rounds the probes run for ROUNDS (--network-rounds; None: every pair)."""
-    return len(netprobe.schedule([p.name for p in peers], rounds, SCHEDULE_SEED))
+    return len(perf.schedule([p.name for p in peers], rounds, SCHEDULE_SEED))
 
 
 def perf_time(rounds: int) -> float:
     """The longest the RTT and throughput rounds may take: each ends at a fixed time after the shared deadline,
     however late a node is."""
-    return rounds * netprobe.ROUND_SECONDS
+    return rounds * perf.ROUND_SECONDS
 
 
 def past_waiting(finished: dict[str, float], nodes: int, paced_end: float, now: float) -> bool:
@@ -134,121 +134,184 @@ def cluster_network(members: list[Member]) -> str | None:
     return networks.pop() if len(networks) == 1 else None
 
 
-def run(members: list[Member], ctx: Context) -> list[CheckResult]:
-    config = ctx.config
-    port = pick_ephemeral_port()
-    perf_port = pick_ephemeral_port()
-    while perf_port in (port, config.master_port):
-        perf_port = pick_ephemeral_port()
-    peers = [network.Peer(m.name, m.address, m.hostname) for m in members]
-    records: dict[str, dict] = {}
-    errors: dict[str, str] = {}
-    lock = threading.Lock()
-    finished: dict[str, float] = {}  # node -> when its probe's answer came back
-    abandoned: set[str] = set()  # nodes whose probe the stage stopped waiting for (STRAGGLER_GRACE)
-    measure = network.plan(config.selection.check_selected)  # a deselected check costs no perf round
-    wait = ready_timeout(len(members))
-    window = connect_window(config.network_duration, len(members))
-    rounds = round_count(peers, config.network_rounds)
-    listed = peer_list(peers)  # the same for every node, on each probe's standard input
+@dataclass(frozen=True)
+class Plan:
+    """What every node's probe of one run is told: the ports, the measurements, and its times."""
 
-    def files(m: Member) -> tuple[str, str]:
+    port: int  # the ephemeral port probed beside the master port
+    perf_port: int  # the port of the perf rounds
+    measure: tuple[str, ...]  # the measurements the selected checks need (network.plan)
+    wait: float  # seconds every probe gets to listen (ready_timeout)
+    window: float  # seconds connection attempts may run once every node listens (connect_window)
+    rounds: int  # perf rounds
+    peers: list[network.Peer]
+    listed: str  # the node list, the same on every probe's standard input (peer_list)
+
+    @classmethod
+    def of(cls, members: list[Member], config) -> Plan:
+        port = pick_ephemeral_port()
+        perf_port = pick_ephemeral_port()
+        while perf_port in (port, config.master_port):
+            perf_port = pick_ephemeral_port()
+        peers = [network.Peer(m.name, m.address, m.hostname) for m in members]
+        return cls(
+            port,
+            perf_port,
+            network.plan(config.selection.check_selected),  # a deselected check costs no perf round
+            ready_timeout(len(members)),
+            connect_window(config.network_duration, len(members)),
+            round_count(peers, config.network_rounds),
+            peers,
+            peer_list(peers),
+        )
+
+    @property
+    def paced(self) -> float:
+        """Seconds from the go signal until every probe's connect window and rounds have ended."""
+        return self.window + (perf_time(self.rounds) if self.measure else 0)
+
+
+class Probes:
+    """Every node's probe of one run, in the background: started at once, let go together once every node listens
+    (the barrier), and waited for until every probe answered or those still running are stragglers."""
+
+    def __init__(self, members: list[Member], ctx: Context, plan: Plan) -> None:
+        self.members, self.ctx, self.plan = members, ctx, plan
+        self.records: dict[str, dict] = {}
+        self.errors: dict[str, str] = {}
+        self.ready_after: dict[str, float] = {}  # node -> seconds until its probe listened
+        self.finished: dict[str, float] = {}  # node -> when its probe's answer came back
+        self.abandoned: set[str] = set()  # nodes whose probe the stage stopped waiting for (STRAGGLER_GRACE)
+        self.lock = threading.Lock()
+        self.started = time.monotonic()
+        self._probes: threading.Thread | None = None
+
+    def files(self, m: Member) -> tuple[str, str]:
+        """The probe's ready file and go file on M."""
         workdir = m.transport.workdir.rstrip("/")
         return f"{workdir}/netprobe.ready", f"{workdir}/netprobe.go"
 
-    def probe(m: Member) -> None:
-        ready, go = files(m)
+    def start(self) -> None:
+        """Phase one: every node's probe binds its listeners and reports ready, then waits for the go file."""
+        self.started = time.monotonic()
+        self._probes = self._each_in_background(self.probe, "netprobe")
+
+    def probe(self, m: Member) -> None:
+        """M's probe, its answer (or why there is none) recorded, unless the stage went on without it."""
+        plan, config = self.plan, self.ctx.config
+        ready, go = self.files(m)
         args = mesh_args(
             m.name,
-            [config.master_port, port],
-            window,
-            (ready, go, wait + GO_SLACK),
-            (perf_port, measure),
+            [config.master_port, plan.port],
+            plan.window,
+            (ready, go, plan.wait + GO_SLACK),
+            (plan.perf_port, plan.measure),
             config.network_rounds,
         )
-        command = bundle.command(m.facts.python, m.transport.workdir, "netprobe", *args)
         try:
-            answer = m.transport.run(
-                command,
-                timeout=wait + GO_SLACK + window + (perf_time(rounds) if measure else 0) + 30,
-                stdin=listed,
+            answer = nodeprogram.bundled(
+                m.transport,
+                m.facts.python,
+                "netprobe",
+                *args,
+                timeout=plan.wait + GO_SLACK + plan.paced + 30,
+                stdin=plan.listed,
+                name="netprobe mesh",
             )
         except Exception as exc:  # one node's trouble is that node's network.probe ERROR
-            answer, error = None, f"{type(exc).__name__}: {exc}"
-        with lock:
-            if m.name in abandoned:  # the stage went on without it
+            answer = None
+            error = f"{type(exc).__name__}: {exc}"
+        with self.lock:
+            if m.name in self.abandoned:  # the stage went on without it
                 return
-            finished[m.name] = time.monotonic()
+            self.finished[m.name] = time.monotonic()
             if answer is None:
-                errors[m.name] = error
+                self.errors[m.name] = error
                 return
-            (config.host_dir(m.name) / "network.json").write_text(answer.stdout)
-            (config.host_dir(m.name) / "network.stderr").write_text(answer.stderr)
-            try:
-                records[m.name] = json.loads(answer.stdout.strip().splitlines()[-1])
-            except (ValueError, IndexError):
-                errors[m.name] = answer.cause()
+            nodeprogram.keep(answer.result, config.host_dir(m.name) / "network.json")
+            if answer.failure is not None:
+                self.errors[m.name] = answer.failure.cause
+            else:
+                self.records[m.name] = answer.value
 
-    reach = ctx.reach
-    reach.each(lambda m: bundle.install(m.transport), members, name=lambda m: m.name)
-    # Phase one: every node's probe binds its listeners; phase two starts once every node reported ready (or
-    # the wait ran out), so no connection is tried towards a node that is not listening yet.
-    started = time.monotonic()
-    ready_after: dict[str, float] = {}
-    probes = threading.Thread(
-        target=lambda: reach.each(probe, members, name=lambda m: m.name), daemon=True, name="netprobe"
-    )
+    def barrier(self) -> float:
+        """Phase two: the go signal on every node once every probe listens, or its probe already ended (it failed:
+        nothing to wait for), or the wait ran out; returns when every probe's connect window and rounds end."""
+        wait = self.plan.wait
+        waits = self._each_in_background(self.await_ready, "netprobe ready")
+        while waits.is_alive() and time.monotonic() < self.started + wait + 15:
+            with self.lock:
+                if all(m.name in self.ready_after or m.name in self.finished for m in self.members):
+                    break
+            time.sleep(0.1)
+        self.ctx.reach.each(self.go, self.members, name=lambda m: m.name)
+        paced_end = time.monotonic() + self.plan.paced  # every probe has its go file now
+        waits.join(30)  # the go file ends every wait still under way
+        return paced_end
+
+    def await_ready(self, m: Member) -> None:
+        ready, go = self.files(m)
+        wait = self.plan.wait
+        args = ("wait-ready", ready, "--or", go, "--timeout", f"{wait:g}")
+        answer = nodeprogram.bundled(m.transport, m.facts.python, "netprobe", *args, timeout=wait + 15)
+        if answer.failure is None:
+            with self.lock:
+                self.ready_after[m.name] = round(time.monotonic() - self.started, 3)
+
+    def go(self, m: Member) -> None:
+        go = self.files(m)[1]
+        nodeprogram.bundled(m.transport, m.facts.python, "netprobe", "go", go, f"{self.plan.window:g}", timeout=30)
+
+    def await_answers(self, paced_end: float) -> None:
+        """Until every probe answered, or those still running are stragglers (past_waiting): their nodes' errors say
+        so, and the stage goes on without them."""
+        assert self._probes is not None
+        while self._probes.is_alive():
+            with self.lock:
+                if past_waiting(self.finished, len(self.members), paced_end, time.monotonic()):
+                    for m in self.members:
+                        if m.name not in self.finished:
+                            self.abandoned.add(m.name)
+                            self.errors[m.name] = (
+                                f"no answer {STRAGGLER_GRACE:.0f} s after every probe's rounds were to end and the "
+                                "other nodes' probes ended (the node froze, or fell far behind); its pairs were not "
+                                "measured"
+                            )
+                    return
+            self._probes.join(0.2)
+
+    def _each_in_background(self, work, name: str) -> threading.Thread:
+        reach, members = self.ctx.reach, self.members
+        thread = threading.Thread(
+            target=lambda: reach.each(work, members, name=lambda m: m.name), daemon=True, name=name
+        )
+        thread.start()
+        return thread
+
+
+def run(members: list[Member], ctx: Context) -> list[CheckResult]:
+    plan = Plan.of(members, ctx.config)
+    ctx.reach.each(lambda m: bundle.install(m.transport), members, name=lambda m: m.name)
+    probes = Probes(members, ctx, plan)
     probes.start()
+    probes.await_answers(probes.barrier())
+    with probes.lock:
+        return judge(members, ctx, plan, probes)
 
-    def await_ready(m: Member) -> None:
-        ready, go = files(m)
-        command = bundle.command(m.facts.python, m.transport.workdir, "netprobe", "wait-ready", ready, "--or", go)
-        if m.transport.run([*command, "--timeout", f"{wait:g}"], timeout=wait + 15).ok:
-            ready_after[m.name] = round(time.monotonic() - started, 3)
 
-    waits = threading.Thread(
-        target=lambda: reach.each(await_ready, members, name=lambda m: m.name), daemon=True, name="netprobe ready"
-    )
-    waits.start()
-    # Go once every node listens, or its probe already ended (it failed: nothing to wait for), or the wait ran out.
-    while waits.is_alive() and time.monotonic() < started + wait + 15:
-        if all(m.name in ready_after or m.name in records or m.name in errors for m in members):
-            break
-        time.sleep(0.1)
-    reach.each(
-        lambda m: m.transport.run(
-            bundle.command(m.facts.python, m.transport.workdir, "netprobe", "go", files(m)[1], f"{window:g}"),
-            timeout=30,
-        ),
-        members,
-        name=lambda m: m.name,
-    )
-    # Every probe has its go file now: its connect window and its rounds end by this moment.
-    paced_end = time.monotonic() + window + (perf_time(rounds) if measure else 0)
-    waits.join(30)  # the go file ends every wait still under way
-    while probes.is_alive():
-        with lock:
-            if past_waiting(finished, len(members), paced_end, time.monotonic()):
-                for m in members:
-                    if m.name not in finished:
-                        abandoned.add(m.name)
-                        errors[m.name] = (
-                            f"no answer {STRAGGLER_GRACE:.0f} s after every probe's rounds were to end and the other "
-                            "nodes' probes ended (the node froze, or fell far behind); its pairs were not measured"
-                        )
-                break
-        probes.join(0.2)
-    not_ready = {m.name: wait for m in members if m.name not in ready_after}
+def judge(members: list[Member], ctx: Context, plan: Plan, probes: Probes) -> list[CheckResult]:
+    """The network.* checks from what the probes answered; on one node, network.resolve is not the network's."""
+    config = ctx.config
     results = network.evaluate(
-        records,
-        peers,
+        dict(probes.records),
+        plan.peers,
         master=members[0].name,
         master_port=config.master_port,
-        errors=errors,
+        errors=dict(probes.errors),
         cidr=cluster_network(members),
-        not_ready=not_ready,
-        ready_after=ready_after,
-        measure=measure,
+        not_ready={m.name: plan.wait for m in members if m.name not in probes.ready_after},
+        ready_after=dict(probes.ready_after),
+        measure=plan.measure,
     )
     if len(members) == 1:  # one node: the ranks meet on 127.0.0.1 whatever the hostname resolves to
         name = members[0].name

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from clustercheck.reach import Reach, Started
-from clustercheck.stages import Member, launch, rootcause, watchdog
+from clustercheck.stages import Member, launch, nodeprogram, rootcause, watchdog
 from clustercheck.transport import CommandResult, OutputSink
 
 FAILURE_GRACE = 5.0  # seconds the other nodes get to report their own failure before they are stopped
@@ -63,98 +63,138 @@ def run(
     """PLANS started on their MEMBERS through REACH, all within TIMEOUT seconds. ARGV(plan, member): the command
     run there (default: the plan's torchrun line); OUTPUT(node): where that node's output streams as it arrives
     (None: kept in its result); ENDED(node, result) is called as a node's torchrun ends."""
-    by_name = {m.name: m for m in members}
-    lock = threading.Lock()
-    failed = threading.Event()
-    stopping = threading.Event()
-    ends: Ends = {}
-    deadline = time.monotonic() + timeout
+    job = Job(members, watch, ended)
+    job.start(plans, reach, timeout, argv, output)
+    try:
+        stall = job.watch_until_end()
+    finally:
+        job.done.set()
+    return job.stop(reach, stall)
 
-    def end(name: str, result: CommandResult) -> None:
-        if ended is not None:
-            ended(name, result)
-        with lock:
-            ends[name] = (time.monotonic(), result, not stopping.is_set())
-        if not result.ok:
-            failed.set()
 
-    started: list[Started] = []
-    for p in plans:
-        m = by_name[p.node.name]
-        started.append(
-            reach.start(
-                m.name,
-                m.transport,
-                argv(p, m) if argv else p.command,
-                timeout=max(1.0, deadline - time.monotonic()),
-                env=p.env,
-                on_output=output(m.name) if output else None,
-                ended=end,
+class Job:
+    """One torch job under way on its members: each node's end as it comes, the watchdog's polls of the ranks'
+    heartbeats (with a Watch), and, once it ended or failed, every node still running stopped."""
+
+    def __init__(
+        self, members: list[Member], watch: Watch | None, ended: Callable[[str, CommandResult], None] | None
+    ) -> None:
+        self.members = members
+        self.by_name = {m.name: m for m in members}
+        self.watch = watch
+        self.ended = ended
+        self.lock = threading.Lock()
+        self.failed = threading.Event()  # a node's torchrun failed, or the watchdog named a stall
+        self.stopping = threading.Event()  # the runner stops the job: what ends now did not end on its own
+        self.done = threading.Event()  # the polls end
+        self.ends: Ends = {}
+        self.started: list[Started] = []
+        channels = {m.name: m.transport.channel for m in members}
+        self.dog = watchdog.Watchdog(channels, watch.stall_timeout, time.monotonic()) if watch else None
+
+    def start(
+        self,
+        plans: list[launch.NodeLaunch],
+        reach: Reach,
+        timeout: float,
+        argv: Callable[[launch.NodeLaunch, Member], list[str]] | None,
+        output: Callable[[str], OutputSink | None] | None,
+    ) -> None:
+        """Every node's line started at once, all within TIMEOUT seconds; with a watch, every node's poll."""
+        deadline = time.monotonic() + timeout
+        for p in plans:
+            m = self.by_name[p.node.name]
+            self.started.append(
+                reach.start(
+                    m.name,
+                    m.transport,
+                    argv(p, m) if argv else p.command,
+                    timeout=max(1.0, deadline - time.monotonic()),
+                    env=p.env,
+                    on_output=output(m.name) if output else None,
+                    ended=self.end,
+                )
             )
-        )
+        if self.dog is not None:
+            for m in self.members:
+                threading.Thread(target=self.poll, args=(m,), daemon=True, name=f"{m.name} watchdog").start()
 
-    channels = {m.name: m.transport.channel for m in members}
-    dog = watchdog.Watchdog(channels, watch.stall_timeout, time.monotonic()) if watch else None
-    done = threading.Event()
+    def end(self, name: str, result: CommandResult) -> None:
+        """NAME's torchrun ended with RESULT."""
+        if self.ended is not None:
+            self.ended(name, result)
+        with self.lock:
+            self.ends[name] = (time.monotonic(), result, not self.stopping.is_set())
+        if not result.ok:
+            self.failed.set()
 
-    def poll(m: Member) -> None:
-        assert watch is not None and dog is not None
-        command = launch.progress_command(m.facts.python, m.transport.workdir, watch.stage)
-        while not done.wait(min(POLL_INTERVAL, watch.stall_timeout / 4)):
-            with lock:
-                dog.polling(m.name, time.monotonic())
-            try:  # a node that does not answer within the stall timeout is stopped anyway
-                answer = m.transport.run(command, timeout=watch.stall_timeout)
-                beats = launch.parse_progress(answer.stdout) if answer.ok else None
+    def poll(self, m: Member) -> None:
+        """M's ranks' heartbeats, every POLL_INTERVAL (at most a quarter of the stall timeout), to the watchdog;
+        a node that does not answer within the stall timeout is stopped anyway."""
+        assert self.watch is not None and self.dog is not None
+        command = launch.progress_command(m.facts.python, m.transport.workdir, self.watch.stage)
+        while not self.done.wait(min(POLL_INTERVAL, self.watch.stall_timeout / 4)):
+            with self.lock:
+                self.dog.polling(m.name, time.monotonic())
+            try:
+                answer = nodeprogram.call(m.transport, command, program="heartbeats", timeout=self.watch.stall_timeout)
+                beats = launch.heartbeats(answer.value)
             except Exception:
                 beats = None
-            with lock:
-                dog.observe(m.name, beats, time.monotonic())
+            with self.lock:
+                self.dog.observe(m.name, beats, time.monotonic())
 
-    if dog is not None:
-        for m in members:
-            threading.Thread(target=poll, args=(m,), daemon=True, name=f"{m.name} watchdog").start()
-    stall: watchdog.Stall | None = None
-    try:
-        while any(s.alive() for s in started) and not failed.is_set():
+    def watch_until_end(self) -> watchdog.Stall | None:
+        """Until every node's torchrun ended, or one failed, or the watchdog named a stall (returned). After a
+        failure the other nodes get FAILURE_GRACE seconds to report their own view (a killed rank's node says
+        "Signal 9")."""
+        stall = None
+        while any(s.alive() for s in self.started) and not self.failed.is_set():
             time.sleep(0.1)
-            if dog is None:
-                continue
-            now = time.monotonic()
-            with lock:
-                for name, (_, result, _) in ends.items():
-                    if result.exit_status is not None:  # its torchrun's end came back: the node answered
-                        dog.ended(name, now)
-                stall = dog.stall(now)
+            stall = self.stalled()
             if stall:
-                failed.set()
-        if failed.is_set() and not stall:
-            # Give the other nodes a moment to report their own view (a killed rank's node says "Signal 9"),
-            # then stop every torchrun still running, on every node.
+                self.failed.set()
+        if self.failed.is_set() and not stall:
             grace = time.monotonic() + FAILURE_GRACE
-            while any(s.alive() for s in started) and time.monotonic() < grace:
+            while any(s.alive() for s in self.started) and time.monotonic() < grace:
                 time.sleep(0.1)
-    finally:
-        done.set()
-    with lock:  # the nodes that stopped answering: neither stopped nor waited for
+        return stall
+
+    def stalled(self) -> watchdog.Stall | None:
+        """The stall the watchdog names now, told which nodes' torchrun ended (those nodes answered)."""
+        if self.dog is None:
+            return None
         now = time.monotonic()
-        silent = {
+        with self.lock:
+            for name, (_, result, _) in self.ends.items():
+                if result.exit_status is not None:  # its torchrun's end came back: the node answered
+                    self.dog.ended(name, now)
+            return self.dog.stall(now)
+
+    def silent(self, now: float) -> set[str]:
+        """The nodes of a failed job that no longer answer (their torchrun's end did not come back either)."""
+        if self.dog is None or not self.failed.is_set():
+            return set()
+        return {
             n
-            for n in by_name
-            if dog is not None
-            and failed.is_set()
-            and not dog.nodes[n].answers(now)
-            and (n not in ends or ends[n][1].exit_status is None)
+            for n in self.by_name
+            if not self.dog.nodes[n].answers(now) and (n not in self.ends or self.ends[n][1].exit_status is None)
         }
-        stopping.set()
-        ending = set(ends)
-    if failed.is_set():
-        reach.stop([m.transport for m in members if m.name not in ending and m.name not in silent])
-        for s in started:
-            if s.name not in silent:
-                s.join(JOIN_WAIT)
-    with lock:
-        return Ran(dict(ends), failed.is_set(), stall, silent)
+
+    def stop(self, reach: Reach, stall: watchdog.Stall | None) -> Ran:
+        """After a failure, every node still running stopped (the run-marker sweep) and its end waited for, but
+        the nodes that no longer answer: neither stopped nor waited for."""
+        with self.lock:
+            silent = self.silent(time.monotonic())
+            self.stopping.set()
+            ending = set(self.ends)
+        if self.failed.is_set():
+            reach.stop([m.transport for m in self.members if m.name not in ending and m.name not in silent])
+            for s in self.started:
+                if s.name not in silent:
+                    s.join(JOIN_WAIT)
+        with self.lock:
+            return Ran(dict(self.ends), self.failed.is_set(), stall, silent)
 
 
 def first_failure(

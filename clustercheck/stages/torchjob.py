@@ -60,7 +60,38 @@ def run(
     member's host directory under STAGE (default: WORKER)."""
     config = ctx.config
     stage = stage or worker
-    port = master_port or config.master_port
+    backend = launch.choose_backend([m.gpus for m in members])
+    plans = plan(members, worker, ctx, stage, backend, worker_args, master_port or config.master_port, single_node)
+    by_name = {m.name: m for m in members}
+    for p in plans:
+        bundle.install(by_name[p.node.name].transport)
+        (config.host_dir(p.node.name) / f"{stage}.command").write_text(p.shell() + "\n")
+    ran = runner.run(
+        plans, members, ctx.reach, timeout=config.job_timeout, watch=runner.Watch(stage, config.stall_timeout)
+    )
+    world = launch.world_size(plans)
+    outcome = JobOutcome([], world, backend, data={"world_size": world, "backend": backend})
+    problems = bring_back(members, ran, stage, ctx, outcome)
+    missing = missing_ranks(outcome.records, launch.ranks_by_node(plans))
+    if missing:
+        outcome.data["missing_ranks_by_node"] = missing
+    tell(outcome, ran, {m.name: m.transport.channel for m in members}, missing, problems, stage, config)
+    return outcome
+
+
+def plan(
+    members: list[Member],
+    worker: str,
+    ctx: Context,
+    stage: str,
+    backend: str,
+    worker_args: list[str] | None,
+    port: int,
+    single_node: bool,
+) -> list[launch.NodeLaunch]:
+    """WORKER's torchrun line on every member (launch.plan), NCCL and Gloo on each node's own cluster interface
+    (loopback for a SINGLE_NODE job)."""
+    config = ctx.config
     specs = [
         launch.NodeSpec(
             m.name,
@@ -72,60 +103,29 @@ def run(
         )
         for m in members
     ]
-    backend = launch.choose_backend([m.gpus for m in members])
-    interface = "lo" if single_node else members[0].interface
     per_node_env = {}
     for m in members:
         iface = "lo" if single_node else m.interface
         if iface:
             per_node_env[m.name] = {"NCCL_SOCKET_IFNAME": iface, "GLOO_SOCKET_IFNAME": iface}
-    plans = launch.plan(
+    return launch.plan(
         specs,
         worker=worker,
         stage=stage,
         master_port=port,
-        interface=interface,
+        interface="lo" if single_node else members[0].interface,
         worker_args=worker_args,
         nproc_override=config.nproc_per_node,
         backend=backend,
         extra_env=per_node_env,
     )
-    by_name = {m.name: m for m in members}
-    world = launch.world_size(plans)
-    ranks = launch.ranks_by_node(plans)
-    for plan in plans:
-        bundle.install(by_name[plan.node.name].transport)
-        (config.host_dir(plan.node.name) / f"{stage}.command").write_text(plan.shell() + "\n")
 
-    ran = runner.run(
-        plans, members, ctx.reach, timeout=config.job_timeout, watch=runner.Watch(stage, config.stall_timeout)
-    )
-    ends, stall, silent = ran.ends, ran.stall, ran.silent
 
-    def bring_back(m: Member) -> tuple[list[dict], str | None]:
-        """The node's torchrun output into the run directory, its rank records and logs brought back; with why
-        nothing came back from a node that does not answer."""
-        result = ends[m.name][1] if m.name in ends else CommandResult(None, "", "no result")
-        (config.host_dir(m.name) / f"{stage}.torchrun.log").write_text(result.stdout + result.stderr)
-        if m.name in silent:  # it does not answer: nothing to bring back
-            return [], f"{m.transport.channel} does not answer"
-        timeout = min(COLLECT_TIMEOUT, config.stall_timeout)
-        try:
-            got = m.transport.run(launch.collect_command(m.facts.python, m.transport.workdir, stage), timeout=timeout)
-        except (TransportError, OSError) as exc:
-            return [], f"its results could not be collected: {exc}"
-        if got.exit_status is None:
-            return [], f"{m.transport.channel} did not answer within {timeout:.0f} s when the results were collected"
-        records, logs = launch.parse_collected(got.stdout)
-        if logs is not None:
-            keep_files(logs, config.host_dir(m.name))
-        for record in records:
-            record["node"] = m.name  # the inventory name (the record's host is the node's hostname)
-        return records, None if got.ok else f"its results could not be collected: {got.cause()}"
-
-    outcome = JobOutcome([], world, backend, data={"world_size": world, "backend": backend})
-    # Every node at once: one node after the other, bringing results back grew with the node count.
-    brought = ctx.reach.each(bring_back, members, name=lambda m: m.name)
+def bring_back(members: list[Member], ran: runner.Ran, stage: str, ctx: Context, outcome: JobOutcome) -> dict[str, str]:
+    """Every node's torchrun output into the run directory, and its rank records (into OUTCOME) and logs brought
+    back, every node at once (one node after the other grew with the node count); returns why nothing came back
+    from a node, by node."""
+    brought = ctx.reach.each(lambda m: bring_back_one(m, ran, stage, ctx), members, name=lambda m: m.name)
     problems: dict[str, str] = {}
     for i, m in enumerate(members):
         if isinstance(brought[i], BaseException):
@@ -134,35 +134,65 @@ def run(
         outcome.records += got
         if problem:
             problems[m.name] = problem
-    seen = {r.get("rank") for r in outcome.records}
-    missing = {name: [r for r in node_ranks if r not in seen] for name, node_ranks in ranks.items()}
-    missing = {name: node_ranks for name, node_ranks in missing.items() if node_ranks}
-    if missing:
-        outcome.data["missing_ranks_by_node"] = missing
+    return problems
 
-    channels = {m.name: m.transport.channel for m in members}
-    first = runner.first_failure(ends)
-    timed_out = [name for name, (_, result, _) in ends.items() if result.timed_out]
-    if stall is not None:
+
+def bring_back_one(m: Member, ran: runner.Ran, stage: str, ctx: Context) -> tuple[list[dict], str | None]:
+    """M's torchrun output into the run directory, its rank records and logs brought back; with why nothing came
+    back from a node that does not answer (it is not asked)."""
+    config = ctx.config
+    result = ran.ends[m.name][1] if m.name in ran.ends else CommandResult(None, "", "no result")
+    (config.host_dir(m.name) / f"{stage}.torchrun.log").write_text(result.stdout + result.stderr)
+    if m.name in ran.silent:  # it does not answer: nothing to bring back
+        return [], f"{m.transport.channel} does not answer"
+    timeout = min(COLLECT_TIMEOUT, config.stall_timeout)
+    try:
+        got = m.transport.run(launch.collect_command(m.facts.python, m.transport.workdir, stage), timeout=timeout)
+    except (TransportError, OSError) as exc:
+        return [], f"its results could not be collected: {exc}"
+    if got.exit_status is None:
+        return [], f"{m.transport.channel} did not answer within {timeout:.0f} s when the results were collected"
+    records, logs = launch.parse_collected(got.stdout)
+    if logs is not None:
+        keep_files(logs, config.host_dir(m.name))
+    for record in records:
+        record["node"] = m.name  # the inventory name (the record's host is the node's hostname)
+    return records, None if got.ok else f"its results could not be collected: {got.cause()}"
+
+
+def missing_ranks(records: list[dict], ranks: dict[str, list[int]]) -> dict[str, list[int]]:
+    """Node -> its ranks (RANKS: each node's) that sent no record, for the nodes with any."""
+    seen = {r.get("rank") for r in records}
+    missing = {name: [r for r in node_ranks if r not in seen] for name, node_ranks in ranks.items()}
+    return {name: node_ranks for name, node_ranks in missing.items() if node_ranks}
+
+
+def tell(
+    outcome: JobOutcome,
+    ran: runner.Ran,
+    channels: dict[str, str],
+    missing: dict[str, list[int]],
+    problems: dict[str, str],
+    stage: str,
+    config,
+) -> None:
+    """Why the job did not complete, into OUTCOME (nothing when it did): the stall the watchdog named, else the node
+    that failed first with its failing rank's own error, else the deadline, else the ranks whose results did not
+    come back (MISSING), with why (PROBLEMS)."""
+    first = runner.first_failure(ran.ends)
+    timed_out = [name for name, (_, result, _) in ran.ends.items() if result.timed_out]
+    if ran.stall is not None:
+        stall = ran.stall
         outcome.failure = f"{stall.message}; every node's job was stopped (--stall-timeout {config.stall_timeout:g})"
         outcome.data.update(stall.data)
         outcome.data["first_failed_node"] = stall.nodes[0] if len(stall.nodes) == 1 else None
     elif first is not None:
         name, result = first
-        how = _exit(result, name not in silent, channels[name])
-        cause = runner.node_cause(result)
-        if cause is not None:  # the failing rank's own error, not torchrun's report about it
-            lines = list(cause.lines)
-            outcome.failure = f"torchrun failed on {name} first ({how}): {cause.text()}; every node's job was stopped"
-            outcome.data["failed_rank"] = cause.rank
-        else:
-            lines = _tail(result)
-            outcome.failure = (
-                f"torchrun failed on {name} first ({how}); every node's job was stopped. Last lines from {name}: "
-                + " | ".join(lines)
-            )
+        outcome.failure, lines, rank = failed_first(name, result, _exit(result, name not in ran.silent, channels[name]))
+        if rank is not None:
+            outcome.data["failed_rank"] = rank
         outcome.data.update({"first_failed_node": name, "error_lines": lines})
-    elif timed_out or any(not r.ok for _, r, _ in ends.values()):
+    elif timed_out or any(not r.ok for _, r, _ in ran.ends.values()):
         outcome.failure = (
             f"the {stage} job timed out after {config.job_timeout:.0f} s (--timeout); every node's job was "
             f"stopped (waiting: {', '.join(sorted(timed_out)) or 'all nodes'})"
@@ -179,7 +209,19 @@ def run(
             for name, node_ranks in missing.items()
         )
         outcome.data["first_failed_node"] = next(iter(missing)) if len(missing) == 1 else None
-    return outcome
+
+
+def failed_first(name: str, result: CommandResult, how: str) -> tuple[str, list[str], int | None]:
+    """The failure of the job whose torchrun failed on NAME first (HOW: its exit, in words): the failing rank's
+    own error when its output holds one (not torchrun's report about it), else its last lines; with those lines
+    and the failing rank."""
+    cause = runner.node_cause(result)
+    if cause is not None:
+        text = f"torchrun failed on {name} first ({how}): {cause.text()}; every node's job was stopped"
+        return text, list(cause.lines), cause.rank
+    lines = _tail(result)
+    text = f"torchrun failed on {name} first ({how}); every node's job was stopped. Last lines from {name}: "
+    return text + " | ".join(lines), lines, None
 
 
 def keep_files(archive: bytes, target: Path) -> None:

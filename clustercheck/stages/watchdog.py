@@ -12,6 +12,10 @@ not answer. A node is *alive* while some rank's heartbeat is fresh, *answering* 
   answers but whose ranks have not beaten yet is still starting, and is not blamed for it;
 - no node progressing for the stall timeout: a hang; the nodes whose slowest rank is behind the others are named,
   or none when every node waits at the same step.
+
+A job of one node (the core stage's node-local job) has no other node to wait for it or to compare it with: its
+stall can only be its own. The node is named when it has not answered for the stall timeout, or when its ranks,
+once they reported a step, made no progress for the stall timeout (frozen or hung), saying whether it answers.
 """
 
 from __future__ import annotations
@@ -31,6 +35,11 @@ class NodeState:
     phase: str | None = None
     answered_at: float | None = None  # when a poll of the node last answered
     polling_since: float | None = None  # when the poll under way began (None: none under way)
+
+    def where(self) -> str:
+        """Where its slowest rank was last seen, in words."""
+        where = "before its ranks reported any step" if self.step is None else f"at step {self.step}"
+        return where + (f" ({self.phase})" if self.phase else "")
 
     def answers(self, now: float) -> bool:
         if self.polling_since is not None and now - self.polling_since > PENDING:
@@ -88,33 +97,64 @@ class Watchdog:
 
     def stall(self, now: float) -> Stall | None:
         """The stall to report at NOW, or None while the job makes progress (or every node is silent alike)."""
-        limit = self.stall_timeout
-        frozen = {n for n, s in self.nodes.items() if now - s.alive_at > limit}  # no fresh heartbeat
-        silent = {n for n in self.nodes if self.silent_for(n, now) > limit}  # no answer at all
-        alive = [n for n in self.nodes if n not in frozen]
-        answering = [n for n in self.nodes if self.nodes[n].answers(now)]
-        named = sorted((frozen if alive else set()) | (silent if answering else set()))
+        if len(self.nodes) == 1:
+            return self.alone(now)
+        named = self.stopped(now)
         if named:
-            texts = []
-            for name in named:
-                s = self.nodes[name]
-                where = "before its ranks reported any step" if s.step is None else f"at step {s.step}"
-                if s.phase:
-                    where += f" ({s.phase})"
-                if name in frozen and s.step is not None:
-                    seen = f"last seen {now - s.alive_at:.0f} s ago"
-                elif name in silent:
-                    seen = f"no answer for {self.silent_for(name, now):.0f} s"
-                else:  # it answers, yet its ranks never beat while the other nodes' ranks do
-                    seen = f"no heartbeat in {now - s.alive_at:.0f} s"
-                answers = "answers" if s.answers(now) else "does not answer"
-                texts.append(f"node {name} stopped making progress {where} ({seen}); {self.channels[name]} {answers}")
+            texts = [self._stopped_text(name, now) for name in named]
             others = [n for n in self.nodes if n not in named]
             return Stall(
                 tuple(named),
                 "; ".join(texts) + f"; the other nodes ({', '.join(others)}) were waiting for it",
                 self._data(named, now),
             )
+        return self.hang(now)
+
+    def stopped(self, now: float) -> list[str]:
+        """The nodes that stopped at NOW: frozen (no fresh heartbeat for the stall timeout) while another node is
+        alive, or silent (no answer for the stall timeout) while another node answers."""
+        limit = self.stall_timeout
+        frozen = {n for n, s in self.nodes.items() if now - s.alive_at > limit}  # no fresh heartbeat
+        silent = {n for n in self.nodes if self.silent_for(n, now) > limit}  # no answer at all
+        alive = [n for n in self.nodes if n not in frozen]
+        answering = [n for n in self.nodes if self.nodes[n].answers(now)]
+        return sorted((frozen if alive else set()) | (silent if answering else set()))
+
+    def _stopped_text(self, name: str, now: float) -> str:
+        s = self.nodes[name]
+        where = s.where()
+        if now - s.alive_at > self.stall_timeout and s.step is not None:
+            seen = f"last seen {now - s.alive_at:.0f} s ago"
+        elif self.silent_for(name, now) > self.stall_timeout:
+            seen = f"no answer for {self.silent_for(name, now):.0f} s"
+        else:  # it answers, yet its ranks never beat while the other nodes' ranks do
+            seen = f"no heartbeat in {now - s.alive_at:.0f} s"
+        answers = "answers" if s.answers(now) else "does not answer"
+        return f"node {name} stopped making progress {where} ({seen}); {self.channels[name]} {answers}"
+
+    def alone(self, now: float) -> Stall | None:
+        """The stall of a job's only node at NOW: no answer for the stall timeout, or, once its ranks reported a
+        step, no progress for the stall timeout (a frozen node's ranks stop moving on first)."""
+        ((name, s),) = self.nodes.items()
+        limit = self.stall_timeout
+        silent = self.silent_for(name, now) > limit
+        if not silent and (s.step is None or now - s.progress_at <= limit):
+            return None
+        where = s.where()
+        if s.step is not None and now - s.alive_at > FRESH:
+            seen = f"last seen {now - s.alive_at:.0f} s ago"
+        elif silent:
+            seen = f"no answer for {self.silent_for(name, now):.0f} s"
+        else:  # its ranks beat, and wait
+            seen = f"no progress for {now - s.progress_at:.0f} s"
+        answers = "answers" if s.answers(now) else "does not answer"
+        message = f"node {name} stopped making progress {where} ({seen}); {self.channels[name]} {answers}"
+        return Stall((name,), message, self._data([name], now))
+
+    def hang(self, now: float) -> Stall | None:
+        """No node progressing for the stall timeout, once a rank reported a step: the nodes behind the others are
+        named, or none when every node waits at the same step."""
+        limit = self.stall_timeout
         if all(now - s.progress_at > limit for s in self.nodes.values()) and any(
             s.step is not None for s in self.nodes.values()
         ):

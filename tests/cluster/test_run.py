@@ -10,6 +10,7 @@ import json
 import re
 import subprocess
 import sys
+import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
@@ -18,9 +19,12 @@ import testcluster
 from harness import (
     CLUSTERCHECK,
     PYTHON,
+    SWEEP,
     checks_of,
     clustercheck,
+    clustercheck_command,
     leftovers,
+    on,
     ssh_client,
     ssh_run,
 )
@@ -144,6 +148,55 @@ def test_a_timed_out_torch_job_is_killed_on_every_node(torch_cluster, tmp_path):
         allreduce = checks[("local.allreduce", node.name)]
         assert allreduce["status"] == "FAIL" and "timed out" in allreduce["message"], allreduce
     assert leftovers(torch_cluster) == {}
+
+
+def test_a_node_frozen_during_its_node_local_job_is_named_as_not_answering(torch_cluster, tmp_path):
+    """node2 paused (docker pause: sshd and all, as a machine that stops answering) as soon as the ranks of its
+    node-local collectives job beat, while they import torch. The job is node2's alone: the core stage names node2
+    as not answering within the stall timeout, not a hang of every node; node1 and node3 pass."""
+    node2 = torch_cluster.node("node2")
+    stall = 30
+    command = clustercheck_command(
+        torch_cluster, tmp_path, "--only", "core", "--stall-timeout", str(stall), "--format", "json"
+    )
+    out, err = tmp_path / "stdout", tmp_path / "stderr"
+    with open(out, "w") as stdout, open(err, "w") as stderr:
+        proc = subprocess.Popen(command, stdout=stdout, stderr=stderr, text=True)
+    # Watched from inside the node, 10 ms apart: the ranks' first heartbeat; then the pause at once.
+    beats = "ls /tmp/clustercheck-*/local-collectives/heartbeat/rank-*.json >/dev/null 2>&1"
+    watch = subprocess.Popen(["docker", "exec", node2.container, "sh", "-c", f"until {beats}; do sleep 0.01; done"])
+    try:
+        while watch.poll() is None and proc.poll() is None:
+            time.sleep(0.01)
+        assert watch.poll() == 0, f"clustercheck ended before node2's ranks beat:\n{err.read_text()[-3000:]}"
+        for _ in range(20):  # runc may fail to freeze a cgroup whose processes are being forked: try again
+            if subprocess.run(["docker", "pause", node2.container], capture_output=True).returncode == 0:
+                break
+            time.sleep(0.1)
+        else:
+            pytest.fail("docker pause of node2 did not take")
+        frozen_at = time.monotonic()
+        try:
+            proc.wait(timeout=300)
+            seconds = time.monotonic() - frozen_at
+        finally:
+            subprocess.run(["docker", "unpause", node2.container], capture_output=True)
+    finally:
+        for running in (proc, watch):
+            if running.poll() is None:
+                running.kill()
+                running.wait()
+        on(node2, SWEEP, check=False)  # what the run could not clean up on the frozen node
+    assert proc.returncode == 1, err.read_text()[-3000:]
+    checks = {(c["name"], c["host"]): c for c in json.loads(out.read_text())["checks"]}
+    frozen = checks[("local.allreduce", "node2")]
+    assert frozen["status"] == "FAIL", frozen
+    assert re.search(r"node node2 stopped making progress .*; its SSH connection does not answer", frozen["message"])
+    assert "no single node explains" not in frozen["message"] and "timed out" not in frozen["message"]
+    assert frozen["data"]["stalled_nodes"] == ["node2"], frozen["message"]
+    for name in ("node1", "node3"):
+        assert checks[("local.allreduce", name)]["status"] == "PASS", checks[("local.allreduce", name)]
+    assert seconds < stall + 90, f"the verdict came {seconds:.0f} s after node2 froze:\n{err.read_text()[-2000:]}"
 
 
 def test_ssh_config_with_proxyjump_reaches_a_node_through_another(cluster, tmp_path):

@@ -13,9 +13,10 @@ import time
 
 import pytest
 
-from clustercheck.checks import network
+from clustercheck.checks import netperf, network
 from clustercheck.model import Status
-from clustercheck.remote import netprobe
+from clustercheck.remote import mesh, netinfo
+from clustercheck.remote import rounds as perf
 from clustercheck.stages import bundle
 from clustercheck.stages import network as stage
 
@@ -28,9 +29,9 @@ PROC_NET_TCP = """\
 
 
 def test_listening_inodes_reads_only_listening_sockets_on_the_port():
-    assert netprobe.listening_inodes(PROC_NET_TCP, 29300) == {"99123"}  # 0x7274; the established one is not
-    assert netprobe.listening_inodes(PROC_NET_TCP, 22) == {"18211"}
-    assert netprobe.listening_inodes(PROC_NET_TCP, 80) == set()
+    assert netinfo.listening_inodes(PROC_NET_TCP, 29300) == {"99123"}  # 0x7274; the established one is not
+    assert netinfo.listening_inodes(PROC_NET_TCP, 22) == {"18211"}
+    assert netinfo.listening_inodes(PROC_NET_TCP, 80) == set()
 
 
 def test_port_holders_names_a_real_process():
@@ -46,7 +47,7 @@ def test_port_holders_names_a_real_process():
     )
     try:
         port = int(holder.stdout.readline())
-        holders = netprobe.port_holders(port)
+        holders = netinfo.port_holders(port)
         assert [h["pid"] for h in holders] == [holder.pid]
         assert "time.sleep(60)" in holders[0]["command"]
     finally:
@@ -232,7 +233,7 @@ def test_probes_measure_round_trips_and_throughput_of_every_pair_in_rounds():
         for n in LOOPBACK
     }
     records = {n: json.loads(p.communicate(timeout=60)[0]) for n, p in procs.items()}
-    measured, failed = network.perf_pairs(records)
+    measured, failed = netperf.perf_pairs(records)
     assert failed == []
     assert sorted(tuple(sorted((p["a"], p["b"]))) for p in measured) == [
         ("localhost", "n2"),
@@ -251,16 +252,16 @@ def perf_in_threads(present: list[str], late: dict[str, float] | None = None):
     LATE starts that many seconds after the shared start. Returns (node -> {"perf": its entries}, seconds taken)."""
     late = late or {}
     port = free_port()
-    rounds = netprobe.schedule(list(FOUR), None, seed=1)
-    listeners = {n: netprobe.open_listener(FOUR[n], port)[0] for n in present}
+    rounds = perf.schedule(list(FOUR), None, seed=1)
+    listeners = {n: mesh.open_listener(FOUR[n], port)[0] for n in present}
     start = time.monotonic() + 0.5
     results: dict[str, dict] = {}
 
     def node(name: str) -> None:
         time.sleep(max(0.0, start + late.get(name, 0.0) - time.monotonic()))
         results[name] = {
-            "perf": netprobe.perf_rounds(
-                name, FOUR, port, listeners[name], netprobe.PERF_SECONDS, netprobe.MEASUREMENTS, rounds, start
+            "perf": perf.perf_rounds(
+                name, FOUR, port, listeners[name], perf.PERF_SECONDS, perf.MEASUREMENTS, rounds, start
             )
         }
 
@@ -276,22 +277,22 @@ def perf_in_threads(present: list[str], late: dict[str, float] | None = None):
 
 def test_a_missing_node_costs_its_own_pairs_only_and_the_rounds_end_on_time():
     results, seconds = perf_in_threads(["n1", "n2", "n3"])
-    measured, failed = network.perf_pairs(results)
+    measured, failed = netperf.perf_pairs(results)
     assert sorted(tuple(sorted((p["a"], p["b"]))) for p in measured) == [("n1", "n2"), ("n1", "n3"), ("n2", "n3")]
     assert {f["b"] for f in failed} == {"n4"} and len(failed) == 3
-    assert seconds < 3 * netprobe.ROUND_SECONDS + 2  # three rounds, each over by its end at the latest
+    assert seconds < 3 * perf.ROUND_SECONDS + 2  # three rounds, each over by its end at the latest
 
 
 def test_a_node_behind_the_schedule_skips_to_the_current_round():
     """n1 starts after the first round ended: it skips that round (its partner of that round gives it up at the
     round's end) and measures its later rounds with everyone, instead of holding every later partner up."""
-    results, _ = perf_in_threads(list(FOUR), late={"n1": netprobe.ROUND_SECONDS + 0.5})
+    results, _ = perf_in_threads(list(FOUR), late={"n1": perf.ROUND_SECONDS + 0.5})
     first = results["n1"]["perf"][0]
     assert first["round"] == 0 and first["error"] == "skipped: n1 was behind the schedule (round 0 had ended)"
     partner = first["peer"]
     theirs = next(e for e in results[partner]["perf"] if e["round"] == 0)
     assert "error" in theirs
-    measured, _ = network.perf_pairs(results)
+    measured, _ = netperf.perf_pairs(results)
     pairs = {tuple(sorted((p["a"], p["b"]))) for p in measured}
     assert all(
         tuple(sorted(("n1", e["peer"]))) in pairs for e in results["n1"]["perf"][1:]

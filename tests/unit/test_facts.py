@@ -118,7 +118,7 @@ def test_firewall_state():
 
 
 def test_torch_and_its_cuda_version_are_read_from_torch_version_py_without_an_import():
-    from clustercheck.remote.facts import parse_torch_version_file
+    from clustercheck.remote.torchprobe import parse_torch_version_file
 
     def read(name: str) -> dict:
         return parse_torch_version_file((DATA / "torch-version" / name).read_text())
@@ -171,8 +171,21 @@ def test_a_probe_that_failed_is_missing_with_its_error_and_an_unreadable_value_c
 
 def test_the_node_side_collector_needs_only_the_standard_library():
     """remote/facts.py runs on each node's own python (as old as Ubuntu 20.04's 3.8) from the uploaded bundle:
-    it imports nothing beyond the standard library, and nothing of the controller's."""
-    tree = ast.parse(Path(node.__file__).read_text())
-    imported = {alias.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for alias in n.names}
-    imported |= {n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
+    it and the modules of the bundle it imports (from . import ...) import nothing beyond the standard library,
+    and nothing of the controller's."""
+    imported, seen, todo = set(), set(), [Path(node.__file__)]
+    while todo:
+        path = todo.pop()
+        seen.add(path)
+        tree = ast.parse(path.read_text())
+        imported |= {alias.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for alias in n.names}
+        for n in ast.walk(tree):
+            if isinstance(n, ast.ImportFrom) and n.level == 0:
+                imported.add(n.module.split(".")[0])
+            elif isinstance(n, ast.ImportFrom):  # a module of the bundle: its own imports count too
+                sibling = path.parent / f"{n.module}.py"
+                assert n.level == 1 and sibling.exists(), ast.dump(n)
+                if sibling not in seen:
+                    todo.append(sibling)
+    assert len(seen) > 1  # the collector's own modules were followed
     assert imported <= set(sys.stdlib_module_names), imported - set(sys.stdlib_module_names)

@@ -17,6 +17,7 @@ from harness import probe_records
 from clustercheck.checks import network, registry
 from clustercheck.model import Status
 from clustercheck.remote import netprobe
+from clustercheck.remote import rounds as perf
 from clustercheck.stages import network as stage
 
 RECORDS = Path(__file__).parent / "records"
@@ -381,7 +382,7 @@ def test_the_probe_offers_only_what_the_network_stage_uses(capsys):
 
 
 def rounds_of(n: int, rounds: int | None, seed: int | None = 7) -> list[list[tuple[str, str]]]:
-    return netprobe.schedule([f"node{i}" for i in range(1, n + 1)], rounds, seed)
+    return perf.schedule([f"node{i}" for i in range(1, n + 1)], rounds, seed)
 
 
 @pytest.mark.parametrize("n", [2, 3, 4, 7, 16, 64, 1000])
@@ -431,7 +432,7 @@ def test_the_stage_passes_the_rounds_and_seed_and_bounds_the_probe_by_them():
     everything = stage.mesh_args("node1", [29500], 8, perf=(50000, ("rtt",)), rounds=None)
     assert everything[everything.index("--rounds") + 1] == "all"
     assert stage.round_count(peers, 8) == 8 and stage.round_count(peers, None) == 99
-    assert stage.perf_time(8) == 8 * netprobe.ROUND_SECONDS  # not a figure that grows with the cluster
+    assert stage.perf_time(8) == 8 * perf.ROUND_SECONDS  # not a figure that grows with the cluster
 
 
 # A cluster measured in rounds, its figures those of the test cluster's records: a healthy pair as in
@@ -444,7 +445,7 @@ SLOW_RTT = {"rtt_ms": 1.9339, "out_mbps": 2271.0, "in_mbps": 2074.0}
 def measured_in_rounds(n: int, rounds: int | None, figures) -> dict[str, dict]:
     """Probe records of N nodes after ROUNDS perf rounds; FIGURES(a, b) -> the connector A's entry."""
     names = [f"node{i}" for i in range(1, n + 1)]
-    schedule = netprobe.schedule(names, rounds, stage.SCHEDULE_SEED)
+    schedule = perf.schedule(names, rounds, stage.SCHEDULE_SEED)
     records = {name: {"perf": [], "rounds": len(schedule)} for name in names}
     for number, pairs in enumerate(schedule):
         for a, b in pairs:

@@ -128,3 +128,50 @@ def test_every_node_silent_alike_names_no_node():
     run_polls(dog, 0, 5, lambda n, t: {})
     run_polls(dog, 10, 60, lambda n, t: None)
     assert dog.stall(60) is None
+
+
+ALONE = {"node2": "its SSH connection"}  # the core stage's node-local job: one node
+
+
+def test_the_only_node_of_a_job_that_stops_answering_is_named_not_called_a_hang():
+    """node2's node-local job: its ranks at step 0 (starting) when its SSH stops answering, 25 s in. No other node
+    is in the job, so the stall can only be node2's: it is named as the multi-node stages name a frozen node."""
+    dog = Watchdog(ALONE, stall_timeout=60, now=0)
+    for t in range(5, 70, 5):
+        dog.observe("node2", beat(0, phase="starting") if t < 25 else None, t)
+        assert dog.stall(t) is None, t  # no progress for 60 s yet, nor silent for 60 s
+    dog.observe("node2", None, 70)
+    stall = dog.stall(70)
+    assert stall is not None and stall.nodes == ("node2",)
+    assert stall.message == (
+        "node node2 stopped making progress at step 0 (starting) (last seen 50 s ago); its SSH connection does not "
+        "answer"
+    )
+    assert stall.data["stalled_nodes"] == ["node2"] and stall.data["progress"]["node2"]["ssh_answers"] is False
+
+
+def test_the_only_node_silent_before_its_ranks_beat_is_named_and_one_answering_while_starting_is_not():
+    silent = Watchdog(ALONE, stall_timeout=20, now=0)
+    run_alone = [(t, {} if t < 7 else None) for t in range(0, 35, 5)]
+    for t, answer in run_alone:
+        silent.observe("node2", answer, t)
+    stall = silent.stall(30)
+    assert stall.message == (
+        "node node2 stopped making progress before its ranks reported any step (no answer for 25 s); its SSH "
+        "connection does not answer"
+    )
+    starting = Watchdog(ALONE, stall_timeout=20, now=0)
+    for t in range(0, 65, 5):
+        starting.observe("node2", {}, t)  # it answers; no rank beats yet (a slow torch import): the deadline decides
+    assert starting.stall(60) is None
+
+
+def test_the_only_node_whose_ranks_wait_while_it_answers_is_named_with_its_step():
+    dog = Watchdog(ALONE, stall_timeout=20, now=0)
+    for t in range(0, 65, 5):
+        dog.observe("node2", beat(min(t, 5), phase="allreduce"), t)
+    stall = dog.stall(60)
+    assert stall.nodes == ("node2",)
+    assert stall.message == (
+        "node node2 stopped making progress at step 5 (allreduce) (no progress for 55 s); its SSH connection answers"
+    )
