@@ -9,13 +9,14 @@ from pathlib import Path
 
 import pytest
 
-from clustercheck import slurm
 from clustercheck.checks import registry
 from clustercheck.facts import collect
 from clustercheck.inventory import Node
 from clustercheck.model import Status
 from clustercheck.run import health
-from clustercheck.slurm import REASON_CHARS, Action, ParseError, SlurmNode, decide, drain_reason, parse_show_node
+from clustercheck.slurm import parse as slurm
+from clustercheck.slurm.drain import REASON_CHARS, Action, decide, drain_reason
+from clustercheck.slurm.parse import ParseError, SlurmNode, parse_show_node
 
 DATA = Path(__file__).parent / "data" / "slurm"
 RECORDS = Path(__file__).parent / "records"
@@ -163,7 +164,7 @@ def test_the_slurm_version_is_read_from_what_srun_and_slurmd_print():
 
 
 def test_steps_share_the_allocation_with_overlap_from_slurm_20_11_on():
-    from clustercheck.transport.srun import step_options
+    from clustercheck.slurm.srun import step_options
 
     assert step_options((23, 11)) == ("--overlap",)
     assert step_options((19, 5)) == ()  # no --overlap before 20.11: steps shared the allocation by default

@@ -5,7 +5,7 @@ from __future__ import annotations
 from click.testing import CliRunner
 
 from clustercheck import catalog, checks, stages
-from clustercheck.cli import cli
+from clustercheck.commands import cli
 from clustercheck.selection import DECLARED, DISTRIBUTED, STAGES
 
 

@@ -10,11 +10,11 @@ step of its own then stops what the command left on the node (the run-marker swe
 from __future__ import annotations
 
 import os
-import subprocess
 from collections.abc import Callable
 
-from clustercheck import slurm
 from clustercheck.inventory import Node
+from clustercheck.slurm import parse
+from clustercheck.slurm.call import call
 from clustercheck.transport import (
     CLEANUP_TIMEOUT,
     CommandResult,
@@ -108,16 +108,9 @@ def step_options(version: tuple[int, int] | None) -> tuple[str, ...]:
     return ("--overlap",) if version is None or version >= (20, 11) else ()
 
 
-def srun_version() -> str:
-    try:
-        return subprocess.run(["srun", "--version"], capture_output=True, text=True, timeout=30).stdout
-    except (OSError, subprocess.SubprocessError) as exc:
-        raise TransportError(f"srun cannot run here: {exc}") from exc
-
-
 def factory(job: str) -> Factory:
-    """Transports that reach the nodes of Slurm job JOB with its steps."""
-    options = step_options(slurm.parse_version(srun_version()))
+    """Transports that reach the nodes of Slurm job JOB with its steps; SlurmError when srun cannot run here."""
+    options = step_options(parse.parse_version(call(["srun", "--version"]).stdout))
 
     def connect(node: Node, run_id: str, register: Callable[[Transport], None]) -> Connected:
         transport = SrunTransport(node.name, run_id, job, options)

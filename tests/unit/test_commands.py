@@ -1,0 +1,78 @@
+"""The command layer: a launch submitted to Slurm carrying every option the launch inside takes."""
+
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+
+import click
+from click.testing import CliRunner
+
+from clustercheck.commands import cli
+from clustercheck.commands import launch as launch_command
+
+
+def invoke(*args: str, **kwargs):
+    return CliRunner().invoke(cli, list(args), prog_name="clustercheck", **kwargs)
+
+
+# ------------------------------------------------------------------------------------- launch as a batch job
+
+# A value for every launch option the launch inside a batch job takes; two launches, as --sync and --chdir exclude
+# each other.
+GIVEN = {
+    "nproc_per_node": ["--nproc-per-node", "2"],
+    "master_port": ["--master-port", "29611"],
+    "env": ["--env", "A=x y", "--env", "B=2"],
+    "python": ["--python", "/opt/env/bin/python"],
+    "container_image": ["--container", "nvcr.io/nvidia/pytorch:25.01-py3"],
+    "container_options": ["--container-option=--shm-size=16g", "--container-option", "--ulimit=stack=67108864"],
+    "no_preflight": ["--no-preflight"],
+    "accept_new_host_keys": ["--accept-new-host-keys"],
+    "known_hosts": ["--known-hosts", "kh"],
+    "ssh_config": ["--ssh-config", "ssh.conf"],
+    "connect_timeout": ["--connect-timeout", "7"],
+}
+APART = {"sync": ["--sync", "code"], "chdir": ["--chdir", "/srv/train"]}
+
+
+def inner_launch(tmp_path: Path, monkeypatch, *args: str) -> list[str]:
+    """The batch script's `clustercheck launch --slurm ...` line (--dry-run), as words."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    (tmp_path / "code").mkdir(exist_ok=True)
+    result = invoke("launch", "--slurm", "--nodes", "2", "--dry-run", "--run-dir", str(tmp_path / "run"), *args)
+    assert result.exit_code == 0, result.output
+    line = next(line for line in result.stdout.splitlines() if line.startswith("exec "))
+    return shlex.split(line.replace('"$SLURM_JOB_ID"', "42"))
+
+
+def test_every_option_of_a_launch_survives_into_its_batch_job(tmp_path, monkeypatch):
+    outside = {p.name for p in launch_command.command.params if p.name in launch_command.OUTSIDE}
+    options = {p.name for p in launch_command.command.params if isinstance(p, click.Option)} - outside
+    assert options == set(GIVEN) | set(APART), "give the new launch option a value here"
+    given = [a for args in GIVEN.values() for a in args]
+    for apart, value in APART.items():
+        words = inner_launch(tmp_path, monkeypatch, *given, *value, "--", "--max-restarts", "1", "train.py", "-x")
+        assert words[-5:] == ["--", "--max-restarts", "1", "train.py", "-x"]
+        inner = words[words.index("--slurm") + 3 : -5]  # after --slurm --run-dir DIR
+        assert inner[:2] != ["--run-dir"] and words[words.index("--slurm") + 1] == "--run-dir"
+        expected = {
+            "--nproc-per-node=2",
+            "--master-port=29611",
+            "--env=A=x y",
+            "--env=B=2",
+            "--python=/opt/env/bin/python",
+            "--container=nvcr.io/nvidia/pytorch:25.01-py3",
+            "--container-option=--shm-size=16g",
+            "--container-option=--ulimit=stack=67108864",
+            "--no-preflight",
+            "--accept-new-host-keys",
+            f"--known-hosts={tmp_path / 'kh'}",
+            f"--ssh-config={tmp_path / 'ssh.conf'}",
+            "--connect-timeout=7.0",
+            f"--sync={tmp_path / 'code'}" if apart == "sync" else "--chdir=/srv/train",
+        }
+        assert set(inner) == expected, inner
+    defaults = inner_launch(tmp_path, monkeypatch, "--", "train.py")
+    assert defaults[defaults.index("--slurm") + 3 :] == ["--", "train.py"]  # a default is the inside's default too
