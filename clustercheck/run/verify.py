@@ -16,7 +16,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from clustercheck import expected, hosts
+from clustercheck import expected, hosts, inventory
 from clustercheck.checks.baseline import Baseline
 from clustercheck.checks.collectives import ThresholdError, parse_min_busbw
 from clustercheck.checks.consistency import DEFAULT_MAX_CLOCK_OFFSET
@@ -114,7 +114,7 @@ def run(request: RunRequest, echo: Echo, say: Echo) -> int:
 def _asked(request: RunRequest) -> tuple[Selection, str]:
     """What the options alone decide, checked before anything else: the stages, the report's format, the
     threshold and paths."""
-    min_busbw(request.min_busbw)
+    min_busbw(request.min_busbw, "--min-busbw")
     try:
         selected = Selection(only=request.only, skip=request.skip)
     except SelectionError as exc:
@@ -153,9 +153,15 @@ def _nodes(request: RunRequest, held: contextlib.ExitStack) -> tuple[list[Node],
 
 
 def _config(request: RunRequest, nodes: list[Node], ssh: SshSettings, selected: Selection) -> RunConfig:
-    """The run's one frozen configuration: the options, else the inventory's values."""
-    busbw = request.min_busbw or next((n.min_busbw for n in nodes if n.min_busbw), None)
-    models = expected.catalog(request.expected_file or next((n.expected_file for n in nodes if n.expected_file), None))
+    """The run's one frozen configuration: the options, else the values the inventory gives the whole cluster."""
+    try:
+        agreed = {var: inventory.cluster_value(nodes, var) for var in inventory.CLUSTER_VARS}
+    except inventory.InventoryError as exc:
+        raise UsageError(str(exc)) from exc
+    busbw = request.min_busbw or agreed[inventory.MIN_BUSBW_VAR]
+    if not request.min_busbw:
+        min_busbw(busbw, f"{inventory.MIN_BUSBW_VAR} (the inventory)")
+    models = expected.catalog(request.expected_file or agreed[inventory.EXPECTED_FILE_VAR])
     return RunConfig(
         run_dir=make_run_dir(request.run_dir, "%Y%m%d-%H%M%S"),
         selection=selected,
@@ -172,7 +178,7 @@ def _config(request: RunRequest, nodes: list[Node], ssh: SshSettings, selected: 
         clock_bound=request.max_clock_offset,
         min_busbw=busbw,
         shared_dir=request.shared_dir,
-        data_paths=request.data_paths or next((n.data_paths for n in nodes if n.data_paths), ()),
+        data_paths=request.data_paths or agreed[inventory.DATA_PATHS_VAR],
         expect_transport=request.expect_transport,
         dcgm_level=request.dcgm_level,
         baseline=request.baseline,
@@ -203,11 +209,11 @@ def _console(request: RunRequest, fmt: str) -> Console:
     return Console(stderr=fmt != "text" or request.output is not None)
 
 
-def min_busbw(text: str | None) -> None:
-    """TEXT, the all_reduce threshold, read now: a bad one is a usage error before anything runs."""
+def min_busbw(text: str | None, source: str) -> None:
+    """TEXT, the all_reduce threshold from SOURCE, read now: a bad one is a usage error before anything runs."""
     if text is None:
         return
     try:
-        parse_min_busbw(text)
+        parse_min_busbw(text, source)
     except ThresholdError as exc:
         raise UsageError(str(exc)) from exc

@@ -1,4 +1,5 @@
-"""The command layer: a launch submitted to Slurm carrying every option the launch inside takes."""
+"""The command layer: the inventory's cluster-wide values read once and agreed on, and a launch submitted to Slurm
+carrying every option the launch inside takes."""
 
 from __future__ import annotations
 
@@ -6,14 +7,60 @@ import shlex
 from pathlib import Path
 
 import click
+import pytest
 from click.testing import CliRunner
 
 from clustercheck.commands import cli
 from clustercheck.commands import launch as launch_command
+from clustercheck.exitcodes import ExitCode
 
 
 def invoke(*args: str, **kwargs):
     return CliRunner().invoke(cli, list(args), prog_name="clustercheck", **kwargs)
+
+
+def refused(result, message: str) -> None:
+    assert result.exit_code == ExitCode.USAGE_ERROR, result.output
+    assert message in result.output and "Traceback" not in result.output, result.output
+
+
+# ---------------------------------------------------------------------------- the inventory's cluster values
+
+
+def inventory(tmp_path: Path, lines: str) -> str:
+    path = tmp_path / "hosts.ini"
+    path.write_text(lines)
+    return str(path)
+
+
+def test_a_bad_min_busbw_in_the_inventory_is_a_usage_error_before_anything_runs(tmp_path):
+    hosts = inventory(tmp_path, "[all]\nlocalhost ansible_connection=local\n[all:vars]\nclustercheck_min_busbw=fast\n")
+    result = invoke("run", "--hosts", hosts, "--only", "core", "--run-dir", str(tmp_path / "run"))
+    refused(result, "clustercheck_min_busbw (the inventory) 'fast': expected GB/s as FAIL or FAIL:WARN")
+    assert not (tmp_path / "run").exists()
+    given = invoke("run", "--hosts", hosts, "--min-busbw", "40:fast")  # the option's own value names the option
+    refused(given, "--min-busbw '40:fast': expected GB/s")
+
+
+@pytest.mark.parametrize(
+    ("var", "first", "second", "said"),
+    [
+        ("clustercheck_data_paths", "/data/a", "/data/b", "node1: /data/a; node2: /data/b"),
+        ("clustercheck_min_busbw", "40", "80", "node1: 40; node2: 80"),
+        ("clustercheck_expected_file", "/etc/a.yml", "/etc/b.yml", "node1: /etc/a.yml; node2: /etc/b.yml"),
+    ],
+)
+def test_nodes_that_set_a_cluster_value_differently_are_refused_by_name(tmp_path, var, first, second, said):
+    """Not the first node's value silently: the run has one threshold, one set of data paths, one file."""
+    hosts = inventory(
+        tmp_path,
+        f"node1 ansible_host=127.0.0.1 ansible_port=1 {var}={first}\n"
+        f"node2 ansible_host=127.0.0.1 ansible_port=1 {var}={second}\n"
+        "node3 ansible_host=127.0.0.1 ansible_port=1\n",
+    )
+    result = invoke("run", "--hosts", hosts, "--run-dir", str(tmp_path / "run"))
+    refused(result, f"{var} differs between the nodes ({said}): it is one value for the whole cluster")
+    assert not (tmp_path / "run").exists()
 
 
 # ------------------------------------------------------------------------------------- launch as a batch job
