@@ -71,7 +71,8 @@ class NetworkRounds(click.ParamType):
     "--output",
     type=click.Path(dir_okay=False, writable=True),
     default=None,
-    help="Write the report to FILE instead of stdout.",
+    help="Write the report to FILE instead of stdout (a .json, .xml, .md or .prom FILE in the format its "
+    "extension names).",
 )
 @options.run_dir("<timestamp>")
 @click.option("--forks", type=click.IntRange(min=1), default=32, show_default=True, help="Hosts checked at once.")
@@ -174,5 +175,7 @@ class NetworkRounds(click.ParamType):
 @options.baseline
 def command(use_slurm: bool, request, slurm_wait: int, **given) -> None:
     """Check every node, the consistency between them, and print a verdict."""
+    source = click.get_current_context().get_parameter_source("fmt")
     slurm = SlurmRun(request, slurm_wait) if use_slurm else None
-    sys.exit(run(RunRequest(slurm=slurm, **given), click.echo, say))
+    fmt_given = source is not None and source is not click.core.ParameterSource.DEFAULT
+    sys.exit(run(RunRequest(slurm=slurm, fmt_given=fmt_given, **given), click.echo, say))

@@ -1,6 +1,7 @@
 """A report built one way and delivered: what `clustercheck run`, launch's preflight and node-health found, as a
 Report; the JSON and JUnit files kept in the run directory (report.json, report.xml); the format asked for, written
-to -o FILE (atomically) or printed.
+to -o FILE (atomically) or printed. A known extension of FILE says its format, so a .json file never holds the text
+table.
 """
 
 from __future__ import annotations
@@ -9,9 +10,11 @@ import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
+from clustercheck.exitcodes import UsageError
 from clustercheck.model import CheckResult
 from clustercheck.report import Report, render, write_atomic
 
+EXTENSIONS = {".json": "json", ".xml": "junit", ".md": "markdown", ".prom": "prometheus"}
 RUN_FILES = {"json": "report.json", "junit": "report.xml"}  # kept in the run directory
 
 
@@ -34,6 +37,20 @@ def build(
         durations=dict(durations or {}),
         hosts_args=tuple(hosts_args),
     )
+
+
+def output_format(fmt: str, given: bool, output: str | None) -> str:
+    """The format the report is delivered in: FMT when the user GAVE it (--format), else the one OUTPUT's extension
+    names (-o report.json: json), else FMT (text). A --format that contradicts the extension is a UsageError."""
+    named = EXTENSIONS.get(Path(output).suffix.lower()) if output else None
+    if named is None or named == fmt:
+        return fmt
+    if given:
+        raise UsageError(
+            f"-o {output}: a {Path(output).suffix} file holds the {named} report, not --format {fmt}: leave --format "
+            f"out, or give --format {named}"
+        )
+    return named
 
 
 def save(report: Report, directory: Path, kinds: Iterable[str] = tuple(RUN_FILES)) -> dict[str, str]:

@@ -63,6 +63,7 @@ class RunRequest:
     container: Container | None = None
     nproc_per_node: int | None = None
     fmt: str = "text"
+    fmt_given: bool = False  # --format was given (not its default): -o FILE's extension must agree with it
     output: str | None = None
     run_dir: str | None = None
     forks: int = 32
@@ -124,7 +125,7 @@ def _asked(request: RunRequest) -> tuple[Selection, str]:
     for option, path in [("--shared-dir", request.shared_dir), *(("--data-path", p) for p in request.data_paths)]:
         if path is not None and not path.startswith("/"):
             raise UsageError(f"{option} {path}: give an absolute path (it is a path on the nodes)")
-    fmt = request.fmt
+    fmt = delivery.output_format(request.fmt, request.fmt_given, request.output)
     if request.output and not Path(request.output).resolve().parent.is_dir():
         raise UsageError(f"-o {request.output}: no such directory {Path(request.output).resolve().parent}")
     return selected, fmt

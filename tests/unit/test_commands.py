@@ -1,5 +1,5 @@
-"""The command layer: the inventory's cluster-wide values read once and agreed on, and a launch submitted to Slurm
-carrying every option the launch inside takes."""
+"""The command layer: the report's format from -o FILE's extension, the inventory's cluster-wide values read once and
+agreed on, and a launch submitted to Slurm carrying every option the launch inside takes."""
 
 from __future__ import annotations
 
@@ -12,7 +12,8 @@ from click.testing import CliRunner
 
 from clustercheck.commands import cli
 from clustercheck.commands import launch as launch_command
-from clustercheck.exitcodes import ExitCode
+from clustercheck.exitcodes import ExitCode, UsageError
+from clustercheck.report import delivery
 
 
 def invoke(*args: str, **kwargs):
@@ -22,6 +23,40 @@ def invoke(*args: str, **kwargs):
 def refused(result, message: str) -> None:
     assert result.exit_code == ExitCode.USAGE_ERROR, result.output
     assert message in result.output and "Traceback" not in result.output, result.output
+
+
+# ------------------------------------------------------------------------------------------ the report's format
+
+
+@pytest.mark.parametrize(
+    ("output", "fmt", "given", "chosen"),
+    [
+        ("report.json", "text", False, "json"),
+        ("out/report.xml", "text", False, "junit"),
+        ("summary.md", "text", False, "markdown"),
+        ("clustercheck.prom", "text", False, "prometheus"),
+        ("REPORT.JSON", "text", False, "json"),
+        ("report.json", "json", True, "json"),
+        ("report.txt", "text", False, "text"),
+        ("report.txt", "markdown", True, "markdown"),
+        (None, "junit", True, "junit"),
+        (None, "text", False, "text"),
+    ],
+)
+def test_a_known_extension_chooses_the_format_unless_format_says_the_same(output, fmt, given, chosen):
+    assert delivery.output_format(fmt, given, output) == chosen
+
+
+@pytest.mark.parametrize(("output", "fmt"), [("report.json", "text"), ("report.xml", "json"), ("a.prom", "junit")])
+def test_a_format_that_contradicts_the_extension_is_a_usage_error(output, fmt):
+    with pytest.raises(UsageError, match=rf"^-o {output}: a \.\w+ file holds the \w+ report, not --format {fmt}"):
+        delivery.output_format(fmt, True, output)
+
+
+def test_text_in_a_json_file_is_refused_before_anything_runs(tmp_path):
+    result = invoke("run", "--hosts", "localhost", "--format", "text", "-o", str(tmp_path / "r.json"))
+    refused(result, "holds the json report, not --format text")
+    assert not (tmp_path / "r.json").exists()
 
 
 # ---------------------------------------------------------------------------- the inventory's cluster values
