@@ -32,7 +32,7 @@ from clustercheck.report import diff
 def command(old: str, new: str, fmt: str, tolerances: tuple[str, ...]) -> None:
     """What changed between two JSON reports of a cluster: nodes added or gone, versions, check statuses, figures
     worse than their tolerance. Exit 1 when a figure got worse past its FAIL bound."""
-    bounds = options.tolerances(tolerances)
+    bounds = options.tolerances(tolerances, "--tolerance")
     changes = diff.diff(options.report(old), options.report(new), bounds)
     click.echo(diff.render(changes, fmt))
     sys.exit(ExitCode.CHECK_FAILED if changes.failed else ExitCode.OK)

@@ -201,10 +201,11 @@ def expected(function: Callable) -> Callable:
     )(function)
 
 
-def tolerances(texts: tuple[str, ...]):
-    """The baseline's tolerances from TEXTS (run's --baseline-tolerance, diff's --tolerance)."""
+def tolerances(texts: tuple[str, ...], option: str):
+    """The baseline's tolerances from TEXTS, given with OPTION (named in the error: run's --baseline-tolerance,
+    diff's --tolerance)."""
     try:
-        return parse_tolerances(texts)
+        return parse_tolerances(texts, option)
     except ToleranceError as exc:
         raise UsageError(str(exc)) from exc
 
@@ -225,7 +226,7 @@ def baseline(function: Callable) -> Callable:
 
     @functools.wraps(function)
     def command(*args, baseline_path, baseline_tolerances, **kwargs):
-        bounds = tolerances(baseline_tolerances)
+        bounds = tolerances(baseline_tolerances, "--baseline-tolerance")
         if baseline_tolerances and baseline_path is None:
             raise UsageError("--baseline-tolerance: give the report to compare with (--baseline REPORT.json)")
         given = Baseline(report(baseline_path), baseline_path, bounds) if baseline_path else None

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from clustercheck import expected, hosts, inventory
+from clustercheck import expected, hosts, inventory, selection
 from clustercheck.checks.baseline import Baseline
 from clustercheck.checks.collectives import ThresholdError, parse_min_busbw
 from clustercheck.checks.consistency import DEFAULT_MAX_CLOCK_OFFSET
@@ -120,6 +120,11 @@ def _asked(request: RunRequest) -> tuple[Selection, str]:
         selected = Selection(only=request.only, skip=request.skip)
     except SelectionError as exc:
         raise UsageError(str(exc)) from exc
+    given = {"--baseline": request.baseline is not None}
+    for name in request.only:  # a stage an option asks for, kept with --only without that option, would be empty
+        asked_by = selection.stage(name).asked_by
+        if asked_by and not given.get(asked_by):
+            raise UsageError(f"--only {name}: the {name} stage runs only with {asked_by}, which was not given")
     if request.hosts is None and request.slurm is None:
         raise UsageError("give the nodes: --hosts INVENTORY, or --slurm inside a Slurm allocation")
     for option, path in [("--shared-dir", request.shared_dir), *(("--data-path", p) for p in request.data_paths)]:

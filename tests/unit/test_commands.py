@@ -1,5 +1,6 @@
-"""The command layer: the report's format from -o FILE's extension, the inventory's cluster-wide values read once and
-agreed on, and a launch submitted to Slurm carrying every option the launch inside takes."""
+"""The command layer: what each command refuses before anything runs (in one line naming its own option), the
+report's format from -o FILE's extension, the inventory's cluster-wide values read once and agreed on, and a
+launch submitted to Slurm carrying every option the launch inside takes."""
 
 from __future__ import annotations
 
@@ -57,6 +58,23 @@ def test_text_in_a_json_file_is_refused_before_anything_runs(tmp_path):
     result = invoke("run", "--hosts", "localhost", "--format", "text", "-o", str(tmp_path / "r.json"))
     refused(result, "holds the json report, not --format text")
     assert not (tmp_path / "r.json").exists()
+
+
+# --------------------------------------------------------------------------------- each command's own option
+
+
+def test_only_baseline_without_a_baseline_is_a_usage_error(tmp_path):
+    result = invoke("run", "--hosts", "localhost", "--only", "baseline", "--run-dir", str(tmp_path / "run"))
+    refused(result, "--only baseline: the baseline stage runs only with --baseline, which was not given")
+    assert not (tmp_path / "run").exists()
+
+
+def test_diffs_tolerance_error_names_diffs_option(tmp_path):
+    result = invoke("diff", str(tmp_path / "old.json"), str(tmp_path / "new.json"), "--tolerance", "nosuch=1")
+    refused(result, "--tolerance nosuch=1: give FIGURE=WARN[:FAIL]")
+    assert "--baseline-tolerance" not in result.output
+    result = invoke("run", "--hosts", "localhost", "--baseline-tolerance", "nosuch=1")
+    refused(result, "--baseline-tolerance nosuch=1: give FIGURE=WARN[:FAIL]")
 
 
 # ---------------------------------------------------------------------------- the inventory's cluster values
