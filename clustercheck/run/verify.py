@@ -28,9 +28,9 @@ from clustercheck.inventory import Node
 from clustercheck.model import Status
 from clustercheck.reach import Fanout, cleanup_message
 from clustercheck.remote.netprobe import DEFAULT_ROUNDS
-from clustercheck.report import delivery, text
+from clustercheck.report import Report, delivery, text
 from clustercheck.run import progress
-from clustercheck.run.pipeline import Pipeline
+from clustercheck.run.pipeline import Outcome, Pipeline
 from clustercheck.selection import Selection, SelectionError
 from clustercheck.slurm import allocation, srun
 from clustercheck.slurm.call import SlurmError
@@ -96,15 +96,15 @@ class RunRequest:
 def run(request: RunRequest, echo: Echo, say: Echo) -> int:
     """The run REQUEST asks for; its exit status. ECHO: the report on stdout; SAY: clustercheck's own lines."""
     selected, fmt = _asked(request)
+    console = Console(stderr=fmt != "text" or request.output is not None)  # people read stderr when stdout carries
     with contextlib.ExitStack() as held:  # an allocation asked for is given back however the run ends
         nodes, ssh, connect = _nodes(request, held)
         config = _config(request, nodes, ssh, selected)
-        document, outcome = _verify(nodes, config, Fanout(connect), request, _console(request, fmt))
+        document, outcome = _verify(nodes, config, Fanout(connect), request.hosts_args, console)
     rendered = delivery.save(document, config.run_dir)
-    machine = fmt != "text"
-    if request.output or machine:
+    if request.output or fmt != "text":
         delivery.deliver(document, fmt, request.output, echo, rendered)
-    text.print_report(document, _console(request, fmt), raw_output=str(config.run_dir))
+    text.print_report(document, console, raw_output=str(config.run_dir))
     if outcome.unclean:
         say(cleanup_message(outcome.unclean))
     if outcome.host_key_error:
@@ -193,26 +193,19 @@ def _config(request: RunRequest, nodes: list[Node], ssh: SshSettings, selected: 
     )
 
 
-def _verify(nodes: list[Node], config: RunConfig, reach: Fanout, request: RunRequest, console: Console):
+def _verify(
+    nodes: list[Node], config: RunConfig, reach: Fanout, hosts_args: tuple[str, ...], console: Console
+) -> tuple[Report, Outcome]:
     """The pipeline over NODES, its progress shown on CONSOLE; the report and the pipeline's outcome."""
     started_at = time.time()
     with progress.shown(console, [n.name for n in nodes]) as display:
         pipeline = Pipeline(nodes, config, reach, display.update)
         outcome = pipeline.run()
+    names = [n.name for n in nodes]
     document = delivery.build(
-        outcome.results,
-        [n.name for n in nodes],
-        pipeline.run_id,
-        started_at,
-        durations=outcome.durations,
-        hosts_args=request.hosts_args,
+        outcome.results, names, pipeline.run_id, started_at, durations=outcome.durations, hosts_args=hosts_args
     )
     return document, outcome
-
-
-def _console(request: RunRequest, fmt: str) -> Console:
-    """Where people read: stderr when stdout or -o carries a report for machines."""
-    return Console(stderr=fmt != "text" or request.output is not None)
 
 
 def min_busbw(text: str | None, source: str) -> None:
