@@ -4,6 +4,7 @@ Pure (no command run):
   parse.py       what Slurm's commands answer: scontrol show node and show job, squeue, salloc's and sbatch's
                  answers, job ids, srun's version
   drain.py       node-health's decision: drain its node on a FAIL, resume it from a drain of its own
+  diagnose.py    why srun could not run a step on a node, from srun's words and the node's state, and Slurm's fix
   request.py     what to ask Slurm for outside an allocation (--nodes, --nodelist, --partition, --account, --time)
   batch.py       `launch --slurm`'s batch script
 

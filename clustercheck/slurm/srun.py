@@ -4,7 +4,8 @@ started from the login node inside an allocation that holds the nodes; no SSH.
 The step runs the same node-side line as over SSH (transport.remote_command: the run marker, a session of its own,
 the node-side deadline), so cleanup, the stale sweep and the reports work the same. Files travel as base64 through
 the step's standard input and output. The srun client on this machine is killed at the command's deadline, and a
-step of its own then stops what the command left on the node (the run-marker sweep).
+step of its own then stops what the command left on the node (the run-marker sweep). A node where no step runs is
+named with what srun and Slurm say about it (diagnose.py), and Slurm's fix, not SSH's.
 """
 
 from __future__ import annotations
@@ -13,8 +14,8 @@ import os
 from collections.abc import Callable
 
 from clustercheck.inventory import Node
-from clustercheck.slurm import parse
-from clustercheck.slurm.call import call
+from clustercheck.slurm import diagnose, parse
+from clustercheck.slurm.call import SlurmError, call
 from clustercheck.transport import (
     CLEANUP_TIMEOUT,
     CommandResult,
@@ -117,7 +118,22 @@ def factory(job: str) -> Factory:
         register(transport)
         answer = transport.run(["true"], timeout=CONNECT_TIMEOUT)
         if not answer.ok:
-            raise TransportError(f"{node.name}: no job step of Slurm job {job} ran there: {answer.cause()}")
+            refused = diagnose.step_refused(node.name, answer, shown_node(node.name))
+            raise TransportError(f"{node.name}: no job step of Slurm job {job} ran there: {refused.said}", refused.fix)
         return Connected(transport, f"srun, a step of Slurm job {job}", {"job": job})
 
     return connect
+
+
+def shown_node(name: str) -> parse.SlurmNode | str:
+    """Node NAME as Slurm shows it (scontrol show node), or why it could not be read."""
+    try:
+        answer = call(["scontrol", "show", "node", name])
+    except SlurmError as exc:
+        return str(exc)
+    if not answer.ok:
+        return f"scontrol show node {name}: {answer.cause()}"
+    try:
+        return parse.parse_show_node(answer.stdout, name)
+    except parse.ParseError as exc:
+        return f"scontrol show node {name}: {exc}"
