@@ -132,8 +132,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--sizes: at least two node counts, each 1 or more")
     if args.against:
         args.against = os.path.abspath(args.against)
-    if args.against and not (Path(args.against) / "clustercheck" / "cli.py").is_file():
-        parser.error(f"--against {args.against}: not a clustercheck source tree (no clustercheck/cli.py there)")
+    if args.against and not (Path(args.against) / "clustercheck" / "__main__.py").is_file():
+        parser.error(f"--against {args.against}: not a clustercheck source tree (no clustercheck/__main__.py there)")
     if args.hosts:
         nodes = common.own_nodes(args.hosts, args.limit)
         if len(nodes.names) < sizes[-1]:

@@ -1,3 +1,3 @@
-from clustercheck.cli import main
+from clustercheck.commands import main
 
 main()

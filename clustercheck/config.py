@@ -1,7 +1,10 @@
-"""One frozen run configuration: what the command line asked for, built once by the CLI and passed down."""
+"""One frozen run configuration: what the command line asked for, built once (run/verify.py) and passed down; and
+the run directory a run or a launch keeps its outputs in."""
 
 from __future__ import annotations
 
+import datetime as dt
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -9,6 +12,7 @@ from clustercheck import expected
 from clustercheck.checks.baseline import Baseline
 from clustercheck.checks.consistency import DEFAULT_MAX_CLOCK_OFFSET
 from clustercheck.container import Container
+from clustercheck.exitcodes import UsageError
 from clustercheck.remote.netprobe import DEFAULT_ROUNDS
 from clustercheck.selection import Selection
 from clustercheck.transport.params import SshSettings
@@ -43,3 +47,15 @@ class RunConfig:
         path = self.run_dir / "hosts" / name
         path.mkdir(parents=True, exist_ok=True)
         return path
+
+
+def make_run_dir(given: str | None, name: str) -> Path:
+    """--run-dir (default ./clustercheck-runs/NAME, NAME a strftime pattern), made and proved writable before
+    anything runs: a run directory that cannot be written is a usage error, not a failure half-way."""
+    path = Path(given or Path("clustercheck-runs") / dt.datetime.now().strftime(name))
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        tempfile.TemporaryFile(dir=path).close()
+    except OSError as exc:
+        raise UsageError(f"--run-dir {path}: cannot write there ({exc.strerror or exc})") from exc
+    return path

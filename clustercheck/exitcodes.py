@@ -1,4 +1,5 @@
-"""The documented exit codes of clustercheck; scripts rely on them, so they never change meaning."""
+"""The documented exit codes of clustercheck; scripts rely on them, so they never change meaning. And UsageError,
+the one way any part of clustercheck stops a command with one line and one of them."""
 
 from enum import IntEnum
 
@@ -11,3 +12,12 @@ class ExitCode(IntEnum):
     USAGE_ERROR = 4  # bad arguments, inventory or host-key error
     NO_HOSTS = 5  # no host matched
     NOT_STARTED = 6  # launch did not start the job: preflight failed, a node not ready, or the code differs
+
+
+class UsageError(Exception):
+    """Bad input, or a refusal before or instead of the work, in one line: the command prints it after `clustercheck:
+    error:` and exits with CODE (a usage error unless the caller says which)."""
+
+    def __init__(self, message: str, code: ExitCode = ExitCode.USAGE_ERROR) -> None:
+        super().__init__(message)
+        self.code = code

@@ -96,6 +96,32 @@ def load(spec: str, limit: str | None = None) -> list[Node]:
     return nodes
 
 
+# The variables that hold one value for the whole cluster, and the Node field each is read into.
+CLUSTER_VARS = {MIN_BUSBW_VAR: "min_busbw", DATA_PATHS_VAR: "data_paths", EXPECTED_FILE_VAR: "expected_file"}
+
+
+def cluster_value(nodes: list[Node], var: str) -> Any:
+    """The value of VAR (one of CLUSTER_VARS) the NODES agree on: None (or ()) when none sets it, the one value when
+    those that set it set the same; InventoryError naming the nodes and their values when they set different ones
+    (a run has one threshold, one set of data paths, one file of expected values)."""
+    field_name = CLUSTER_VARS[var]
+    by_value: dict[Any, list[str]] = {}
+    for node in nodes:
+        value = getattr(node, field_name)
+        if value not in (None, "", ()):
+            by_value.setdefault(value, []).append(node.name)
+    if len(by_value) > 1:
+        said = "; ".join(
+            f"{', '.join(names)}: {','.join(value) if isinstance(value, tuple) else value}"
+            for value, names in by_value.items()
+        )
+        raise InventoryError(
+            f"{var} differs between the nodes ({said}): it is one value for the whole cluster, set it once "
+            "(in the all group, or in a group holding every node)"
+        )
+    return next(iter(by_value), getattr(Node("", ""), field_name))
+
+
 def parse_host_list(spec: str) -> list[Node]:
     """`node1,user@node2:2222,[fe80::1]:22,localhost` -> nodes, in the order given."""
     nodes = []

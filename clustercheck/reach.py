@@ -154,3 +154,15 @@ class Fanout:
             if i not in outcomes:
                 unclean.setdefault(transport.host, f"no answer within {timeout:.0f} s")
         return unclean
+
+
+def cleanup_message(unclean: dict[str, str]) -> str:
+    """What the closing line says about the nodes whose processes could not be stopped (UNCLEAN: node -> why, as
+    finish() returns it)."""
+    if not unclean:
+        return "processes started on the nodes were stopped"
+    where = "; ".join(f"{node} ({why})" for node, why in sorted(unclean.items()))
+    return (
+        f"could not stop the processes started on {where}: they end by themselves at their deadline, and the "
+        "next run stops whatever is left"
+    )

@@ -104,24 +104,25 @@ class ToleranceError(ValueError):
     """A --baseline-tolerance that cannot be read; printed as one line."""
 
 
-def parse_tolerances(texts: tuple[str, ...] | list[str]) -> dict[str, Tolerance]:
-    """`FIGURE=WARN[:FAIL]` (percent) for each given figure, over the defaults; FAIL left out: never FAIL."""
+def parse_tolerances(texts: tuple[str, ...] | list[str], option: str = "--baseline-tolerance") -> dict[str, Tolerance]:
+    """`FIGURE=WARN[:FAIL]` (percent) for each given figure, over the defaults; FAIL left out: never FAIL. OPTION: the
+    option they were given with, named in the error (run's --baseline-tolerance, diff's --tolerance)."""
     tolerances = dict(DEFAULT_TOLERANCES)
     for text in texts:
         figure, sep, bounds = text.partition("=")
         figure = figure.strip()
         if not sep or figure not in FIGURES:
             raise ToleranceError(
-                f"--baseline-tolerance {text}: give FIGURE=WARN[:FAIL] in percent, FIGURE one of {', '.join(FIGURES)}"
+                f"{option} {text}: give FIGURE=WARN[:FAIL] in percent, FIGURE one of {', '.join(FIGURES)}"
             )
         warn_text, _, fail_text = bounds.partition(":")
         try:
             warn = float(warn_text)
             fail = float(fail_text) if fail_text else None
         except ValueError:
-            raise ToleranceError(f"--baseline-tolerance {text}: WARN and FAIL are numbers (percent)") from None
+            raise ToleranceError(f"{option} {text}: WARN and FAIL are numbers (percent)") from None
         if warn < 0 or (fail is not None and fail < warn):
-            raise ToleranceError(f"--baseline-tolerance {text}: give 0 <= WARN <= FAIL (percent)")
+            raise ToleranceError(f"{option} {text}: give 0 <= WARN <= FAIL (percent)")
         tolerances[figure] = Tolerance(warn, fail)
     return tolerances
 

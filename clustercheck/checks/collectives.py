@@ -175,10 +175,11 @@ def intra_node_thresholds(facts: NodeFacts, given: Thresholds) -> Thresholds:
     return given
 
 
-def parse_min_busbw(text: str | float | None) -> Thresholds:
+def parse_min_busbw(text: str | float | None, source: str = "--min-busbw") -> Thresholds:
     """`--min-busbw FAIL[:WARN]` in GB/s, e.g. `40` (FAIL under 40) or `40:80` (also WARN under 80).
 
-    The same text is accepted from the inventory variable clustercheck_min_busbw.
+    The same text is accepted from the inventory variable clustercheck_min_busbw; SOURCE names where it came from
+    in the error.
     """
     if text is None or text == "":
         return Thresholds()
@@ -189,11 +190,11 @@ def parse_min_busbw(text: str | float | None) -> Thresholds:
         fail = float(fail_text) if fail_text.strip() else None
         warn = float(warn_text) if warn_text.strip() else None
     except ValueError:
-        raise ThresholdError(f"--min-busbw {text!r}: expected GB/s as FAIL or FAIL:WARN, e.g. 40 or 40:80") from None
+        raise ThresholdError(f"{source} {text!r}: expected GB/s as FAIL or FAIL:WARN, e.g. 40 or 40:80") from None
     if any(v is not None and v < 0 for v in (fail, warn)):
-        raise ThresholdError(f"--min-busbw {text!r}: bandwidth cannot be negative")
+        raise ThresholdError(f"{source} {text!r}: bandwidth cannot be negative")
     if fail is not None and warn is not None and warn < fail:
-        raise ThresholdError(f"--min-busbw {text!r}: the WARN level must not be below the FAIL level")
+        raise ThresholdError(f"{source} {text!r}: the WARN level must not be below the FAIL level")
     return Thresholds(fail_below=fail, warn_below=warn)
 
 

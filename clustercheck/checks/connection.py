@@ -43,8 +43,12 @@ declare(
 
 
 def connect_fix(exc: BaseException, data: dict[str, Any]) -> str:
-    """The fix for a connection that failed with EXC (DATA: the address tried): the declared fix (sshd, user, key),
-    unless the cause shows another place, such as a name that does not resolve on this machine."""
+    """The fix for a connection that failed with EXC (DATA: the address tried): the transport's own (a Slurm job
+    step's: slurmd, munge), else the declared fix (sshd, user, key), unless the cause shows another place, such as a
+    name that does not resolve on this machine."""
+    own = getattr(exc, "fix", None)
+    if own:
+        return own
     cause: BaseException | None = exc
     while cause is not None:
         if isinstance(cause, socket.gaierror):

@@ -17,6 +17,8 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
+from clustercheck.exitcodes import UsageError
+
 if TYPE_CHECKING:
     import jsonschema
 
@@ -277,6 +279,15 @@ def shipped_files() -> list[Path]:
 def shipped() -> Catalog:
     """The models shipped in this directory."""
     return Catalog(m for path in shipped_files() for m in _shipped_models(path))
+
+
+def catalog(path: str | None) -> Catalog:
+    """The shipped expected values, with the user's file PATH added (--expected, or the inventory's
+    clustercheck_expected_file); a file that cannot be used is a UsageError in one line."""
+    try:
+        return shipped().with_file(path) if path else shipped()
+    except ExpectedError as exc:
+        raise UsageError(f"expected values: {exc}") from exc
 
 
 def _shipped_models(path: Path) -> list[Model]:

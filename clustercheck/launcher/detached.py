@@ -63,9 +63,11 @@ _LIST = (
     'echo "$j ${s:-unknown} ${e:--} ${t:--}"; done'
 )
 
+NO_JOB = 4  # logs and stop: the node has no such job (its directory is not there)
+
 _LOGS = (
     f"dir={JOBS_DIR}/$1; "
-    'if [ ! -d "$dir" ]; then echo "no job $1 here" >&2; exit 4; fi; '
+    f'if [ ! -d "$dir" ]; then echo "no job $1 here" >&2; exit {NO_JOB}; fi; '
     'if [ "$2" = follow ]; then '
     + _SCOPE.replace("exit 3", "true")
     + f'pid=$(systemctl $uf show -p MainPID --value "{UNIT_PREFIX}$1.service" 2>/dev/null || echo 0); '
@@ -75,7 +77,7 @@ _LOGS = (
 
 _STOP = (
     _SCOPE.replace("exit 3", "true") + f'unit="{UNIT_PREFIX}$1.service"; '
-    f'if [ ! -d {JOBS_DIR}/"$1" ]; then echo "no job $1 here" >&2; exit 4; fi; '
+    f'if [ ! -d {JOBS_DIR}/"$1" ]; then echo "no job $1 here" >&2; exit {NO_JOB}; fi; '
     'if systemctl $uf is-active --quiet "$unit"; then systemctl $uf stop "$unit"; '
     f': > {JOBS_DIR}/"$1"/stopped; echo stopped; '
     "else echo not-running; fi"
@@ -126,6 +128,16 @@ def logs_command(job: str, follow: bool) -> list[str]:
 
 def stop_command(job: str) -> list[str]:
     return ["sh", "-c", _STOP, "sh", job]
+
+
+def no_job(exit_status: int | None) -> bool:
+    """Whether logs_command's or stop_command's EXIT_STATUS says the node has no such job."""
+    return exit_status == NO_JOB
+
+
+def stopped(stdout: str) -> str:
+    """What stop_command did on a node, in words: "stopped", or "not running"."""
+    return stdout.strip().replace("-", " ")
 
 
 @dataclass(frozen=True)

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import time
 
-from clustercheck import report
 from clustercheck.config import RunConfig
 from clustercheck.facts.model import NodeFacts
 from clustercheck.inventory import Node
 from clustercheck.launcher.job import Echo, HostKeysRefused, LaunchOptions, NotStarted
 from clustercheck.model import CheckResult, Status
 from clustercheck.reach import Reach
+from clustercheck.report import delivery
 from clustercheck.run.pipeline import Pipeline
 from clustercheck.selection import Selection
 
@@ -34,10 +34,9 @@ def run(nodes: list[Node], options: LaunchOptions, reach: Reach, say: Echo) -> d
     started = time.time()
     pipeline = Pipeline(nodes, config, reach)
     outcome = pipeline.run()
-    document = report.Report(outcome.results, [n.name for n in nodes], pipeline.run_id, started, time.time() - started)
-    written = o.run_dir / "preflight" / "report.json"
-    written.parent.mkdir(parents=True, exist_ok=True)  # no node may have answered, so nothing made it yet
-    written.write_text(report.render(document, "json") + "\n")
+    document = delivery.build(outcome.results, [n.name for n in nodes], pipeline.run_id, started)
+    delivery.save(document, o.run_dir / "preflight", kinds=("json",))  # made here: no node may have answered
+    written = o.run_dir / "preflight" / delivery.RUN_FILES["json"]
     if outcome.host_key_error:
         raise HostKeysRefused(first_problem(outcome.results) or "host key verification failed")
     problems = [r for r in outcome.results if r.status.is_problem]

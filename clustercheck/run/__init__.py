@@ -1,1 +1,3 @@
-"""Running the stages over the nodes: the pipeline that drives them and cleans every node up (pipeline.py)."""
+"""Running the stages over the nodes: `clustercheck run` from its request (verify.py), the pipeline that drives the
+stages and cleans every node up (pipeline.py), its status line (progress.py); and `clustercheck node-health`, the
+per-node checks on this machine (health.py)."""

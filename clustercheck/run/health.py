@@ -5,26 +5,26 @@ The facts come from the same collector the run uploads to every node (stages/cor
 transport with the environment's python found the same way; the checks are the registry's per-node checks. Every
 probe has its own deadline and the collector one over all of them, so a hung nvidia-smi costs PROBE_DEADLINE; no
 step gets more than what is left of BUDGET, so the whole program, scontrol included, ends before Slurm's 60 s.
-Nothing runs across nodes, no torch job.
+Nothing runs across nodes, no torch job. With --slurm, the node is drained or resumed through slurm/update.py.
 """
 
 from __future__ import annotations
 
 import os
-import shutil
 import socket
-import subprocess
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from clustercheck import expected, slurm
+from clustercheck import expected, report
 from clustercheck.checks import registry
+from clustercheck.exitcodes import ExitCode, UsageError
 from clustercheck.facts import collect
 from clustercheck.inventory import Node
 from clustercheck.model import CheckResult, Status
-from clustercheck.report import Report
+from clustercheck.report import Report, delivery, prometheus, text
+from clustercheck.slurm import update
 from clustercheck.stages import core
 from clustercheck.transport.local import LocalTransport
 
@@ -39,6 +39,67 @@ TEXTFILE = "clustercheck_node_health.prom"
 TORCH_MAX_AGE = 3600.0  # default: torch's import is run again at least hourly, and whenever what it depends on changes
 KEPT_IMPORT = "node-health-import.json"  # the kept import, in kept_import_dir()
 CLUSTER_MEMBER = 2  # the cluster size the checks are told: more than one node (see judge)
+
+
+@dataclass(frozen=True)
+class HealthRequest:
+    """What `clustercheck node-health` was asked, each field an option of the command line, as given."""
+
+    slurm: bool = False  # drain or resume this node in Slurm
+    textfile_dir: str | None = None
+    fmt: str = "text"
+    expected_file: str | None = None
+    torch_max_age: float = TORCH_MAX_AGE
+    cache_dir: str | None = None
+
+
+def node_health(request: HealthRequest, echo: Callable[[str], None], say: Callable[[str], None]) -> int:
+    """The per-node checks on this machine as REQUEST asks, printed (ECHO), written for node_exporter, and acted on
+    in Slurm; the exit status (1 on a FAIL)."""
+    models = expected.catalog(request.expected_file)
+    if request.textfile_dir is not None:
+        writable_directory("--textfile-dir", request.textfile_dir)
+    budget = Budget()
+    # Run as slurmd runs it, with no PATH: the probes and scontrol live in the system's directories.
+    os.environ["PATH"] = system_path(os.environ.get("PATH"))
+    name = node_name(os.environ)
+    kept = writable_directory("--cache-dir", request.cache_dir, create=True) if request.cache_dir is not None else None
+    found = check(name, budget, models, torch_max_age=request.torch_max_age, kept=kept)
+    document = found.report
+    if request.fmt == "json":
+        echo(report.render(document, "json"))
+    else:
+        judged = sorted(document.results, key=lambda r: report.SEVERITY[r.status])
+        for line in text.result_lines(judged):
+            echo(line)
+        for line in text.fix_lines(judged):
+            echo(f"fix {line}")
+        echo(text.counts_line(document))
+    if request.textfile_dir is not None:
+        target = Path(request.textfile_dir) / TEXTFILE
+        try:
+            report.write_atomic(target, prometheus.render(document, source="node-health") + "\n")
+        except OSError as exc:
+            say(f"could not write {target}: {exc.strerror or exc}")
+    if request.slurm:
+        update.update(document.results, name, say, lambda: budget.give(SCONTROL_DEADLINE))
+    return ExitCode.CHECK_FAILED if found.failed else ExitCode.OK
+
+
+def writable_directory(option: str, value: str, *, create: bool = False) -> Path:
+    """VALUE of OPTION as a directory this process can write in (made first when CREATE); a usage error in one
+    line otherwise."""
+    directory = Path(value)
+    if create:
+        try:
+            directory.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise UsageError(f"{option} {value}: {exc.strerror or exc}") from None
+    if not directory.is_dir():
+        raise UsageError(f"{option} {value}: no such directory")
+    if not os.access(directory, os.W_OK | os.X_OK):
+        raise UsageError(f"{option} {value}: cannot write there")
+    return directory
 
 
 @dataclass(frozen=True)
@@ -95,7 +156,7 @@ def check(
     values MODELS (default: the shipped ones). torch's last successful import, kept in the directory KEPT
     (default: kept_import_dir()), is reused while younger than TORCH_MAX_AGE seconds and while nothing it depends
     on changed (the collector's import_fingerprint); 0 imports torch every run."""
-    started_at, started = time.time(), time.monotonic()
+    started_at = time.time()
     node = Node(name=name, address="localhost", connection="local")
     transport = LocalTransport(host=name)
     reuse: list[str] = []
@@ -110,8 +171,7 @@ def check(
         results = _check(node, transport, budget, models, reuse)
     finally:
         transport.cleanup()  # whatever a probe left past its deadline (a hung nvidia-smi's children) is killed
-    report = Report(results, [name], transport.run_id, started_at, time.monotonic() - started)
-    return Health(report)
+    return Health(delivery.build(results, [name], transport.run_id, started_at))
 
 
 def _check(
@@ -157,47 +217,3 @@ def judge(
     if models is not None:
         facts.models = models
     return registry.run_node_checks(facts)
-
-
-def slurm_update(health: Health, name: str, say: Callable[[str], None], budget: Budget) -> None:
-    """Drain node NAME in Slurm on a FAIL, resume it when healthy and drained by us; say what was done, or why
-    nothing could be (scontrol missing or failing), in one line each. Never raises."""
-    scontrol = shutil.which("scontrol")
-    if scontrol is None:
-        say("scontrol not found: the node's state in Slurm was not read or changed")
-        return
-    shown = _run([scontrol, "show", "node", name], budget.give(SCONTROL_DEADLINE))
-    if shown.returncode != 0:
-        say(f"scontrol show node {name} failed ({_why(shown)}): the node's state in Slurm was left as it is")
-        return
-    try:
-        state = slurm.parse_show_node(shown.stdout, name)
-    except slurm.ParseError as exc:
-        say(f"scontrol show node {name}: {exc}: the node's state in Slurm was left as it is")
-        return
-    action = slurm.decide(state, health.report.results)
-    if action is None:
-        if state.drained and not state.ours and health.failed:
-            say(f"{name} is already drained in Slurm ({state.reason or 'no reason'}): its reason was kept")
-        elif state.drained and not state.ours:
-            say(f"{name} stays drained in Slurm: drained by someone else ({state.reason or 'no reason'})")
-        return
-    done = _run(action.argv(scontrol), budget.give(SCONTROL_DEADLINE))
-    if done.returncode != 0:
-        say(f"scontrol update nodename={name} state={action.state} failed ({_why(done)})")
-        return
-    say(action.describe())
-
-
-def _run(argv: list[str], timeout: float) -> subprocess.CompletedProcess:
-    try:
-        return subprocess.run(argv, capture_output=True, text=True, errors="replace", timeout=timeout)
-    except subprocess.TimeoutExpired:
-        return subprocess.CompletedProcess(argv, 124, "", f"no answer within {timeout:.0f} s")
-    except OSError as exc:
-        return subprocess.CompletedProcess(argv, 126, "", str(exc))
-
-
-def _why(proc: subprocess.CompletedProcess) -> str:
-    last = (proc.stderr.strip().splitlines() or proc.stdout.strip().splitlines() or [""])[-1]
-    return f"exit {proc.returncode}" + (f": {last}" if last else "")

@@ -90,7 +90,12 @@ class SessionQuirks:
 
 
 class TransportError(Exception):
-    """The node cannot be reached or used; the message names the host and the cause."""
+    """The node cannot be reached or used; the message names the host and the cause. FIX: what to do about it, when
+    the way the node is reached knows better than the connect check's own fix (sshd, the SSH user and key)."""
+
+    def __init__(self, message: str, fix: str | None = None) -> None:
+        super().__init__(message)
+        self.fix = fix
 
 
 class HostKeyError(TransportError):

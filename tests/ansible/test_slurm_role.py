@@ -3,7 +3,8 @@ Debian's packages, real munge, slurmctld and slurmd):
 every node idle, srun on all three, the acceptance suite's Slurm tests, and the health program (clustercheck
 node-health --slurm) draining a node a per-node check FAILs on, resuming it when fixed, and leaving alone a node an
 administrator drained; `clustercheck run --slurm` from the controller: every stage through srun, an allocation it
-makes and gives back, a rank killed and a node frozen mid-DDP named with their node, Ctrl-C leaving nothing; and
+makes and gives back, a node no step reaches (slurmd stopped, another MUNGE key) named with Slurm's words and fix,
+a rank killed and a node frozen mid-DDP named with their node, Ctrl-C leaving nothing; and
 `clustercheck launch --slurm`: the README's script as a batch job, a detached one listed, followed and stopped.
 Converge, second run and check mode are test_site_playbook.py's."""
 
@@ -120,6 +121,56 @@ def test_clustercheck_asks_slurm_for_the_nodes_and_gives_them_back(slurm_cluster
     assert refused.returncode == 5, refused.stderr
     assert refused.stderr.startswith("clustercheck: error: --slurm: Slurm granted no allocation (")
     assert refused.stderr.count("\n") == 1 and "Traceback" not in refused.stderr
+
+
+def test_a_node_no_job_step_reaches_is_named_with_what_srun_and_slurm_say_and_slurms_fix(slurm_cluster):
+    """Inside an allocation of the three nodes, node3's slurmd stopped, then (running again) node3 given a MUNGE key
+    of its own: `clustercheck run --slurm --only core` names node3 in its connect check with srun's and Slurm's
+    words and gives Slurm's fix (start slurmd; the cluster's MUNGE key), not SSH's; node1 and node2 are checked,
+    and nothing is left behind."""
+    controller, _, node3 = slurm_cluster.nodes
+    granted = on(controller, "salloc --no-shell --nodes=3 --immediate=60 2>&1").stdout
+    job = re.search(r"Granted job allocation (\d+)", granted)[1]
+    key = on(node3, "base64 -w0 /etc/munge/munge.key").stdout.strip()
+
+    def connect_checks(name: str) -> dict:
+        on(
+            controller,
+            f"cd /root && SLURM_JOB_ID={job} SLURM_JOB_NODELIST='node[1-3]' clustercheck run --slurm --only core "
+            f"--skip 'local.*' --format json --run-dir /root/{name} > /root/{name}.json",
+            check=False,
+            timeout=300,
+        )
+        report = json.loads(on(controller, f"cat /root/{name}.json").stdout)
+        return {r["host"]: r for r in report["checks"] if r["name"] == "connect"}
+
+    try:
+        on(node3, "systemctl stop slurmd")
+        stopped = connect_checks("srun-slurmd-stopped")
+        on(node3, "systemctl start slurmd")
+        on(node3, "dd if=/dev/urandom of=/etc/munge/munge.key bs=1024 count=1 status=none && systemctl restart munge")
+        munge = connect_checks("srun-munge-key")
+    finally:
+        on(
+            node3,
+            f"echo {key} | base64 -d > /etc/munge/munge.key && chown munge:munge /etc/munge/munge.key && "
+            "chmod 400 /etc/munge/munge.key && systemctl restart munge && systemctl restart slurmd",
+            check=False,
+        )
+        on(controller, f"scancel {job}", check=False)
+    for connect in (stopped, munge):
+        assert connect["node1"]["status"] == connect["node2"]["status"] == "PASS", connect
+        assert connect["node3"]["status"] == "FAIL" and "sshd" not in connect["node3"]["remediation"], connect
+    said, fix = stopped["node3"]["message"], stopped["node3"]["remediation"]
+    assert said.startswith(f"node3: no job step of Slurm job {job} ran there: srun: Task launch for StepId="), said
+    assert "Communication connection failure: slurmd on node3 does not answer; Slurm shows it " in said, said
+    assert fix.startswith("Start slurmd on node3 (systemctl start slurmd;"), fix
+    said, fix = munge["node3"]["message"], munge["node3"]["remediation"]
+    assert "Zero Bytes were transmitted or received" in said and "cannot authenticate each other (MUNGE)" in said
+    assert fix.startswith("Give node3 the cluster's MUNGE key"), fix
+    wait_for(controller, all_idle, 120, "every node idle again")
+    assert on(controller, "squeue --noheader").stdout.strip() == ""
+    assert leftovers(slurm_cluster) == {}
 
 
 def test_clustercheck_on_a_node_reaches_the_others_over_ssh_with_the_cluster_key(slurm_cluster):

@@ -8,7 +8,7 @@ over to the real command line.
 import functools
 import sys
 
-from clustercheck import cli
+from clustercheck import commands
 from clustercheck.stages import torchjob
 
 
@@ -26,4 +26,4 @@ def with_steps(run, steps: str):
 
 if __name__ == "__main__":
     torchjob.run = with_steps(torchjob.run, sys.argv.pop(1))
-    cli.main()
+    commands.main()

@@ -235,6 +235,16 @@ def test_junit_output_to_a_file(tmp_path):
     assert root.find(".//testcase[@name='ddp_equivalence']/skipped") is not None
 
 
+def test_a_json_file_gets_the_json_report_without_format(tmp_path):
+    """-o FILE's extension says the format: never the text table in a .json file."""
+    out = tmp_path / "report.json"
+    proc = run_cli("run", "--hosts", "localhost", "-o", str(out), "--only", "core", "--run-dir", str(tmp_path / "run"))
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == ""
+    report = json.loads(out.read_text())
+    assert report == json.loads((tmp_path / "run" / "report.json").read_text())
+
+
 def test_a_report_file_in_a_missing_directory_is_a_usage_error_before_anything_runs(tmp_path):
     proc = run_cli("run", "--hosts", "localhost", "-o", str(tmp_path / "missing" / "report.json"))
     assert proc.returncode == 4 and proc.stderr.startswith("clustercheck: error: -o "), proc.stderr

@@ -360,6 +360,7 @@ def test_wheelhouse_check_reads_real_wheel_names():
 
 def test_the_monitoring_timer_offers_the_stages_clustercheck_runs():
     """monitoring_timer_stages become `clustercheck run --only` arguments: its choices are the CLI's stages."""
-    from clustercheck.cli import STAGES
+    from clustercheck.commands import cli
 
-    assert _options("monitoring")["monitoring_timer_stages"]["choices"] == list(STAGES)
+    only = next(p for p in cli.commands["run"].params if p.name == "only")
+    assert _options("monitoring")["monitoring_timer_stages"]["choices"] == list(only.type.choices)

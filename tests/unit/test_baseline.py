@@ -16,7 +16,7 @@ from harness import probe_records
 
 from clustercheck import report
 from clustercheck.checks import baseline, network, registry
-from clustercheck.cli import cli
+from clustercheck.commands import cli
 from clustercheck.model import Status
 from clustercheck.report import Report
 from clustercheck.report import diff as diffs

@@ -7,7 +7,7 @@ import click
 import pytest
 from click.testing import CliRunner
 
-from clustercheck.cli import cli
+from clustercheck.commands import cli
 
 
 @pytest.mark.parametrize("command", sorted(cli.commands))

@@ -12,6 +12,7 @@ import pytest
 from clustercheck import inventory
 from clustercheck.inventory import (
     InventoryError,
+    Node,
     from_ansible_list,
     load,
     node_from_vars,
@@ -143,3 +144,23 @@ def test_the_expected_transport_is_read_and_a_wrong_value_is_a_clear_error():
         InventoryError, match="gpu01: clustercheck_expect_transport is 'infiniband', not one of ib, roce, socket"
     ):
         node_from_vars("gpu01", {"clustercheck_expect_transport": "infiniband"})
+
+
+def test_a_cluster_value_is_the_one_the_nodes_agree_on_and_different_ones_are_refused_by_node():
+    """clustercheck_min_busbw, clustercheck_data_paths, clustercheck_expected_file: one value for the run; nodes that
+    leave one unset do not disagree, nodes that set different ones are named with their values."""
+    nodes = [
+        Node("node1", "10.0.0.1", min_busbw="40", data_paths=("/data", "/ckpt")),
+        Node("node2", "10.0.0.2"),
+        Node("node3", "10.0.0.3", min_busbw="40", data_paths=("/data", "/ckpt"), expected_file="/etc/h100.yml"),
+    ]
+    assert inventory.cluster_value(nodes, inventory.MIN_BUSBW_VAR) == "40"
+    assert inventory.cluster_value(nodes, inventory.DATA_PATHS_VAR) == ("/data", "/ckpt")
+    assert inventory.cluster_value(nodes, inventory.EXPECTED_FILE_VAR) == "/etc/h100.yml"
+    assert inventory.cluster_value(nodes[1:2], inventory.MIN_BUSBW_VAR) is None
+    assert inventory.cluster_value(nodes[1:2], inventory.DATA_PATHS_VAR) == ()
+    nodes.append(Node("node4", "10.0.0.4", min_busbw="80:120", data_paths=("/data",)))
+    with pytest.raises(InventoryError, match=r"^clustercheck_min_busbw differs between the nodes \(node1, node3: 40; "):
+        inventory.cluster_value(nodes, inventory.MIN_BUSBW_VAR)
+    with pytest.raises(InventoryError, match=r"\(node1, node3: /data,/ckpt; node4: /data\): it is one value for"):
+        inventory.cluster_value(nodes, inventory.DATA_PATHS_VAR)

@@ -525,12 +525,13 @@ def test_a_node_slow_with_every_partner_says_every_node_only_when_it_met_every_n
 def test_network_rounds_is_a_number_or_all_and_anything_else_a_usage_error(tmp_path):
     from click.testing import CliRunner
 
-    from clustercheck import cli
+    from clustercheck.commands import cli
+    from clustercheck.commands.run import NetworkRounds
 
-    assert cli.NetworkRounds().convert("all", None, None) is None
-    assert cli.NetworkRounds().convert("12", None, None) == 12
+    assert NetworkRounds().convert("all", None, None) is None
+    assert NetworkRounds().convert("12", None, None) == 12
     for bad in ("0", "-3", "many"):
-        result = CliRunner().invoke(cli.cli, ["run", "--hosts", "localhost", "--network-rounds", bad])
+        result = CliRunner().invoke(cli, ["run", "--hosts", "localhost", "--network-rounds", bad])
         assert result.exit_code == 2 and "--network-rounds" in result.output, result.output
         assert "Traceback" not in result.output
 

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from harness import probe_records
 
-from clustercheck import cli
+from clustercheck import reach
 from clustercheck.checks import registry
 from clustercheck.config import RunConfig
 from clustercheck.facts import parse
@@ -593,11 +593,11 @@ def test_a_node_that_cannot_be_cleaned_up_is_named_with_the_reason(tmp_path):
     cluster.factory = factory
     outcome = cluster.run(tmp_path, selection=Selection(only=("network",), skip=("local.*",)))
     assert outcome.unclean == {"node2": "no answer within 15 s"}
-    assert cli.cleanup_message(outcome.unclean) == (
+    assert reach.cleanup_message(outcome.unclean) == (
         "could not stop the processes started on node2 (no answer within 15 s): they end by themselves at their "
         "deadline, and the next run stops whatever is left"
     )
-    assert cli.cleanup_message({}) == "processes started on the nodes were stopped"
+    assert reach.cleanup_message({}) == "processes started on the nodes were stopped"
 
 
 def _mesh_commands(cluster: Cluster) -> list[list[str]]:

@@ -9,13 +9,14 @@ from pathlib import Path
 
 import pytest
 
-from clustercheck import slurm
 from clustercheck.checks import registry
 from clustercheck.facts import collect
 from clustercheck.inventory import Node
 from clustercheck.model import Status
 from clustercheck.run import health
-from clustercheck.slurm import REASON_CHARS, Action, ParseError, SlurmNode, decide, drain_reason, parse_show_node
+from clustercheck.slurm import parse as slurm
+from clustercheck.slurm.drain import REASON_CHARS, Action, decide, drain_reason
+from clustercheck.slurm.parse import ParseError, SlurmNode, parse_show_node
 
 DATA = Path(__file__).parent / "data" / "slurm"
 RECORDS = Path(__file__).parent / "records"
@@ -163,7 +164,7 @@ def test_the_slurm_version_is_read_from_what_srun_and_slurmd_print():
 
 
 def test_steps_share_the_allocation_with_overlap_from_slurm_20_11_on():
-    from clustercheck.transport.srun import step_options
+    from clustercheck.slurm.srun import step_options
 
     assert step_options((23, 11)) == ("--overlap",)
     assert step_options((19, 5)) == ()  # no --overlap before 20.11: steps shared the allocation by default
@@ -185,3 +186,96 @@ def test_the_granted_job_is_read_from_what_salloc_says():
         "salloc: error: Unable to allocate resources: Connection timed out\n"
     )
     assert slurm.granted_job(refused) is None
+
+
+# ------------------------------------------------------------------ a node where srun runs no step (run --slurm)
+
+
+def test_srun_says_which_task_launch_failed_on_which_node():
+    """srun 22.05's own lines (tests/unit/data/slurm/), the task launch picked over the lines around it."""
+    from clustercheck.slurm.diagnose import srun_error
+
+    stopped = recorded("srun-step-slurmd-stopped.txt")
+    assert srun_error(stopped) == "Task launch for StepId=1.1 failed on node node3: Communication connection failure"
+    munge = recorded("srun-step-munge-key.txt")
+    said = "Task launch for StepId=1.5 failed on node node3: Zero Bytes were transmitted or received"
+    assert srun_error(munge) == said  # not the slurm_receive_msgs line before it
+    outside = recorded("srun-step-outside-allocation.txt")
+    assert srun_error(outside) == "Unable to create step for job 2: Requested node configuration is not available"
+    assert srun_error("") is None
+
+
+def test_a_node_whose_slurmd_stopped_shows_mixed_then_not_responding():
+    assert parse_show_node(recorded("show-node-slurmd-stopped.txt"), "node3") == SlurmNode("node3", ("MIXED",), None)
+    later = parse_show_node(recorded("show-node-not-responding.txt"), "node3")
+    assert later == SlurmNode("node3", ("MIXED", "NOT_RESPONDING"), None)
+
+
+def refused_step(stderr: str, node):
+    from clustercheck.slurm.diagnose import step_refused
+    from clustercheck.transport import CommandResult
+
+    return step_refused("node3", CommandResult(233, "", stderr), node)
+
+
+def test_a_stopped_slurmd_is_named_with_srun_and_slurms_words_and_slurms_fix():
+    node = parse_show_node(recorded("show-node-not-responding.txt"), "node3")
+    refused = refused_step(recorded("srun-step-slurmd-stopped.txt"), node)
+    assert refused.said == (
+        "srun: Task launch for StepId=1.1 failed on node node3: Communication connection failure: slurmd on node3 "
+        "does not answer; Slurm shows it MIXED+NOT_RESPONDING"
+    )
+    assert refused.fix.startswith("Start slurmd on node3 (systemctl start slurmd;")
+    assert "ssh" not in refused.fix.lower()
+
+
+def test_another_munge_key_is_named_as_an_authentication_failure_with_munges_fix():
+    node = parse_show_node(recorded("show-node-slurmd-stopped.txt"), "node3")  # MIXED: Slurm sees nothing wrong yet
+    refused = refused_step(recorded("srun-step-munge-key.txt"), node)
+    assert refused.said.startswith("srun: Task launch for StepId=1.5 failed on node node3: Zero Bytes were")
+    assert "cannot authenticate each other (MUNGE); Slurm shows it MIXED" in refused.said
+    assert refused.fix.startswith("Give node3 the cluster's MUNGE key (the same /etc/munge/munge.key")
+    assert "sshd" not in refused.fix
+
+
+def test_a_node_slurm_keeps_out_and_what_nothing_explains_get_slurms_words():
+    outside = refused_step(recorded("srun-step-outside-allocation.txt"), "scontrol show node node3: timed out")
+    assert outside.said == (
+        "srun: Unable to create step for job 2: Requested node configuration is not available: Slurm keeps node3 out; "
+        "its state in Slurm unknown: scontrol show node node3: timed out"
+    )
+    assert "scontrol update nodename=node3 state=resume" in outside.fix
+    drained = refused_step("srun: error: something new\n", SlurmNode("node3", ("IDLE", "DRAIN"), "disk swap"))
+    assert drained.said == "srun: something new: Slurm keeps node3 out; Slurm shows it IDLE+DRAIN (disk swap)"
+    unknown = refused_step("srun: error: something new\n", SlurmNode("node3", ("IDLE",), None))
+    assert unknown.said == "srun: something new; Slurm shows it IDLE"
+    assert unknown.fix.startswith("Read srun's error, and slurmd's log on node3")
+
+
+def test_the_connect_check_gives_slurms_fix_for_a_node_no_step_reached(monkeypatch, tmp_path):
+    """run --slurm through the pipeline with srun's recorded answer for node3: its connect FAIL names what srun and
+    Slurm said, and the fix is Slurm's, not SSH's (sshd, the SSH user and key)."""
+    from clustercheck.config import RunConfig
+    from clustercheck.reach import Fanout
+    from clustercheck.run.pipeline import Pipeline
+    from clustercheck.selection import Selection
+    from clustercheck.slurm import srun
+    from clustercheck.transport import CommandResult
+
+    def call(argv, timeout=30.0):
+        if argv[:2] == ["srun", "--version"]:
+            return CommandResult(0, "slurm-wlm 22.05.8\n", "")
+        assert argv == ["scontrol", "show", "node", "node3"]
+        return CommandResult(0, recorded("show-node-not-responding.txt"), "")
+
+    monkeypatch.setattr(srun, "call", call)
+    monkeypatch.setattr(srun.SrunTransport, "run", lambda self, *a, **k: CommandResult(233, "", stopped))
+    monkeypatch.setattr(srun.SrunTransport, "cleanup", lambda self: None)
+    stopped = recorded("srun-step-slurmd-stopped.txt")
+    config = RunConfig(run_dir=tmp_path, selection=Selection(only=("core",)))
+    outcome = Pipeline([Node("node3", "node3")], config, Fanout(srun.factory("1"))).run()
+    connect = next(r for r in outcome.results if r.name == "connect")
+    assert connect.status is Status.FAIL
+    assert connect.message.startswith("node3: no job step of Slurm job 1 ran there: srun: Task launch for StepId=1.1")
+    assert "slurmd on node3 does not answer; Slurm shows it MIXED+NOT_RESPONDING" in connect.message
+    assert connect.remediation.startswith("Start slurmd on node3")

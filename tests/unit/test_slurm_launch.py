@@ -10,8 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from clustercheck import slurm
-from clustercheck.launcher import batch, slurmjob
+from clustercheck.slurm import batch
+from clustercheck.slurm import jobs as slurmjob
+from clustercheck.slurm import parse as slurm
+from clustercheck.slurm.request import Request
 
 DATA = Path(__file__).parent / "data" / "slurm"
 
@@ -21,7 +23,7 @@ def test_the_batch_script_asks_for_whole_nodes_and_runs_the_launch_inside_with_e
     options and the user's torchrun line word for word, spaces and quotes included, its run directory per job."""
     run_dir, cwd = tmp_path / "run dir", tmp_path / "code"
     user = ["--", "--max-restarts", "1", "train_ddp.py", "--note", "it's a 'test' $HOME"]
-    request = batch.BatchRequest(nodes=3, partition="gpu", time="30")
+    request = Request(nodes=3, partition="gpu", time="30")
     text = batch.script(request, ["/usr/bin/printf", "%s\\n"], ["--env", "A=x y", *user], run_dir, cwd)
     directives = [line.removeprefix("#SBATCH ") for line in text.splitlines() if line.startswith("#SBATCH ")]
     assert directives == [

@@ -7,7 +7,7 @@ from pathlib import Path
 from click.testing import CliRunner
 
 from clustercheck import catalog, checks, stages
-from clustercheck.cli import cli
+from clustercheck.commands import cli
 from clustercheck.selection import DECLARED, DISTRIBUTED, STAGES
 
 

@@ -1,7 +1,6 @@
-"""Slurm's commands from the login node, each run in one way (_call) with Slurm's own words in a SlurmError: the
-allocation `clustercheck run --slurm` asks for (salloc), its nodes (scontrol, squeue) and its release (scancel);
-and a launch's batch job: submitting it (sbatch), asking how it stands (scontrol), following its output file until
-it ends, and cancelling it (scancel).
+"""A launch's batch job from the login node (`launch --slurm` outside an allocation, `jobs --slurm`, `logs`, `stop`):
+submitting it (sbatch), asking how it stands (scontrol), following its output file until it ends, cancelling it
+(scancel), and listing this user's (squeue); each command run through call.py, Slurm's own words in a SlurmError.
 
 The output file is written by Slurm on the job's batch node; it is read here, so the run directory must be on a
 filesystem the login node shares with the nodes (as the home directories of a Slurm cluster are). When it does
@@ -10,88 +9,40 @@ not show up here while the job runs, clustercheck says so once and still waits f
 
 from __future__ import annotations
 
-import contextlib
 import os
 import pwd
-import shlex
-import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
 
-from clustercheck import slurm
-from clustercheck.launcher.job import Echo, NotStarted
+from clustercheck.slurm import parse
+from clustercheck.slurm.call import SlurmError, call
+from clustercheck.slurm.parse import SlurmJob
+
+Echo = Callable[[str], None]
 
 POLL = 1.0  # seconds between two looks at the job and its output file
 NOT_SHARED_AFTER = 20.0  # seconds a running job's output file may take to appear here before clustercheck says so
 CANCEL_WAIT = 60.0  # seconds scancel's job may take to end
 
 
-class SlurmError(Exception):
-    """A Slurm command could not run or refused: one line."""
-
-
-def _call(argv: list[str], timeout: float = 30.0) -> subprocess.CompletedProcess:
-    try:
-        return subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
-    except (OSError, subprocess.SubprocessError) as exc:
-        raise SlurmError(f"{argv[0]} cannot run here: {exc}") from exc
-
-
-def _said(proc: subprocess.CompletedProcess) -> str:
-    lines = proc.stderr.strip().splitlines() or proc.stdout.strip().splitlines()
-    return lines[-1] if lines else f"exit {proc.returncode}"
-
-
-def hostnames(nodelist: str) -> list[str]:
-    """The node names of NODELIST (host list syntax, node[1-3]), in order (scontrol show hostnames)."""
-    proc = _call(["scontrol", "show", "hostnames", nodelist])
-    names = slurm.allocation_nodes(proc.stdout)
-    if proc.returncode != 0 or not names:
-        raise SlurmError(f"scontrol show hostnames {nodelist}: {proc.stderr.strip() or 'no node'}")
-    return names
-
-
-def allocate(request: dict[str, str | None], wait: int) -> str:
-    """Ask Slurm for the nodes of REQUEST (salloc --no-shell, the options given a value), waiting at most WAIT
-    seconds: the granted job's id. The caller releases it (release())."""
-    argv = ["salloc", "--no-shell", "--job-name=clustercheck", f"--immediate={wait}"]
-    argv += [f"--{name}={value}" for name, value in request.items() if value is not None]
-    proc = _call(argv, timeout=wait + 60)
-    job = slurm.granted_job(proc.stderr + proc.stdout)
-    if job is None:
-        raise SlurmError(f"Slurm granted no allocation ({shlex.join(argv[1:])}): {_said(proc)}")
-    return job
-
-
-def nodelist(job: str) -> str:
-    """The node list of job JOB (squeue)."""
-    return _call(["squeue", "--noheader", "--jobs", job, "--format=%N"]).stdout.strip()
-
-
-def release(job: str) -> None:
-    """Cancel the allocation JOB (and so every step still running in it); nothing to say if Slurm cannot."""
-    with contextlib.suppress(SlurmError):
-        _call(["scancel", job])
-
-
 def submit(script_path: Path) -> str:
-    """sbatch SCRIPT_PATH: the job's id. Raises NotStarted with sbatch's own words when Slurm refuses it."""
-    proc = _call(["sbatch", "--parsable", str(script_path)], timeout=120)
-    job = slurm.submitted_job(proc.stdout) if proc.returncode == 0 else None
+    """sbatch SCRIPT_PATH: the job's id. Raises SlurmError with sbatch's own words when Slurm refuses it."""
+    answer = call(["sbatch", "--parsable", str(script_path)], timeout=120)
+    job = parse.submitted_job(answer.stdout) if answer.ok else None
     if job is None:
-        raise NotStarted(f"Slurm did not take the batch job ({script_path}): {_said(proc)}")
+        raise SlurmError(f"Slurm did not take the batch job ({script_path}): {answer.cause()}")
     return job
 
 
-def show(job: str) -> slurm.SlurmJob | None:
+def show(job: str) -> SlurmJob | None:
     """How job JOB stands, as slurmctld knows it (scontrol show job); None once it no longer does (MinJobAge after
     the job's end, 300 s by default: following polls far more often)."""
-    proc = _call(["scontrol", "show", "job", job])
-    return slurm.parse_show_job(proc.stdout, job) if proc.returncode == 0 else None
+    answer = call(["scontrol", "show", "job", job])
+    return parse.parse_show_job(answer.stdout, job) if answer.ok else None
 
 
-def cancel(job: str, wait: float = CANCEL_WAIT, seen: slurm.SlurmJob | None = None) -> slurm.SlurmJob | None:
+def cancel(job: str, wait: float = CANCEL_WAIT, seen: SlurmJob | None = None) -> SlurmJob | None:
     """Stop job JOB and wait (at most WAIT seconds for each way) until Slurm says it ended; how it stands then.
 
     A running job's batch step, `clustercheck launch` itself, gets SIGTERM first (scancel --batch): it stops every
@@ -109,12 +60,12 @@ def cancel(job: str, wait: float = CANCEL_WAIT, seen: slurm.SlurmJob | None = No
 
 
 def _scancel(args: list[str]) -> None:
-    proc = _call(["scancel", *args])
-    if proc.returncode != 0:
-        raise SlurmError(f"scancel {' '.join(args)}: {_said(proc)}")
+    answer = call(["scancel", *args])
+    if not answer.ok:
+        raise SlurmError(f"scancel {' '.join(args)}: {answer.cause()}")
 
 
-def _wait_end(job: str, wait: float) -> slurm.SlurmJob | None:
+def _wait_end(job: str, wait: float) -> SlurmJob | None:
     deadline = time.monotonic() + wait
     while True:
         found = show(job)
@@ -157,10 +108,10 @@ def follow(
     echo: Echo,
     say: Echo,
     *,
-    state: Callable[[str], slurm.SlurmJob | None] = show,
+    state: Callable[[str], SlurmJob | None] = show,
     poll: float = POLL,
     unshared_after: float = NOT_SHARED_AFTER,
-) -> slurm.SlurmJob | None:
+) -> SlurmJob | None:
     """Job JOB's output (READER's file) echoed line by line until the job ends; how it ended (None: Slurm no
     longer knows it). SAY tells what the job waits for, where it runs, and when its output is not visible here.
     Interrupted, READER goes on from where it stopped (the job's last lines, once it is stopped)."""
@@ -196,12 +147,12 @@ def follow(
         time.sleep(poll)
 
 
-def listed(name: str, ended_too: bool) -> list[slurm.Queued]:
+def listed(name: str, ended_too: bool) -> list[parse.Queued]:
     """This user's jobs named NAME as squeue lists them: pending and running, and with ENDED_TOO those that ended
     and slurmctld still remembers."""
     user = pwd.getpwuid(os.getuid()).pw_name
-    argv = ["squeue", "--noheader", f"--name={name}", f"--user={user}", f"--format={slurm.SQUEUE_FORMAT}"]
-    proc = _call(argv + (["--states=all"] if ended_too else []))
-    if proc.returncode != 0:
-        raise SlurmError(f"squeue: {_said(proc)}")
-    return slurm.parse_squeue(proc.stdout)
+    argv = ["squeue", "--noheader", f"--name={name}", f"--user={user}", f"--format={parse.SQUEUE_FORMAT}"]
+    answer = call(argv + (["--states=all"] if ended_too else []))
+    if not answer.ok:
+        raise SlurmError(f"squeue: {answer.cause()}")
+    return parse.parse_squeue(answer.stdout)

@@ -4,17 +4,18 @@ started from the login node inside an allocation that holds the nodes; no SSH.
 The step runs the same node-side line as over SSH (transport.remote_command: the run marker, a session of its own,
 the node-side deadline), so cleanup, the stale sweep and the reports work the same. Files travel as base64 through
 the step's standard input and output. The srun client on this machine is killed at the command's deadline, and a
-step of its own then stops what the command left on the node (the run-marker sweep).
+step of its own then stops what the command left on the node (the run-marker sweep). A node where no step runs is
+named with what srun and Slurm say about it (diagnose.py), and Slurm's fix, not SSH's.
 """
 
 from __future__ import annotations
 
 import os
-import subprocess
 from collections.abc import Callable
 
-from clustercheck import slurm
 from clustercheck.inventory import Node
+from clustercheck.slurm import diagnose, parse
+from clustercheck.slurm.call import SlurmError, call
 from clustercheck.transport import (
     CLEANUP_TIMEOUT,
     CommandResult,
@@ -108,23 +109,31 @@ def step_options(version: tuple[int, int] | None) -> tuple[str, ...]:
     return ("--overlap",) if version is None or version >= (20, 11) else ()
 
 
-def srun_version() -> str:
-    try:
-        return subprocess.run(["srun", "--version"], capture_output=True, text=True, timeout=30).stdout
-    except (OSError, subprocess.SubprocessError) as exc:
-        raise TransportError(f"srun cannot run here: {exc}") from exc
-
-
 def factory(job: str) -> Factory:
-    """Transports that reach the nodes of Slurm job JOB with its steps."""
-    options = step_options(slurm.parse_version(srun_version()))
+    """Transports that reach the nodes of Slurm job JOB with its steps; SlurmError when srun cannot run here."""
+    options = step_options(parse.parse_version(call(["srun", "--version"]).stdout))
 
     def connect(node: Node, run_id: str, register: Callable[[Transport], None]) -> Connected:
         transport = SrunTransport(node.name, run_id, job, options)
         register(transport)
         answer = transport.run(["true"], timeout=CONNECT_TIMEOUT)
         if not answer.ok:
-            raise TransportError(f"{node.name}: no job step of Slurm job {job} ran there: {answer.cause()}")
+            refused = diagnose.step_refused(node.name, answer, shown_node(node.name))
+            raise TransportError(f"{node.name}: no job step of Slurm job {job} ran there: {refused.said}", refused.fix)
         return Connected(transport, f"srun, a step of Slurm job {job}", {"job": job})
 
     return connect
+
+
+def shown_node(name: str) -> parse.SlurmNode | str:
+    """Node NAME as Slurm shows it (scontrol show node), or why it could not be read."""
+    try:
+        answer = call(["scontrol", "show", "node", name])
+    except SlurmError as exc:
+        return str(exc)
+    if not answer.ok:
+        return f"scontrol show node {name}: {answer.cause()}"
+    try:
+        return parse.parse_show_node(answer.stdout, name)
+    except parse.ParseError as exc:
+        return f"scontrol show node {name}: {exc}"

@@ -1,5 +1,5 @@
 """`clustercheck launch --slurm` outside an allocation: the batch script it submits (pure; submitting and following
-the job is launcher/slurmjob.py).
+the job is jobs.py).
 
 The script asks Slurm for whole nodes and runs `clustercheck launch --slurm` inside the job's allocation: there
 the launch is the one it is over SSH (the preflight, the same-code check, torchrun on every node with each node's
@@ -10,25 +10,12 @@ of an SSH command. So the script is short, readable, and can be kept and submitt
 from __future__ import annotations
 
 import shlex
-from dataclasses import asdict, dataclass
 from pathlib import Path
+
+from clustercheck.slurm.request import Request
 
 JOB_NAME = "clustercheck-launch"  # what `clustercheck jobs --slurm` lists
 OUTPUT = "slurm-%j.out"  # in the run directory: the job's output, every rank's line with its node/rank prefix
-
-
-@dataclass(frozen=True)
-class BatchRequest:
-    """What the batch job asks Slurm for: --nodes or --nodelist, and --partition, --account, --time as given."""
-
-    nodes: int | None = None
-    nodelist: str | None = None
-    partition: str | None = None
-    account: str | None = None
-    time: str | None = None
-
-    def directives(self) -> list[str]:
-        return [f"--{name}={value}" for name, value in asdict(self).items() if value is not None]
 
 
 def output_path(run_dir: Path, job: str) -> Path:
@@ -36,14 +23,14 @@ def output_path(run_dir: Path, job: str) -> Path:
     return run_dir / OUTPUT.replace("%j", job)
 
 
-def script(request: BatchRequest, clustercheck: list[str], launch_args: list[str], run_dir: Path, cwd: Path) -> str:
+def script(request: Request, clustercheck: list[str], launch_args: list[str], run_dir: Path, cwd: Path) -> str:
     """The batch script: REQUEST's nodes, whole (every CPU and GPU of each, as multi-node training wants, one task
     per node), the output in RUN_DIR, the working directory CWD; then CLUSTERCHECK (the command that runs
     clustercheck, at the same path on the batch node) `launch --slurm` with LAUNCH_ARGS (the launch's own options,
     then -- and the user's torchrun line), its run directory RUN_DIR/job-<job id>."""
     directives = [
         f"--job-name={JOB_NAME}",
-        *request.directives(),
+        *request.options(),
         "--ntasks-per-node=1",
         "--exclusive",  # sbatch(1), 22.05: every CPU and GRES (GPU) of each node, memory only as requested...
         "--mem=0",  # ...and this asks for all of it

@@ -1,10 +1,10 @@
-"""What `clustercheck node-health --slurm` does to its node in Slurm, decided from `scontrol show node` and the
-checks' results. Pure: the command that runs scontrol is clustercheck/run/health.py.
+"""What Slurm's commands answer, read (pure): `scontrol show node` and `show job`, `squeue`, what salloc and sbatch
+say they were granted or took, job ids, the version srun prints. The commands are run by call.py and the modules
+that use it; what node-health does with a node's state is drain.py.
 
-A FAIL drains the node with a reason of ours (`clustercheck: <check>: <message>`); a healthy run resumes it only
-when the reason it is drained with is ours, so a node an administrator drained stays drained. A drain of someone
-else is never overwritten with ours either: that reason would be lost, and a later healthy run would resume a node
-the administrator meant to keep out.
+scontrol prints a record as `Key=value` fields separated by spaces, records apart by a blank line; a value may hold
+spaces itself (OS=, Reason=), so a field runs to the next ` Key=`, and Reason= (always last on its line) to the
+line's end.
 """
 
 from __future__ import annotations
@@ -13,13 +13,10 @@ import re
 from dataclasses import dataclass
 
 from clustercheck.exitcodes import ExitCode
-from clustercheck.model import CheckResult
 
-REASON_PREFIX = "clustercheck:"
-REASON_CHARS = 120  # of the reason we set; sinfo -R shows about 20, scontrol all of it
+REASON_PREFIX = "clustercheck:"  # the reason node-health drains a node with begins with it (drain.py)
 _FIELD = re.compile(r"(?:^|\s)([A-Za-z_]+)=")
 _SIGNED = re.compile(r"\s*\[[^\[\]@]*@[^\[\]]*\]\s*$")  # " [root@2026-11-24T15:01:02]": who set it, and when
-_UNSAFE = re.compile(r"[^A-Za-z0-9 _.,:;/+=()<>%@#-]")  # what could break scontrol's parsing or a log line
 
 
 class ParseError(ValueError):
@@ -46,29 +43,8 @@ class SlurmNode:
         return self.reason is not None and self.reason.startswith(REASON_PREFIX)
 
 
-@dataclass(frozen=True)
-class Action:
-    """An `scontrol update` for the node: state drain (with the reason) or resume, and why, for the output."""
-
-    state: str  # "drain" or "resume"
-    node: str
-    reason: str | None = None
-
-    def argv(self, scontrol: str = "scontrol") -> list[str]:
-        command = [scontrol, "update", f"nodename={self.node}", f"state={self.state}"]
-        return command + ([f"reason={self.reason}"] if self.reason is not None else [])
-
-    def describe(self) -> str:
-        if self.state == "drain":
-            return f"drained {self.node} in Slurm: {self.reason}"
-        return f"resumed {self.node} in Slurm (it was drained by clustercheck, and its checks pass now)"
-
-
 def parse_show_node(text: str, name: str) -> SlurmNode:
-    """The node NAME from `scontrol show node NAME` (one record, or the first of several that is NAME).
-
-    Each line holds `Key=value` fields separated by spaces; a value may itself hold spaces (OS=, Reason=), so a
-    field runs to the next ` Key=`, and Reason= (always last on its line) runs to the line's end."""
+    """The node NAME from `scontrol show node NAME` (one record, or the first of several that is NAME)."""
     records = [r for r in re.split(r"\n\s*\n", text.strip()) if r.strip()]
     for record in records:
         fields = _fields(record)
@@ -100,32 +76,6 @@ def _fields(record: str) -> dict[str, str]:
     return fields
 
 
-def drain_reason(result: CheckResult, others: int = 0) -> str:
-    """`clustercheck: <check>: <message>` on one line, short, with nothing in it that scontrol or a log would
-    misread (quotes, newlines, control characters); OTHERS: how many more checks failed."""
-    message = result.message.removeprefix(f"{result.host}: ") if result.host else result.message
-    more = f" (+{others} more)" if others else ""
-    text = " ".join(_UNSAFE.sub(" ", f"{REASON_PREFIX} {result.name}: {message}").split())
-    limit = REASON_CHARS - len(more)
-    if len(text) > limit:
-        text = text[: limit - 3].rstrip() + "..."
-    return text + more
-
-
-def decide(node: SlurmNode, results: list[CheckResult]) -> Action | None:
-    """What to do with NODE after these results: drain it on a FAIL (or ERROR) with the first one's reason, unless
-    someone else drained it; resume it when every check passes and the drain is ours; else nothing."""
-    failed = [r for r in results if r.status.is_problem]
-    if failed:
-        reason = drain_reason(failed[0], len(failed) - 1)
-        if node.drained and (not node.ours or node.reason == reason):
-            return None  # someone else's drain stays as it is; ours already says this
-        return Action("drain", node.name, reason)
-    if node.drained and node.ours:
-        return Action("resume", node.name)
-    return None
-
-
 _VERSION = re.compile(r"^slurm(?:-wlm)?\s+(\d+)\.(\d+)", re.M)
 
 
@@ -148,8 +98,6 @@ def granted_job(salloc_output: str) -> str | None:
     match = _GRANTED.search(salloc_output)
     return match[1] if match else None
 
-
-# ---------------------------------------------------------------------------- batch jobs (launch --slurm)
 
 ENDED = frozenset(
     {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE"}

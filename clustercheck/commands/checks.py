@@ -1,0 +1,21 @@
+"""`clustercheck checks`: the check catalog (clustercheck/catalog.py)."""
+
+from __future__ import annotations
+
+import click
+
+from clustercheck import catalog
+
+
+@click.command("checks")
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["text", "json", "markdown"]),
+    default="text",
+    show_default=True,
+    help="text for people, json for scripts, markdown for documentation (the README's tables).",
+)
+def command(fmt: str) -> None:
+    """List every check clustercheck can report: its name, stage, scope, what it proves and the fix."""
+    click.echo(catalog.render(fmt))

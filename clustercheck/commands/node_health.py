@@ -1,0 +1,58 @@
+"""`clustercheck node-health`: its options, and the request they make for clustercheck/run/health.py."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from clustercheck.commands import options
+from clustercheck.commands.common import say
+from clustercheck.run import health
+
+
+@click.command("node-health")
+@click.option(
+    "--slurm",
+    "slurm",
+    is_flag=True,
+    help="Drain this node in Slurm on a FAIL (reason 'clustercheck: CHECK: MESSAGE'); resume it when healthy "
+    "if it was drained by clustercheck. The node: SLURMD_NODENAME, else the short hostname.",
+)
+@click.option(
+    "--textfile-dir",
+    type=click.Path(file_okay=False),
+    default=None,
+    metavar="DIR",
+    help=f"Also write the results as Prometheus metrics to DIR/{health.TEXTFILE} (node_exporter's textfile "
+    "directory), replaced atomically.",
+)
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["text", "json"]),
+    default="text",
+    show_default=True,
+    help="text: one line per check; json: the JSON report (clustercheck schema).",
+)
+@options.expected
+@click.option(
+    "--torch-max-age",
+    type=click.FloatRange(min=0),
+    default=health.TORCH_MAX_AGE,
+    show_default=True,
+    metavar="SECONDS",
+    help="Reuse torch's last successful import on this node (about a second each run) while it is younger than "
+    "SECONDS and nothing it depends on changed (the environment's packages, torch's files, the NVIDIA driver and "
+    "device files, the boot); 0 imports torch every run.",
+)
+@click.option(
+    "--cache-dir",
+    type=click.Path(file_okay=False),
+    default=None,
+    metavar="DIR",
+    help="Where the last import is kept (default: /var/cache/clustercheck as root, else ~/.cache/clustercheck).",
+)
+def command(**given) -> None:
+    """Run the per-node checks on this machine, in seconds (Slurm's HealthCheckProgram). Exit 1 on a FAIL."""
+    sys.exit(health.node_health(health.HealthRequest(**given), click.echo, say))

@@ -1,0 +1,187 @@
+"""`clustercheck launch`, from what was asked to the exit status: where the job runs (the nodes over SSH, the Slurm
+allocation this runs in, or a batch job submitted from the login node: batchjob.py), the options checked before
+anything starts, then the Launch's steps (session.py) in the foreground or detached.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from clustercheck import hosts
+from clustercheck.config import make_run_dir
+from clustercheck.container import Container
+from clustercheck.exitcodes import ExitCode, UsageError
+from clustercheck.hosts import SshOptions
+from clustercheck.inventory import Node
+from clustercheck.launcher import batchjob, codesync, records, session
+from clustercheck.launcher import command as launch_command
+from clustercheck.launcher.job import HostKeysRefused, LaunchOptions, NotStarted
+from clustercheck.reach import Fanout
+from clustercheck.slurm import allocation, srun
+from clustercheck.slurm.call import SlurmError
+from clustercheck.slurm.request import Request
+from clustercheck.stages.launch import LaunchError
+from clustercheck.transport import factory
+from clustercheck.transport.factory import Factory
+from clustercheck.transport.params import SshSettings
+
+Echo = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class LaunchRequest:
+    """What `clustercheck launch` was asked, each field an option of the command line, as given."""
+
+    job: tuple[str, ...]  # what follows --: torchrun's options, the script, its arguments
+    hosts: str | None = None
+    limit: str | None = None
+    ssh: SshOptions = field(default_factory=SshOptions)
+    slurm: bool = False
+    request: Request = field(default_factory=Request)  # with --slurm outside an allocation: the batch job's nodes
+    dry_run: bool = False
+    nproc_per_node: int | None = None
+    master_port: int = 29500
+    env: tuple[str, ...] = ()
+    sync: str | None = None
+    chdir: str | None = None
+    python: str | None = None
+    container: Container | None = None
+    no_preflight: bool = False
+    detach: bool = False
+    run_dir: str | None = None
+    inner: tuple[str, ...] = ()  # the options given that the launch inside a batch job takes again, as argv
+
+
+def launch(request: LaunchRequest, echo: Echo, say: Echo) -> int:
+    """The launch REQUEST asks for; its exit status (the job's). ECHO: the job's output; SAY: clustercheck's lines."""
+    r = request
+    if r.sync and r.chdir:
+        raise UsageError("--sync and --chdir: the job runs in the synced copy; give one of them")
+    try:
+        user_command = launch_command.parse(list(r.job))
+        user_env = launch_command.parse_env(r.env)
+    except LaunchError as exc:
+        raise UsageError(str(exc)) from exc
+    inside = allocation.inside() if r.slurm else None
+    if r.hosts is None and not r.slurm:
+        raise UsageError("give the nodes: --hosts INVENTORY, or --slurm (a batch job, or the allocation this runs in)")
+    if r.dry_run and (not r.slurm or inside):
+        raise UsageError("--dry-run: only with --slurm outside an allocation (it prints the batch script)")
+    if r.slurm and not inside:
+        return _batch(r, say, echo)
+    if r.slurm and r.detach:
+        raise UsageError(
+            f"--detach inside Slurm job {inside}: the job lives as long as this allocation; submit a batch job from "
+            "the login node instead (clustercheck launch --slurm --nodes N --detach -- ...)"
+        )
+    nodes, ssh, connect = _nodes(r, inside)
+    try:
+        launch_command.check_nnodes(user_command, len(nodes))
+        if r.sync and not user_command.is_module:
+            codesync.sync_script(Path(r.sync), user_command.script)
+    except LaunchError as exc:
+        raise UsageError(str(exc)) from exc
+    options = LaunchOptions(
+        command=user_command,
+        run_dir=make_run_dir(r.run_dir, "launch-%Y%m%d-%H%M%S"),
+        ssh=ssh,
+        python=r.python,
+        container=r.container,
+        nproc_per_node=r.nproc_per_node,
+        master_port=r.master_port,
+        env=user_env,
+        sync=Path(r.sync) if r.sync else None,
+        chdir=r.chdir,
+        preflight=not r.no_preflight,
+        detach=r.detach,
+        inventory=hosts.inventory_path(r.hosts),
+    )
+    return _run(session.Launch(nodes, options, Fanout(connect), echo=echo, say=say), r, echo, say)
+
+
+def _batch(r: LaunchRequest, say: Echo, echo: Echo) -> int:
+    """--slurm outside an allocation: the launch as a batch job (batchjob.py)."""
+    if r.hosts is not None:
+        raise UsageError("--hosts: a batch job runs on the nodes Slurm gives it (--nodes, --nodelist)")
+    if not r.request.names_nodes:
+        raise UsageError(
+            "--slurm: give the batch job's nodes (--nodes N or --nodelist NODES), or run inside an allocation "
+            "(salloc --nodes=N clustercheck launch --slurm -- ...)"
+        )
+    run_dir = make_run_dir(r.run_dir, "launch-%Y%m%d-%H%M%S").resolve()
+    inner = [*r.inner, "--", *r.job]
+    return batchjob.submit(r.request, inner, run_dir, dry_run=r.dry_run, detach=r.detach, echo=echo, say=say)
+
+
+def _nodes(r: LaunchRequest, inside: str | None) -> tuple[list[Node], SshSettings, Factory]:
+    """The nodes (--hosts, or those of the allocation this runs in), the SSH settings, and how they are reached
+    (SSH, or the allocation's job steps)."""
+    if r.hosts is not None:
+        nodes, ssh = hosts.load(r.hosts, r.limit, r.ssh)
+    else:
+        nodes, ssh = [], r.ssh.settings()
+    if not inside:
+        return nodes, ssh, factory.default(ssh)
+    try:
+        return allocation.nodes(nodes, *allocation.current()), ssh, srun.factory(inside)
+    except SlurmError as exc:
+        raise UsageError(f"--slurm: {exc}") from exc
+
+
+def _run(job: session.Launch, r: LaunchRequest, echo: Echo, say: Echo) -> int:
+    """The Launch's steps: the preflight, every node reached, the code, the plan; then the job in the foreground,
+    or detached and recorded. Every node cleaned up at the end; Ctrl-C stops the job on every node first."""
+    try:
+        try:
+            if job.options.preflight:
+                job.preflight()
+            job.connect()
+            script, cwd, code = job.prepare()
+            plans = job.plan(script, cwd)
+        except HostKeysRefused as exc:
+            raise UsageError(f"host key verification failed, nothing was started: {exc}") from exc
+        except NotStarted as exc:
+            raise UsageError(str(exc), ExitCode.NOT_STARTED) from exc
+        except LaunchError as exc:
+            raise UsageError(str(exc)) from exc
+        if r.detach:
+            try:
+                names = job.start_detached(code)
+            except NotStarted as exc:
+                raise UsageError(str(exc), ExitCode.NOT_STARTED) from exc
+            _record(job, r, names, launch_command.first_ranks(plans, job.options.command.elastic))
+            say(f"job {job.job_id} started on {len(names)} node(s) under systemd unit clustercheck-job-{job.job_id}")
+            echo(job.job_id)
+            say(f"follow it: clustercheck logs {job.job_id} --follow; stop it: clustercheck stop {job.job_id}")
+            return ExitCode.OK
+        finished = job.run_foreground()
+    except KeyboardInterrupt:
+        job.stop_all()
+        raise
+    finally:
+        job.close()
+    say(finished.message)
+    return finished.status
+
+
+def _record(job: session.Launch, r: LaunchRequest, names: list[str], first_ranks: dict[str, int | None]) -> None:
+    """The detached job's record on this machine: how jobs, logs and stop find its nodes again."""
+    assert r.hosts is not None  # --detach with --slurm is a batch job, submitted before
+    ssh = r.ssh
+    records.save(
+        records.JobRecord(
+            job=job.job_id,
+            hosts=str(Path(r.hosts).resolve()) if Path(r.hosts).exists() else r.hosts,
+            limit=r.limit,
+            nodes=names,
+            command=list(r.job),
+            started=time.time(),
+            run_dir=str(job.options.run_dir.resolve()),
+            first_ranks=first_ranks,
+            ssh_config=str(Path(ssh.config).resolve()) if ssh.config else None,
+            known_hosts=[str(Path(k).resolve()) for k in ssh.known_hosts],
+        )
+    )

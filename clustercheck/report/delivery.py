@@ -1,0 +1,75 @@
+"""A report built one way and delivered: what `clustercheck run`, launch's preflight and node-health found, as a
+Report; the JSON and JUnit files kept in the run directory (report.json, report.xml); the format asked for, written
+to -o FILE (atomically) or printed. A known extension of FILE says its format, so a .json file never holds the text
+table.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+from clustercheck.exitcodes import UsageError
+from clustercheck.model import CheckResult
+from clustercheck.report import Report, render, write_atomic
+
+EXTENSIONS = {".json": "json", ".xml": "junit", ".md": "markdown", ".prom": "prometheus"}
+RUN_FILES = {"json": "report.json", "junit": "report.xml"}  # kept in the run directory
+
+
+def build(
+    results: list[CheckResult],
+    hosts: Iterable[str],
+    run_id: str | None,
+    started_at: float,
+    *,
+    durations: dict[str, float] | None = None,
+    hosts_args: Iterable[str] = (),
+) -> Report:
+    """The report of a run over HOSTS that started at STARTED_AT (Unix time) and ends now."""
+    return Report(
+        results,
+        list(hosts),
+        run_id,
+        started_at,
+        time.time() - started_at,
+        durations=dict(durations or {}),
+        hosts_args=tuple(hosts_args),
+    )
+
+
+def output_format(fmt: str, given: bool, output: str | None) -> str:
+    """The format the report is delivered in: FMT when the user GAVE it (--format), else the one OUTPUT's extension
+    names (-o report.json: json), else FMT (text). A --format that contradicts the extension is a UsageError."""
+    named = EXTENSIONS.get(Path(output).suffix.lower()) if output else None
+    if named is None or named == fmt:
+        return fmt
+    if given:
+        raise UsageError(
+            f"-o {output}: a {Path(output).suffix} file holds the {named} report, not --format {fmt}: leave --format "
+            f"out, or give --format {named}"
+        )
+    return named
+
+
+def save(report: Report, directory: Path, kinds: Iterable[str] = tuple(RUN_FILES)) -> dict[str, str]:
+    """REPORT in DIRECTORY (made when missing) in each of KINDS (report.json, report.xml), each rendered once; the
+    rendered texts by kind."""
+    directory.mkdir(parents=True, exist_ok=True)
+    rendered = {kind: render(report, kind) for kind in kinds}
+    for kind, text in rendered.items():
+        (directory / RUN_FILES[kind]).write_text(text + "\n")
+    return rendered
+
+
+def deliver(
+    report: Report, fmt: str, output: str | None, echo: Callable[[str], None], rendered: dict[str, str] | None = None
+) -> None:
+    """REPORT in FMT to OUTPUT (replaced atomically) or, without one, ECHOed; RENDERED: texts already rendered, by
+    format."""
+    text = (rendered or {}).get(fmt) or render(report, fmt)
+    if output:
+        write_atomic(Path(output), text + "\n")
+    else:
+        echo(text)

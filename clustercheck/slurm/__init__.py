@@ -1,0 +1,17 @@
+"""Slurm: every part of clustercheck that speaks to it or reads what it says.
+
+Pure (no command run):
+  parse.py       what Slurm's commands answer: scontrol show node and show job, squeue, salloc's and sbatch's
+                 answers, job ids, srun's version
+  drain.py       node-health's decision: drain its node on a FAIL, resume it from a drain of its own
+  diagnose.py    why srun could not run a step on a node, from srun's words and the node's state, and Slurm's fix
+  request.py     what to ask Slurm for outside an allocation (--nodes, --nodelist, --partition, --account, --time)
+  batch.py       `launch --slurm`'s batch script
+
+Calling Slurm (every command through call.py's call(); a failed one said by CommandResult.cause, as on a node):
+  call.py        the one way a Slurm command runs here, and SlurmError
+  allocation.py  the allocation a command runs in, or asks for (salloc) and gives back, and its nodes
+  srun.py        a node of an allocation as a transport: its commands as job steps (run --slurm, launch inside one)
+  jobs.py        a launch's batch job: submitted, followed, cancelled, listed
+  update.py      node-health's scontrol on its own node: read, drained or resumed
+"""
