@@ -121,3 +121,59 @@ print("imported", len({modules!r}))
         timeout=120,
     )
     assert "paramiko is blocked here" in blocked.stderr  # the blocker does block
+
+
+MODULE_LINES = 600  # a module a reader takes in whole
+FUNCTION_LINES = 80  # a function a reader takes in on a screen, its docstring left out
+
+
+def function_lengths(path: Path) -> list[tuple[str, int]]:
+    """(name, lines) of every function in PATH, from its first statement after the docstring to its end."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            body = node.body
+            if isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant) and len(body) > 1:
+                body = body[1:]
+            found.append((f"{path.name}:{node.lineno} {node.name}", node.end_lineno - body[0].lineno + 1))
+    return found
+
+
+def test_the_length_finder_leaves_the_docstring_out(tmp_path):
+    sample = tmp_path / "sample.py"
+    sample.write_text('def f():\n    """Doc,\n    on two lines."""\n    a = 1\n    return a\n')
+    assert [n for _, n in function_lengths(sample)] == [2]
+
+
+def test_every_module_and_function_reads_whole():
+    """No module of clustercheck over MODULE_LINES lines and no function over FUNCTION_LINES: past them a reader
+    loses the thread, and the next feature copies a piece instead of finding it."""
+    modules = sorted(PACKAGE.rglob("*.py"))
+    long_modules = [
+        f"{p.relative_to(PACKAGE.parent)} ({n})"
+        for p in modules
+        if (n := len(p.read_text().splitlines())) > MODULE_LINES
+    ]
+    long_functions = [
+        f"{p.parent.name}/{name} ({n})" for p in modules for name, n in function_lengths(p) if n > FUNCTION_LINES
+    ]
+    assert not long_modules, f"over {MODULE_LINES} lines: " + ", ".join(long_modules)
+    assert not long_functions, f"over {FUNCTION_LINES} lines: " + ", ".join(long_functions)
+
+
+SLURM_COMMANDS = ("salloc", "sbatch", "scancel", "scontrol", "sinfo", "squeue", "srun")
+
+
+def test_slurm_is_called_from_the_slurm_package_only():
+    """Slurm's commands run through clustercheck/slurm (its call.py, and srun.py's steps): an argv that starts with
+    one of them appears nowhere else."""
+    outside = []
+    for path in PACKAGE.rglob("*.py"):
+        if path.is_relative_to(PACKAGE / "slurm"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.List | ast.Tuple) and node.elts:
+                first = node.elts[0]
+                if isinstance(first, ast.Constant) and first.value in SLURM_COMMANDS:
+                    outside.append(f"{path.relative_to(PACKAGE.parent)}:{node.lineno} {first.value}")
+    assert not outside, "Slurm called outside clustercheck/slurm: " + ", ".join(outside)
