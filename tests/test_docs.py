@@ -21,7 +21,7 @@ def test_distributed_checks_doc_lists_every_stage_with_its_checks():
     for entry in catalog.entries():
         by_stage.setdefault(entry["stage"], set()).add(entry["name"])
     for stage, row in zip(stages, rows, strict=True):
-        if stage == "core":  # its dozens of per-node checks are the README's table
+        if stage == "core":  # its dozens of per-node checks are docs/checks.md's table
             continue
         listed = set(re.findall(r"`([\w.]+)`", row.rsplit("|", 2)[1]))
         assert listed == by_stage[stage], stage
