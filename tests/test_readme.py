@@ -68,3 +68,15 @@ def test_the_acceptance_suite_without_an_inventory_is_one_usage_error_in_the_lan
         said = [line for line in (proc.stdout + proc.stderr).splitlines() if line.strip()]
         assert said == ["ERROR: the acceptance tests need --ansible-inventory=PATH (the inventory site.yml ran with)"]
 
+
+def test_the_readme_is_a_guide_of_at_most_500_lines():
+    """Measurements, verification records and reference tables live in docs/; the README is the path through."""
+    lines = (REPO / "README.md").read_text().splitlines()
+    assert len(lines) <= 500, f"the README has {len(lines)} lines: move reference material to docs/"
+
+
+def test_the_readme_links_every_docs_page_once_in_its_links():
+    text = (REPO / "README.md").read_text()
+    links = text.split("\n## Links\n", 1)[1].split("\n## ", 1)[0]
+    listed = re.findall(r"^- \[docs/([\w.-]+\.md)\]\(docs/\1\): \S", links, re.M)
+    assert sorted(listed) == sorted(p.name for p in (REPO / "docs").glob("*.md"))
