@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
-"""Rewrite the README's stage table and checks tables from the stage list and the check registry (clustercheck
-checks --format markdown), and its table of the figures a GPU model's expected values may give."""
+"""Rewrite the generated tables from the stage list and the check registry: the README's stage table, and in
+docs/checks.md the checks tables (clustercheck checks --format markdown) and the table of the figures a GPU model's
+expected values may give."""
 
 import re
 import sys
@@ -8,8 +9,11 @@ from pathlib import Path
 
 from clustercheck import catalog, expected
 
-README = Path(__file__).resolve().parent.parent / "README.md"
-BLOCKS = {"stages": catalog.stage_table, "checks": catalog.markdown_tables, "figures": expected.figure_table}
+REPO = Path(__file__).resolve().parent.parent
+BLOCKS = {
+    REPO / "README.md": {"stages": catalog.stage_table},
+    REPO / "docs" / "checks.md": {"checks": catalog.markdown_tables, "figures": expected.figure_table},
+}
 
 
 def block(name: str) -> re.Pattern:
@@ -17,13 +21,18 @@ def block(name: str) -> re.Pattern:
 
 
 def main() -> int:
-    text = README.read_text()
-    for name, render in BLOCKS.items():
-        if not block(name).search(text):
-            print(f"README.md has no <!-- BEGIN {name} --> ... <!-- END {name} --> block", file=sys.stderr)
-            return 1
-        text = block(name).sub(lambda m, render=render: m.group(1) + render() + m.group(2), text)
-    README.write_text(text)
+    texts = {}
+    for path, blocks in BLOCKS.items():
+        text = path.read_text()
+        for name, render in blocks.items():
+            if not block(name).search(text):
+                where = path.relative_to(REPO)
+                print(f"{where} has no <!-- BEGIN {name} --> ... <!-- END {name} --> block", file=sys.stderr)
+                return 1
+            text = block(name).sub(lambda m, render=render: m.group(1) + render() + m.group(2), text)
+        texts[path] = text
+    for path, text in texts.items():  # nothing is written unless every file has its blocks
+        path.write_text(text)
     return 0
 
 

@@ -37,12 +37,12 @@ def test_the_quick_start_environment_has_numpy():
     assert any(line.startswith("numpy==") for line in pins)
 
 
-def test_readme_checks_tables_are_the_catalog():
+def test_the_checks_doc_s_tables_are_the_catalog():
     from clustercheck import catalog
 
-    text = (REPO / "README.md").read_text()
+    text = (REPO / "docs" / "checks.md").read_text()
     listed = re.search(r"<!-- BEGIN checks[^\n]*-->\n(.*?)<!-- END checks -->", text, re.S)
-    assert listed, "the README lost its generated checks tables"
+    assert listed, "docs/checks.md lost its generated checks tables"
     assert listed.group(1) == catalog.markdown_tables(), "regenerate: scripts/checks_docs.py"
 
 
@@ -67,3 +67,16 @@ def test_the_acceptance_suite_without_an_inventory_is_one_usage_error_in_the_lan
         assert proc.returncode == 4, proc.stdout[-2000:] + proc.stderr[-2000:]
         said = [line for line in (proc.stdout + proc.stderr).splitlines() if line.strip()]
         assert said == ["ERROR: the acceptance tests need --ansible-inventory=PATH (the inventory site.yml ran with)"]
+
+
+def test_the_readme_is_a_guide_of_at_most_500_lines():
+    """Measurements, verification records and reference tables live in docs/; the README is the path through."""
+    lines = (REPO / "README.md").read_text().splitlines()
+    assert len(lines) <= 500, f"the README has {len(lines)} lines: move reference material to docs/"
+
+
+def test_the_readme_links_every_docs_page_once_in_its_links():
+    text = (REPO / "README.md").read_text()
+    links = text.split("\n## Links\n", 1)[1].split("\n## ", 1)[0]
+    listed = re.findall(r"^- \[docs/([\w.-]+\.md)\]\(docs/\1\): \S", links, re.M)
+    assert sorted(listed) == sorted(p.name for p in (REPO / "docs").glob("*.md"))

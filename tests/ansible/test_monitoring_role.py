@@ -103,8 +103,9 @@ def status(check: str, host: str, state: str) -> tuple[str, frozenset]:
 
 
 def test_node_exporter_serves_the_metrics_of_a_full_clustercheck_run(monitored, tmp_path):
-    """What the README's timer does: clustercheck writes its Prometheus report (atomically) into the textfile
-    directory of a node_exporter, and Prometheus finds the check statuses and the bandwidth on /metrics."""
+    """What the monitoring timer does (docs/monitoring.md): clustercheck writes its Prometheus report (atomically)
+    into the textfile directory of a node_exporter, and Prometheus finds the check statuses and the bandwidth on
+    /metrics."""
     ssh_config = tmp_path / "ssh_config"
     ssh_config.touch()
     prom = tmp_path / "clustercheck.prom"

@@ -6,7 +6,7 @@ libnvidia-nscq-580 (multiverse) resolve, install (about 400 MB, through the cont
 and are held, and a second run changes nothing. The node has no GPU: its /sys is modelled in a directory
 the roles read instead (nvidia_gpu_sysfs_root, for tests only) with a GPU and an NVSwitch on the bus.
 What cannot run without one (loading the module, nvidia-smi, persistence mode in effect, fabric manager
-running) is listed in the README's "What was verified where". CUDA and NCCL come from the stand-in NVIDIA
+running) is listed in docs/verification.md ("What was verified where"). CUDA and NCCL come from the stand-in NVIDIA
 repository (tests/ansible/standins): that is where NVIDIA's builds of the same package names appear, and
 they must stay out of a node whose driver comes from Canonical.
 """

@@ -1,6 +1,6 @@
 """Role contracts that need no nodes: specs cover and describe the defaults, enumerated options have choices that
-Ansible enforces, the README's tables are current, the address filters decide right, the conda checksum script
-parses what Miniforge publishes."""
+Ansible enforces, the role tables (docs/roles.md) are current, the address filters decide right, the conda checksum
+script parses what Miniforge publishes."""
 
 from __future__ import annotations
 
@@ -81,8 +81,9 @@ DEFAULTS_POINTER = (
 
 @pytest.mark.parametrize("role", ROLES)
 def test_a_variable_is_described_once_in_its_argument_spec(role):
-    """The argument specs are where a variable is described: Ansible validates against them and the README's tables
-    are made from them. defaults/main.yml holds the values and one line that says so, not a second description."""
+    """The argument specs are where a variable is described: Ansible validates against them and docs/roles.md's
+    tables are made from them. defaults/main.yml holds the values and one line that says so, not a second
+    description."""
     lines = (REPO / "roles" / role / "defaults" / "main.yml").read_text().splitlines()
     assert [line for line in lines if line.lstrip().startswith("#")] == [DEFAULTS_POINTER]
     descriptions = {name: " ".join(str(option["description"]).split()) for name, option in _options(role).items()}
@@ -94,7 +95,7 @@ def test_a_variable_is_described_once_in_its_argument_spec(role):
 @pytest.mark.parametrize("role", ROLES)
 def test_a_default_the_spec_cannot_state_is_computed_in_defaults(role):
     """An option without a default in its spec is one defaults/main.yml computes (a template); its description says
-    so, and the README's table shows it as computed rather than as an empty default."""
+    so, and docs/roles.md's table shows it as computed rather than as an empty default."""
     defaults = yaml.safe_load((REPO / "roles" / role / "defaults" / "main.yml").read_text()) or {}
     for name, option in _options(role).items():
         computed = isinstance(defaults.get(name), str) and "{{" in defaults[name]
@@ -252,7 +253,7 @@ def test_a_vars_file_only_where_a_distribution_differs(role):
         assert yaml.safe_load(path.read_text()) != yaml.safe_load(default.read_text()), f"{path} equals default.yml"
 
 
-def test_readme_role_variables_are_generated_and_current():
+def test_the_role_variable_tables_are_generated_and_current():
     proc = subprocess.run(
         [sys.executable, str(REPO / "scripts" / "role_docs.py"), "--check"], capture_output=True, text=True
     )

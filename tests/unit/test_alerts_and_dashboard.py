@@ -1,8 +1,9 @@
 """The Prometheus alerting rules and the Grafana dashboard of monitoring/, held to what clustercheck writes: promtool
 checks the rules and runs their unit tests (monitoring/clustercheck-alerts.test.yml), the rules fire on the series
 the renderer writes for reports judged on records of real runs (tests/unit/records), every metric and label the
-rules, their tests and the dashboard read is one the renderer writes, and the dashboard's queries are the README's,
-valid PromQL that finds data in those series. promtool is Debian's `prometheus` package; without it these fail."""
+rules, their tests and the dashboard read is one the renderer writes, and the dashboard's queries are
+docs/monitoring.md's, valid PromQL that finds data in those series. promtool is Debian's `prometheus` package;
+without it these fail."""
 
 from __future__ import annotations
 
@@ -226,8 +227,8 @@ def test_the_rule_tests_series_are_shaped_as_the_renderer_writes_them():
 # ------------------------------------------------------------------------------------------- the dashboard
 
 
-def readme_queries() -> list[str]:
-    text = (REPO / "README.md").read_text()
+def documented_queries() -> list[str]:
+    text = (REPO / "docs" / "monitoring.md").read_text()
     block = text.split("Grafana-ready queries (PromQL):", 1)[1].split("```text\n", 1)[1].split("```", 1)[0]
     return [line for line in block.splitlines() if line and not line.startswith("#")]
 
@@ -247,9 +248,9 @@ def test_the_dashboard_is_provisionable_with_a_prometheus_datasource_variable():
         assert grid["x"] + grid["w"] <= 24, panel["title"]
 
 
-def test_the_dashboard_queries_are_the_readme_s_and_find_data_in_what_the_renderer_writes(tmp_path):
+def test_the_dashboard_queries_are_the_documented_ones_and_find_data_in_what_the_renderer_writes(tmp_path):
     exprs = [t["expr"] for t in dashboard_targets()]
-    assert set(exprs) <= set(readme_queries())  # each of which is valid PromQL (the test below)
+    assert set(exprs) <= set(documented_queries())  # each of which is valid PromQL (the test below)
     # each query returns data for one of the reports: `count(...) > bool 0` is 1 then, nothing otherwise
     series = {scenario: input_series(build(), 10) for scenario, build in SCENARIOS.items()}
     for expr in exprs:
@@ -258,8 +259,8 @@ def test_the_dashboard_queries_are_the_readme_s_and_find_data_in_what_the_render
         assert found, expr
 
 
-@pytest.mark.parametrize("query", readme_queries())
-def test_every_readme_query_is_valid_promql(query, tmp_path):
+@pytest.mark.parametrize("query", documented_queries())
+def test_every_documented_query_is_valid_promql(query, tmp_path):
     rules = {"groups": [{"name": "readme", "rules": [{"record": "readme:query", "expr": query}]}]}
     (tmp_path / "query.yml").write_text(yaml.safe_dump(rules))
     checked = promtool("check", "rules", "query.yml", cwd=tmp_path)

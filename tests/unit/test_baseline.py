@@ -222,8 +222,10 @@ def test_the_schema_knows_every_figure():
 
 
 def test_the_documented_defaults_are_the_tolerances():
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
-    row = next(line for line in readme.splitlines() if line.startswith("| `--baseline-tolerance FIGURE=WARN[:FAIL]` |"))
+    options = (Path(__file__).resolve().parents[2] / "docs" / "run.md").read_text()
+    row = next(
+        line for line in options.splitlines() if line.startswith("| `--baseline-tolerance FIGURE=WARN[:FAIL]` |")
+    )
     defaults = ", ".join(f"`{name}={bounds.text}`" for name, bounds in baseline.DEFAULT_TOLERANCES.items())
     assert f"| {defaults} |" in row
     help_text = " ".join(CliRunner().invoke(cli, ["run", "--help"], terminal_width=400).output.split())

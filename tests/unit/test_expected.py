@@ -188,10 +188,11 @@ def test_intra_node_busbw_threshold_from_the_model_unless_min_busbw_is_given():
     assert collectives.intra_node_thresholds(facts, given) is given
 
 
-def test_the_readme_names_every_shipped_file():
-    section = (Path(__file__).parents[2] / "README.md").read_text().split("### Expected values per GPU model")[1]
+def test_the_checks_doc_names_every_shipped_file():
+    text = (Path(__file__).parents[2] / "docs" / "checks.md").read_text()
+    section = text.split("\n## Expected values per GPU model\n")[1]
     for path in expected.shipped_files():
-        assert f"`{path.name}`" in section.split("\n### ")[0], path.name
+        assert f"`{path.name}`" in section.split("\n## ")[0], path.name
 
 
 def test_the_inventory_names_the_users_file(tmp_path):
@@ -249,7 +250,7 @@ def test_node_health_takes_the_users_file(tmp_path):
     assert proc.stderr == f"clustercheck: error: expected values: {bad}: models: {{}} is not of type 'array'\n"
 
 
-def test_the_readme_table_of_figures_is_the_schemas():
-    text = (Path(__file__).parents[2] / "README.md").read_text()
+def test_the_checks_doc_table_of_figures_is_the_schemas():
+    text = (Path(__file__).parents[2] / "docs" / "checks.md").read_text()
     listed = text.split("<!-- BEGIN figures", 1)[1].split("-->\n", 1)[1].split("<!-- END figures -->")[0]
     assert listed == expected.figure_table(), "regenerate: scripts/checks_docs.py"

@@ -41,10 +41,10 @@ def test_a_cross_node_finding_names_the_nodes_that_differ_and_a_host_list_gets_n
     assert setup_roles.with_fix_commands([result], None) == [result]  # --hosts node1,node2 or localhost
 
 
-def test_the_readme_lists_the_mapping():
+def test_the_run_doc_lists_the_mapping():
     from pathlib import Path
 
-    text = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    text = (Path(__file__).resolve().parents[2] / "docs" / "run.md").read_text()
     table = text.split("| role (tag) | checks |", 1)[1].split("\n\n", 1)[0]
     listed = {}
     for row in table.strip().splitlines()[1:]:

@@ -191,7 +191,7 @@ def test_markdown_s_next_step_comes_after_the_warnings_it_tells_to_read():
     )
 
 
-README = Path(__file__).resolve().parent.parent.parent / "README.md"
+MONITORING_DOC = Path(__file__).resolve().parent.parent.parent / "docs" / "monitoring.md"
 
 
 def test_every_pair_s_round_trip_and_throughput_are_metrics():
@@ -209,20 +209,20 @@ def test_every_pair_s_round_trip_and_throughput_are_metrics():
     assert slowest[0] == "node2"  # the node whose link was rate-limited sends slowest
 
 
-def test_the_readme_names_every_metric():
-    readme = README.read_text()
+def test_the_monitoring_doc_names_every_metric():
+    doc = MONITORING_DOC.read_text()
     names = {
         n for n, _, _ in samples(prometheus.render(Report(real_results(), ["node1", "node2", "node3"], "x", 1, 2)))
     }
     names |= {"clustercheck_clock_offset_seconds"}  # from a consistency.clock result, not in these records
     names |= {"clustercheck_network_rtt_seconds", "clustercheck_network_throughput_bytes_per_second"}
-    assert {n for n in names if f"`{n}`" not in readme} == set()
+    assert {n for n in names if f"`{n}`" not in doc} == set()
 
 
-def test_the_readme_query_for_failing_nodes_finds_them(tmp_path):
-    """The README's Grafana query, evaluated by Prometheus' own rule engine (promtool test rules) on the
+def test_the_documented_query_for_failing_nodes_finds_them(tmp_path):
+    """docs/monitoring.md's Grafana query, evaluated by Prometheus' own rule engine (promtool test rules) on the
     metrics of a run where node3's firewall drops the probes: node1 and node2 fail network.tcp towards it."""
-    lines = README.read_text().splitlines()
+    lines = MONITORING_DOC.read_text().splitlines()
     query = lines[
         lines.index(
             "# Nodes failing any check (a table panel: one row per node, the value is how many checks fail there)"
