@@ -118,12 +118,12 @@ def pytest_xdist_make_scheduler(config, log):
     return LaneScheduling(config, log)
 
 
-def _write_lane_groups(session) -> None:
+def _write_lane_groups(items, config) -> None:
     """(worker) Each collected test's group, for the controller's scheduler; written whole, then renamed."""
-    target = getattr(session.config, "workerinput", {}).get("lane_groups")
+    target = getattr(config, "workerinput", {}).get("lane_groups")
     if not target:
         return
-    groups = {item.nodeid: group for item in session.items if (group := lane_group(item))}
+    groups = {item.nodeid: group for item in items if (group := lane_group(item))}
     part = Path(f"{target}.{os.getpid()}")
     part.write_text(json.dumps(groups))
     part.replace(target)
@@ -229,13 +229,20 @@ def pure_wheelhouse(wheelhouse: Path) -> Path:
     return target
 
 
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(session, config, items):
+    """(worker) The groups are written before the collection is reported finished: xdist's worker tells the
+    controller from its own pytest_collection_finish, which can run before this conftest's, and the controller's
+    scheduler reads the file as soon as every worker has reported."""
+    _write_lane_groups(items, config)
+
+
 def pytest_collection_finish(session):
     """On a fresh machine the node images (debootstrap, network-bound) and the torch wheelhouse the collected
     cluster tests need are made from the session's start, side by side in the background, instead of each when a
     test's cluster first needs it: they build while the tests without Docker run (pyproject's testpaths take those
     first). The fixtures wait for them through the builders' own locks, and report a failure themselves (a failed
     download here only means they try again)."""
-    _write_lane_groups(session)
     cluster_items = [item for item in session.items if item.get_closest_marker("cluster")]
     if not cluster_items or session.config.option.collectonly:
         return
