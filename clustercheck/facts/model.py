@@ -254,6 +254,33 @@ class LaunchSetting:
     value: str
 
 
+VISIBILITY = ("CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES")
+ENV_ASSIGNMENT = re.compile(r"^\s*(?:export\s+)?(?P<name>[A-Za-z_][A-Za-z0-9_]*)=(?P<value>\S*)")
+
+
+@dataclass(frozen=True)
+class GpuVisibility:
+    """CUDA_VISIBLE_DEVICES and NVIDIA_VISIBLE_DEVICES on a node: their values where the collector and torch's import
+    ran, and where the node's environment files or the login user's startup files set them."""
+
+    environment: dict[str, str]
+    settings: list[LaunchSetting]  # each assignment of one of them: file, line, name, value
+
+    @classmethod
+    def from_probe(cls, value: dict[str, Any]) -> GpuVisibility:
+        settings = []
+        for path, lines in (value.get("files") or {}).items():
+            for number, line in lines:
+                match = ENV_ASSIGNMENT.match(line)
+                if match and match["name"] in VISIBILITY:
+                    settings.append(LaunchSetting(path, int(number), match["name"], match["value"].strip("'\";")))
+        return cls({str(k): str(v) for k, v in (value.get("environment") or {}).items()}, settings)
+
+    def set_in(self, name: str) -> list[str]:
+        """Where NAME is set on the node: 'FILE:LINE' each."""
+        return [f"{s.file}:{s.line}" for s in self.settings if s.name == name]
+
+
 @dataclass(frozen=True)
 class NetDev:
     name: str
@@ -421,6 +448,7 @@ class NodeFacts:
     hostname: Hostname | None = fact(node.hostname_facts, Hostname.from_probe)
     packages: Packages | None = fact(node.packages, Packages.from_probe)
     launch_env: list[LaunchSetting] | None = None
+    gpu_visibility: GpuVisibility | None = fact(node.gpu_visibility, GpuVisibility.from_probe)
     netdevs: dict[str, NetDev] | None = fact(node.netdevs, netdevs_by_name)
     rdma_ports: list[RdmaPort] | None = fact(node.infiniband, rdma_ports_of)  # [] where the node has no RDMA device
     modules: list[str] | None = fact(node.kernel_modules, strings)  # loaded kernel modules

@@ -244,6 +244,31 @@ def launch_files():
     return files
 
 
+VISIBILITY = ("CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES")
+STARTUP_FILES = (".profile", ".bash_profile", ".bash_login", ".bashrc", ".zshenv", ".zprofile", ".zshrc")
+
+
+@fact("gpu_visibility")
+def gpu_visibility():
+    """The variables that hide GPUs from CUDA (CUDA_VISIBLE_DEVICES) or from a container (NVIDIA_VISIBLE_DEVICES):
+    their values in the environment this collector and torch's import run in, and the lines that set them in the
+    node's environment files and the login user's shell startup files, {path: [[line number, line], ...]} (only
+    the lines that name them; the files read, not run)."""
+    paths = ["/etc/environment", "/etc/bash.bashrc", *sorted(glob.glob("/etc/profile.d/*.sh"))]
+    home = os.path.expanduser("~")
+    paths += [os.path.join(home, name) for name in STARTUP_FILES] if home != "~" else []
+    files = {}
+    for path in paths:
+        try:
+            text = read_text(path)
+        except OSError:
+            continue
+        lines = [[n, line] for n, line in enumerate(text.splitlines(), 1) if any(v in line for v in VISIBILITY)]
+        if lines:
+            files[path] = lines
+    return {"environment": {k: os.environ[k] for k in VISIBILITY if k in os.environ}, "files": files}
+
+
 @fact("netdevs")
 def netdevs():
     """Every network interface: its ARP type (772 loopback, 1 Ethernet, 32 InfiniBand), whether it is a bridge

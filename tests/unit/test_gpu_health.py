@@ -250,3 +250,52 @@ def slurm_recorded(name: str) -> str:
 def _no_scontrol_here(monkeypatch):
     """No test here runs Slurm's commands."""
     monkeypatch.setattr(health.update, "call", None)
+
+
+# GPUs hidden by the environment
+
+
+def hidden_h200(visibility: dict) -> dict:
+    """The real H200's record, its torch answer what CUDA answers when CUDA_VISIBLE_DEVICES names no GPU of the
+    node (cuda_available False, no device) and its gpu_visibility the one recorded with CUDA_VISIBLE_DEVICES=1 (set in
+    the environment and in the login user's ~/.bashrc, facts-cuda-visible-devices-localhost.json): two values of the
+    record changed, said here."""
+    raw = h200_raw()
+    raw["torch"] = {**raw["torch"], "cuda_available": False, "device_count": 0, "nccl": None, "cudnn": None}
+    raw["gpu_visibility"] = visibility
+    return {r.name: r for r in health.judge(Node(name="gpu1", address="localhost"), raw, python="p", source="s")}
+
+
+def recorded_visibility() -> dict:
+    return json.loads((RECORDS / "facts-cuda-visible-devices-localhost.json").read_text())["gpu_visibility"]
+
+
+def test_a_gpu_hidden_by_cuda_visible_devices_is_named_as_the_cause_not_the_torch_build():
+    """It was "torch.cuda.is_available() is False" with the fix "Install the CUDA build of torch"."""
+    result = hidden_h200(recorded_visibility())["torch.cuda"]
+    assert result.status is Status.FAIL
+    assert result.message == (
+        "gpu1: torch sees 0 of the 1 GPU(s) nvidia-smi shows: the environment hides them, CUDA_VISIBLE_DEVICES='1' "
+        "(set in /tmp/gpuwork/home/.bashrc:2), which names no GPU of this node (it has GPU 0)"
+    )
+    assert result.remediation.startswith("Unset CUDA_VISIBLE_DEVICES in /tmp/gpuwork/home/.bashrc")
+    assert "Install the CUDA build" not in result.remediation
+    assert result.data["set_in"] == {"CUDA_VISIBLE_DEVICES": ["/tmp/gpuwork/home/.bashrc:2"]}
+
+
+def test_a_variable_set_by_whatever_started_the_collector_is_named_as_such():
+    result = hidden_h200({"environment": {"CUDA_VISIBLE_DEVICES": "1"}, "files": {}})["torch.cuda"]
+    assert "CUDA_VISIBLE_DEVICES='1' (in the environment the collector ran in)" in result.message
+    assert "the shell, service or SSH session that starts the jobs" in result.remediation
+
+
+def test_without_the_variable_torch_not_seeing_the_gpu_keeps_its_own_cause():
+    result = hidden_h200({"environment": {}, "files": {}})["torch.cuda"]
+    assert result.status is Status.FAIL and result.message.startswith("gpu1: torch.cuda.is_available() is False")
+
+
+def test_the_recorded_h200_sees_its_gpu_whatever_its_startup_files_say():
+    raw = h200_raw()
+    raw["gpu_visibility"] = recorded_visibility()
+    results = {r.name: r for r in health.judge(Node(name="gpu1", address="localhost"), raw, python="p", source="s")}
+    assert results["torch.cuda"].status is Status.PASS
