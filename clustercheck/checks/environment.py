@@ -172,9 +172,60 @@ def cuda_support(build: str, driver: str | None, driver_cuda: str | None) -> Cud
     return CudaSupport(Status.FAIL, f"built for CUDA {build}, but {supports} and {need}")
 
 
+@dataclass(frozen=True)
+class Hidden:
+    """GPUs the environment hides from torch: what hides them and where it is set (hidden_gpus)."""
+
+    message: str
+    fix: str
+    variables: dict[str, str]  # name -> value, in the environment torch ran in
+    set_in: dict[str, list[str]]  # name -> the FILE:LINE that set it
+
+
+def hidden_gpus(facts: NodeFacts) -> Hidden | None:
+    """When torch sees fewer GPUs than nvidia-smi shows (or none) and the environment it ran in holds
+    CUDA_VISIBLE_DEVICES (with --container, also NVIDIA_VISIBLE_DEVICES): that variable, its value and where the
+    node sets it, as the cause. None when torch sees every GPU, or when nothing in the environment explains it."""
+    torch, shown, visibility = facts.torch, facts.gpus_present, facts.gpu_visibility
+    if torch is None or not shown or visibility is None or facts.gpus_for_torch >= shown:
+        return None
+    names = ("CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES") if facts.image is not None else ("CUDA_VISIBLE_DEVICES",)
+    variables = {name: visibility.environment[name] for name in names if name in visibility.environment}
+    if not variables:
+        return None
+    set_in = {name: visibility.set_in(name) for name in variables}
+    causes = []
+    for name, value in variables.items():
+        where = f"set in {', '.join(set_in[name])}" if set_in[name] else "in the environment the collector ran in"
+        causes.append(f"{name}={value!r} ({where}){_names_no_gpu(value, facts)}")
+    seen = facts.gpus_for_torch
+    message = f"torch sees {seen} of the {shown} GPU(s) nvidia-smi shows: the environment hides them, " + "; ".join(
+        causes
+    )
+    files = sorted({f.rsplit(":", 1)[0] for where in set_in.values() for f in where})
+    there = ", ".join(files) if files else "the shell, service or SSH session that starts the jobs"
+    fix = (
+        f"Unset {' and '.join(variables)} in {there} (or set it to the GPUs the jobs should use): it hides GPUs from "
+        "CUDA, so torch does not see them; torch's build is not the cause."
+    )
+    return Hidden(message, fix, variables, set_in)
+
+
+def _names_no_gpu(value: str, facts: NodeFacts) -> str:
+    """', which names no GPU of this node' when VALUE (a list of indices or UUIDs) names none that nvidia-smi shows."""
+    gpus = facts.smi.gpus if facts.smi else []
+    known = {str(i) for i in range(len(gpus))} | {g.uuid for g in gpus if g.uuid}
+    wanted = [v.strip() for v in value.split(",") if v.strip()]
+    if any(w in known or any(u.startswith(w) for u in known if u.startswith("GPU-")) for w in wanted):
+        return ""
+    return f", which names no GPU of this node (it has GPU {', '.join(str(i) for i in range(len(gpus)))})"
+
+
 @node_check(
     "torch.cuda",
-    proves="on a GPU node, torch sees the GPUs through CUDA and has NCCL",
+    proves="on a GPU node, torch sees the GPUs through CUDA and has NCCL; when it sees fewer than nvidia-smi shows, "
+    "or none, and CUDA_VISIBLE_DEVICES is set, that variable (its value and where the node sets it) is named as the "
+    "cause",
     fix="Install the CUDA build of torch that matches the driver (PyTorch's index for your CUDA version), "
     "and check nvidia-smi works.",
 )
@@ -191,6 +242,9 @@ def torch_cuda(facts: NodeFacts) -> Finding:
         "nccl": torch.nccl,
         "cudnn": torch.cudnn,
     }
+    hidden = hidden_gpus(facts)
+    if hidden is not None:
+        return fail(hidden.message, hidden.fix, **data, hidden_by=hidden.variables, set_in=hidden.set_in)
     if not torch.cuda_available:
         build = "a CPU-only build" if not torch.cuda else f"built for CUDA {torch.cuda}"
         smi = facts.smi

@@ -1,12 +1,13 @@
-"""The node's NVIDIA GPUs, from `nvidia-smi -q` and the kernel log. GPU checks SKIP on a node without a GPU
-unless the inventory says GPUs are expected there (gpus_per_node)."""
+"""The node's NVIDIA GPUs, from `nvidia-smi -q` and the kernel log (its Xid lines judged by xid_catalog.py). GPU
+checks SKIP on a node without a GPU unless the inventory says GPUs are expected there (gpus_per_node)."""
 
 from __future__ import annotations
 
 from clustercheck import expected as expected_values
+from clustercheck.checks import xid_catalog
 from clustercheck.checks.registry import Finding, fail, node_check, passed, skip, warn
 from clustercheck.facts import parse
-from clustercheck.facts.model import COULD_NOT_COLLECT, NodeFacts
+from clustercheck.facts.model import COULD_NOT_COLLECT, Gpu, GpuProcess, NodeFacts
 
 
 @node_check(
@@ -129,24 +130,55 @@ def gpu_ecc(facts: NodeFacts) -> Finding:
 
 @node_check(
     "gpu.xid",
-    proves="the kernel log of the last 24 hours has no NVIDIA Xid errors",
-    fix="Look the Xid codes up in NVIDIA's Xid catalog; 48/63/64/79/94/95 need a GPU reset or reboot.",
+    proves="no NVIDIA Xid error since boot calls for a GPU reset, a reboot or an inspection: each Xid of the kernel "
+    "log (journalctl -k -b, else dmesg) judged by NVIDIA's Xid catalog (its meaning, cause and action: FAIL for the "
+    "hardware's and the GPU firmware's, WARN for the application's and for a code the catalog does not list)",
+    fix="Do what the message says for each Xid (NVIDIA's Xid catalog: "
+    f"{xid_catalog.CATALOG_URL}); a GPU reset or a reboot needs the node drained first.",
     needs_gpu=True,
 )
 def gpu_xid(facts: NodeFacts) -> Finding:
-    if facts.kernel_log is None:
+    log = facts.xids
+    if log is None:
         return warn(
-            f"kernel log: {COULD_NOT_COLLECT} ({facts.why_missing('kernel_log')})",
+            f"Xid lines: {COULD_NOT_COLLECT} ({facts.why_missing('xids')})",
             "Run clustercheck as a user that can read the kernel log (root, or the adm/systemd-journal group).",
         )
-    xids = parse.parse_xids(facts.kernel_log)
-    if xids:
-        codes = sorted({x["xid"] for x in xids})
-        return warn(
-            f"{len(xids)} Xid error(s) in the kernel log (Xid {', '.join(map(str, codes))}); last: {xids[-1]['line']}",
-            xids=xids[-20:],
-        )
-    return passed("no Xid errors in the kernel log")
+    xids = parse.parse_xids("\n".join(log.lines))
+    if not xids:
+        return passed(f"no Xid since boot ({log.source}, {log.read} line(s) read)", source=log.source)
+    return judge_xids(xids, log.source)
+
+
+def judge_xids(xids: list[dict], source: str) -> Finding:
+    """Each Xid code of XIDS (parse.parse_xids) by the catalog: a FAIL naming the action when one calls for taking
+    the GPU or the node out of service, else a WARN."""
+    codes: dict[int, list[dict]] = {}
+    for xid in xids:
+        codes.setdefault(xid["xid"], []).append(xid)
+    parts, judged, serious = [], {}, []
+    for code, seen in sorted(codes.items()):
+        entry = xid_catalog.lookup(code)
+        gpus = ", ".join(sorted({x["pci"] for x in seen}))
+        times = f"{len(seen)} time(s) on {gpus}"
+        if entry is None:
+            parts.append(f"Xid {code} ({times}): not in clustercheck's copy of NVIDIA's Xid catalog, look it up there")
+            judged[code] = {"count": len(seen), "gpus": gpus, "known": False}
+            continue
+        what = f"Xid {code} ({entry.meaning}; cause: {entry.cause}) {times}"
+        parts.append(f"{what}: {xid_catalog.ACTION_WORDS[entry.action]}")
+        judged[code] = {"count": len(seen), "gpus": gpus, "cause": entry.cause, "action": entry.action}
+        if entry.takes_out:
+            serious.append(entry)
+    data = {"xids": judged, "source": source, "last": xids[-1]["line"], "catalog": xid_catalog.CATALOG_VERSION}
+    message = f"{len(xids)} Xid error(s) since boot ({source}): " + "; ".join(parts)
+    if serious:
+        action = xid_catalog.strongest([e.action for e in serious])
+        named = ", ".join(str(e.code) for e in serious if e.action == action)
+        fix = f"Xid {named}: {xid_catalog.ACTION_WORDS[action]} (NVIDIA's Xid catalog, {xid_catalog.CATALOG_URL})."
+        return fail(message, fix, **data)
+    fix = f"No Xid here calls for taking the GPU out; NVIDIA's Xid catalog: {xid_catalog.CATALOG_URL}."
+    return warn(message, fix, **data)
 
 
 @node_check(
@@ -188,17 +220,52 @@ def gpu_fabricmanager(facts: NodeFacts) -> Finding:
 
 @node_check(
     "gpu.processes",
-    proves="no other process uses the GPUs (it would skew numbers or run out of memory)",
-    fix="Stop them before training or benchmarking (nvidia-smi shows which), or expect lower numbers.",
+    proves="no other process uses the GPUs (it would skew numbers or run out of memory); each one is named with its "
+    "pid, name, user and the GPU memory it holds (and its share of the GPU's); in node-health --slurm, one on a node "
+    "where no Slurm job runs is a leftover (FAIL: the node is drained), while a job runs it is the job's",
+    fix="Stop them before training or benchmarking (kill PID, as their user or root), or expect lower numbers.",
     needs_gpu=True,
 )
 def gpu_processes(facts: NodeFacts) -> Finding:
     assert facts.smi is not None
-    busy = {g.bus_id: g.processes for g in facts.smi.gpus if g.processes}
-    if busy:
-        pids = sorted({p for procs in busy.values() for p in procs})
-        return warn(f"{len(pids)} process(es) already use the GPUs (pid {', '.join(pids)})", processes=busy)
-    return passed("no process on the GPUs")
+    busy = [(g, p) for g in facts.smi.gpus for p in g.processes]
+    if not busy:
+        return passed("no process on the GPUs")
+    data = {"processes": [_process_data(g, p) for g, p in busy], "slurm_job": facts.slurm_job}
+    shown = "; ".join(_held(g, p) for g, p in busy)
+    if facts.slurm_job:
+        return passed(f"{len(busy)} process(es) of the Slurm job running on this node: {shown}", **data)
+    if facts.slurm_job is False:
+        pids = " ".join(str(p.pid) for _, p in busy)
+        return fail(
+            f"leftover: no Slurm job runs on this node, yet {len(busy)} process(es) hold the GPUs: {shown}",
+            f"Stop them (kill {pids}, as their user or root) or find whose they are; node-health --slurm drains the "
+            "node with this reason and resumes it once a run finds the GPUs free.",
+            **data,
+        )
+    return warn(f"{len(busy)} process(es) already use the GPUs: {shown}", **data)
+
+
+def _held(gpu: Gpu, process: GpuProcess) -> str:
+    """'pid 917 python (user alice) holds 100.0 GiB of GPU 00000000:18:00.0 (70% of its memory)'."""
+    if process.used_mib is None:
+        return f"{process.described} on GPU {gpu.bus_id} (memory not reported)"
+    share = f" ({process.used_mib / gpu.memory_total_mib:.0%} of its memory)" if gpu.memory_total_mib else ""
+    return f"{process.described} holds {process.used_mib / 1024:.1f} GiB of GPU {gpu.bus_id}{share}"
+
+
+def _process_data(gpu: Gpu, process: GpuProcess) -> dict:
+    total = gpu.memory_total_mib
+    return {
+        "gpu": gpu.bus_id,
+        "pid": process.pid,
+        "name": process.name,
+        "user": process.user,
+        "type": process.type,
+        "used_mib": process.used_mib,
+        "share": round(process.used_mib / total, 4) if total and process.used_mib is not None else None,
+        "command": process.command,
+    }
 
 
 @node_check(

@@ -12,10 +12,12 @@ from clustercheck.facts.model import (
     Firewall,
     LaunchSetting,
     NodeFacts,
+    NvidiaSmi,
     Package,
     Space,
     TimeSync,
     Torch,
+    XidLog,
     declared,
 )
 from clustercheck.inventory import Node
@@ -70,6 +72,7 @@ def build(
     smi = command("nvidia_smi_q")
     if smi.get("rc") == 0 and smi.get("out"):
         facts.smi = parse.parse_nvidia_smi_q(smi["out"])
+        _owners(facts.smi, raw.get("gpu_processes"))
     else:
         facts.smi_error = smi.get("error") or _last_line(smi) or COULD_NOT_COLLECT
         missing["smi"] = facts.smi_error
@@ -82,6 +85,7 @@ def build(
     else:
         missing["kernel_log"] = log.get("error") or _last_line(log) or COULD_NOT_COLLECT
 
+    facts.xids = _xids(command("xids"), missing)
     facts.fabricmanager = command("fabricmanager").get("out", "").strip() or None
 
     facts.time = _time(command("timedatectl"), command("chronyc"))
@@ -147,6 +151,29 @@ def _hardware_and_environment(facts: NodeFacts) -> None:
         facts.missing["gpu_bridges"] = _why(bridges)
     virt = (raw.get("commands") or {}).get("virt") or {}
     facts.virt = (virt.get("out") or "").strip() or None
+
+
+def _xids(answer: dict[str, Any], missing: dict[str, str]) -> XidLog | None:
+    """The collector's Xid lines since boot (xid_lines on the node)."""
+    if isinstance(answer.get("lines"), list) and answer.get("source"):
+        return XidLog(str(answer["source"]), [str(line) for line in answer["lines"]], int(answer.get("read") or 0))
+    missing["xids"] = str(answer.get("error") or COULD_NOT_COLLECT)
+    return None
+
+
+def _owners(smi: NvidiaSmi, owners: Any) -> None:
+    """Who runs each GPU process, from the collector's reading of /proc/PID/status (gpu_process_owners)."""
+    for gpu in smi.gpus:
+        for process in gpu.processes:
+            owner = owners.get(str(process.pid)) if isinstance(owners, dict) and "error" not in owners else None
+            if not isinstance(owner, dict):
+                process.unseen = _why(owners) if isinstance(owners, dict) and "error" in owners else COULD_NOT_COLLECT
+            elif "error" in owner:
+                process.unseen = str(owner["error"])
+            else:
+                process.user = str(owner.get("user") or owner.get("uid"))
+                process.name = process.name or owner.get("name") or None
+                process.command = owner.get("command") or None
 
 
 def _why(value: Any) -> str:

@@ -48,6 +48,26 @@ def fact(probe: Callable[[], Any], parse: Callable[[Any], Any]) -> Any:
     return field(default=None, metadata={"fact": Fact(probe, parse)})
 
 
+@dataclass
+class GpuProcess:
+    """A process on a GPU: what nvidia-smi -q's Processes section says of it, and who runs it (the collector reads
+    /proc/PID/status on the node; None when it could not, with why in `unseen`)."""
+
+    pid: int
+    type: str | None = None  # C (compute), G (graphics), C+G
+    name: str | None = None  # nvidia-smi's, else /proc/PID/status's Name
+    used_mib: int | None = None  # "Used GPU Memory"
+    user: str | None = None
+    command: str | None = None
+    unseen: str | None = None  # why the owner is not known
+
+    @property
+    def described(self) -> str:
+        """'pid 917 python (user alice)', as the checks name a process."""
+        who = f"user {self.user}" if self.user else f"user unknown: {self.unseen or 'not read'}"
+        return f"pid {self.pid} {self.name or '(no name)'} ({who})"
+
+
 # nvidia-smi -q, parsed (parse.parse_nvidia_smi_q)
 @dataclass
 class Gpu:
@@ -58,7 +78,7 @@ class Gpu:
     throttle_active: list[str] = field(default_factory=list)  # hardware-protection reasons only
     fabric_state: str | None = None  # "Completed" on a healthy NVSwitch board
     fabric_status: str | None = None
-    processes: list[str] = field(default_factory=list)  # "pid name"
+    processes: list[GpuProcess] = field(default_factory=list)
     uuid: str | None = None
     serial: str | None = None
     vbios: str | None = None
@@ -81,6 +101,15 @@ class NvidiaSmi:
     driver: str | None = None
     cuda: str | None = None
     gpus: list[Gpu] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class XidLog:
+    """The NVIDIA driver's Xid lines since boot, as the collector found them on the node."""
+
+    source: str  # the program that answered: journalctl -k -b, or dmesg
+    lines: list[str]  # only the Xid lines (the first and last ones when there were very many)
+    read: int  # how many lines of the kernel log were read
 
 
 @dataclass(frozen=True)
@@ -223,6 +252,33 @@ class LaunchSetting:
     line: int
     name: str
     value: str
+
+
+VISIBILITY = ("CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES")
+ENV_ASSIGNMENT = re.compile(r"^\s*(?:export\s+)?(?P<name>[A-Za-z_][A-Za-z0-9_]*)=(?P<value>\S*)")
+
+
+@dataclass(frozen=True)
+class GpuVisibility:
+    """CUDA_VISIBLE_DEVICES and NVIDIA_VISIBLE_DEVICES on a node: their values where the collector and torch's import
+    ran, and where the node's environment files or the login user's startup files set them."""
+
+    environment: dict[str, str]
+    settings: list[LaunchSetting]  # each assignment of one of them: file, line, name, value
+
+    @classmethod
+    def from_probe(cls, value: dict[str, Any]) -> GpuVisibility:
+        settings = []
+        for path, lines in (value.get("files") or {}).items():
+            for number, line in lines:
+                match = ENV_ASSIGNMENT.match(line)
+                if match and match["name"] in VISIBILITY:
+                    settings.append(LaunchSetting(path, int(number), match["name"], match["value"].strip("'\";")))
+        return cls({str(k): str(v) for k, v in (value.get("environment") or {}).items()}, settings)
+
+    def set_in(self, name: str) -> list[str]:
+        """Where NAME is set on the node: 'FILE:LINE' each."""
+        return [f"{s.file}:{s.line}" for s in self.settings if s.name == name]
 
 
 @dataclass(frozen=True)
@@ -376,7 +432,8 @@ class NodeFacts:
     imports: list[Package] = field(default_factory=list)  # torchvision, python_env_packages: the torch probe
     smi: NvidiaSmi | None = None  # nvidia-smi -q; None when nvidia-smi is not there or failed
     smi_error: str | None = None  # why nvidia-smi gave nothing (not found, or its last line)
-    kernel_log: str | None = None
+    kernel_log: str | None = None  # the last 24 hours (journalctl -k), else dmesg
+    xids: XidLog | None = None  # the driver's Xid lines since boot
     fabricmanager: str | None = None  # `systemctl is-active nvidia-fabricmanager`
     nvswitches: int | None = fact(node.nvswitches, count)
     time: TimeSync | None = None
@@ -391,6 +448,7 @@ class NodeFacts:
     hostname: Hostname | None = fact(node.hostname_facts, Hostname.from_probe)
     packages: Packages | None = fact(node.packages, Packages.from_probe)
     launch_env: list[LaunchSetting] | None = None
+    gpu_visibility: GpuVisibility | None = fact(node.gpu_visibility, GpuVisibility.from_probe)
     netdevs: dict[str, NetDev] | None = fact(node.netdevs, netdevs_by_name)
     rdma_ports: list[RdmaPort] | None = fact(node.infiniband, rdma_ports_of)  # [] where the node has no RDMA device
     modules: list[str] | None = fact(node.kernel_modules, strings)  # loaded kernel modules
@@ -403,6 +461,7 @@ class NodeFacts:
     virt: str | None = None  # systemd-detect-virt --vm: none, kvm, microsoft, ...
     dcgmi: str | None = fact(node.dcgmi, path)  # where dcgmi is installed
     dcgm: DcgmDiag | None = None  # set by the core stage when --dcgm-level asks for it
+    slurm_job: bool | None = None  # node-health --slurm: whether a Slurm job runs on this node (None: not asked)
     image: Image | None = None  # with --container: the image on this node; python and torch are then the image's
     interface: str | None = None  # the cluster interface, chosen once (see collect.cluster_interface)
     interface_how: str = "not found"

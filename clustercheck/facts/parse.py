@@ -13,7 +13,7 @@ import shlex
 from dataclasses import dataclass
 from typing import Any
 
-from clustercheck.facts.model import Gpu, NvidiaSmi
+from clustercheck.facts.model import Gpu, GpuProcess, NvidiaSmi
 
 # Throttle reasons that say the hardware protects itself; the others (Idle, application clocks,
 # power cap under load, sync boost) are normal operation.
@@ -26,7 +26,7 @@ def parse_nvidia_smi_q(text: str) -> NvidiaSmi:
     """`nvidia-smi -q` -> driver, CUDA version and per-GPU fields (by indentation, as the tool prints them)."""
     result = NvidiaSmi()
     gpu: dict[str, str] | None = None
-    gpus: list[tuple[str, dict[str, str]]] = []
+    gpus: list[tuple[str, dict[str, str], list[dict[str, str]]]] = []
     stack: list[tuple[int, str]] = []
     for raw in text.splitlines():
         if not raw.strip() or raw.startswith("="):
@@ -36,7 +36,7 @@ def parse_nvidia_smi_q(text: str) -> NvidiaSmi:
         key, sep, value = (part.strip() for part in line.partition(":"))
         if indent == 0 and GPU_HEADER.match(line):
             gpu = {}
-            gpus.append((line[4:].strip(), gpu))
+            gpus.append((line[4:].strip(), gpu, []))
             stack = []
             continue
         if indent == 0 and sep:
@@ -52,20 +52,37 @@ def parse_nvidia_smi_q(text: str) -> NvidiaSmi:
         if not sep:
             stack.append((indent, line))
             continue
+        if [name for _, name in stack] == ["Processes"] and key in PROCESS_FIELDS:
+            processes = gpus[-1][2]
+            if key == "Process ID":
+                processes.append({})
+            if processes:
+                processes[-1][key] = value  # one process's lines follow its Process ID (Name may be empty)
+            continue
         if not value:  # "Key :" then a section
             stack.append((indent, key))
             continue
         path = "/".join([name for _, name in stack] + [key])
-        if path == "Processes/Process ID" or path.endswith("Processes/Process ID"):
-            gpu.setdefault("_pids", "")
-            gpu["_pids"] += value + " "
         gpu.setdefault(path, value)
-    for bus_id, fields in gpus:
-        result.gpus.append(_gpu_from_fields(bus_id, fields))
+    for bus_id, fields, processes in gpus:
+        result.gpus.append(_gpu_from_fields(bus_id, fields, [_process(p) for p in processes if _int(p["Process ID"])]))
     return result
 
 
-def _gpu_from_fields(bus_id: str, fields: dict[str, str]) -> Gpu:
+PROCESS_FIELDS = ("Process ID", "Type", "Name", "Used GPU Memory")
+
+
+def _process(fields: dict[str, str]) -> GpuProcess:
+    """One process of a GPU's Processes section (its pid is a number)."""
+    return GpuProcess(
+        pid=int(fields["Process ID"]),
+        type=fields.get("Type") or None,
+        name=fields.get("Name") or None,
+        used_mib=_mib(fields.get("Used GPU Memory")),
+    )
+
+
+def _gpu_from_fields(bus_id: str, fields: dict[str, str], processes: list[GpuProcess]) -> Gpu:
     throttle = []
     for path, value in fields.items():
         section, _, _leaf = path.partition("/")
@@ -92,7 +109,7 @@ def _gpu_from_fields(bus_id: str, fields: dict[str, str]) -> Gpu:
         throttle_active=sorted(set(throttle)),
         fabric_state=fields.get("Fabric/State"),
         fabric_status=fields.get("Fabric/Status"),
-        processes=fields.get("_pids", "").split(),
+        processes=processes,
         uuid=_known(fields.get("GPU UUID")),
         serial=_known(fields.get("Serial Number")),
         vbios=_known(fields.get("VBIOS Version")),

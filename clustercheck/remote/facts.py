@@ -12,6 +12,7 @@ import glob
 import json
 import os
 import platform
+import pwd
 import re
 import resource
 import shutil
@@ -19,7 +20,7 @@ import socket
 import sys
 import tempfile
 
-from .probing import PROBE_TIMEOUT, probe, read_text, run, run_all
+from .probing import PROBE_TIMEOUT, matching_lines, probe, read_text, run, run_all
 from .torchprobe import TorchProbe
 
 COMMANDS = {
@@ -38,6 +39,57 @@ COMMANDS = {
     "nvlink_errors": ["nvidia-smi", "nvlink", "-e"],
     "virt": ["systemd-detect-virt", "--vm"],  # "none" on bare metal and in containers
 }
+
+XID_MARK = "NVRM: Xid"
+KERNEL_LOGS = (["journalctl", "-k", "-b", "--no-pager", "-q", "-o", "short-iso"], ["dmesg"])
+
+
+def xid_lines(timeout):
+    """The NVIDIA driver's Xid lines since this boot: journalctl -k -b read whole on the node (a long-running node's
+    log is larger than what a probe sends back), else dmesg (the kernel's ring buffer); the program that answered
+    is named. {"error": ...} when neither could be read."""
+    errors = []
+    for command in KERNEL_LOGS:
+        answer = matching_lines(command, XID_MARK, timeout)
+        if answer.get("rc") == 0 and answer.get("read"):
+            answer["source"] = " ".join(command[:3] if command[0] == "journalctl" else command)
+            return answer
+        errors.append(answer.get("error") or (answer.get("err") or "").strip() or f"{command[0]}: nothing read")
+    return {"error": "; ".join(errors)}
+
+
+COMMANDS["xids"] = xid_lines
+PROCESS_ID = re.compile(r"^\s*Process ID\s*:\s*(\d+)\s*$", re.M)  # nvidia-smi -q, section Processes
+PROCESSES_KEPT = 64
+
+
+def gpu_process_owners(smi):
+    """Who runs each process nvidia-smi -q lists (SMI: its answer): the real user of /proc/PID/status's Uid, its
+    name there and its command line; a process this collector cannot see (another PID namespace, gone since) says
+    why. {pid: {...}}."""
+    owners = {}
+    pids = PROCESS_ID.findall((smi or {}).get("out") or "")
+    for pid in list(dict.fromkeys(pids))[:PROCESSES_KEPT]:
+        try:
+            status = read_text(f"/proc/{pid}/status")
+        except FileNotFoundError:
+            owners[pid] = {"error": "no such process here (it ended, or runs in another PID namespace)"}
+            continue
+        except OSError as exc:
+            owners[pid] = {"error": str(exc)}
+            continue
+        fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
+        uid = int(fields["Uid"].split()[0])
+        try:
+            user = pwd.getpwuid(uid).pw_name
+        except KeyError:
+            user = str(uid)
+        entry = {"uid": uid, "user": user, "name": fields.get("Name", "").strip()}
+        with contextlib.suppress(OSError):
+            entry["command"] = read_text(f"/proc/{pid}/cmdline", 400).replace("\0", " ").strip()
+        owners[pid] = entry
+    return owners
+
 
 # Every per-node fact the collector reports under a key of its own, declared once with @fact: its key and the
 # function that gathers it. The controller's NodeFacts names each of these functions in the field it fills
@@ -192,6 +244,31 @@ def launch_files():
     return files
 
 
+VISIBILITY = ("CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES")
+STARTUP_FILES = (".profile", ".bash_profile", ".bash_login", ".bashrc", ".zshenv", ".zprofile", ".zshrc")
+
+
+@fact("gpu_visibility")
+def gpu_visibility():
+    """The variables that hide GPUs from CUDA (CUDA_VISIBLE_DEVICES) or from a container (NVIDIA_VISIBLE_DEVICES):
+    their values in the environment this collector and torch's import run in, and the lines that set them in the
+    node's environment files and the login user's shell startup files, {path: [[line number, line], ...]} (only
+    the lines that name them; the files read, not run)."""
+    paths = ["/etc/environment", "/etc/bash.bashrc", *sorted(glob.glob("/etc/profile.d/*.sh"))]
+    home = os.path.expanduser("~")
+    paths += [os.path.join(home, name) for name in STARTUP_FILES] if home != "~" else []
+    files = {}
+    for path in paths:
+        try:
+            text = read_text(path)
+        except OSError:
+            continue
+        lines = [[n, line] for n, line in enumerate(text.splitlines(), 1) if any(v in line for v in VISIBILITY)]
+        if lines:
+            files[path] = lines
+    return {"environment": {k: os.environ[k] for k in VISIBILITY if k in os.environ}, "files": files}
+
+
 @fact("netdevs")
 def netdevs():
     """Every network interface: its ARP type (772 loopback, 1 Ethernet, 32 InfiniBand), whether it is a bridge
@@ -309,6 +386,7 @@ def main():
     }
     facts.update((key, probe(function)) for key, function in PROBES.items())
     facts["commands"] = commands()
+    facts["gpu_processes"] = probe(lambda: gpu_process_owners(facts["commands"].get("nvidia_smi_q")))
     facts["torch"] = {"error": "the environment's python does not exist"} if torch is None else probe(torch.result)
     json.dump(facts, sys.stdout)
     sys.stdout.write("\n")

@@ -24,6 +24,25 @@ def run(command, timeout=PROBE_TIMEOUT):
     return {"rc": proc.returncode, "out": proc.stdout[-OUTPUT_LIMIT:], "err": proc.stderr[-2000:]}
 
 
+def matching_lines(command, needle, timeout=PROBE_TIMEOUT, keep=400):
+    """The lines of COMMAND's output that hold NEEDLE (the first and the last KEEP/2 of them when there are more),
+    with how many lines it printed in all: a whole log searched on the node, however long, and only what matters
+    sent back. Never raises."""
+    if not shutil.which(command[0]):
+        return {"error": f"{command[0]} not found"}
+    try:
+        proc = subprocess.run(command, capture_output=True, text=True, errors="replace", timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return {"error": f"{command[0]} timed out after {timeout:g} s"}
+    except OSError as exc:
+        return {"error": f"{command[0]}: {exc}"}
+    lines = proc.stdout.splitlines()
+    found = [line for line in lines if needle in line]
+    if len(found) > keep:
+        found = found[: keep // 2] + found[-(keep - keep // 2) :]
+    return {"rc": proc.returncode, "lines": found, "read": len(lines), "err": proc.stderr[-2000:]}
+
+
 def probe(function):
     try:
         return function()
@@ -37,12 +56,13 @@ def read_text(path, limit=FILE_LIMIT):
 
 
 def run_all(commands, timeout=PROBE_TIMEOUT):
-    """Every probe command at once, each in a thread of its own (they wait on their programs, not on a CPU), each
-    stopped at TIMEOUT seconds (a hung nvidia-smi is reported as such, the others still answer)."""
+    """Every probe command at once (an argv, or a function of the timeout that runs its own), each in a thread of its
+    own (they wait on their programs, not on a CPU), each stopped at TIMEOUT seconds (a hung nvidia-smi is reported
+    as such, the others still answer)."""
     results = {}
 
     def one(name, command):
-        results[name] = run(command, timeout)
+        results[name] = command(timeout) if callable(command) else run(command, timeout)
 
     threads = [threading.Thread(target=one, args=item, daemon=True) for item in commands.items()]
     for thread in threads:

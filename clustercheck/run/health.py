@@ -5,7 +5,9 @@ The facts come from the same collector the run uploads to every node (stages/cor
 transport with the environment's python found the same way; the checks are the registry's per-node checks. Every
 probe has its own deadline and the collector one over all of them, so a hung nvidia-smi costs PROBE_DEADLINE; no
 step gets more than what is left of BUDGET, so the whole program, scontrol included, ends before Slurm's 60 s.
-Nothing runs across nodes, no torch job. With --slurm, the node is drained or resumed through slurm/update.py.
+Nothing runs across nodes, no torch job. With --slurm, the node's state is read from Slurm once the facts are in
+(whether a job runs there decides whose a process on the GPUs is: the job's, or a leftover), and the node is drained
+or resumed through slurm/update.py.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from clustercheck.inventory import Node
 from clustercheck.model import CheckResult, Status
 from clustercheck.report import Report, delivery, prometheus, text
 from clustercheck.slurm import update
+from clustercheck.slurm.parse import SlurmNode
 from clustercheck.stages import core
 from clustercheck.transport.local import LocalTransport
 
@@ -64,7 +67,12 @@ def node_health(request: HealthRequest, echo: Callable[[str], None], say: Callab
     os.environ["PATH"] = system_path(os.environ.get("PATH"))
     name = node_name(os.environ)
     kept = writable_directory("--cache-dir", request.cache_dir, create=True) if request.cache_dir is not None else None
-    found = check(name, budget, models, torch_max_age=request.torch_max_age, kept=kept)
+
+    def scontrol_timeout() -> float:
+        return budget.give(SCONTROL_DEADLINE)
+
+    slurm = SlurmState(name, say, scontrol_timeout) if request.slurm else None
+    found = check(name, budget, models, torch_max_age=request.torch_max_age, kept=kept, slurm=slurm)
     document = found.report
     if request.fmt == "json":
         echo(report.render(document, "json"))
@@ -81,9 +89,32 @@ def node_health(request: HealthRequest, echo: Callable[[str], None], say: Callab
             report.write_atomic(target, prometheus.render(document, source="node-health") + "\n")
         except OSError as exc:
             say(f"could not write {target}: {exc.strerror or exc}")
-    if request.slurm:
-        update.update(document.results, name, say, lambda: budget.give(SCONTROL_DEADLINE))
+    state = slurm.read() if slurm is not None else None
+    if state is not None:
+        update.update(document.results, state, say, scontrol_timeout)
     return ExitCode.CHECK_FAILED if found.failed else ExitCode.OK
+
+
+class SlurmState:
+    """This node in Slurm, read once when asked (scontrol show node): whether a job runs on it, for the checks, and
+    its state, for the drain or resume after them."""
+
+    def __init__(self, name: str, say: Callable[[str], None], timeout: Callable[[], float]) -> None:
+        self.name, self.say, self.timeout = name, say, timeout
+        self.asked = False
+        self.node: SlurmNode | None = None
+
+    def read(self) -> SlurmNode | None:
+        """The node's state, asked of Slurm the first time only; None when it could not be read (said why)."""
+        if not self.asked:
+            self.asked = True
+            self.node = update.node_state(self.name, self.say, self.timeout)
+        return self.node
+
+    def job_runs(self) -> bool | None:
+        """Whether a Slurm job runs on this node; None when Slurm could not be asked."""
+        node = self.read()
+        return None if node is None else node.runs_job
 
 
 def writable_directory(option: str, value: str, *, create: bool = False) -> Path:
@@ -151,11 +182,13 @@ def check(
     *,
     torch_max_age: float = TORCH_MAX_AGE,
     kept: Path | None = None,
+    slurm: SlurmState | None = None,
 ) -> Health:
     """Collect this machine's facts and run every per-node check on them, as node NAME, against the expected
     values MODELS (default: the shipped ones). torch's last successful import, kept in the directory KEPT
     (default: kept_import_dir()), is reused while younger than TORCH_MAX_AGE seconds and while nothing it depends
-    on changed (the collector's import_fingerprint); 0 imports torch every run."""
+    on changed (the collector's import_fingerprint); 0 imports torch every run. With SLURM, Slurm is asked once the
+    facts are in whether a job runs on this node."""
     started_at = time.time()
     node = Node(name=name, address="localhost", connection="local")
     transport = LocalTransport(host=name)
@@ -168,14 +201,19 @@ def check(
         except OSError:
             pass  # nowhere to keep it: torch is imported every run
     try:
-        results = _check(node, transport, budget, models, reuse)
+        results = _check(node, transport, budget, models, reuse, slurm)
     finally:
         transport.cleanup()  # whatever a probe left past its deadline (a hung nvidia-smi's children) is killed
     return Health(delivery.build(results, [name], transport.run_id, started_at))
 
 
 def _check(
-    node: Node, transport: LocalTransport, budget: Budget, models: expected.Catalog | None, reuse: list[str]
+    node: Node,
+    transport: LocalTransport,
+    budget: Budget,
+    models: expected.Catalog | None,
+    reuse: list[str],
+    slurm: SlurmState | None,
 ) -> list[CheckResult]:
     # The collector imports torch with the environment's python; when that does not start, python3 collects
     # without torch (core.start), and the reused import does not apply.
@@ -191,7 +229,8 @@ def _check(
         return [facts_check.result(node.name, finding)]
     raw, took = collected.raw, collected.seconds
     results = [facts_check.result(node.name, registry.passed(f"facts collected with {python} in {took:.1f} s"))]
-    return results + judge(node, raw, python=python, source=source, missing=missing, models=models)
+    job = slurm.job_runs() if slurm is not None else None
+    return results + judge(node, raw, python=python, source=source, missing=missing, models=models, slurm_job=job)
 
 
 def judge(
@@ -202,9 +241,11 @@ def judge(
     source: str,
     missing: str | None = None,
     models: expected.Catalog | None = None,
+    slurm_job: bool | None = None,
 ) -> list[CheckResult]:
     """Every per-node check on the collector's output RAW, as node-health judges its node (pure), against the
-    expected values MODELS (default: the shipped ones)."""
+    expected values MODELS (default: the shipped ones); SLURM_JOB: whether a Slurm job runs on it (None: not
+    asked)."""
     # No inventory says how many GPUs to expect here: the NVIDIA GPUs on the PCI bus do, so a GPU node whose
     # nvidia-smi hangs or fails is a FAIL (gpu.count), not a node without GPUs.
     on_bus = len(((raw.get("gpu_bridges") or {}).get("gpus")) or {})
@@ -216,4 +257,5 @@ def judge(
     )
     if models is not None:
         facts.models = models
+    facts.slurm_job = slurm_job
     return registry.run_node_checks(facts)

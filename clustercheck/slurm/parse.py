@@ -38,6 +38,11 @@ class SlurmNode:
         return any(flag.startswith("DRAIN") for flag in self.state)
 
     @property
+    def runs_job(self) -> bool:
+        """A job runs on the node, or is ending there: the state ALLOCATED or MIXED, or the COMPLETING flag."""
+        return any(flag in ("ALLOCATED", "MIXED", "COMPLETING") for flag in self.state)
+
+    @property
     def ours(self) -> bool:
         """Drained by clustercheck: the reason is one node-health set."""
         return self.reason is not None and self.reason.startswith(REASON_PREFIX)

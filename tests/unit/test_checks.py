@@ -64,11 +64,12 @@ def test_persistence_off_ecc_errors_and_xids():
         "Persistence Mode                      : Enabled", "Persistence Mode                      : Disabled"
     )
     smi = smi.replace("DRAM Uncorrectable            : N/A", "DRAM Uncorrectable            : 3", 1)
-    log = {"rc": 0, "out": "kernel: NVRM: Xid (PCI:0000:18:00): 79, pid=1, GPU has fallen off the bus.\n"}
-    results = by_name(node_facts(smi=smi, commands={"kernel_log": log}))
+    line = (Path(__file__).parent / "data" / "xid" / "xid79-open-gpu-kernel-modules-1151.log").read_text()
+    xids = {"rc": 0, "lines": [x for x in line.splitlines() if "NVRM: Xid" in x], "read": 3, "source": "dmesg"}
+    results = by_name(node_facts(smi=smi, commands={"xids": xids}))
     assert results["gpu.persistence"].status is Status.WARN
     assert results["gpu.ecc"].status is Status.FAIL and "00000000:18:00.0: 3" in results["gpu.ecc"].message
-    assert results["gpu.xid"].status is Status.WARN and "Xid 79" in results["gpu.xid"].message
+    assert results["gpu.xid"].status is Status.FAIL and "Xid 79" in results["gpu.xid"].message  # NVIDIA: reboot
 
 
 def test_fabric_manager_is_checked_on_nvswitch_boards_only():

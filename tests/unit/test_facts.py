@@ -58,7 +58,7 @@ def test_hardware_slowdown_ecc_and_processes_are_seen():
     gpu = facts.parse_nvidia_smi_q(text).gpus[0]
     assert gpu.throttle_active == ["HW Thermal Slowdown"]
     assert gpu.ecc_uncorrected == 2
-    assert gpu.processes == ["4242"]
+    assert [(p.pid, p.type, p.name, p.used_mib) for p in gpu.processes] == [(4242, "C", "python", None)]
 
 
 def test_two_gpus_are_two_entries():
