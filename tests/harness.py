@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import re
 import shlex
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -18,6 +20,7 @@ import threading
 import time
 from pathlib import Path
 
+import pytest
 from torchenv import PYTHON, VENV, ssh_client, ssh_run
 
 from clustercheck.checks import collectives, ddp, network
@@ -27,6 +30,7 @@ from clustercheck.remote import netprobe
 __all__ = ["PYTHON", "VENV", "ssh_client", "ssh_run"]
 
 CLUSTERCHECK = str(Path(sys.executable).parent / "clustercheck")
+IN_CI = os.environ.get("CI", "").lower() == "true"
 
 # What any process clustercheck started would show: its marker in the environment, or its work directory.
 LEFTOVERS = (
@@ -118,6 +122,18 @@ def freeze_after_go(
         subprocess.run(["docker", "unpause", container], check=True, capture_output=True)
     else:
         subprocess.run(["docker", "exec", container, "pkill", "-CONT", "-f", "--", probe], capture_output=True)
+
+
+def promtool_path() -> str:
+    """The path of Prometheus' promtool (Debian's `prometheus` package). Where it is not installed, the test that needs
+    it is skipped, saying so; in CI (CI=true, where .ci/run installs it) it fails: CI must run those checks."""
+    tool = shutil.which("promtool")
+    if not tool:
+        missing = "promtool is not installed (apt-get install prometheus; .ci/run installs it)"
+        if IN_CI:
+            pytest.fail(f"{missing}, and CI must run this check")
+        pytest.skip(missing)
+    return tool
 
 
 def run_cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
