@@ -3,9 +3,11 @@ the node: never through clustercheck's own code), `clustercheck run` run as a us
 asserted: the exit code, a FAIL or ERROR naming the node or pair and the cause, its fix, the other nodes' results
 kept, the verdict within the row's deadline, and nothing of clustercheck's left on any node.
 
-The rows run one after the other on the session cluster after the setup playbook (as users run clustercheck: after
-site.yml), with torch in every node's environment; each restores its node before the next. What each row saw is
-recorded in tests/faults/last-run.json, from which scripts/faults_docs.py renders docs/faults.md.
+The rows run one after the other on the converged cluster (as users run clustercheck: after site.yml, with torch in
+every node's environment); each restores its node before the next, and after every row the nodes are compared with
+how they were before the first (`put_back`): a row that left one changed fails, and spoils the cluster for every later
+test, instead of changing what they run on. What each row saw is recorded in tests/faults/last-run.json, from which
+scripts/faults_docs.py renders docs/faults.md.
 """
 
 from __future__ import annotations
@@ -18,16 +20,19 @@ import signal
 import subprocess
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from conftest import spoil
 from fault_rows import ROWS, Fault
 from harness import (
     DDP_RANKS,
     LEFTOVERS,
     PYTHON,
     SWEEP,
+    VENV,
     clustercheck,
     clustercheck_command,
     leftovers,
@@ -60,9 +65,11 @@ class Verdict:
 
 
 @pytest.fixture(scope="module")
-def fault_cluster(converged_cluster, torch_cluster):
-    """The session cluster as users check it: after site.yml (chrony, /etc/hosts, ufw, SSH trust), torch installed."""
-    return torch_cluster
+def fault_cluster(converged_cluster):
+    """The cluster as users check it: after site.yml (chrony, /etc/hosts, ufw, SSH trust, torch in its environment),
+    with what a row may change on its nodes recorded for `put_back`."""
+    converged_cluster.before_the_rows = node_states(converged_cluster)
+    return converged_cluster
 
 
 INJECT: dict[str, Callable] = {}
@@ -78,7 +85,10 @@ def injects(row_id: str):
 
 @pytest.mark.parametrize("row", ROWS, ids=[r.id for r in ROWS])
 def test_fault(row: Fault, fault_cluster, tmp_path):
-    verdict = INJECT[row.id](fault_cluster, tmp_path, row)
+    try:
+        verdict = INJECT[row.id](fault_cluster, tmp_path, row)
+    finally:
+        put_back(fault_cluster, row)
     said = _assert_contract(row, verdict, fault_cluster)
     assert leftovers(fault_cluster) == {}, "clustercheck left processes or work directories on a node"
     _record(row, verdict, said)
@@ -86,6 +96,70 @@ def test_fault(row: Fault, fault_cluster, tmp_path):
 
 def test_every_row_has_an_injection():
     assert sorted(INJECT) == sorted(r.id for r in ROWS)
+
+
+# ------------------------------------------------------------------------------------------- the nodes put back
+
+SITE_PACKAGES = f"{VENV}/lib/python3.11/site-packages"
+# What a node keeps running of clustercheck's (LEFTOVERS without the work directory, which only a later run or the
+# operator removes from a node that could not be reached).
+PROCESSES = LEFTOVERS.replace("ls -d /tmp/clustercheck-* 2>/dev/null; ", "")
+# What the rows change on a node and put back (files, services, firewall rules, the link's queueing, mounts, the
+# torch environment), and what a row that went wrong leaves running.
+NODE_STATE = "; ".join(
+    [
+        "cat /etc/hosts",
+        "md5sum /root/.ssh/authorized_keys /root/.bashrc /etc/ssh/ssh_host_*_key.pub 2>&1",
+        "ls /etc/ssh/sshd_config.d",
+        "systemctl is-active ssh chrony slurmd",
+        "iptables -S",
+        "tc qdisc show dev eth0",
+        "df -k --output=target,size /dev/shm /tmp",
+        f"md5sum {SITE_PACKAGES}/torch/version.py {SITE_PACKAGES}/mpmath-*.dist-info/METADATA 2>&1",
+        f"ls {SITE_PACKAGES} | grep clustercheck_test_fault",
+        PROCESSES,
+    ]
+)
+SETTLE = 60  # seconds a node restarted by a row (node-down) may take to have its services back
+
+
+def node_states(cluster) -> dict[str, str]:
+    """Node -> its container's state, whether SSH lets the suite in with the cluster's key and known_hosts, and what
+    NODE_STATE shows there; and the control machine's known_hosts."""
+
+    def state(node) -> str:
+        container = docker("inspect", "--format", "running={{.State.Running}} paused={{.State.Paused}}", node.container)
+        try:
+            with ssh_client(cluster, node) as client:
+                ssh = ssh_run(client, "hostname", timeout=30)[1].strip()
+        except Exception as exc:
+            ssh = f"refused: {type(exc).__name__}"
+        shown = on_node(node, NODE_STATE, check=False) if "paused=false" in container else ""
+        return f"{container.strip()}\nssh: {ssh}\n{shown}"
+
+    with ThreadPoolExecutor(len(cluster.nodes)) as pool:
+        states = dict(zip([n.name for n in cluster.nodes], pool.map(state, cluster.nodes), strict=True))
+    states["known_hosts"] = Path(cluster.known_hosts).read_text()
+    return states
+
+
+def put_back(cluster, row: Fault) -> None:
+    """After ROW: every node as it was before the first row. One that is not (within SETTLE seconds) fails the row
+    and spoils the cluster, naming the row and what it left."""
+    deadline = time.monotonic() + SETTLE
+    while (now := node_states(cluster)) != cluster.before_the_rows and time.monotonic() < deadline:
+        time.sleep(2)
+    if now == cluster.before_the_rows:
+        return
+    left = []
+    for name, before in cluster.before_the_rows.items():
+        if now[name] != before:
+            gone = [f"-{line}" for line in before.splitlines() if line not in now[name].splitlines()]
+            came = [f"+{line}" for line in now[name].splitlines() if line not in before.splitlines()]
+            left.append(f"{name}: {' '.join([*gone, *came][:8])}")
+    why = f"the fault row {row.id} did not put the cluster back: {'; '.join(left)}"
+    spoil(cluster, why)
+    raise AssertionError(why)
 
 
 # ------------------------------------------------------------------------------------------- the contract
@@ -450,9 +524,6 @@ def tmp_small(cluster, tmp_path, row):
 
 STALL = 30  # --stall-timeout: a rank's start on a busy 2-core machine can go 20 s without a heartbeat
 DDP_DEADLINE = 90  # --timeout: the DDP job's deadline (its start on a busy machine included)
-# What a node keeps running of clustercheck's (LEFTOVERS without the work directory, which only a later run or the
-# operator removes from a node that could not be reached).
-PROCESSES = LEFTOVERS.replace("ls -d /tmp/clustercheck-* 2>/dev/null; ", "")
 NODE_GRACE, KILL_AFTER = 30, 10  # transport's: how long after its deadline a command on a node ends by itself
 
 
