@@ -256,7 +256,13 @@ def converge(cluster, wheelhouse: Path) -> None:
     """site.yml on CLUSTER with the test variables, its output and duration kept on CLUSTER (`converge_output`,
     `converge_seconds`); a failed run fails the fixture that asked for it, with the run's last lines."""
     started = time.monotonic()
-    proc = ansible_playbook(cluster, wheelhouse)
+    try:
+        proc = ansible_playbook(cluster, wheelhouse)
+    except subprocess.TimeoutExpired as exc:
+        out = exc.stdout.decode() if isinstance(exc.stdout, bytes) else exc.stdout or ""
+        pytest.fail(
+            f"site.yml did not finish on the test cluster {cluster.name} within {exc.timeout:.0f} s:\n{out[-6000:]}"
+        )
     cluster.converge_seconds = time.monotonic() - started
     cluster.converge_output = proc.stdout
     if proc.returncode != 0:
