@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import importlib.util
 import json
 import os
 import shutil
@@ -299,9 +300,9 @@ def lane_cost(group: str) -> float:
 
 
 def pytest_addoption(parser, pluginmanager):
-    """With pytest-xdist off (-p no:xdist), the lanes' options in pyproject's addopts are accepted and mean what
-    `-n 0` means: every test in this one process."""
-    if not pluginmanager.has_plugin("xdist"):
+    """With pytest-xdist off (-p no:xdist) or not installed, the lanes' options in pyproject's addopts are accepted
+    and mean what `-n 0` means: every test in this one process."""
+    if pluginmanager.is_blocked("xdist") or importlib.util.find_spec("xdist") is None:
         group = parser.getgroup("lanes", "lanes (pytest-xdist is off: every test runs in this process)")
         group.addoption("--numprocesses", dest="numprocesses", default=None, help="ignored without pytest-xdist")
         group.addoption("--dist", dest="dist", default="no", help="ignored without pytest-xdist")

@@ -94,6 +94,24 @@ def test_fault(row: Fault, fault_cluster, tmp_path):
     _record(row, verdict, said)
 
 
+def test_a_row_that_leaves_a_node_changed_fails_and_spoils_the_cluster(fault_cluster, monkeypatch):
+    """What `put_back` does after a row whose restore did not work: here, a line left in node2's /etc/hosts."""
+    monkeypatch.setitem(globals(), "SETTLE", 0)
+    row = Fault("leaves-hosts", "", "", 0, "", "node2", "", 0)
+    node2 = fault_cluster.node("node2")
+    on_node(node2, "echo '192.0.2.1 leftover' >> /etc/hosts")
+    try:
+        with pytest.raises(AssertionError) as raised:
+            put_back(fault_cluster, row)
+    finally:  # Docker bind-mounts /etc/hosts: rewritten in place
+        kept = "grep -v ' leftover$' /etc/hosts > /root/hosts.faults"
+        on_node(node2, f"{kept} && cat /root/hosts.faults > /etc/hosts && rm /root/hosts.faults")
+    said = "the fault row leaves-hosts did not put the cluster back: node2: +192.0.2.1 leftover"
+    assert str(raised.value) == fault_cluster.spoiled == said
+    put_back(fault_cluster, row)  # as before the rows again: nothing to say
+    del fault_cluster.spoiled  # what spoiled it is undone
+
+
 def test_every_row_has_an_injection():
     assert sorted(INJECT) == sorted(r.id for r in ROWS)
 
