@@ -211,6 +211,11 @@ def probe_records(name_or_records: str | dict[str, dict]) -> dict[str, dict]:
 
 # ------------------------------------------------------------------------------------------- faults
 
+# The site-packages of the environment a node records in /etc/clustercheck/python (where clustercheck finds torch).
+RECORDED_SITE_PACKAGES = (
+    '"$(cat /etc/clustercheck/python)" -c \'import sysconfig; print(sysconfig.get_paths()["purelib"])\''
+)
+
 # Only the multi-node DDP stage, one rank per node, JSON on stdout.
 DDP_ONLY = ("--format", "json", "--skip", "local.*", "--only", "ddp", "--nproc-per-node", "1")
 LONG_DDP = str(Path(__file__).parent / "cluster" / "clustercheck_long_ddp.py")
@@ -317,9 +322,12 @@ def diverging_torch(kind: str, rank: int | None = None) -> str:
 
 @contextlib.contextmanager
 def torch_fault_on_node(cluster, node, kind: str):
-    """DIVERGING_TORCH(KIND) installed into NODE's torch environment for the duration; removed afterwards."""
-    site = f"{VENV}/lib/python3.11/site-packages"
+    """DIVERGING_TORCH(KIND) installed into NODE's torch environment (the one /etc/clustercheck/python records: the
+    setup roles' on a converged node, torchenv's on the torch cluster) for the duration; removed afterwards."""
     with ssh_client(cluster, node) as client:
+        status, site = ssh_run(client, RECORDED_SITE_PACKAGES, timeout=120)
+        assert status == 0, f"{node.name}: no recorded environment: {site}"
+        site = site.strip()
         with client.open_sftp() as sftp:
             with sftp.open(f"{site}/clustercheck_test_fault.py", "w") as fh:
                 fh.write(diverging_torch(kind))

@@ -30,9 +30,8 @@ from fault_rows import ROWS, Fault
 from harness import (
     DDP_RANKS,
     LEFTOVERS,
-    PYTHON,
+    RECORDED_SITE_PACKAGES,
     SWEEP,
-    VENV,
     clustercheck,
     clustercheck_command,
     leftovers,
@@ -67,7 +66,11 @@ class Verdict:
 @pytest.fixture(scope="module")
 def fault_cluster(converged_cluster):
     """The cluster as users check it: after site.yml (chrony, /etc/hosts, ufw, SSH trust, torch in its environment),
-    with what a row may change on its nodes recorded for `put_back`."""
+    with the environment's python and site-packages the roles recorded (`python`, `site_packages`), and what a row
+    may change on its nodes recorded for `put_back`."""
+    node1 = converged_cluster.nodes[0]
+    converged_cluster.python = on_node(node1, "cat /etc/clustercheck/python").strip()
+    converged_cluster.site_packages = on_node(node1, RECORDED_SITE_PACKAGES).strip()
     converged_cluster.before_the_rows = node_states(converged_cluster)
     return converged_cluster
 
@@ -118,32 +121,36 @@ def test_every_row_has_an_injection():
 
 # ------------------------------------------------------------------------------------------- the nodes put back
 
-SITE_PACKAGES = f"{VENV}/lib/python3.11/site-packages"
 # What a node keeps running of clustercheck's (LEFTOVERS without the work directory, which only a later run or the
 # operator removes from a node that could not be reached).
 PROCESSES = LEFTOVERS.replace("ls -d /tmp/clustercheck-* 2>/dev/null; ", "")
-# What the rows change on a node and put back (files, services, firewall rules, the link's queueing, mounts, the
-# torch environment), and what a row that went wrong leaves running.
-NODE_STATE = "; ".join(
-    [
-        "cat /etc/hosts",
-        "md5sum /root/.ssh/authorized_keys /root/.bashrc /etc/ssh/ssh_host_*_key.pub 2>&1",
-        "ls /etc/ssh/sshd_config.d",
-        "systemctl is-active ssh chrony slurmd",
-        "iptables -S",
-        "tc qdisc show dev eth0",
-        "df -k --output=target,size /dev/shm /tmp",
-        f"md5sum {SITE_PACKAGES}/torch/version.py {SITE_PACKAGES}/mpmath-*.dist-info/METADATA 2>&1",
-        f"ls {SITE_PACKAGES} | grep clustercheck_test_fault",
-        PROCESSES,
-    ]
-)
+
+
+def node_state(site_packages: str) -> str:
+    """What the rows change on a node and put back (files, services, firewall rules, the link's queueing, mounts, the
+    torch environment in SITE_PACKAGES), and what a row that went wrong leaves running."""
+    return "; ".join(
+        [
+            "cat /etc/hosts",
+            "md5sum /root/.ssh/authorized_keys /root/.bashrc /etc/ssh/ssh_host_*_key.pub 2>&1",
+            "ls /etc/ssh/sshd_config.d",
+            "systemctl is-active ssh chrony slurmd",
+            "iptables -S",
+            "tc qdisc show dev eth0",
+            "df -k --output=target,size /dev/shm /tmp",
+            f"md5sum {site_packages}/torch/version.py {site_packages}/mpmath-*.dist-info/METADATA 2>&1",
+            f"ls {site_packages} | grep clustercheck_test_fault",
+            PROCESSES,
+        ]
+    )
+
+
 SETTLE = 60  # seconds a node restarted by a row (node-down) may take to have its services back
 
 
 def node_states(cluster) -> dict[str, str]:
     """Node -> its container's state, whether SSH lets the suite in with the cluster's key and known_hosts, and what
-    NODE_STATE shows there; and the control machine's known_hosts."""
+    `node_state` shows there; and the control machine's known_hosts."""
 
     def state(node) -> str:
         container = docker("inspect", "--format", "running={{.State.Running}} paused={{.State.Paused}}", node.container)
@@ -152,7 +159,7 @@ def node_states(cluster) -> dict[str, str]:
                 ssh = ssh_run(client, "hostname", timeout=30)[1].strip()
         except Exception as exc:
             ssh = f"refused: {type(exc).__name__}"
-        shown = on_node(node, NODE_STATE, check=False) if "paused=false" in container else ""
+        shown = on_node(node, node_state(cluster.site_packages), check=False) if "paused=false" in container else ""
         return f"{container.strip()}\nssh: {ssh}\n{shown}"
 
     with ThreadPoolExecutor(len(cluster.nodes)) as pool:
@@ -453,7 +460,8 @@ def hostname_loopback(cluster, tmp_path, row):
 def torch_version(cluster, tmp_path, row):
     """node3's torch is relabelled 2.12.0 (torch/version.py edited, the build itself unchanged)."""
     node3 = cluster.node("node3")
-    torch_dir = on_node(node3, f"{PYTHON} -c 'import torch, os; print(os.path.dirname(torch.__file__))'").strip()
+    python = cluster.python
+    torch_dir = on_node(node3, f"{python} -c 'import torch, os; print(os.path.dirname(torch.__file__))'").strip()
     version_py = f"{torch_dir}/version.py"
     # The label changes, not its length: drop the bytecode so Python cannot reuse a stale copy.
     no_pyc = f"rm -f {torch_dir}/__pycache__/version.*.pyc"
@@ -464,7 +472,7 @@ def torch_version(cluster, tmp_path, row):
         verdict = run(cluster, tmp_path, row)
     finally:
         on_node(node3, f"mv {version_py}.orig {version_py} && {no_pyc}")
-    assert on_node(node3, f"{PYTHON} -c 'import torch; print(torch.__version__)'").strip() == "2.13.0+cpu"
+    assert on_node(node3, f"{python} -c 'import torch; print(torch.__version__)'").strip() == "2.13.0+cpu"
     result = checks(verdict)[("consistency.torch", None)]
     assert result["message"] == "torch version differs: node3 has 2.12.0+cpu, where the other 2 node(s) have 2.13.0+cpu"
     assert result["data"]["differ"] == ["node3"]
@@ -671,7 +679,7 @@ DRIFTED = "mpmath"  # a dependency of torch, installed on every node of the torc
 def package_version(cluster, tmp_path, row):
     node2 = cluster.node("node2")
     locate = f"from importlib import metadata; d = metadata.distribution('{DRIFTED}'); print(d._path, d.version)"
-    path, version = on_node(node2, f'{PYTHON} -c "{locate}"').split()
+    path, version = on_node(node2, f'{cluster.python} -c "{locate}"').split()
     metadata = f"{path}/METADATA"
     on_node(node2, f"cp -p {metadata} {metadata}.orig && sed -i 's/^Version: .*/Version: 0.0.1/' {metadata}")
     try:
