@@ -280,7 +280,19 @@ def converge(cluster, wheelhouse: Path) -> None:
 # groups are handed out the costliest first, by the minutes each took in a measured run (LANE_MINUTES), each to
 # whichever lane is free first. The workers order their collection so (the scheduler hands out the groups in
 # collection order) and write the groups down; the controller's scheduler reads them.
-LANE_MINUTES = {}
+LANE_MINUTES = {
+    "converged_cluster": 30,
+    "converged_ubuntu_cluster": 15,
+    "torch_cluster": 12,
+    "tests/ansible/test_nvidia_standins.py": 10,
+    "localhost": 6,
+    "tests/ansible/test_nvidia_ubuntu_source.py": 6,
+    "bare_cluster": 5,
+    "tests/cluster/test_scale.py": 5,
+    "ubuntu_cluster": 3,
+    "tests/cluster/test_container_image.py": 3,
+    "tests/ansible/test_ubuntu_nodes.py": 2,
+}
 LANE_GROUPS = pytest.StashKey[Path]()
 
 
