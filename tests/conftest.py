@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import importlib.util
 import json
 import os
 import shutil
@@ -22,7 +23,7 @@ import yaml
 
 REPO = Path(__file__).resolve().parent.parent
 IN_CI = os.environ.get("CI", "").lower() == "true"
-TORCH_PIN = "torch==2.13.0"
+TORCH_PIN = torchenv.TORCH_PIN
 # The Debian test cluster registers its environment as a Jupyter kernel (testcluster-vars.yml): ipykernel at the
 # role's pinned version, and its dependencies, come from the same wheelhouse.
 IPYKERNEL_PIN = "ipykernel=={}".format(
@@ -47,17 +48,18 @@ _LANE = f"-{os.environ['PYTEST_XDIST_WORKER']}" if os.environ.get("PYTEST_XDIST_
 
 
 @contextlib.contextmanager
-def own_cluster(size: int, what: str, suffix: str = "", os_name=testcluster.DEFAULT_OS, user: str = "root"):
+def own_cluster(size: int, what: str, suffix: str = "", os_name=testcluster.DEFAULT_OS, user: str = "root", image=None):
     """SIZE fresh nodes under the name TESTCLUSTER_NAME (default cc) + SUFFIX, removed afterwards.
 
     TESTCLUSTER_NAME names the cluster, so separate checkouts can test side by side; a pytest-xdist worker adds
     its own name (-gw1), so two lanes never share a cluster by accident. OS_NAME and USER as for testcluster.up:
-    one OS or one per node; the login user (passwordless sudo) when not root.
+    one OS or one per node; the login user (passwordless sudo) when not root. IMAGE: a function that returns the
+    image to start the nodes from instead of OS_NAME's (testcluster.up's image), called once Docker answers.
     """
     _need_docker()
     name = os.environ.get("TESTCLUSTER_NAME", testcluster.DEFAULT_NAME) + _LANE + suffix
     try:
-        up = testcluster.up(size, name=name, os_name=os_name, user=user)
+        up = testcluster.up(size, name=name, os_name=os_name, user=user, image=image() if image else "")
     except testcluster.ClusterError as exc:
         pytest.fail(f"{what} did not come up: {exc}")
     try:
@@ -66,86 +68,86 @@ def own_cluster(size: int, what: str, suffix: str = "", os_name=testcluster.DEFA
         testcluster.down(name)
 
 
-# Lanes (pyproject's addopts: -n 2 --dist loadscope, pytest-xdist): a session cluster is made once in each worker
-# that needs it, so the tests on one cluster go to one worker as one group; a module's own cluster makes its module
-# a group. The localhost tests are one group: they bind fixed ports on this machine. Everything else is spread test
-# by test. The workers know each test's fixtures and write the groups down; the controller's scheduler reads them.
-SESSION_CLUSTERS = {"cluster": "debian-cluster", "ubuntu_cluster": "ubuntu-cluster"}
-LANE_GROUPS = pytest.StashKey[Path]()
+# --------------------------------------------------------------------------- the test clusters, by state
 
-
-def lane_group(item) -> str | None:
-    """The group ITEM runs in, or None for a test any worker can take alone."""
-    group = next((g for fixture, g in SESSION_CLUSTERS.items() if fixture in item.fixturenames), None)
-    if group is None and item.get_closest_marker("cluster"):
-        group = item.path.relative_to(REPO).as_posix()
-    if group is None and item.path.is_relative_to(REPO / "tests" / "local"):
-        group = "localhost"
-    return group
-
-
-def pytest_configure(config):
-    if config.getoption("numprocesses", default=None) and not hasattr(config, "workerinput"):
-        config.stash[LANE_GROUPS] = Path(tempfile.mkdtemp(prefix="clustercheck-lanes-")) / "groups.json"
-
-
-def pytest_unconfigure(config):
-    groups = config.stash.get(LANE_GROUPS, None)
-    if groups is not None:
-        shutil.rmtree(groups.parent, ignore_errors=True)
-
-
-def pytest_configure_node(node):
-    """(controller) Where each worker writes the groups it collected."""
-    node.workerinput["lane_groups"] = str(node.config.stash[LANE_GROUPS])
-
-
-def pytest_xdist_make_scheduler(config, log):
-    """(controller) Whole groups to one worker at a time, the largest first (xdist's scope scheduling), with the
-    groups the workers wrote; a test in none is a group of its own."""
-    from xdist.scheduler import LoadScopeScheduling
-
-    path = config.stash[LANE_GROUPS]
-
-    class LaneScheduling(LoadScopeScheduling):
-        groups: dict[str, str] | None = None
-
-        def _split_scope(self, nodeid: str) -> str:
-            if self.groups is None:
-                self.groups = json.loads(path.read_text())
-            return self.groups.get(nodeid, nodeid)
-
-    return LaneScheduling(config, log)
-
-
-def _write_lane_groups(items, config) -> None:
-    """(worker) Each collected test's group, for the controller's scheduler; written whole, then renamed."""
-    target = getattr(config, "workerinput", {}).get("lane_groups")
-    if not target:
-        return
-    groups = {item.nodeid: group for item in items if (group := lane_group(item))}
-    part = Path(f"{target}.{os.getpid()}")
-    part.write_text(json.dumps(groups))
-    part.replace(target)
-
-
-@pytest.fixture(scope="session")
-def cluster():
-    """Three fresh Debian 12 nodes on a private network, reached over SSH; removed afterwards."""
-    with own_cluster(3, "test cluster") as up:
-        yield up
-
-
+# A test asks for the state its nodes must be in by the fixture it takes, and gets that state whatever ran before it:
+#
+#   bare_cluster              3 Debian 12 nodes as `testcluster up` leaves them: nothing of clustercheck's there
+#   torch_cluster             3 Debian 12 nodes with torch in /opt/clustercheck/venv (torchenv.py), nothing else
+#   converged_cluster         3 Debian 12 nodes after site.yml: chrony, /etc/hosts, firewall, SSH trust, Slurm, torch
+#   ubuntu_cluster            one node per Ubuntu release, reached as `ops`: bare
+#   converged_ubuntu_cluster  one node per Ubuntu release after site.yml
+#
+# Each state is a cluster of its own, made once in each lane that runs a test asking for it (its name carries the
+# lane's and the state's: cc-gw0-torch), and set up by its own fixture only: no fixture takes another's nodes on to
+# its state. A test that changes a node puts it back; one that finds it could not calls `spoil`, and every later
+# test that asks for that cluster fails, naming what spoiled it, instead of running on nodes in another state.
+STATES = ("bare_cluster", "torch_cluster", "converged_cluster", "ubuntu_cluster", "converged_ubuntu_cluster")
 UBUNTU_RELEASES = ["ubuntu20.04", "ubuntu22.04", "ubuntu24.04"]
 UBUNTU_USER = "ops"
 
 
 @pytest.fixture(scope="session")
+def bare_cluster():
+    """Three fresh Debian 12 nodes on a private network, reached over SSH as root; removed afterwards."""
+    with own_cluster(3, "bare test cluster") as up:
+        yield up
+
+
+@pytest.fixture(scope="session")
+def torch_cluster(wheelhouse):
+    """Three fresh Debian 12 nodes with torch 2.13.0 (CPU) in /opt/clustercheck/venv, recorded in
+    /etc/clustercheck/python, as a site without Ansible sets it up (torchenv.py: the nodes start from a node image
+    with it, built once), and nothing of site.yml: no firewall, chrony, /etc/hosts entries or Slurm."""
+    with own_cluster(3, "torch test cluster", "-torch", image=lambda: torchenv.node_image(wheelhouse)) as up:
+        errors = torchenv.install(up, wheelhouse)  # installs nothing where torch imports: it proves that
+        if errors:
+            pytest.fail("installing the torch environment on the nodes failed: " + "; ".join(errors))
+        yield up
+
+
+@pytest.fixture(scope="session")
+def converged_cluster(wheelhouse):
+    """Three fresh Debian 12 nodes after one run of site.yml with the test variables, as users check a cluster:
+    chrony (node1 serving), /etc/hosts, firewall, SSH trust, Slurm, Docker (masked), and a venv with torch recorded in
+    /etc/clustercheck/python. The run's output and duration are on it as `converge_output` and `converge_seconds`."""
+    with own_cluster(3, "converged test cluster", "-site") as up:
+        converge(up, wheelhouse)
+        yield up
+
+
+@pytest.fixture(scope="session")
 def ubuntu_cluster():
-    """One node of each Ubuntu release (node1: 20.04, node2: 22.04, node3: 24.04), reached as the
-    non-root user `ops` with passwordless sudo, the way cloud images are; removed afterwards."""
+    """One fresh node of each Ubuntu release (node1: 20.04, node2: 22.04, node3: 24.04), reached as the non-root user
+    `ops` with passwordless sudo, the way cloud images are; removed afterwards."""
     with own_cluster(3, "Ubuntu test cluster", "-ubuntu", os_name=UBUNTU_RELEASES, user=UBUNTU_USER) as up:
         yield up
+
+
+@pytest.fixture(scope="session")
+def converged_ubuntu_cluster(wheelhouse):
+    """One node of each Ubuntu release as on `ubuntu_cluster` (20.04, 22.04, 24.04, user `ops` with become), after one
+    run of site.yml; output and duration as on `converged_cluster`."""
+    name, releases = "converged Ubuntu test cluster", UBUNTU_RELEASES
+    with own_cluster(3, name, "-ubuntu-site", os_name=releases, user=UBUNTU_USER) as up:
+        converge(up, wheelhouse)
+        yield up
+
+
+def spoil(cluster, why: str) -> None:
+    """CLUSTER is no longer in the state its fixture promises, for WHY (what left it so): every later test that asks
+    for it fails with WHY instead of running on it."""
+    cluster.spoiled = why
+
+
+@pytest.fixture(autouse=True)
+def cluster_in_its_state(request):
+    """A test that asks for a cluster someone spoiled (see `spoil`) fails before it starts, saying who."""
+    for name in STATES:
+        if name in request.fixturenames:
+            why = getattr(request.getfixturevalue(name), "spoiled", "")
+            if why:
+                pytest.fail(f"{name} is not in its state: {why}", pytrace=False)
 
 
 @pytest.fixture(scope="session")
@@ -199,7 +201,7 @@ def lightning_wheelhouse(wheelhouse) -> Path:
     return target
 
 
-# --------------------------------------------------------------------------- Ansible (issue 3)
+# --------------------------------------------------------------------------- Ansible
 
 ACCEPTANCE_DIR = REPO / "tests" / "acceptance"
 TEST_VARS = REPO / "tests" / "ansible" / "testcluster-vars.yml"
@@ -229,40 +231,6 @@ def pure_wheelhouse(wheelhouse: Path) -> Path:
     return target
 
 
-@pytest.hookimpl(trylast=True)
-def pytest_collection_modifyitems(session, config, items):
-    """(worker) The groups are written before the collection is reported finished: xdist's worker tells the
-    controller from its own pytest_collection_finish, which can run before this conftest's, and the controller's
-    scheduler reads the file as soon as every worker has reported."""
-    _write_lane_groups(items, config)
-
-
-def pytest_collection_finish(session):
-    """On a fresh machine the node images (debootstrap, network-bound) and the torch wheelhouse the collected
-    cluster tests need are made from the session's start, side by side in the background, instead of each when a
-    test's cluster first needs it: they build while the tests without Docker run (pyproject's testpaths take those
-    first). The fixtures wait for them through the builders' own locks, and report a failure themselves (a failed
-    download here only means they try again)."""
-    cluster_items = [item for item in session.items if item.get_closest_marker("cluster")]
-    if not cluster_items or session.config.option.collectonly:
-        return
-    wanted = [testcluster.DEFAULT_OS]
-    if any("ubuntu" in item.nodeid or "ubuntu_cluster" in item.fixturenames for item in cluster_items):
-        wanted += UBUNTU_RELEASES
-    threading.Thread(target=_quietly, args=(build_wheelhouse,), name="prefetch-wheelhouse", daemon=True).start()
-    threading.Thread(target=_quietly, args=(_node_images, wanted), name="prefetch-images", daemon=True).start()
-
-
-def _node_images(os_names: list[str]) -> None:
-    testcluster.ensure_docker(start=os.geteuid() == 0)
-    testcluster.ensure_images(os_names)
-
-
-def _quietly(work, *args) -> None:
-    with contextlib.suppress(nodeimages.ClusterError, subprocess.SubprocessError, OSError):
-        work(*args)
-
-
 def pytest_ignore_collect(collection_path, config):
     """tests/acceptance/ runs against a real inventory (--hosts=...), never in the plain run."""
     if collection_path == ACCEPTANCE_DIR and not config.getoption("hosts", default=None):
@@ -285,46 +253,175 @@ def ansible_playbook(cluster, wheelhouse: Path, *args: str, timeout: float = 150
     return subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout, env=env)
 
 
-@pytest.fixture(scope="session")
-def converged_cluster(cluster, wheelhouse):
-    """The session cluster after one run of site.yml: chrony, /etc/hosts, firewall, SSH trust, and a venv
-    with torch (recorded in /etc/clustercheck/python) on every node.
-
-    The run's output and duration are on the returned cluster as `converge_output` and `converge_seconds`.
-    """
+def converge(cluster, wheelhouse: Path) -> None:
+    """site.yml on CLUSTER with the test variables, its output and duration kept on CLUSTER (`converge_output`,
+    `converge_seconds`); a failed run fails the fixture that asked for it, with the run's last lines."""
     started = time.monotonic()
-    proc = ansible_playbook(cluster, wheelhouse)
+    try:
+        proc = ansible_playbook(cluster, wheelhouse)
+    except subprocess.TimeoutExpired as exc:
+        out = exc.stdout.decode() if isinstance(exc.stdout, bytes) else exc.stdout or ""
+        pytest.fail(
+            f"site.yml did not finish on the test cluster {cluster.name} within {exc.timeout:.0f} s:\n{out[-6000:]}"
+        )
     cluster.converge_seconds = time.monotonic() - started
     cluster.converge_output = proc.stdout
     if proc.returncode != 0:
-        pytest.fail(
-            f"site.yml failed on the test cluster (exit {proc.returncode}):\n{proc.stdout[-6000:]}\n{proc.stderr}"
-        )
-    return cluster
-
-
-@pytest.fixture(scope="session")
-def converged_ubuntu_cluster(ubuntu_cluster, wheelhouse):
-    """The Ubuntu cluster (20.04, 22.04, 24.04, user `ops` with become) after one run of site.yml; output and
-    duration as on `converged_cluster`."""
-    started = time.monotonic()
-    proc = ansible_playbook(ubuntu_cluster, wheelhouse)
-    ubuntu_cluster.converge_seconds = time.monotonic() - started
-    ubuntu_cluster.converge_output = proc.stdout
-    if proc.returncode != 0:
         out = f"{proc.stdout[-6000:]}\n{proc.stderr}"
-        pytest.fail(f"site.yml failed on the Ubuntu test cluster (exit {proc.returncode}):\n{out}")
-    return ubuntu_cluster
+        pytest.fail(f"site.yml failed on the test cluster {cluster.name} (exit {proc.returncode}):\n{out}")
 
 
-@pytest.fixture(scope="session")
-def torch_cluster(cluster, wheelhouse):
-    """The session cluster with torch 2.13.0 (CPU) in /opt/clustercheck/venv on every node, recorded in
-    /etc/clustercheck/python; installed once per session, shared by tests/integration and tests/distributed."""
-    errors = torchenv.install(cluster, wheelhouse)
-    if errors:
-        pytest.fail("installing the torch environment on the nodes failed: " + "; ".join(errors))
-    return cluster
+# --------------------------------------------------------------------------- lanes
+
+# pyproject's addopts run the tests in two lanes (pytest-xdist: --numprocesses=2). A cluster is made once in each
+# lane that runs a test asking for it, so the tests on one cluster go to one lane as one group (the group is the
+# state's fixture); a module's own cluster makes its module a group; the localhost tests are one group (they bind fixed
+# ports on this machine); everything else is spread test by test. A run lasts as long as its longest lane, so the
+# groups are handed out the costliest first, by the minutes each took in a measured run (LANE_MINUTES), each to
+# whichever lane is free first. The workers order their collection so (the scheduler hands out the groups in
+# collection order) and write the groups down; the controller's scheduler reads them.
+LANE_MINUTES = {
+    "converged_cluster": 30,
+    "converged_ubuntu_cluster": 15,
+    "torch_cluster": 12,
+    "tests/ansible/test_nvidia_standins.py": 10,
+    "localhost": 6,
+    "tests/ansible/test_nvidia_ubuntu_source.py": 6,
+    "bare_cluster": 5,
+    "tests/cluster/test_scale.py": 5,
+    "ubuntu_cluster": 3,
+    "tests/cluster/test_container_image.py": 3,
+    "tests/ansible/test_ubuntu_nodes.py": 2,
+}
+LANE_GROUPS = pytest.StashKey[Path]()
+
+
+def lane_group(item) -> str | None:
+    """The group ITEM runs in, or None for a test any worker can take alone."""
+    group = next((fixture for fixture in STATES if fixture in item.fixturenames), None)
+    if group is None and item.get_closest_marker("cluster"):
+        group = item.path.relative_to(REPO).as_posix()
+    if group is None and item.path.is_relative_to(REPO / "tests" / "local"):
+        group = "localhost"
+    return group
+
+
+def lane_cost(group: str) -> float:
+    """GROUP's minutes in the measured run; a group it did not have (a new one) counts as a cluster module's."""
+    return LANE_MINUTES.get(group, 1.0 if group.startswith("tests/") else 0.0)
+
+
+def pytest_addoption(parser, pluginmanager):
+    """With pytest-xdist off (-p no:xdist) or not installed, the lanes' options in pyproject's addopts are accepted
+    and mean what `-n 0` means: every test in this one process."""
+    if pluginmanager.is_blocked("xdist") or importlib.util.find_spec("xdist") is None:
+        group = parser.getgroup("lanes", "lanes (pytest-xdist is off: every test runs in this process)")
+        group.addoption("--numprocesses", dest="numprocesses", default=None, help="ignored without pytest-xdist")
+        group.addoption("--dist", dest="dist", default="no", help="ignored without pytest-xdist")
+
+
+def _lanes(config) -> bool:
+    return config.pluginmanager.has_plugin("xdist") and bool(config.getoption("numprocesses", default=None))
+
+
+def pytest_configure(config):
+    if _lanes(config) and not hasattr(config, "workerinput"):
+        config.stash[LANE_GROUPS] = Path(tempfile.mkdtemp(prefix="clustercheck-lanes-")) / "groups.json"
+
+
+def pytest_unconfigure(config):
+    groups = config.stash.get(LANE_GROUPS, None)
+    if groups is not None:
+        shutil.rmtree(groups.parent, ignore_errors=True)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node):
+    """(controller) Where each worker writes the groups it collected."""
+    node.workerinput["lane_groups"] = str(node.config.stash[LANE_GROUPS])
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """(controller) Whole groups to one worker at a time, in the order of the workers' collection (the costliest
+    first), with the groups the workers wrote; a test in none is a group of its own."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    path = config.stash[LANE_GROUPS]
+    config.option.loadscopereorder = False  # xdist's own order is by number of tests
+
+    class LaneScheduling(LoadScopeScheduling):
+        groups: dict[str, str] | None = None
+
+        def _split_scope(self, nodeid: str) -> str:
+            if self.groups is None:
+                self.groups = json.loads(path.read_text())
+            return self.groups.get(nodeid, nodeid)
+
+    return LaneScheduling(config, log)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config, items):
+    """(worker) The collection in lane order: the costliest group first, each group's tests together in the order
+    they were collected (tests/ansible/test_ubuntu_nodes.py runs its tests in file order, for one)."""
+    if not hasattr(config, "workerinput"):
+        return
+    groups = {item.nodeid: lane_group(item) for item in items}
+    first = {}
+    for index, item in enumerate(items):
+        first.setdefault(groups[item.nodeid] or item.nodeid, index)
+    items.sort(key=lambda i: (-lane_cost(groups[i.nodeid] or ""), first[groups[i.nodeid] or i.nodeid]))
+    # Written here, not in pytest_collection_finish: xdist's worker tells the controller its collection is finished
+    # from its own pytest_collection_finish, which can run before this conftest's, and the controller's scheduler
+    # reads the file as soon as every worker has told it.
+    _write_lane_groups(items, config)
+
+
+def _write_lane_groups(items, config) -> None:
+    """(worker) Each collected test's group, for the controller's scheduler; written whole, then renamed."""
+    target = config.workerinput.get("lane_groups")
+    if not target:
+        return
+    groups = {item.nodeid: group for item in items if (group := lane_group(item))}
+    part = Path(f"{target}.{os.getpid()}")
+    part.write_text(json.dumps(groups))
+    part.replace(target)
+
+
+def pytest_collection_finish(session):
+    """On a fresh machine the node images (debootstrap, network-bound), the torch wheelhouse and the node image with
+    torch the collected cluster tests need are made from the session's start, side by side in the background,
+    instead of each when a test's cluster first needs it. The fixtures wait for them through the builders' own locks,
+    and report a failure themselves (a failed download here only means they try again)."""
+    cluster_items = [item for item in session.items if item.get_closest_marker("cluster")]
+    if not cluster_items or session.config.option.collectonly:
+        return
+    wanted = [testcluster.DEFAULT_OS]
+    ubuntu = ("ubuntu_cluster", "converged_ubuntu_cluster")
+    if any("ubuntu" in item.nodeid or any(f in item.fixturenames for f in ubuntu) for item in cluster_items):
+        wanted += UBUNTU_RELEASES
+    torch = any("torch_cluster" in item.fixturenames for item in cluster_items)
+    wheels = _torch_node_image if torch else build_wheelhouse
+    threading.Thread(target=_quietly, args=(wheels,), name="prefetch-wheelhouse", daemon=True).start()
+    threading.Thread(target=_quietly, args=(_node_images, wanted), name="prefetch-images", daemon=True).start()
+
+
+def _node_images(os_names: list[str]) -> None:
+    testcluster.ensure_docker(start=os.geteuid() == 0)
+    testcluster.ensure_images(os_names)
+
+
+def _torch_node_image() -> None:
+    """The wheelhouse, then the node image with torch (torch_cluster's) once the Debian node image is there."""
+    wheelhouse = build_wheelhouse()
+    testcluster.ensure_docker(start=os.geteuid() == 0)
+    torchenv.node_image(wheelhouse)
+
+
+def _quietly(work, *args) -> None:
+    with contextlib.suppress(nodeimages.ClusterError, subprocess.SubprocessError, OSError):
+        work(*args)
 
 
 @pytest.fixture(autouse=True)

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import re
 import shlex
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -18,6 +20,7 @@ import threading
 import time
 from pathlib import Path
 
+import pytest
 from torchenv import PYTHON, VENV, ssh_client, ssh_run
 
 from clustercheck.checks import collectives, ddp, network
@@ -27,6 +30,7 @@ from clustercheck.remote import netprobe
 __all__ = ["PYTHON", "VENV", "ssh_client", "ssh_run"]
 
 CLUSTERCHECK = str(Path(sys.executable).parent / "clustercheck")
+IN_CI = os.environ.get("CI", "").lower() == "true"
 
 # What any process clustercheck started would show: its marker in the environment, or its work directory.
 LEFTOVERS = (
@@ -120,6 +124,18 @@ def freeze_after_go(
         subprocess.run(["docker", "exec", container, "pkill", "-CONT", "-f", "--", probe], capture_output=True)
 
 
+def promtool_path() -> str:
+    """The path of Prometheus' promtool (Debian's `prometheus` package). Where it is not installed, the test that needs
+    it is skipped, saying so; in CI (CI=true, where .ci/run installs it) it fails: CI must run those checks."""
+    tool = shutil.which("promtool")
+    if not tool:
+        missing = "promtool is not installed (apt-get install prometheus; .ci/run installs it)"
+        if IN_CI:
+            pytest.fail(f"{missing}, and CI must run this check")
+        pytest.skip(missing)
+    return tool
+
+
 def run_cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
     """`clustercheck ARGS` as a user runs it."""
     return subprocess.run([CLUSTERCHECK, *args], capture_output=True, text=True, timeout=timeout)
@@ -194,6 +210,11 @@ def probe_records(name_or_records: str | dict[str, dict]) -> dict[str, dict]:
 
 
 # ------------------------------------------------------------------------------------------- faults
+
+# The site-packages of the environment a node records in /etc/clustercheck/python (where clustercheck finds torch).
+RECORDED_SITE_PACKAGES = (
+    '"$(cat /etc/clustercheck/python)" -c \'import sysconfig; print(sysconfig.get_paths()["purelib"])\''
+)
 
 # Only the multi-node DDP stage, one rank per node, JSON on stdout.
 DDP_ONLY = ("--format", "json", "--skip", "local.*", "--only", "ddp", "--nproc-per-node", "1")
@@ -301,9 +322,12 @@ def diverging_torch(kind: str, rank: int | None = None) -> str:
 
 @contextlib.contextmanager
 def torch_fault_on_node(cluster, node, kind: str):
-    """DIVERGING_TORCH(KIND) installed into NODE's torch environment for the duration; removed afterwards."""
-    site = f"{VENV}/lib/python3.11/site-packages"
+    """DIVERGING_TORCH(KIND) installed into NODE's torch environment (the one /etc/clustercheck/python records: the
+    setup roles' on a converged node, torchenv's on the torch cluster) for the duration; removed afterwards."""
     with ssh_client(cluster, node) as client:
+        status, site = ssh_run(client, RECORDED_SITE_PACKAGES, timeout=120)
+        assert status == 0, f"{node.name}: no recorded environment: {site}"
+        site = site.strip()
         with client.open_sftp() as sftp:
             with sftp.open(f"{site}/clustercheck_test_fault.py", "w") as fh:
                 fh.write(diverging_torch(kind))

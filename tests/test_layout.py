@@ -12,6 +12,7 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 REPO = Path(__file__).resolve().parent.parent
 TESTS = REPO / "tests"
@@ -191,3 +192,90 @@ def test_lanes_keep_a_group_on_one_worker():
     assert len([t for _, t in ran if t.startswith("tests/local/")]) >= 4, proc.stdout[-3000:]
     assert len(workers) == 1, ran
     assert {worker for worker, _ in ran} == {"gw0", "gw1"}, ran  # the rest spread over both
+
+
+def test_without_the_lanes_plugin_the_configured_options_mean_one_process():
+    """`-p no:xdist`: pyproject's addopts carry the lanes' options, which are then accepted and mean one process (they
+    were refused: unrecognized arguments), and the lanes' hooks in tests/conftest.py are optional (with the addopts
+    left out, they were an INTERNALERROR: unknown hook 'pytest_configure_node')."""
+    test = "tests/unit/test_inventory.py::test_host_list_forms"
+    for extra in ([], ["-o", "addopts="]):
+        cmd = [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-c",
+            str(REPO / "pyproject.toml"),
+            "-p",
+            "no:xdist",
+            "-p",
+            "no:cacheprovider",
+        ]
+        proc = subprocess.run([*cmd, *extra, test], cwd=REPO, capture_output=True, text=True, timeout=300)
+        said = proc.stdout[-3000:] + proc.stderr[-3000:]
+        assert proc.returncode == 0 and "INTERNALERROR" not in said, said
+        assert re.search(r"\b1 passed\b", proc.stdout) and "[gw" not in proc.stdout, said
+
+
+def test_the_lanes_take_the_costliest_group_first_and_keep_each_group_together(monkeypatch):
+    """A worker's collection, which the scheduler hands out in order: the groups by their measured minutes, the
+    costliest first, each group's tests together in the order they were collected, the tests of no group last."""
+    import conftest
+
+    def item(nodeid: str, *fixtures: str) -> SimpleNamespace:
+        path = REPO / nodeid.split("::")[0]
+        marker = "cluster" if fixtures or "tests/cluster/" in nodeid else None
+        return SimpleNamespace(
+            nodeid=nodeid,
+            path=path,
+            fixturenames=list(fixtures),
+            get_closest_marker=lambda name: marker == name or None,
+        )
+
+    collected = [
+        item("tests/unit/test_inventory.py::test_a"),
+        item("tests/local/test_cli.py::test_b"),
+        item("tests/cluster/test_run.py::test_c", "torch_cluster"),
+        item("tests/ansible/test_site_playbook.py::test_d", "converged_cluster"),
+        item("tests/unit/test_inventory.py::test_e"),
+        item("tests/local/test_cli.py::test_f"),
+        item("tests/faults/test_faults.py::test_g", "converged_cluster"),
+        item("tests/cluster/test_run.py::test_h", "torch_cluster"),
+    ]
+    monkeypatch.setattr(conftest, "LANE_MINUTES", {"converged_cluster": 30.0, "torch_cluster": 12.0, "localhost": 6.0})
+    items = list(collected)
+    conftest.pytest_collection_modifyitems(SimpleNamespace(workerinput={}), items)
+    assert [i.nodeid.rsplit("_", 1)[1] for i in items] == ["d", "g", "c", "h", "b", "f", "a", "e"]
+    items = list(collected)
+    conftest.pytest_collection_modifyitems(SimpleNamespace(), items)  # one process: pyproject's order
+    assert items == collected
+
+
+# Two tests on one cluster state: the first spoils it, the second asks for it (a stand-in: no Docker needed).
+SPOILED = """
+import pytest
+from conftest import spoil
+
+@pytest.fixture(scope="session")
+def bare_cluster():
+    return type("Nodes", (), {})()
+
+def test_leaves_a_node_changed(bare_cluster):
+    spoil(bare_cluster, "test_leaves_a_node_changed left node2's /etc/hosts changed")
+
+def test_comes_after(bare_cluster):
+    pass
+"""
+
+
+def test_a_spoiled_cluster_fails_every_later_test_that_asks_for_it_saying_why(tmp_path):
+    probe = tmp_path / "test_spoiled.py"
+    probe.write_text(SPOILED)
+    cmd = [sys.executable, "-m", "pytest", "-c", str(REPO / "pyproject.toml"), "-n", "0", "-p", "no:cacheprovider"]
+    proc = subprocess.run([*cmd, "-p", "conftest", "-v", str(probe)], cwd=REPO, capture_output=True, text=True)
+    assert re.findall(r"::(\w+)(?: <- \S+)? (PASSED|FAILED|ERROR)", proc.stdout) == [
+        ("test_leaves_a_node_changed", "PASSED"),
+        ("test_comes_after", "ERROR"),
+    ], proc.stdout[-3000:]
+    said = "bare_cluster is not in its state: test_leaves_a_node_changed left node2's /etc/hosts changed"
+    assert said in proc.stdout, proc.stdout[-3000:]

@@ -1,5 +1,7 @@
-"""Acceptance tests for a cluster set up with site.yml: run them against your own nodes.
+"""Acceptance tests for a cluster set up with site.yml: run them against your own nodes, from this checkout with the
+`test` extra installed and the environment activated (testinfra runs Ansible's `ansible-inventory` from PATH):
 
+    .venv/bin/pip install -q -c constraints.txt -e '.[test]' && . .venv/bin/activate
     pytest tests/acceptance --hosts=ansible://gpu_nodes --ansible-inventory=inventory/hosts.ini [--junitxml=out.xml]
 
 They check what the roles promise, through the same inventory Ansible used, and depend on

@@ -1,7 +1,7 @@
 """site.yml on the 3-node test cluster: converge, idempotence, check mode, then the acceptance suite.
 
-The converge itself is the session fixture `converged_cluster` (tests/conftest.py), shared with the
-clustercheck tests that need nodes with an environment python and torch.
+The converge itself is the session fixture `converged_cluster` (tests/conftest.py), shared with the other tests
+that need nodes as site.yml leaves them (tests/ansible, the fault suite).
 """
 
 from __future__ import annotations

@@ -40,17 +40,17 @@ def run(client: paramiko.SSHClient, command: str, timeout: float = 60, stdin: st
 
 
 @pytest.fixture(scope="module")
-def nodes(cluster):
+def nodes(bare_cluster):
     """name -> (address, SSH client) with the probe uploaded and /etc/hosts listing every node."""
     clients = {}
-    for node in cluster.nodes:
+    for node in bare_cluster.nodes:
         client = paramiko.SSHClient()
-        client.load_host_keys(cluster.known_hosts)
+        client.load_host_keys(bare_cluster.known_hosts)
         client.set_missing_host_key_policy(paramiko.RejectPolicy())
         client.connect(
             node.address,
             username="root",
-            key_filename=cluster.key_file,
+            key_filename=bare_cluster.key_file,
             timeout=10,
             allow_agent=False,
             look_for_keys=False,
@@ -186,14 +186,14 @@ def test_a_hostname_mapped_to_loopback_fails_on_the_node_that_maps_it(nodes):
     assert "127.0.1.1" in failing[0].remediation
 
 
-def test_a_node_frozen_during_the_rounds_costs_its_own_pairs_and_the_stage_goes_on(cluster, tmp_path):
+def test_a_node_frozen_during_the_rounds_costs_its_own_pairs_and_the_stage_goes_on(bare_cluster, tmp_path):
     """node3's probe stopped (SIGSTOP) 0.3 s after it got the go signal, in its first rounds (at 3 nodes the
     connections and the rounds take about a second: the stop is made inside the node, no docker round trip late):
     the stage waits STRAGGLER_GRACE past the moment every probe's rounds were to end (and the other probes' end),
     not node3's probe's own time limit, names node3's probe as frozen and judges the other pairs. The whole node
     paused (docker pause) is benchmarks/network_scale.py's case at 64 nodes, where the rounds take long enough for
     it."""
-    node3 = cluster.node("node3")
+    node3 = bare_cluster.node("node3")
     done, frozen = threading.Event(), []
     freezer = threading.Thread(
         target=freeze_after_go, args=(node3.container, "node3", 0.3, done, frozen), kwargs={"whole_node": False}
@@ -201,7 +201,16 @@ def test_a_node_frozen_during_the_rounds_costs_its_own_pairs_and_the_stage_goes_
     freezer.start()
     try:
         proc = clustercheck(
-            cluster, tmp_path, "--only", "network", "--skip", "local.*", "--format", "json", "--master-port", "29637"
+            bare_cluster,
+            tmp_path,
+            "--only",
+            "network",
+            "--skip",
+            "local.*",
+            "--format",
+            "json",
+            "--master-port",
+            "29637",
         )
     finally:
         done.set()
@@ -216,7 +225,7 @@ def test_a_node_frozen_during_the_rounds_costs_its_own_pairs_and_the_stage_goes_
     assert tcp["status"] == "PASS", tcp  # node1 and node2 reach each other; node3's connections are not judged
     # The probe's own time limit at 3 nodes (the ready wait, the connect window, the rounds): the stage ended long
     # before it, STRAGGLER_GRACE after the other probes.
-    peers = [network.Peer(n.name, n.address) for n in cluster.nodes]
+    peers = [network.Peer(n.name, n.address) for n in bare_cluster.nodes]
     limit = stage.ready_timeout(3) + stage.GO_SLACK + stage.connect_window(10.0, 3)
     limit += stage.perf_time(stage.round_count(peers, 8)) + 30
     seconds = next(s["duration_s"] for s in report["stages"] if s["name"] == "network")

@@ -1,7 +1,8 @@
-"""`clustercheck run` against the 3-node test cluster, over SSH, as a user runs it.
+"""`clustercheck run` against the 3-node test cluster, over SSH, as a user runs it; each test on the nodes it asks
+for: with torch in their environment (torch_cluster) or bare (bare_cluster).
 
-Destructive tests (a torchvision that does not import) restore the shared session cluster at the end; the faults
-clustercheck must name (a node down, a changed host key, Ctrl-C, ...) are tests/faults/'s rows.
+Destructive tests (a torchvision that does not import) restore their cluster at the end; the faults clustercheck
+must name (a node down, a changed host key, Ctrl-C, ...) are tests/faults/'s rows.
 """
 
 from __future__ import annotations
@@ -85,10 +86,10 @@ def test_every_check_runs_over_ssh_on_every_node(torch_cluster, tmp_path):
     assert not leftovers(torch_cluster)
 
 
-def test_an_unknown_host_key_is_refused(cluster, tmp_path):
+def test_an_unknown_host_key_is_refused(bare_cluster, tmp_path):
     empty = tmp_path / "known_hosts"
     empty.write_text("")
-    proc = clustercheck(cluster, tmp_path, "--limit", "node1", "--known-hosts", str(empty), "--format", "json")
+    proc = clustercheck(bare_cluster, tmp_path, "--limit", "node1", "--known-hosts", str(empty), "--format", "json")
     assert proc.returncode == 4, proc.stderr
     assert "Traceback" not in proc.stderr
     connect = checks_of(proc)[("connect", "node1")]
@@ -99,42 +100,42 @@ def test_an_unknown_host_key_is_refused(cluster, tmp_path):
     assert empty.read_text() == ""
 
 
-def test_accept_new_records_unknown_keys(cluster, tmp_path):
+def test_accept_new_records_unknown_keys(bare_cluster, tmp_path):
     new = tmp_path / "known_hosts"
     new.write_text("")
     args = ["--limit", "node1", "--only", "core", "--skip", "local.*", "--known-hosts", str(new), "--format", "json"]
-    first = clustercheck(cluster, tmp_path, *args, "--accept-new-host-keys")
+    first = clustercheck(bare_cluster, tmp_path, *args, "--accept-new-host-keys")
     assert first.returncode != 4, first.stderr
     assert checks_of(first)[("connect", "node1")]["status"] == "PASS"
     recorded = new.read_text()
-    assert recorded.startswith(cluster.node("node1").address + " ")
-    assert checks_of(clustercheck(cluster, tmp_path, *args))[("connect", "node1")]["status"] == "PASS"
+    assert recorded.startswith(bare_cluster.node("node1").address + " ")
+    assert checks_of(clustercheck(bare_cluster, tmp_path, *args))[("connect", "node1")]["status"] == "PASS"
 
 
-def test_hashed_known_hosts_entries_are_understood(cluster, tmp_path):
+def test_hashed_known_hosts_entries_are_understood(bare_cluster, tmp_path):
     hashed = tmp_path / "known_hosts"
-    hashed.write_text(Path(cluster.known_hosts).read_text())
+    hashed.write_text(Path(bare_cluster.known_hosts).read_text())
     subprocess.run(["ssh-keygen", "-H", "-f", str(hashed)], check=True, capture_output=True)
     assert "|1|" in hashed.read_text() and "node1" not in hashed.read_text()
     proc = clustercheck(
-        cluster, tmp_path, "--only", "core", "--skip", "local.*", "--known-hosts", str(hashed), "--format", "json"
+        bare_cluster, tmp_path, "--only", "core", "--skip", "local.*", "--known-hosts", str(hashed), "--format", "json"
     )
     assert proc.returncode != 4, proc.stderr
-    assert all(checks_of(proc)[("connect", n.name)]["status"] == "PASS" for n in cluster.nodes)
+    assert all(checks_of(proc)[("connect", n.name)]["status"] == "PASS" for n in bare_cluster.nodes)
 
 
-def test_a_skipped_network_measurement_is_not_made_on_the_nodes(cluster, tmp_path):
+def test_a_skipped_network_measurement_is_not_made_on_the_nodes(bare_cluster, tmp_path):
     """--skip network.rtt: the probes on the nodes make no round trip (their records have none), and network.rtt
     is SKIP in the usual shape while network.throughput is judged."""
     args = ["--only", "network", "--skip", "network.rtt", "--format", "json", "--master-port", "29631"]
-    proc = clustercheck(cluster, tmp_path, *args)
+    proc = clustercheck(bare_cluster, tmp_path, *args)
     assert "Traceback" not in proc.stderr
     checks = checks_of(proc)
     rtt = checks[("network.rtt", None)]
     assert rtt["status"] == "SKIP" and rtt["message"] == "network.rtt skipped: not selected (--skip network.rtt)"
     assert checks[("network.throughput", None)]["status"] in ("PASS", "WARN"), checks[("network.throughput", None)]
     made = []
-    for node in cluster.nodes:
+    for node in bare_cluster.nodes:
         record = json.loads((tmp_path / "run" / "hosts" / node.name / "network.json").read_text().splitlines()[-1])
         made += [e for e in record["perf"] if not e.get("served") and "error" not in e]
     assert made and all("out_mbps" in e and "rtt_ms" not in e for e in made), made
@@ -199,13 +200,14 @@ def test_a_node_frozen_during_its_node_local_job_is_named_as_not_answering(torch
     assert seconds < stall + 90, f"the verdict came {seconds:.0f} s after node2 froze:\n{err.read_text()[-2000:]}"
 
 
-def test_ssh_config_with_proxyjump_reaches_a_node_through_another(cluster, tmp_path):
+def test_ssh_config_with_proxyjump_reaches_a_node_through_another(bare_cluster, tmp_path):
     """~/.ssh/config's HostName, User, IdentityFile, UserKnownHostsFile and ProxyJump (node2 through node1)."""
-    node1, node2 = cluster.node("node1"), cluster.node("node2")
+    node1, node2 = bare_cluster.node("node1"), bare_cluster.node("node2")
     config = tmp_path / "ssh_config"
     config.write_text(
         f"Host behind-node1\n    HostName {node2.address}\n    ProxyJump {node1.address}\n\n"
-        f"Host *\n    User root\n    IdentityFile {cluster.key_file}\n    UserKnownHostsFile {cluster.known_hosts}\n"
+        f"Host *\n    User root\n    IdentityFile {bare_cluster.key_file}\n"
+        f"    UserKnownHostsFile {bare_cluster.known_hosts}\n"
     )
     proc = subprocess.run(
         [

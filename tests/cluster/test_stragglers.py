@@ -9,14 +9,23 @@ from harness import checks_of, clustercheck, ssh_client, ssh_run
 pytestmark = pytest.mark.cluster
 
 
-def test_a_rate_limited_node_is_named_with_its_throughput(cluster, tmp_path):
-    node2 = cluster.node("node2")
-    with ssh_client(cluster, node2) as client:
+def test_a_rate_limited_node_is_named_with_its_throughput(bare_cluster, tmp_path):
+    node2 = bare_cluster.node("node2")
+    with ssh_client(bare_cluster, node2) as client:
         status, out = ssh_run(client, "tc qdisc add dev eth0 root tbf rate 50mbit burst 64kb latency 50ms")
         assert status == 0, out
         try:
             proc = clustercheck(
-                cluster, tmp_path, "--only", "network", "--skip", "torch.*", "--skip", "local.*", "--format", "json"
+                bare_cluster,
+                tmp_path,
+                "--only",
+                "network",
+                "--skip",
+                "torch.*",
+                "--skip",
+                "local.*",
+                "--format",
+                "json",
             )
         finally:
             ssh_run(client, "tc qdisc del dev eth0 root")

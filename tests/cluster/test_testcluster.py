@@ -46,11 +46,11 @@ def run_on(client: paramiko.SSHClient, command: str) -> tuple[int, str]:
     return stdout.channel.recv_exit_status(), out
 
 
-def test_every_node_answers_over_ssh_with_host_key_checking(cluster):
-    hosts = inventory_hosts(cluster.inventory)
+def test_every_node_answers_over_ssh_with_host_key_checking(bare_cluster):
+    hosts = inventory_hosts(bare_cluster.inventory)
     assert sorted(hosts) == ["node1", "node2", "node3"]
     for name, address in hosts.items():
-        with ssh(address, cluster.known_hosts, cluster.key_file) as client:
+        with ssh(address, bare_cluster.known_hosts, bare_cluster.key_file) as client:
             _, stdout, _ = client.exec_command("hostname && systemctl is-system-running --wait")
             lines = stdout.read().decode().split()
             assert stdout.channel.recv_exit_status() in (0, 1)
@@ -58,24 +58,24 @@ def test_every_node_answers_over_ssh_with_host_key_checking(cluster):
             assert lines[1] in ("running", "degraded")
 
 
-def test_nodes_have_their_own_host_keys(cluster):
+def test_nodes_have_their_own_host_keys(bare_cluster):
     keys = [
         line.split()[2]
-        for line in Path(cluster.known_hosts).read_text().splitlines()
+        for line in Path(bare_cluster.known_hosts).read_text().splitlines()
         if line.split()[1] == "ssh-ed25519"
     ]
     assert len(keys) == 3 and len(set(keys)) == 3
 
 
-def test_an_unknown_host_key_is_refused(cluster, tmp_path):
+def test_an_unknown_host_key_is_refused(bare_cluster, tmp_path):
     empty = tmp_path / "known_hosts"
     empty.write_text("")
     with pytest.raises(paramiko.SSHException, match="not found in known_hosts"):
-        ssh(cluster.nodes[0].address, str(empty), cluster.key_file)
+        ssh(bare_cluster.nodes[0].address, str(empty), bare_cluster.key_file)
 
 
-def test_password_login_is_off(cluster):
-    transport = paramiko.Transport((cluster.nodes[0].address, 22))
+def test_password_login_is_off(bare_cluster):
+    transport = paramiko.Transport((bare_cluster.nodes[0].address, 22))
     try:
         transport.start_client(timeout=10)
         with pytest.raises(paramiko.BadAuthenticationType) as excinfo:
@@ -85,12 +85,12 @@ def test_password_login_is_off(cluster):
         transport.close()
 
 
-def test_up_replaces_leftovers_of_an_earlier_run(cluster):
+def test_up_replaces_leftovers_of_an_earlier_run(bare_cluster):
     """A crashed run leaves containers and a network behind; the next `up` must not trip over them."""
-    name = f"{cluster.name}-leftover"
+    name = f"{bare_cluster.name}-leftover"
     label = f"{testcluster.LABEL}={name}"
     testcluster.docker("network", "create", "--label", label, "--subnet", "172.30.250.0/24", f"{name}-net")
-    testcluster.docker("create", "--name", f"{name}-node1", "--label", label, cluster.image)
+    testcluster.docker("create", "--name", f"{name}-node1", "--label", label, bare_cluster.image)
     try:
         fresh = testcluster.up(1, name=name)
         with ssh(fresh.nodes[0].address, fresh.known_hosts, fresh.key_file) as client:

@@ -99,7 +99,7 @@ def test_the_checkpoint_round_trip_passes_and_a_rank_loading_a_perturbed_file_is
 
 @pytest.fixture(scope="module")
 def lightning_cluster(torch_cluster, lightning_wheelhouse):
-    """The session cluster with Lightning in the nodes' torch environment, for this module's tests only."""
+    """The torch cluster with Lightning in the nodes' torch environment, for this module's tests only."""
     errors = torchenv.install_packages(torch_cluster, lightning_wheelhouse, [torchenv.LIGHTNING_PIN])
     if errors:
         pytest.fail("installing Lightning on the nodes failed: " + "; ".join(errors))

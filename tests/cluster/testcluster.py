@@ -271,11 +271,13 @@ def up(
     timeout: float = 180,
     os_name: str | list[str] = DEFAULT_OS,
     user: str = "root",
+    image: str = "",
 ) -> Cluster:
     """Start COUNT nodes named node1..nodeN on a private network; replaces leftovers of NAME.
 
     OS_NAME: one OS for every node, or a list with one per node. USER: the login user; anyone but root gets
-    passwordless sudo and root gets no key.
+    passwordless sudo and root gets no key. IMAGE: an image made from OS_NAME's node image (one OS for every
+    node) to start the nodes from instead, such as one with torch installed (tests/cluster/torchenv.py).
     """
     if count < 1:
         raise ClusterError("a cluster needs at least one node")
@@ -287,6 +289,10 @@ def up(
         raise ClusterError(f"{user!r} is not a valid user name")
     ensure_docker()
     images = ensure_images(node_os)
+    if image:
+        if len(set(node_os)) != 1:
+            raise ClusterError("an image of its own is made from one OS's node image: give one OS for every node")
+        images = {node_os[0]: image}
     port = ensure_apt_cache()
     down(name)
     state = STATE_DIR / name

@@ -3,9 +3,11 @@ the node: never through clustercheck's own code), `clustercheck run` run as a us
 asserted: the exit code, a FAIL or ERROR naming the node or pair and the cause, its fix, the other nodes' results
 kept, the verdict within the row's deadline, and nothing of clustercheck's left on any node.
 
-The rows run one after the other on the session cluster after the setup playbook (as users run clustercheck: after
-site.yml), with torch in every node's environment; each restores its node before the next. What each row saw is
-recorded in tests/faults/last-run.json, from which scripts/faults_docs.py renders docs/faults.md.
+The rows run one after the other on the converged cluster (as users run clustercheck: after site.yml, with torch in
+every node's environment); each restores its node before the next, and after every row the nodes are compared with
+how they were before the first (`put_back`): a row that left one changed fails, and spoils the cluster for every later
+test, instead of changing what they run on. What each row saw is recorded in tests/faults/last-run.json, from which
+scripts/faults_docs.py renders docs/faults.md.
 """
 
 from __future__ import annotations
@@ -18,15 +20,17 @@ import signal
 import subprocess
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from conftest import spoil
 from fault_rows import ROWS, Fault
 from harness import (
     DDP_RANKS,
     LEFTOVERS,
-    PYTHON,
+    RECORDED_SITE_PACKAGES,
     SWEEP,
     clustercheck,
     clustercheck_command,
@@ -60,9 +64,15 @@ class Verdict:
 
 
 @pytest.fixture(scope="module")
-def fault_cluster(converged_cluster, torch_cluster):
-    """The session cluster as users check it: after site.yml (chrony, /etc/hosts, ufw, SSH trust), torch installed."""
-    return torch_cluster
+def fault_cluster(converged_cluster):
+    """The cluster as users check it: after site.yml (chrony, /etc/hosts, ufw, SSH trust, torch in its environment),
+    with the environment's python and site-packages the roles recorded (`python`, `site_packages`), and what a row
+    may change on its nodes recorded for `put_back`."""
+    node1 = converged_cluster.nodes[0]
+    converged_cluster.python = on_node(node1, "cat /etc/clustercheck/python").strip()
+    converged_cluster.site_packages = on_node(node1, RECORDED_SITE_PACKAGES).strip()
+    converged_cluster.before_the_rows = node_states(converged_cluster)
+    return converged_cluster
 
 
 INJECT: dict[str, Callable] = {}
@@ -78,14 +88,103 @@ def injects(row_id: str):
 
 @pytest.mark.parametrize("row", ROWS, ids=[r.id for r in ROWS])
 def test_fault(row: Fault, fault_cluster, tmp_path):
-    verdict = INJECT[row.id](fault_cluster, tmp_path, row)
+    try:
+        verdict = INJECT[row.id](fault_cluster, tmp_path, row)
+    finally:
+        put_back(fault_cluster, row)
     said = _assert_contract(row, verdict, fault_cluster)
     assert leftovers(fault_cluster) == {}, "clustercheck left processes or work directories on a node"
     _record(row, verdict, said)
 
 
+def test_a_row_that_leaves_a_node_changed_fails_and_spoils_the_cluster(fault_cluster, monkeypatch):
+    """What `put_back` does after a row whose restore did not work: here, a line left in node2's /etc/hosts."""
+    monkeypatch.setitem(globals(), "SETTLE", 0)
+    row = Fault("leaves-hosts", "", "", 0, "", "node2", "", 0)
+    node2 = fault_cluster.node("node2")
+    on_node(node2, "echo '192.0.2.1 leftover' >> /etc/hosts")
+    try:
+        with pytest.raises(AssertionError) as raised:
+            put_back(fault_cluster, row)
+    finally:  # Docker bind-mounts /etc/hosts: rewritten in place
+        kept = "grep -v ' leftover$' /etc/hosts > /root/hosts.faults"
+        on_node(node2, f"{kept} && cat /root/hosts.faults > /etc/hosts && rm /root/hosts.faults")
+    said = "the fault row leaves-hosts did not put the cluster back: node2: +192.0.2.1 leftover"
+    assert str(raised.value) == fault_cluster.spoiled == said
+    put_back(fault_cluster, row)  # as before the rows again: nothing to say
+    del fault_cluster.spoiled  # what spoiled it is undone
+
+
 def test_every_row_has_an_injection():
     assert sorted(INJECT) == sorted(r.id for r in ROWS)
+
+
+# ------------------------------------------------------------------------------------------- the nodes put back
+
+# What a node keeps running of clustercheck's (LEFTOVERS without the work directory, which only a later run or the
+# operator removes from a node that could not be reached).
+PROCESSES = LEFTOVERS.replace("ls -d /tmp/clustercheck-* 2>/dev/null; ", "")
+
+
+def node_state(site_packages: str) -> str:
+    """What the rows change on a node and put back (files, services, firewall rules, the link's queueing, mounts, the
+    torch environment in SITE_PACKAGES), and what a row that went wrong leaves running."""
+    return "; ".join(
+        [
+            "cat /etc/hosts",
+            "md5sum /root/.ssh/authorized_keys /root/.bashrc /etc/ssh/ssh_host_*_key.pub 2>&1",
+            "ls /etc/ssh/sshd_config.d",
+            "systemctl is-active ssh chrony slurmd",
+            "iptables -S",
+            "tc qdisc show dev eth0",
+            "df -k --output=target,size /dev/shm /tmp",
+            f"md5sum {site_packages}/torch/version.py {site_packages}/mpmath-*.dist-info/METADATA 2>&1",
+            f"ls {site_packages} | grep clustercheck_test_fault",
+            PROCESSES,
+        ]
+    )
+
+
+SETTLE = 60  # seconds a node restarted by a row (node-down) may take to have its services back
+
+
+def node_states(cluster) -> dict[str, str]:
+    """Node -> its container's state, whether SSH lets the suite in with the cluster's key and known_hosts, and what
+    `node_state` shows there; and the control machine's known_hosts."""
+
+    def state(node) -> str:
+        container = docker("inspect", "--format", "running={{.State.Running}} paused={{.State.Paused}}", node.container)
+        try:
+            with ssh_client(cluster, node) as client:
+                ssh = ssh_run(client, "hostname", timeout=30)[1].strip()
+        except Exception as exc:
+            ssh = f"refused: {type(exc).__name__}"
+        shown = on_node(node, node_state(cluster.site_packages), check=False) if "paused=false" in container else ""
+        return f"{container.strip()}\nssh: {ssh}\n{shown}"
+
+    with ThreadPoolExecutor(len(cluster.nodes)) as pool:
+        states = dict(zip([n.name for n in cluster.nodes], pool.map(state, cluster.nodes), strict=True))
+    states["known_hosts"] = Path(cluster.known_hosts).read_text()
+    return states
+
+
+def put_back(cluster, row: Fault) -> None:
+    """After ROW: every node as it was before the first row. One that is not (within SETTLE seconds) fails the row
+    and spoils the cluster, naming the row and what it left."""
+    deadline = time.monotonic() + SETTLE
+    while (now := node_states(cluster)) != cluster.before_the_rows and time.monotonic() < deadline:
+        time.sleep(2)
+    if now == cluster.before_the_rows:
+        return
+    left = []
+    for name, before in cluster.before_the_rows.items():
+        if now[name] != before:
+            gone = [f"-{line}" for line in before.splitlines() if line not in now[name].splitlines()]
+            came = [f"+{line}" for line in now[name].splitlines() if line not in before.splitlines()]
+            left.append(f"{name}: {' '.join([*gone, *came][:8])}")
+    why = f"the fault row {row.id} did not put the cluster back: {'; '.join(left)}"
+    spoil(cluster, why)
+    raise AssertionError(why)
 
 
 # ------------------------------------------------------------------------------------------- the contract
@@ -361,7 +460,8 @@ def hostname_loopback(cluster, tmp_path, row):
 def torch_version(cluster, tmp_path, row):
     """node3's torch is relabelled 2.12.0 (torch/version.py edited, the build itself unchanged)."""
     node3 = cluster.node("node3")
-    torch_dir = on_node(node3, f"{PYTHON} -c 'import torch, os; print(os.path.dirname(torch.__file__))'").strip()
+    python = cluster.python
+    torch_dir = on_node(node3, f"{python} -c 'import torch, os; print(os.path.dirname(torch.__file__))'").strip()
     version_py = f"{torch_dir}/version.py"
     # The label changes, not its length: drop the bytecode so Python cannot reuse a stale copy.
     no_pyc = f"rm -f {torch_dir}/__pycache__/version.*.pyc"
@@ -372,7 +472,7 @@ def torch_version(cluster, tmp_path, row):
         verdict = run(cluster, tmp_path, row)
     finally:
         on_node(node3, f"mv {version_py}.orig {version_py} && {no_pyc}")
-    assert on_node(node3, f"{PYTHON} -c 'import torch; print(torch.__version__)'").strip() == "2.13.0+cpu"
+    assert on_node(node3, f"{python} -c 'import torch; print(torch.__version__)'").strip() == "2.13.0+cpu"
     result = checks(verdict)[("consistency.torch", None)]
     assert result["message"] == "torch version differs: node3 has 2.12.0+cpu, where the other 2 node(s) have 2.13.0+cpu"
     assert result["data"]["differ"] == ["node3"]
@@ -450,9 +550,6 @@ def tmp_small(cluster, tmp_path, row):
 
 STALL = 30  # --stall-timeout: a rank's start on a busy 2-core machine can go 20 s without a heartbeat
 DDP_DEADLINE = 90  # --timeout: the DDP job's deadline (its start on a busy machine included)
-# What a node keeps running of clustercheck's (LEFTOVERS without the work directory, which only a later run or the
-# operator removes from a node that could not be reached).
-PROCESSES = LEFTOVERS.replace("ls -d /tmp/clustercheck-* 2>/dev/null; ", "")
 NODE_GRACE, KILL_AFTER = 30, 10  # transport's: how long after its deadline a command on a node ends by itself
 
 
@@ -582,7 +679,7 @@ DRIFTED = "mpmath"  # a dependency of torch, installed on every node of the torc
 def package_version(cluster, tmp_path, row):
     node2 = cluster.node("node2")
     locate = f"from importlib import metadata; d = metadata.distribution('{DRIFTED}'); print(d._path, d.version)"
-    path, version = on_node(node2, f'{PYTHON} -c "{locate}"').split()
+    path, version = on_node(node2, f'{cluster.python} -c "{locate}"').split()
     metadata = f"{path}/METADATA"
     on_node(node2, f"cp -p {metadata} {metadata}.orig && sed -i 's/^Version: .*/Version: 0.0.1/' {metadata}")
     try:

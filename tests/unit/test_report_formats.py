@@ -4,15 +4,13 @@
 from __future__ import annotations
 
 import json
-import os
 import re
-import shutil
 import subprocess
 from collections import Counter
 from pathlib import Path
 
 import pytest
-from harness import probe_records, real_results
+from harness import probe_records, promtool_path, real_results
 
 from clustercheck import report
 from clustercheck.checks import network, registry
@@ -48,13 +46,10 @@ def samples(text: str, source: str = "run") -> list[tuple[str, dict[str, str], f
 def promtool(text: str, tmp_path: Path) -> subprocess.CompletedProcess:
     """`promtool check metrics` (Debian's prometheus package): the exposition parses and follows the naming
     conventions. CI installs it (.ci/run); elsewhere a machine without it skips."""
-    tool = shutil.which("promtool")
-    if not tool:
-        if os.environ.get("CI", "").lower() == "true":
-            pytest.fail("promtool is not installed (apt-get install prometheus); CI must run this check")
-        pytest.skip("promtool is not installed (apt-get install prometheus)")
     # with the newline the CLI ends every report with
-    return subprocess.run([tool, "check", "metrics"], input=text + "\n", capture_output=True, text=True, timeout=60)
+    return subprocess.run(
+        [promtool_path(), "check", "metrics"], input=text + "\n", capture_output=True, text=True, timeout=60
+    )
 
 
 def test_every_format_is_offered_and_renders():
@@ -263,10 +258,9 @@ def test_the_documented_query_for_failing_nodes_finds_them(tmp_path):
         ],
     }
     (tmp_path / "test.yml").write_text(json.dumps(tests))
-    tool = shutil.which("promtool")
-    if not tool:
-        promtool("", tmp_path)  # fails in CI, skips elsewhere
-    proc = subprocess.run([tool, "test", "rules", "test.yml"], cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [promtool_path(), "test", "rules", "test.yml"], cwd=tmp_path, capture_output=True, text=True, timeout=60
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
