@@ -286,6 +286,22 @@ def test_address_filters():
     assert net.overlaps(["172.17.0.1/24"], ["172.17.0.0/16"]) == ["172.17.0.1/24 overlaps 172.17.0.0/16"]
 
 
+def test_container_filter():
+    """base (what a container can do) and containers (whether Docker's daemon can run) ask one filter: a container
+    is a guest of a container runtime. A VM is a guest too, and a Docker or LXD host is a host."""
+    node = _load(REPO / "filter_plugins" / "clustercheck_node.py", "clustercheck_node")
+    for kind in ("docker", "podman", "container", "containerd", "lxc", "systemd-nspawn"):
+        assert node.is_container({"virtualization_role": "guest", "virtualization_type": kind}), kind
+    assert not node.is_container({"virtualization_role": "guest", "virtualization_type": "kvm"})
+    assert not node.is_container({"virtualization_role": "host", "virtualization_type": "docker"})
+    assert not node.is_container({"virtualization_role": "host", "virtualization_type": "lxc"})
+    assert not node.is_container({})  # facts that say nothing: not a container
+    roles = [REPO / "roles" / "base" / "tasks" / "main.yml", REPO / "roles" / "containers" / "tasks" / "main.yml"]
+    for path in roles:
+        text = path.read_text()
+        assert "ansible_facts | clustercheck_is_container" in text and "'systemd-nspawn'" not in text, path
+
+
 def test_firewall_removes_only_its_own_rules_that_the_settings_no_longer_ask_for():
     """The firewall role's prune, on what ufw really lists (tests/unit/data/ufw-show-added.txt): admin_cidr narrowed
     from any (and 192.0.2.0/24) to 198.51.100.0/24, the node_exporter rule and the IPv6 SSH rule no longer asked
