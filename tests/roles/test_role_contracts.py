@@ -302,6 +302,45 @@ def test_container_filter():
         assert "ansible_facts | clustercheck_is_container" in text and "'systemd-nspawn'" not in text, path
 
 
+def test_the_key_and_repository_sequence_is_written_once():
+    """NVIDIA's CUDA repository (nvidia_repo) and the Container Toolkit's (containers) are set up by one task file,
+    nvidia_repo's tasks/source.yml: its parameters are its entry point's in the argument specs, each use sets all of
+    them, and the keyring is installed only after the fingerprint was read and asserted (the stand-in tests refuse a
+    foreign key through both uses)."""
+    source = REPO / "roles" / "nvidia_repo" / "tasks" / "source.yml"
+    for path in (REPO / "roles").glob("*/tasks/*.yml"):
+        if path != source:
+            text = path.read_text()
+            assert "deb822_repository" not in text and "--show-keys" not in text, f"{path}: a second copy"
+    spec = yaml.safe_load((REPO / "roles" / "nvidia_repo" / "meta" / "argument_specs.yml").read_text())
+    options = spec["argument_specs"]["source"]["options"]
+    tasks = yaml.safe_load(source.read_text())
+    role_vars = REPO / "roles" / "nvidia_repo" / "vars" / "main.yml"  # the download's path, made of a parameter
+    made_here = {t["register"] for t in tasks if "register" in t} | {v for t in tasks for v in t.get("vars", {})}
+    made_here |= set(yaml.safe_load(role_vars.read_text()))
+    read = re.findall(r"\bnvidia_repo_source_\w+", source.read_text() + role_vars.read_text())
+    assert set(read) - made_here == set(options)
+    uses = [
+        next(t for t in yaml.safe_load((REPO / "roles" / role / "tasks" / name).read_text()) if key in t)
+        for role, name, key in [
+            ("nvidia_repo", "main.yml", "ansible.builtin.import_tasks"),
+            ("containers", "toolkit.yml", "ansible.builtin.include_role"),
+        ]
+    ]
+    assert uses[0]["ansible.builtin.import_tasks"] == "source.yml"
+    assert uses[1]["ansible.builtin.include_role"]["tasks_from"] == "source.yml"
+    for use in uses:
+        assert set(use["vars"]) == set(options), use["name"]
+    names = [t["name"] for t in tasks]
+    checked = names.index("NVIDIA repo | ASSERT | The key is NVIDIA's")
+    assert "nvidia_repo_source_fprs is not skipped" in tasks[checked]["when"]
+    for task in tasks:
+        installs = "ansible.builtin.apt" in task and "deb" in task["ansible.builtin.apt"]
+        installs |= "--dearmor" in str(task.get("ansible.builtin.command", ""))
+        if installs:
+            assert names.index(task["name"]) > checked and "nvidia_repo_source_fprs is not skipped" in task["when"]
+
+
 def test_firewall_removes_only_its_own_rules_that_the_settings_no_longer_ask_for():
     """The firewall role's prune, on what ufw really lists (tests/unit/data/ufw-show-added.txt): admin_cidr narrowed
     from any (and 192.0.2.0/24) to 198.51.100.0/24, the node_exporter rule and the IPv6 SSH rule no longer asked
