@@ -413,6 +413,51 @@ def test_wheelhouse_check_reads_real_wheel_names():
     assert wheels.python_too_old("3.8", "3.10") and not wheels.python_too_old("3.12", "3.10")
 
 
+def _requirements(**settings) -> list[str]:
+    """python_env's requirements.txt for the role's defaults with SETTINGS, rendered by Jinja (the template needs no
+    more of Ansible than its bool filter)."""
+    import jinja2
+
+    role = REPO / "roles" / "python_env"
+    values = yaml.safe_load((role / "defaults" / "main.yml").read_text())
+    values.update(python_env_pytorch_variant="cpu", python_env_pytorch_index_url="https://download.pytorch.org/whl/cpu")
+    values.update(python_env_wheelhouse="")  # the computed defaults, as they come out with no GPU and no wheelhouse
+    values.update(ansible_managed="managed", **settings)
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(role / "templates"), trim_blocks=True)
+    env.filters["bool"] = lambda value: str(value).lower() in ("true", "yes", "1")
+    text = env.get_template("requirements.txt.j2").render(values)
+    return [line for line in text.splitlines() if line and not line.startswith(("#", "-"))]
+
+
+def test_the_default_environment_manager_is_the_one_the_test_clusters_converge():
+    """venv: the test clusters converge the role's default (their variables leave the manager alone); conda's
+    installer cannot be reached from them, so conda, the other choice, is run in check mode only."""
+    defaults = yaml.safe_load((REPO / "roles" / "python_env" / "defaults" / "main.yml").read_text())
+    assert defaults["python_env_manager"] == _options("python_env")["python_env_manager"]["default"] == "venv"
+    for name in ("testcluster-vars.yml", "testcluster-ubuntu-hostvars.yml"):
+        assert "python_env_manager" not in (REPO / "tests" / "ansible" / name).read_text(), name
+    example = yaml.safe_load((REPO / "inventory" / "group_vars" / "all.yml").read_text())
+    assert example["python_env_manager"] == "venv"
+
+
+def test_numpy_is_installed_with_torch_at_its_pin():
+    """Without numpy, torch's object collectives (dist.all_gather_object) fail on every rank with "Numpy is not
+    available": it comes with torch, pinned, from an index or a wheelhouse; without torch there is none."""
+    assert _requirements() == ["torch==2.13.0+cpu", "numpy==2.2.6", "torchvision==0.28.0+cpu"]
+    assert _requirements(python_env_wheelhouse="/srv/wheels", python_env_torchvision_version="") == [
+        "torch==2.13.0",
+        "numpy==2.2.6",
+    ]
+    assert _requirements(python_env_torch_version="", python_env_packages=["mpmath==1.3.0"]) == [
+        "torchvision==0.28.0+cpu",
+        "mpmath==1.3.0",
+    ]
+    assert "numpy" not in " ".join(_requirements(python_env_numpy_version=""))
+    # The wheelhouse is checked for numpy like torch, and the environment must import it (tasks/main.yml).
+    tasks = (REPO / "roles" / "python_env" / "tasks" / "main.yml").read_text()
+    assert "'numpy': python_env_numpy_version" in tasks and "(['numpy'] if python_env_numpy_wanted" in tasks
+
+
 def test_the_monitoring_timer_offers_the_stages_clustercheck_runs():
     """monitoring_timer_stages become `clustercheck run --only` arguments: its choices are the CLI's stages."""
     from clustercheck.cli import STAGES
