@@ -161,18 +161,25 @@ def wheelhouse() -> Path:
 
 def build_wheelhouse() -> Path:
     """The torch and ipykernel wheelhouse (the `wheelhouse` fixture), built once for test sessions and benchmarks."""
-    target = testcluster.CACHE_DIR / "wheelhouse-torch-ipykernel"
+    target = testcluster.CACHE_DIR / "wheelhouse-torch-numpy-ipykernel"
     stamp = target / ".complete"
     target.parent.mkdir(parents=True, exist_ok=True)
     with open(target.parent / ".wheelhouse.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # one builder at a time across test sessions
-        pins = [TORCH_PIN, IPYKERNEL_PIN]
+        numpy_pin = "numpy=={}".format(
+            yaml.safe_load((REPO / "roles" / "python_env" / "defaults" / "main.yml").read_text())[
+                "python_env_numpy_version"
+            ]
+        )
+        pins = [TORCH_PIN, IPYKERNEL_PIN, numpy_pin]
         if stamp.exists() and stamp.read_text().split() == pins:
             return target
         shutil.rmtree(target, ignore_errors=True)
         target.mkdir(parents=True)
         pip = [sys.executable, "-m", "pip", "download", "-q", "--only-binary=:all:", "-d", str(target)]
-        subprocess.run([*pip, "-c", str(REPO / "constraints.txt"), *pins], check=True)
+        subprocess.run([*pip, "-c", str(REPO / "constraints.txt"), TORCH_PIN, IPYKERNEL_PIN], check=True)
+        # The role's numpy, which the nodes install with torch (not the control machine's pin in constraints.txt).
+        subprocess.run([*pip, "--no-deps", numpy_pin], check=True)
         stamp.write_text(" ".join(pins) + "\n")
     return target
 

@@ -1,5 +1,5 @@
-"""python_env: the recorded environment's python imports torch at the pinned version, and every package the
-inventory lists in python_env_packages."""
+"""python_env: the recorded environment's python imports torch and numpy at the pinned versions, and every package
+the inventory lists in python_env_packages."""
 
 import json
 import re
@@ -24,6 +24,19 @@ def test_recorded_python_imports_pinned_torch(host, runner):
         return
     got = host.check_output(f"{python} -c 'import torch; print(torch.__version__)'")
     assert got.split("+")[0] == want, f"torch {got} in {python}, want {want}"
+
+
+def test_recorded_python_imports_pinned_numpy(host, runner):
+    """torch needs numpy for dist.all_gather_object and the other object collectives ("Numpy is not available"), and
+    warns without it on every import; the role installs it with torch."""
+    python = _recorded_python(host)
+    name = host.backend.get_hostname()
+    want = setting(runner, name, "python_env_numpy_version", "python_env")
+    if not setting(runner, name, "python_env_torch_version", "python_env") or not want:
+        return  # no torch, or numpy left out (python_env_numpy_version: ""): nothing pinned to compare
+    result = host.run(f"{python} -c 'import numpy; print(numpy.__version__)'")
+    assert result.rc == 0, f"numpy does not import in {python}: {result.stderr.strip()[-300:]}"
+    assert result.stdout.strip() == want, f"numpy {result.stdout.strip()} in {python}, want {want}"
 
 
 def test_recorded_python_imports_every_listed_package(host, runner):

@@ -287,6 +287,61 @@ def test_address_filters():
     assert net.overlaps(["172.17.0.1/24"], ["172.17.0.0/16"]) == ["172.17.0.1/24 overlaps 172.17.0.0/16"]
 
 
+def test_container_filter():
+    """base (what a container can do) and containers (whether Docker's daemon can run) ask one filter: a container
+    is a guest of a container runtime. A VM is a guest too, and a Docker or LXD host is a host."""
+    node = _load(REPO / "filter_plugins" / "clustercheck_node.py", "clustercheck_node")
+    for kind in ("docker", "podman", "container", "containerd", "lxc", "systemd-nspawn"):
+        assert node.is_container({"virtualization_role": "guest", "virtualization_type": kind}), kind
+    assert not node.is_container({"virtualization_role": "guest", "virtualization_type": "kvm"})
+    assert not node.is_container({"virtualization_role": "host", "virtualization_type": "docker"})
+    assert not node.is_container({"virtualization_role": "host", "virtualization_type": "lxc"})
+    assert not node.is_container({})  # facts that say nothing: not a container
+    roles = [REPO / "roles" / "base" / "tasks" / "main.yml", REPO / "roles" / "containers" / "tasks" / "main.yml"]
+    for path in roles:
+        text = path.read_text()
+        assert "ansible_facts | clustercheck_is_container" in text and "'systemd-nspawn'" not in text, path
+
+
+def test_the_key_and_repository_sequence_is_written_once():
+    """NVIDIA's CUDA repository (nvidia_repo) and the Container Toolkit's (containers) are set up by one task file,
+    nvidia_repo's tasks/source.yml: its parameters are its entry point's in the argument specs, each use sets all of
+    them, and the keyring is installed only after the fingerprint was read and asserted (the stand-in tests refuse a
+    foreign key through both uses)."""
+    source = REPO / "roles" / "nvidia_repo" / "tasks" / "source.yml"
+    for path in (REPO / "roles").glob("*/tasks/*.yml"):
+        if path != source:
+            text = path.read_text()
+            assert "deb822_repository" not in text and "--show-keys" not in text, f"{path}: a second copy"
+    spec = yaml.safe_load((REPO / "roles" / "nvidia_repo" / "meta" / "argument_specs.yml").read_text())
+    options = spec["argument_specs"]["source"]["options"]
+    tasks = yaml.safe_load(source.read_text())
+    role_vars = REPO / "roles" / "nvidia_repo" / "vars" / "main.yml"  # the download's path, made of a parameter
+    made_here = {t["register"] for t in tasks if "register" in t} | {v for t in tasks for v in t.get("vars", {})}
+    made_here |= set(yaml.safe_load(role_vars.read_text()))
+    read = re.findall(r"\bnvidia_repo_source_\w+", source.read_text() + role_vars.read_text())
+    assert set(read) - made_here == set(options)
+    uses = [
+        next(t for t in yaml.safe_load((REPO / "roles" / role / "tasks" / name).read_text()) if key in t)
+        for role, name, key in [
+            ("nvidia_repo", "main.yml", "ansible.builtin.import_tasks"),
+            ("containers", "toolkit.yml", "ansible.builtin.include_role"),
+        ]
+    ]
+    assert uses[0]["ansible.builtin.import_tasks"] == "source.yml"
+    assert uses[1]["ansible.builtin.include_role"]["tasks_from"] == "source.yml"
+    for use in uses:
+        assert set(use["vars"]) == set(options), use["name"]
+    names = [t["name"] for t in tasks]
+    checked = names.index("NVIDIA repo | ASSERT | The key is NVIDIA's")
+    assert "nvidia_repo_source_fprs is not skipped" in tasks[checked]["when"]
+    for task in tasks:
+        installs = "ansible.builtin.apt" in task and "deb" in task["ansible.builtin.apt"]
+        installs |= "--dearmor" in str(task.get("ansible.builtin.command", ""))
+        if installs:
+            assert names.index(task["name"]) > checked and "nvidia_repo_source_fprs is not skipped" in task["when"]
+
+
 def test_firewall_removes_only_its_own_rules_that_the_settings_no_longer_ask_for():
     """The firewall role's prune, on what ufw really lists (tests/unit/data/ufw-show-added.txt): admin_cidr narrowed
     from any (and 192.0.2.0/24) to 198.51.100.0/24, the node_exporter rule and the IPv6 SSH rule no longer asked
@@ -357,6 +412,51 @@ def test_wheelhouse_check_reads_real_wheel_names():
         "the wheelhouse has no torchvision==0.28.0 wheel"
     )
     assert wheels.python_too_old("3.8", "3.10") and not wheels.python_too_old("3.12", "3.10")
+
+
+def _requirements(**settings) -> list[str]:
+    """python_env's requirements.txt for the role's defaults with SETTINGS, rendered by Jinja (the template needs no
+    more of Ansible than its bool filter)."""
+    import jinja2
+
+    role = REPO / "roles" / "python_env"
+    values = yaml.safe_load((role / "defaults" / "main.yml").read_text())
+    values.update(python_env_pytorch_variant="cpu", python_env_pytorch_index_url="https://download.pytorch.org/whl/cpu")
+    values.update(python_env_wheelhouse="")  # the computed defaults, as they come out with no GPU and no wheelhouse
+    values.update(ansible_managed="managed", **settings)
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(role / "templates"), trim_blocks=True)
+    env.filters["bool"] = lambda value: str(value).lower() in ("true", "yes", "1")
+    text = env.get_template("requirements.txt.j2").render(values)
+    return [line for line in text.splitlines() if line and not line.startswith(("#", "-"))]
+
+
+def test_the_default_environment_manager_is_the_one_the_test_clusters_converge():
+    """venv: the test clusters converge the role's default (their variables leave the manager alone); conda's
+    installer cannot be reached from them, so conda, the other choice, is run in check mode only."""
+    defaults = yaml.safe_load((REPO / "roles" / "python_env" / "defaults" / "main.yml").read_text())
+    assert defaults["python_env_manager"] == _options("python_env")["python_env_manager"]["default"] == "venv"
+    for name in ("testcluster-vars.yml", "testcluster-ubuntu-hostvars.yml"):
+        assert "python_env_manager" not in (REPO / "tests" / "ansible" / name).read_text(), name
+    example = yaml.safe_load((REPO / "inventory" / "group_vars" / "all.yml").read_text())
+    assert example["python_env_manager"] == "venv"
+
+
+def test_numpy_is_installed_with_torch_at_its_pin():
+    """Without numpy, torch's object collectives (dist.all_gather_object) fail on every rank with "Numpy is not
+    available": it comes with torch, pinned, from an index or a wheelhouse; without torch there is none."""
+    assert _requirements() == ["torch==2.13.0+cpu", "numpy==2.2.6", "torchvision==0.28.0+cpu"]
+    assert _requirements(python_env_wheelhouse="/srv/wheels", python_env_torchvision_version="") == [
+        "torch==2.13.0",
+        "numpy==2.2.6",
+    ]
+    assert _requirements(python_env_torch_version="", python_env_packages=["mpmath==1.3.0"]) == [
+        "torchvision==0.28.0+cpu",
+        "mpmath==1.3.0",
+    ]
+    assert "numpy" not in " ".join(_requirements(python_env_numpy_version=""))
+    # The wheelhouse is checked for numpy like torch, and the environment must import it (tasks/main.yml).
+    tasks = (REPO / "roles" / "python_env" / "tasks" / "main.yml").read_text()
+    assert "'numpy': python_env_numpy_version" in tasks and "(['numpy'] if python_env_numpy_wanted" in tasks
 
 
 def test_the_monitoring_timer_offers_the_stages_clustercheck_runs():
