@@ -14,7 +14,7 @@ from clustercheck import catalog
     type=click.Choice(["text", "json", "markdown"]),
     default="text",
     show_default=True,
-    help="text for people, json for scripts, markdown for documentation (the README's tables).",
+    help="text for people, json for scripts, markdown for documentation (docs/checks.md's tables).",
 )
 def command(fmt: str) -> None:
     """List every check clustercheck can report: its name, stage, scope, what it proves and the fix."""

@@ -27,7 +27,7 @@ SCHEMA_VERSION = 1
 
 MEMORY_SHORT = 0.95  # nvidia-smi shows a little less than the datasheet; gpu.memory names less than this share of it
 
-# The figures a model may give: each one's schema, what it means, and how the checks judge it (the README's table
+# The figures a model may give: each one's schema, what it means, and how the checks judge it (docs/checks.md's table
 # of figures is rendered from here: figure_table).
 FIGURES: dict[str, dict[str, Any]] = {
     "gpus_per_node": {
@@ -78,7 +78,7 @@ FIGURES: dict[str, dict[str, Any]] = {
 
 
 def figure_table() -> str:
-    """The README's table of figures (scripts/checks_docs.py writes it there, a test compares)."""
+    """docs/checks.md's table of figures (scripts/checks_docs.py writes it there, a test compares)."""
     rows = [f"| `{name}` | {f['means']} | {f['judged']} |" for name, f in FIGURES.items()]
     return "\n".join(["| figure | means | judged by |", "| --- | --- | --- |", *rows]) + "\n"
 

@@ -75,7 +75,7 @@ def _options(role: str) -> dict[str, dict]:
 
 
 DEFAULTS_POINTER = (
-    "# Values only: what each variable means is in meta/argument_specs.yml (and the README's role tables)."
+    "# Values only: what each variable means is in meta/argument_specs.yml (and docs/roles.md, generated from them)."
 )
 
 
