@@ -26,6 +26,10 @@ DIRECTORY = Path(__file__).parent
 SCHEMA_VERSION = 1
 
 MEMORY_SHORT = 0.95  # nvidia-smi shows a little less than the datasheet; gpu.memory names less than this share of it
+# A measured figure against the datasheet's peak: a healthy GPU's large multiply and large copy reach well above
+# these shares of it (cuBLAS, a plain copy); a GPU under them is named (checks/gpuperf.py).
+MATMUL_SHARE = 0.5
+MEMORY_BANDWIDTH_SHARE = 0.6
 
 # The figures a model may give: each one's schema, what it means, and how the checks judge it (docs/checks.md's table
 # of figures is rendered from here: figure_table).
@@ -60,6 +64,33 @@ FIGURES: dict[str, dict[str, Any]] = {
         "schema": {"type": "integer", "minimum": 1},
         "means": "the PCIe lanes the GPU has",
         "judged": "`pcie.link` WARNs where the slot gives fewer",
+    },
+    "matmul_bf16_tflops": {
+        "schema": {"type": "number", "exclusiveMinimum": 0},
+        "means": "the datasheet's dense bf16 tensor-core peak in TFLOP/s (without sparsity)",
+        "judged": f"`gpu.matmul` WARNs for a GPU whose bf16 multiply reaches under {MATMUL_SHARE:.0%} of it",
+    },
+    "matmul_tf32_tflops": {
+        "schema": {"type": "number", "exclusiveMinimum": 0},
+        "means": "the datasheet's dense TF32 tensor-core peak in TFLOP/s (without sparsity)",
+        "judged": f"`gpu.matmul` WARNs for a GPU whose tf32 multiply reaches under {MATMUL_SHARE:.0%} of it",
+    },
+    "matmul_fp32_tflops": {
+        "schema": {"type": "number", "exclusiveMinimum": 0},
+        "means": "the datasheet's dense FP32 (no tensor core) peak in TFLOP/s (without sparsity)",
+        "judged": f"`gpu.matmul` WARNs for a GPU whose fp32 multiply reaches under {MATMUL_SHARE:.0%} of it",
+    },
+    "memory_bandwidth_gbps": {
+        "schema": {"type": "number", "exclusiveMinimum": 0},
+        "means": "the datasheet's GPU memory bandwidth in GB/s",
+        "judged": "`gpu.memory_bandwidth` WARNs for a GPU whose copy (bytes read and written counted) reaches under "
+        f"{MEMORY_BANDWIDTH_SHARE:.0%} of it",
+    },
+    "host_copy_gbps": {
+        "schema": {"type": "number", "exclusiveMinimum": 0},
+        "means": "the least host-to-device and device-to-host bandwidth in GB/s (pinned memory, each byte once) a "
+        "GPU of the model reaches: a health check's floor",
+        "judged": "`gpu.host_bandwidth` WARNs for a GPU under it either way",
     },
     "intra_node_busbw": {
         "schema": {

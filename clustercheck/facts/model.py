@@ -396,6 +396,81 @@ class DcgmDiag:
 
 
 @dataclass(frozen=True)
+class GpuFigures:
+    """One GPU's figures from the node-side `gpubench` (None: not measured, `error` says why)."""
+
+    index: int  # torch's index (the CUDA runtime's order, which need not be nvidia-smi's)
+    bus_id: str | None  # as nvidia-smi writes it (00000000:18:00.0); None where torch does not give it
+    name: str | None
+    matmul_tflops: dict[str, float]  # bf16, tf32, fp32 -> dense multiply TFLOP/s
+    memory_gbps: float | None  # device-to-device copy, GB/s, bytes read and written counted (GpuBench.copy_counts)
+    h2d_gbps: float | None  # host to device over pinned memory, GB/s, each byte once
+    d2h_gbps: float | None
+    error: str | None = None  # why a figure is missing (out of memory, a CUDA error)
+
+    @property
+    def label(self) -> str:
+        """How a message names it: 'GPU 3 (00000000:5D:00.0)'."""
+        return f"GPU {self.index}" + (f" ({self.bus_id})" if self.bus_id else "")
+
+    def figure(self, name: str) -> float | None:
+        """A figure by its report name (matmul_bf16_tflops, memory_gbps, h2d_gbps, d2h_gbps)."""
+        if name.startswith("matmul_"):
+            return self.matmul_tflops.get(name.split("_")[1])
+        return getattr(self, name)
+
+    @classmethod
+    def from_answer(cls, entry: dict[str, Any]) -> GpuFigures:
+        def number(value: Any) -> float | None:
+            return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+        matmul = {k: float(v) for k, v in (entry.get("matmul_tflops") or {}).items() if number(v) is not None}
+        return cls(
+            int(entry["index"]),
+            entry.get("bus_id"),
+            entry.get("name"),
+            matmul,
+            number(entry.get("memory_gbps")),
+            number(entry.get("h2d_gbps")),
+            number(entry.get("d2h_gbps")),
+            entry.get("error"),
+        )
+
+    def as_data(self) -> dict[str, Any]:
+        """Its figures as the report's data keep them."""
+        data = {
+            "index": self.index,
+            "bus_id": self.bus_id,
+            "name": self.name,
+            "matmul_tflops": dict(self.matmul_tflops),
+            "memory_gbps": self.memory_gbps,
+            "h2d_gbps": self.h2d_gbps,
+            "d2h_gbps": self.d2h_gbps,
+        }
+        return {**data, "error": self.error} if self.error else data
+
+
+@dataclass(frozen=True)
+class GpuBench:
+    """The node's GPUs measured (the core stage runs remote/gpubench.py): each GPU's figures, or why none were."""
+
+    gpus: tuple[GpuFigures, ...] = ()
+    problem: str | None = None  # why nothing was measured (torch sees no CUDA GPU, torch does not import)
+    failure: str | None = None  # the program ran and gave no figures: why (its exit, its errors, its timeout)
+    copy_counts: str | None = None  # how memory_gbps counts a copy's bytes ("read+written")
+
+    @classmethod
+    def from_answer(cls, answer: dict[str, Any]) -> GpuBench:
+        """The program's JSON answer; one that measured nothing says why (its reason)."""
+        if not answer.get("cuda"):
+            return cls(problem=answer.get("reason") or "no CUDA GPU")
+        gpus = tuple(GpuFigures.from_answer(g) for g in answer.get("gpus") or [])
+        if not gpus:
+            return cls(problem="torch found no GPU to measure")
+        return cls(gpus, copy_counts=answer.get("copy_counts"))
+
+
+@dataclass(frozen=True)
 class Image:
     """With --container, the image on one node (clustercheck/container.py reads it): its ID (the digest of its
     configuration: the same image has the same ID on every node) and the repository digests it was pulled by, or
@@ -461,6 +536,7 @@ class NodeFacts:
     virt: str | None = None  # systemd-detect-virt --vm: none, kvm, microsoft, ...
     dcgmi: str | None = fact(node.dcgmi, path)  # where dcgmi is installed
     dcgm: DcgmDiag | None = None  # set by the core stage when --dcgm-level asks for it
+    gpu_bench: GpuBench | None = None  # set by the core stage when a gpu.* figure check is selected
     slurm_job: bool | None = None  # node-health --slurm: whether a Slurm job runs on this node (None: not asked)
     image: Image | None = None  # with --container: the image on this node; python and torch are then the image's
     interface: str | None = None  # the cluster interface, chosen once (see collect.cluster_interface)

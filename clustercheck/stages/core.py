@@ -11,11 +11,11 @@ import time
 from dataclasses import dataclass, field, replace
 
 from clustercheck import container
-from clustercheck.checks import connection, registry
+from clustercheck.checks import connection, gpuperf, registry
 from clustercheck.checks.collectives import COLLECTIVES, LOCAL_PREFIX
 from clustercheck.checks.gpu import DCGM_DEADLINES
 from clustercheck.facts import collect, parse
-from clustercheck.facts.model import DcgmDiag, Image, NodeFacts
+from clustercheck.facts.model import DcgmDiag, GpuBench, Image, NodeFacts
 from clustercheck.inventory import Node
 from clustercheck.model import CheckResult, Status
 from clustercheck.stages import Context, Member, bundle, collectives, network, nodeprogram
@@ -314,6 +314,9 @@ def run_host(node: Node, transport: Transport, ctx: Context, step, begun: NodeSt
     if config.dcgm_level and facts.dcgmi and facts.smi is not None:
         step(f"DCGM diagnostic level {config.dcgm_level}")
         facts.dcgm = dcgm_diag(facts.dcgmi, config.dcgm_level, transport, host_dir)
+    if facts.smi is not None and gpuperf.wanted(selection):
+        step("the GPUs measured")
+        facts.gpu_bench = measure_gpus(facts, transport, ctx, host_dir)
     outcome.results.append(
         registry.get("facts").result(
             node.name,
@@ -394,6 +397,26 @@ def dcgm_diag(dcgmi: str, level: int, transport: Transport, host_dir) -> DcgmDia
     elif not parsed["tests"]:
         error = "no test result in its output" if result.ok else result.cause()
     return DcgmDiag(level, parsed["tests"], parsed["metadata"], error)
+
+
+def measure_gpus(facts: NodeFacts, transport: Transport, ctx: Context, host_dir) -> GpuBench:
+    """Every GPU of the node measured at once (the bundle's gpubench, in the image with --container), its answer
+    kept as hosts/<node>/gpubench.json; or why not (torch does not import, the program failed)."""
+    problem = facts.torch_problem
+    if problem:
+        return GpuBench(problem=f"torch does not import ({problem})")
+    box = ctx.config.container
+    answer = nodeprogram.bundled(
+        transport,
+        facts.torch_python,
+        "gpubench",
+        timeout=ctx.config.command_timeout,
+        kept=host_dir / "gpubench.json",
+        wrap=None if box is None else lambda argv: box.run(argv, workdir=transport.workdir, gpus=True),
+    )
+    if answer.failure is not None:
+        return GpuBench(failure=answer.failure.cause)
+    return GpuBench.from_answer(answer.value)
 
 
 def write_packages(facts: NodeFacts, host_dir) -> None:

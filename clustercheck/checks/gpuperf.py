@@ -1,0 +1,241 @@
+"""Each GPU measured at work (the core stage runs remote/gpubench.py on every GPU of a node at once), judged three
+ways, pure: against the datasheet figures of the GPU's model (clustercheck/expected/, where the model's file gives
+them), against the node's other GPUs of the same model, and (gpu.cluster_figures) against the cluster's GPUs of the
+same model. A GPU well below is named by its index and bus id, with what to look at.
+
+The figures: dense multiply throughput in TFLOP/s (bf16, tf32, fp32), device memory bandwidth in GB/s from a
+device-to-device copy counting every byte read and written (nvbandwidth counts a copy's bytes once: half of this),
+host-to-device and device-to-host GB/s over pinned memory, each byte once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from statistics import median
+from typing import Any
+
+from clustercheck import expected as expected_values
+from clustercheck.checks.consistency import too_few
+from clustercheck.checks.registry import Finding, cluster_check, fail, node_check, passed, skip, warn
+from clustercheck.facts.model import GpuBench, GpuFigures, NodeFacts
+from clustercheck.selection import Selection
+
+PEER_SHARE = 0.8  # a GPU under this share of its peers' median (the node's, the cluster's) is named
+
+
+@dataclass(frozen=True)
+class Figure:
+    """A measured figure: its name in the report's data, in words, its unit, and the model's expected figure it is
+    judged against with the share of it a GPU must reach (1: the expected figure is a floor)."""
+
+    name: str
+    words: str
+    unit: str
+    expected: str
+    share: float
+
+    def shown(self, value: float) -> str:
+        return f"{value:.0f} {self.unit}" if value >= 100 else f"{value:.3g} {self.unit}"
+
+
+MATMUL = tuple(
+    Figure(f"matmul_{d}_tflops", f"{d} multiply", "TFLOP/s", f"matmul_{d}_tflops", expected_values.MATMUL_SHARE)
+    for d in ("bf16", "tf32", "fp32")
+)
+MEMORY_SHARE = expected_values.MEMORY_BANDWIDTH_SHARE
+MEMORY = (Figure("memory_gbps", "memory copy", "GB/s", "memory_bandwidth_gbps", MEMORY_SHARE),)
+HOST = (
+    Figure("h2d_gbps", "host-to-device copy", "GB/s", "host_copy_gbps", 1.0),
+    Figure("d2h_gbps", "device-to-host copy", "GB/s", "host_copy_gbps", 1.0),
+)
+
+MATMUL_FIX = (
+    "A slow multiply: look at the GPU's clocks and throttle reasons (nvidia-smi -q -d PERFORMANCE,CLOCK), its power "
+    "cap (nvidia-smi -q -d POWER; gpu.power_clocks), its temperature and cooling (gpu.throttle), and a process "
+    "sharing the GPU (gpu.processes)."
+)
+MEMORY_FIX = (
+    "Slow device memory: look at the memory clock (nvidia-smi -q -d CLOCK), a process sharing the GPU "
+    "(gpu.processes), thermal throttling (gpu.throttle), and the GPU's memory health (gpu.ecc, gpu.remapped_rows)."
+)
+HOST_FIX = (
+    "A slow copy between host and GPU: look at the GPU's PCIe link width and generation (nvidia-smi -q -d PCIE, "
+    "pcie.link: a link trained at x8 or an older generation halves it), the slot or riser, the IOMMU mode "
+    "(pcie.iommu), and a process sharing the GPU (gpu.processes)."
+)
+NOT_MEASURED = "the GPUs were not measured here (clustercheck run's core stage measures them)"
+
+CHECKS = {"gpu.matmul": MATMUL, "gpu.memory_bandwidth": MEMORY, "gpu.host_bandwidth": HOST}
+CLUSTER = "gpu.cluster_figures"
+
+
+def wanted(selection: Selection) -> bool:
+    """Whether the core stage measures the GPUs: one of the checks that judge the figures is selected."""
+    return any(selection.check_selected(name) for name in (*CHECKS, CLUSTER))
+
+
+def _rows(gpus: tuple[GpuFigures, ...], figures: tuple[Figure, ...]) -> list[dict[str, Any]]:
+    """Each GPU's figures of FIGURES, as the report's data keeps them."""
+    rows = []
+    for g in gpus:
+        row: dict[str, Any] = {"index": g.index, "bus_id": g.bus_id, "name": g.name}
+        row.update({f.name: g.figure(f.name) for f in figures})
+        if g.error:
+            row["error"] = g.error
+        rows.append(row)
+    return rows
+
+
+def _peer_medians(gpus: list[GpuFigures], figure: Figure) -> dict[str | None, tuple[float, int]]:
+    """GPU name -> (median of FIGURE over the GPUs of that name that measured it, how many), where two or more did."""
+    by_name: dict[str | None, list[float]] = {}
+    for g in gpus:
+        value = g.figure(figure.name)
+        if value is not None:
+            by_name.setdefault(g.name, []).append(value)
+    return {name: (median(values), len(values)) for name, values in by_name.items() if len(values) >= 2}
+
+
+def judge_node(bench: GpuBench | None, match: expected_values.Match, figures: tuple[Figure, ...]) -> Finding:
+    """FIGURES of the node's GPUs (BENCH) against the model's expected values (MATCH) and the node's other GPUs of
+    the same model (pure)."""
+    if bench is None:
+        return skip(NOT_MEASURED)
+    if bench.problem:
+        return skip(bench.problem)
+    if bench.failure:
+        return fail(f"the GPUs could not be measured: gpubench: {bench.failure}", failure=bench.failure)
+    model = match.model
+    gpus = list(bench.gpus)
+    expected = {f.name: model.get(f.expected) if model else None for f in figures}
+    medians = {f.name: _peer_medians(gpus, f) for f in figures}
+    data: dict[str, Any] = {
+        "gpus": _rows(bench.gpus, figures),
+        "expected": {f.expected: expected[f.name] for f in figures},
+        "node_median": {f.name: {str(k): round(m, 2) for k, (m, _) in medians[f.name].items()} for f in figures},
+    }
+    if figures == MEMORY:
+        data["copy_counts"] = bench.copy_counts
+    errors, slow = [], []
+    for g in gpus:
+        if g.error:
+            errors.append(f"{g.label}: not measured: {g.error}")
+        for f in figures:
+            value = g.figure(f.name)
+            if value is None:
+                continue
+            want = expected[f.name]
+            if want is not None and value < f.share * want:
+                share = f"under {f.share:.0%} of " if f.share < 1 else "under "
+                slow.append(f"{g.label}: {f.words} {f.shown(value)}, {share}{model.name}'s {f.shown(want)}")
+            peers = medians[f.name].get(g.name)
+            if peers and value < PEER_SHARE * peers[0]:
+                slow.append(
+                    f"{g.label}: {f.words} {f.shown(value)}, {value / peers[0]:.0%} of the median "
+                    f"{f.shown(peers[0])} of this node's {peers[1]} {g.name or 'GPU'}s"
+                )
+    how = match.why if model else match.fallback("judged against the node's other GPUs only")
+    if errors and not all("out of memory" in e.lower() for e in errors):
+        return fail("; ".join(errors + slow) + f" ({how})", **data)
+    if errors or slow:
+        return warn("; ".join(errors + slow) + f" ({how})", **data)
+    return passed(f"{len(gpus)} GPU(s): {_summary(gpus, figures)} ({how})", **data)
+
+
+def _summary(gpus: list[GpuFigures], figures: tuple[Figure, ...]) -> str:
+    """'bf16 multiply 702 to 715 TFLOP/s, ...': each figure's range over the GPUs."""
+    parts = []
+    for f in figures:
+        values = [v for v in (g.figure(f.name) for g in gpus) if v is not None]
+        if values:
+            low, high = min(values), max(values)
+            span = f.shown(low) if f.shown(low) == f.shown(high) else f"{f.shown(low).split()[0]} to {f.shown(high)}"
+            parts.append(f"{f.words} {span}")
+    return ", ".join(parts)
+
+
+@node_check(
+    "gpu.matmul",
+    proves="every GPU multiplies dense matrices (bf16, tf32, fp32; all the node's GPUs at once) at the TFLOP/s its "
+    "model's datasheet allows (where the model's expected values give it) and as fast as the node's other GPUs of "
+    "its model; a slow GPU is named by index and bus id",
+    fix=MATMUL_FIX,
+    needs_gpu=True,
+)
+def gpu_matmul(facts: NodeFacts) -> Finding:
+    return judge_node(facts.gpu_bench, facts.expected, MATMUL)
+
+
+@node_check(
+    "gpu.memory_bandwidth",
+    proves="every GPU's memory copies at the GB/s its model's datasheet allows (where the model's expected values "
+    "give it; a device-to-device copy, bytes read and written counted) and as fast as the node's other GPUs",
+    fix=MEMORY_FIX,
+    needs_gpu=True,
+)
+def gpu_memory_bandwidth(facts: NodeFacts) -> Finding:
+    return judge_node(facts.gpu_bench, facts.expected, MEMORY)
+
+
+@node_check(
+    "gpu.host_bandwidth",
+    proves="every GPU copies to and from pinned host memory (one GPU at a time, each byte counted once) at its "
+    "model's floor (where the model's expected values give one) and as fast as the node's other GPUs",
+    fix=HOST_FIX,
+    needs_gpu=True,
+)
+def gpu_host_bandwidth(facts: NodeFacts) -> Finding:
+    return judge_node(facts.gpu_bench, facts.expected, HOST)
+
+
+ALL = MATMUL + MEMORY + HOST
+
+
+def judge_cluster(benches: dict[str, GpuBench | None], figures: tuple[Figure, ...] = ALL) -> Finding:
+    """Every measured GPU of BENCHES (host -> the node's figures) against the cluster's GPUs of the same model
+    (pure): a GPU under PEER_SHARE of their median is named with its node, index and bus id."""
+    gpus = [(host, g) for host, bench in benches.items() if bench is not None for g in bench.gpus]
+    if not benches:
+        return skip("no NVIDIA GPU on any node")
+    if not gpus:
+        reasons = sorted({(b.problem or f"gpubench: {b.failure}" if b else NOT_MEASURED) for b in benches.values()})
+        return skip(f"no GPU measured on any node ({'; '.join(reasons)})")
+    slow, medians = [], {}
+    for f in figures:
+        by_name: dict[str | None, list[tuple[str, GpuFigures, float]]] = {}
+        for host, g in gpus:
+            value = g.figure(f.name)
+            if value is not None:
+                by_name.setdefault(g.name, []).append((host, g, value))
+        for name, measured in by_name.items():
+            if len({host for host, _, _ in measured}) < 2:
+                continue  # one node's GPUs: the node's own check compares them
+            middle = median(v for _, _, v in measured)
+            medians.setdefault(f.name, {})[str(name)] = round(middle, 2)
+            slow += [
+                f"{host} {g.label}: {f.words} {f.shown(v)}, {v / middle:.0%} of the median {f.shown(middle)} of the "
+                f"cluster's {len(measured)} {name or 'GPU'}s"
+                for host, g, v in measured
+                if v < PEER_SHARE * middle
+            ]
+    data = {"cluster_median": medians, "gpus": {host: _rows(b.gpus, figures) for host, b in benches.items() if b}}
+    if not medians:
+        return skip("no GPU model measured on two or more nodes, nothing to compare", **data)
+    if slow:
+        return warn("; ".join(slow), **data)
+    nodes = len({host for host, _ in gpus})
+    return passed(f"{len(gpus)} GPU(s) on {nodes} node(s) within {PEER_SHARE:.0%} of their model's median", **data)
+
+
+@cluster_check(
+    CLUSTER,
+    proves="no GPU is much slower (multiply, device memory, host copies) than the cluster's GPUs of the same model, "
+    f"under {PEER_SHARE:.0%} of their median: a whole node whose GPUs are all slow is named here",
+    fix="Compare the named GPUs' clocks, power caps, temperatures and PCIe links with a fast node's "
+    "(nvidia-smi -q -d PERFORMANCE,CLOCK,POWER,PCIE), and look for a process sharing them.",
+)
+def gpu_cluster_figures(nodes: list[NodeFacts], config) -> Finding:
+    nothing = too_few(nodes)
+    if nothing:
+        return skip(nothing)
+    return judge_cluster({n.host: n.gpu_bench for n in nodes if n.smi is not None})
