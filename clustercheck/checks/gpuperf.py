@@ -1,7 +1,7 @@
 """Each GPU measured at work (the core stage runs remote/gpubench.py on every GPU of a node at once), judged three
 ways, pure: against the datasheet figures of the GPU's model (clustercheck/expected/, where the model's file gives
-them), against the node's other GPUs of the same model, and (gpu.cluster_figures) against the cluster's GPUs of the
-same model. A GPU well below is named by its index and bus id, with what to look at.
+them), against the node's other GPUs of the same model, and (gpu.perf.cluster) against the cluster's GPUs
+of the same model. A GPU well below is named by its index and bus id, with what to look at.
 
 The figures: dense multiply throughput in TFLOP/s (bf16, tf32, fp32), device memory bandwidth in GB/s from a
 device-to-device copy counting every byte read and written (nvbandwidth counts a copy's bytes once: half of this),
@@ -65,12 +65,13 @@ HOST_FIX = (
 )
 NOT_MEASURED = "the GPUs were not measured here (clustercheck run's core stage measures them)"
 
-CHECKS = {"gpu.matmul": MATMUL, "gpu.memory_bandwidth": MEMORY, "gpu.host_bandwidth": HOST}
-CLUSTER = "gpu.cluster_figures"
+CHECKS = {"gpu.perf.matmul": MATMUL, "gpu.perf.memory": MEMORY, "gpu.perf.host_copy": HOST}
+CLUSTER = "gpu.perf.cluster"
 
 
 def wanted(selection: Selection) -> bool:
-    """Whether the core stage measures the GPUs: one of the checks that judge the figures is selected."""
+    """Whether the core stage measures the GPUs: one of the checks that judge the figures (gpu.perf.*) is
+    selected."""
     return any(selection.check_selected(name) for name in (*CHECKS, CLUSTER))
 
 
@@ -134,12 +135,22 @@ def judge_node(bench: GpuBench | None, match: expected_values.Match, figures: tu
                     f"{g.label}: {f.words} {f.shown(value)}, {value / peers[0]:.0%} of the median "
                     f"{f.shown(peers[0])} of this node's {peers[1]} {g.name or 'GPU'}s"
                 )
-    how = match.why if model else match.fallback("judged against the node's other GPUs only")
+    how = _judged_how(match, figures)
     if errors and not all("out of memory" in e.lower() for e in errors):
         return fail("; ".join(errors + slow) + f" ({how})", **data)
     if errors or slow:
         return warn("; ".join(errors + slow) + f" ({how})", **data)
     return passed(f"{len(gpus)} GPU(s): {_summary(gpus, figures)} ({how})", **data)
+
+
+def _judged_how(match: expected_values.Match, figures: tuple[Figure, ...]) -> str:
+    """What FIGURES were judged against: the model's expected values, or which of them it does not give."""
+    if match.model is None:
+        return match.fallback("judged against the node's other GPUs only")
+    missing = sorted({f.expected for f in figures if match.model.get(f.expected) is None})
+    if not missing:
+        return match.why
+    return f"{match.why}, which give no {', '.join(missing)}: judged against the node's other GPUs only"
 
 
 def _summary(gpus: list[GpuFigures], figures: tuple[Figure, ...]) -> str:
@@ -155,36 +166,36 @@ def _summary(gpus: list[GpuFigures], figures: tuple[Figure, ...]) -> str:
 
 
 @node_check(
-    "gpu.matmul",
+    "gpu.perf.matmul",
     proves="every GPU multiplies dense matrices (bf16, tf32, fp32; all the node's GPUs at once) at the TFLOP/s its "
     "model's datasheet allows (where the model's expected values give it) and as fast as the node's other GPUs of "
     "its model; a slow GPU is named by index and bus id",
     fix=MATMUL_FIX,
     needs_gpu=True,
 )
-def gpu_matmul(facts: NodeFacts) -> Finding:
+def gpu_perf_matmul(facts: NodeFacts) -> Finding:
     return judge_node(facts.gpu_bench, facts.expected, MATMUL)
 
 
 @node_check(
-    "gpu.memory_bandwidth",
+    "gpu.perf.memory",
     proves="every GPU's memory copies at the GB/s its model's datasheet allows (where the model's expected values "
     "give it; a device-to-device copy, bytes read and written counted) and as fast as the node's other GPUs",
     fix=MEMORY_FIX,
     needs_gpu=True,
 )
-def gpu_memory_bandwidth(facts: NodeFacts) -> Finding:
+def gpu_perf_memory(facts: NodeFacts) -> Finding:
     return judge_node(facts.gpu_bench, facts.expected, MEMORY)
 
 
 @node_check(
-    "gpu.host_bandwidth",
+    "gpu.perf.host_copy",
     proves="every GPU copies to and from pinned host memory (one GPU at a time, each byte counted once) at its "
     "model's floor (where the model's expected values give one) and as fast as the node's other GPUs",
     fix=HOST_FIX,
     needs_gpu=True,
 )
-def gpu_host_bandwidth(facts: NodeFacts) -> Finding:
+def gpu_perf_host_copy(facts: NodeFacts) -> Finding:
     return judge_node(facts.gpu_bench, facts.expected, HOST)
 
 
@@ -234,8 +245,11 @@ def judge_cluster(benches: dict[str, GpuBench | None], figures: tuple[Figure, ..
     fix="Compare the named GPUs' clocks, power caps, temperatures and PCIe links with a fast node's "
     "(nvidia-smi -q -d PERFORMANCE,CLOCK,POWER,PCIE), and look for a process sharing them.",
 )
-def gpu_cluster_figures(nodes: list[NodeFacts], config) -> Finding:
+def gpu_perf_cluster(nodes: list[NodeFacts], config) -> Finding:
+    benches = {n.host: n.gpu_bench for n in nodes if n.smi is not None}
+    if nodes and not benches:
+        return skip("no NVIDIA GPU on any node")
     nothing = too_few(nodes)
     if nothing:
         return skip(nothing)
-    return judge_cluster({n.host: n.gpu_bench for n in nodes if n.smi is not None})
+    return judge_cluster(benches)

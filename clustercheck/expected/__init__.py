@@ -68,29 +68,29 @@ FIGURES: dict[str, dict[str, Any]] = {
     "matmul_bf16_tflops": {
         "schema": {"type": "number", "exclusiveMinimum": 0},
         "means": "the datasheet's dense bf16 tensor-core peak in TFLOP/s (without sparsity)",
-        "judged": f"`gpu.matmul` WARNs for a GPU whose bf16 multiply reaches under {MATMUL_SHARE:.0%} of it",
+        "judged": f"`gpu.perf.matmul` WARNs for a GPU whose bf16 multiply reaches under {MATMUL_SHARE:.0%} of it",
     },
     "matmul_tf32_tflops": {
         "schema": {"type": "number", "exclusiveMinimum": 0},
         "means": "the datasheet's dense TF32 tensor-core peak in TFLOP/s (without sparsity)",
-        "judged": f"`gpu.matmul` WARNs for a GPU whose tf32 multiply reaches under {MATMUL_SHARE:.0%} of it",
+        "judged": f"`gpu.perf.matmul` WARNs for a GPU whose tf32 multiply reaches under {MATMUL_SHARE:.0%} of it",
     },
     "matmul_fp32_tflops": {
         "schema": {"type": "number", "exclusiveMinimum": 0},
         "means": "the datasheet's dense FP32 (no tensor core) peak in TFLOP/s (without sparsity)",
-        "judged": f"`gpu.matmul` WARNs for a GPU whose fp32 multiply reaches under {MATMUL_SHARE:.0%} of it",
+        "judged": f"`gpu.perf.matmul` WARNs for a GPU whose fp32 multiply reaches under {MATMUL_SHARE:.0%} of it",
     },
     "memory_bandwidth_gbps": {
         "schema": {"type": "number", "exclusiveMinimum": 0},
         "means": "the datasheet's GPU memory bandwidth in GB/s",
-        "judged": "`gpu.memory_bandwidth` WARNs for a GPU whose copy (bytes read and written counted) reaches under "
+        "judged": "`gpu.perf.memory` WARNs for a GPU whose copy (bytes read and written counted) reaches under "
         f"{MEMORY_BANDWIDTH_SHARE:.0%} of it",
     },
     "host_copy_gbps": {
         "schema": {"type": "number", "exclusiveMinimum": 0},
         "means": "the least host-to-device and device-to-host bandwidth in GB/s (pinned memory, each byte once) a "
         "GPU of the model reaches: a health check's floor",
-        "judged": "`gpu.host_bandwidth` WARNs for a GPU under it either way",
+        "judged": "`gpu.perf.host_copy` WARNs for a GPU under it either way",
     },
     "intra_node_busbw": {
         "schema": {

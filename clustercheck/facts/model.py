@@ -436,19 +436,6 @@ class GpuFigures:
             entry.get("error"),
         )
 
-    def as_data(self) -> dict[str, Any]:
-        """Its figures as the report's data keep them."""
-        data = {
-            "index": self.index,
-            "bus_id": self.bus_id,
-            "name": self.name,
-            "matmul_tflops": dict(self.matmul_tflops),
-            "memory_gbps": self.memory_gbps,
-            "h2d_gbps": self.h2d_gbps,
-            "d2h_gbps": self.d2h_gbps,
-        }
-        return {**data, "error": self.error} if self.error else data
-
 
 @dataclass(frozen=True)
 class GpuBench:

@@ -71,7 +71,7 @@ def test_a_gpu_well_below_its_node_peers_is_named_by_index_and_bus_id_with_what_
     assert found.status is Status.WARN
     assert "GPU 5 (00000000:1D:00.0): bf16 multiply 510 TFLOP/s, 73% of the median 700 TFLOP/s" in found.message
     assert "GPU 4" not in found.message
-    result = registry.get("gpu.matmul").result("node1", found)
+    result = registry.get("gpu.perf.matmul").result("node1", found)
     assert "power cap" in result.remediation and "gpu.processes" in result.remediation
 
 
@@ -87,13 +87,24 @@ def test_a_slow_pcie_link_shows_as_a_host_copy_under_the_floor_and_the_fix_names
     found = gpuperf.judge_node(bench(*gpus), h100(), gpuperf.HOST)
     assert found.status is Status.WARN
     assert "GPU 1 (00000000:19:00.0): host-to-device copy 26 GB/s, under H100 SXM's 52 GB/s" in found.message
-    assert "PCIe link width and generation" in registry.get("gpu.host_bandwidth").result("n", found).remediation
+    assert "PCIe link width and generation" in registry.get("gpu.perf.host_copy").result("n", found).remediation
 
 
 def test_a_model_without_the_figure_is_judged_against_the_node_only_and_says_so():
     found = gpuperf.judge_node(bench(gpu(0), gpu(1)), no_model(), gpuperf.MATMUL)
     assert found.status is Status.PASS
     assert "no expected values for NVIDIA Unknown GPU: judged against the node's other GPUs only" in found.message
+
+
+def test_a_model_whose_file_gives_no_such_figure_says_it_has_no_expected_value():
+    h200 = expected.shipped().match(["NVIDIA H200"])
+    found = gpuperf.judge_node(bench(gpu(0, name="NVIDIA H200"), gpu(1, name="NVIDIA H200")), h200, gpuperf.HOST)
+    assert found.status is Status.PASS
+    assert found.message.endswith(
+        "(expected values of H200 SXM in clustercheck/expected/h200-sxm.yml, which give no host_copy_gbps: judged "
+        "against the node's other GPUs only)"
+    )
+    assert found.data["expected"] == {"host_copy_gbps": None}
 
 
 def test_a_gpu_that_could_not_be_measured_fails_unless_it_ran_out_of_memory():
@@ -130,7 +141,8 @@ def test_a_node_whose_gpus_are_all_slow_is_named_against_the_clusters_gpus_of_it
 
 def test_the_measurement_runs_only_when_a_check_that_judges_it_is_selected():
     assert gpuperf.wanted(Selection())
-    assert gpuperf.wanted(Selection(skip=("gpu.matmul", "gpu.memory_bandwidth")))
+    assert gpuperf.wanted(Selection(skip=("gpu.perf.matmul", "gpu.perf.memory")))
+    assert not gpuperf.wanted(Selection(skip=("gpu.perf.*",)))  # the monitoring timer's: no GPU work while users train
     assert not gpuperf.wanted(Selection(skip=("gpu.*",)))
 
 
@@ -138,9 +150,11 @@ def test_on_a_node_without_a_gpu_the_figure_checks_skip_with_the_reason():
     raw = json.loads((RECORDS / "facts-debian12-localhost.json").read_text())
     facts = collect.build(Node(name="localhost", address="localhost"), raw, python="python3", python_source="x")
     results = {r.name: r for r in registry.run_node_checks(facts)}
-    for name in ("gpu.matmul", "gpu.memory_bandwidth", "gpu.host_bandwidth"):
+    for name in ("gpu.perf.matmul", "gpu.perf.memory", "gpu.perf.host_copy"):
         assert results[name].status is Status.SKIP
         assert results[name].skip.reason == "no NVIDIA GPU on this node (none expected)"
+    (cluster,) = [r for r in registry.run_cluster_checks([facts], None) if r.name == "gpu.perf.cluster"]
+    assert (cluster.status, cluster.message) == (Status.SKIP, "no NVIDIA GPU on any node")
 
 
 def test_figures_are_read_by_their_report_names():
@@ -162,12 +176,13 @@ def test_the_core_stage_runs_gpubench_with_the_environments_python_and_keeps_its
     assert facts.torch_problem is None
     ctx = SimpleNamespace(config=SimpleNamespace(command_timeout=120.0, container=None))
     answer = json.dumps({"cuda": True, "copy_counts": "read+written", "gpus": [gpu(0), gpu(1)]})
-    node = Scripted(CommandResult(0, f"loading\n{answer}\n", ""))
+    node = Scripted(CommandResult(0, f"loading\n{answer}\n", ""), host="gpunode1")  # its own: the bundle goes once
     measured = core.measure_gpus(facts, node, ctx, tmp_path)
     assert node.commands[-1][:2] == (["/opt/env/bin/python", bundle.path(node.workdir), "gpubench"], 120.0)
     assert [g.label for g in measured.gpus] == ["GPU 0 (00000000:18:00.0)", "GPU 1 (00000000:19:00.0)"]
     assert (tmp_path / "gpubench.json").read_text() == f"loading\n{answer}\n"
-    crashed = Scripted(CommandResult(1, "", "Traceback ...\nRuntimeError: CUDA error: unspecified launch failure\n"))
+    error = "Traceback ...\nRuntimeError: CUDA error: unspecified launch failure\n"
+    crashed = Scripted(CommandResult(1, "", error), host="gpunode2")
     failed = gpuperf.judge_node(core.measure_gpus(facts, crashed, ctx, tmp_path), h100(), gpuperf.MATMUL)
     assert failed.status is Status.FAIL
     assert failed.message == (
