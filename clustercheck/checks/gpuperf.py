@@ -15,7 +15,6 @@ from statistics import median
 from typing import Any
 
 from clustercheck import expected as expected_values
-from clustercheck.checks.consistency import too_few
 from clustercheck.checks.registry import Finding, cluster_check, fail, node_check, passed, skip, warn
 from clustercheck.facts.model import GpuBench, GpuFigures, NodeFacts
 from clustercheck.selection import Selection
@@ -246,6 +245,8 @@ def judge_cluster(benches: dict[str, GpuBench | None], figures: tuple[Figure, ..
     "(nvidia-smi -q -d PERFORMANCE,CLOCK,POWER,PCIE), and look for a process sharing them.",
 )
 def gpu_perf_cluster(nodes: list[NodeFacts], config) -> Finding:
+    from clustercheck.checks.consistency import too_few  # here: importing it above would register it first
+
     benches = {n.host: n.gpu_bench for n in nodes if n.smi is not None}
     if nodes and not benches:
         return skip("no NVIDIA GPU on any node")
