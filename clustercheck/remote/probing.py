@@ -11,16 +11,23 @@ FILE_LIMIT = 64_000
 PROBE_TIMEOUT = 20.0  # seconds each probe command may take, unless --probe-timeout says otherwise
 
 
-def run(command, timeout=PROBE_TIMEOUT):
-    """Run a probe command; never raises."""
+def _completed(command, timeout):
+    """COMMAND's finished process, or the probe's {"error": ...} where it is missing, timed out or could not start."""
     if not shutil.which(command[0]):
         return {"error": f"{command[0]} not found"}
     try:
-        proc = subprocess.run(command, capture_output=True, text=True, errors="replace", timeout=timeout)
+        return subprocess.run(command, capture_output=True, text=True, errors="replace", timeout=timeout)
     except subprocess.TimeoutExpired:
         return {"error": f"{command[0]} timed out after {timeout:g} s"}
     except OSError as exc:
         return {"error": f"{command[0]}: {exc}"}
+
+
+def run(command, timeout=PROBE_TIMEOUT):
+    """Run a probe command; never raises."""
+    proc = _completed(command, timeout)
+    if isinstance(proc, dict):
+        return proc
     return {"rc": proc.returncode, "out": proc.stdout[-OUTPUT_LIMIT:], "err": proc.stderr[-2000:]}
 
 
@@ -28,14 +35,9 @@ def matching_lines(command, needle, timeout=PROBE_TIMEOUT, keep=400):
     """The lines of COMMAND's output that hold NEEDLE (the first and the last KEEP/2 of them when there are more),
     with how many lines it printed in all: a whole log searched on the node, however long, and only what matters
     sent back. Never raises."""
-    if not shutil.which(command[0]):
-        return {"error": f"{command[0]} not found"}
-    try:
-        proc = subprocess.run(command, capture_output=True, text=True, errors="replace", timeout=timeout)
-    except subprocess.TimeoutExpired:
-        return {"error": f"{command[0]} timed out after {timeout:g} s"}
-    except OSError as exc:
-        return {"error": f"{command[0]}: {exc}"}
+    proc = _completed(command, timeout)
+    if isinstance(proc, dict):
+        return proc
     lines = proc.stdout.splitlines()
     found = [line for line in lines if needle in line]
     if len(found) > keep:
