@@ -38,6 +38,7 @@ class RunConfig:
     data_paths: tuple[str, ...] = ()  # --data-path, else the inventory's clustercheck_data_paths
     stall_timeout: float = 60.0  # a torch job's ranks silent this long on one node (while others wait): named
     dcgm_level: int | None = None  # --dcgm-level: run dcgmi diag -r LEVEL on nodes that have it
+    burn_seconds: float | None = None  # --burn: every GPU under load this long (remote/gpuburn.py), else no burn
     expect_transport: str | None = None  # --expect-transport: ib, roce or socket (else each node's inventory var)
     baseline: Baseline | None = None  # --baseline: the earlier report this run is compared with
     inventory: str | None = None  # --hosts when it is an inventory: the fix commands name it (-i INVENTORY)

@@ -150,9 +150,9 @@ def gpu_xid(facts: NodeFacts) -> Finding:
     return judge_xids(xids, log.source)
 
 
-def judge_xids(xids: list[dict], source: str) -> Finding:
-    """Each Xid code of XIDS (parse.parse_xids) by the catalog: a FAIL naming the action when one calls for taking
-    the GPU or the node out of service, else a WARN."""
+def judge_xids(xids: list[dict], source: str, when: str = "since boot") -> Finding:
+    """Each Xid code of XIDS (parse.parse_xids, logged WHEN) by the catalog: a FAIL naming the action when one calls
+    for taking the GPU or the node out of service, else a WARN."""
     codes: dict[int, list[dict]] = {}
     for xid in xids:
         codes.setdefault(xid["xid"], []).append(xid)
@@ -171,7 +171,7 @@ def judge_xids(xids: list[dict], source: str) -> Finding:
         if entry.takes_out:
             serious.append(entry)
     data = {"xids": judged, "source": source, "last": xids[-1]["line"], "catalog": xid_catalog.CATALOG_VERSION}
-    message = f"{len(xids)} Xid error(s) since boot ({source}): " + "; ".join(parts)
+    message = f"{len(xids)} Xid error(s) {when} ({source}): " + "; ".join(parts)
     if serious:
         action = xid_catalog.strongest([e.action for e in serious])
         named = ", ".join(str(e.code) for e in serious if e.action == action)

@@ -9,6 +9,7 @@ Each decorator adds its options to a command; one that converts replaces the opt
 from __future__ import annotations
 
 import functools
+import re
 from collections.abc import Callable
 
 import click
@@ -253,3 +254,42 @@ def baseline(function: Callable) -> Callable:
             ),
         ],
     )
+
+
+BURN_LENGTH = re.compile(r"(\d+(?:\.\d+)?)([smh]?)")
+BURN_BOUNDS = (10.0, 24 * 3600.0)  # seconds a burn may last: long enough to heat the GPUs, at most a day
+
+
+def burn_seconds(text: str | None) -> float | None:
+    """--burn LENGTH in seconds (90s, 10m, 1h; a bare number is seconds), None without it; a bad one is a usage
+    error in one line."""
+    if text is None:
+        return None
+    match = BURN_LENGTH.fullmatch(text.strip().lower())
+    if not match:
+        raise UsageError(f"--burn {text}: give a length such as 90s, 10m or 1h")
+    seconds = float(match[1]) * {"": 1, "s": 1, "m": 60, "h": 3600}[match[2]]
+    low, high = BURN_BOUNDS
+    if not low <= seconds <= high:
+        raise UsageError(f"--burn {text}: give a length from {low:.0f}s to {high / 3600:.0f}h")
+    return seconds
+
+
+def burn(function: Callable) -> Callable:
+    """--burn LENGTH: every GPU under load for LENGTH, watched (the gpu.burn.* checks), as seconds or None
+    (burn=)."""
+
+    @functools.wraps(function)
+    def command(*args, burn_length, **kwargs):
+        return function(*args, burn=burn_seconds(burn_length), **kwargs)
+
+    return click.option(
+        "--burn",
+        "burn_length",
+        default=None,
+        metavar="LENGTH",
+        help="Load every GPU of every node at once for LENGTH (90s, 10m, 1h) with dense multiplies, watching its "
+        "clocks, throttle reasons, temperature, power, ECC counters and the kernel's Xid lines, and compare one "
+        "fixed computation's result between GPUs (the gpu.burn.* checks; default: off, the GPUs are busy for "
+        "LENGTH).",
+    )(command)

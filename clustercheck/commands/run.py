@@ -113,6 +113,7 @@ class NetworkRounds(click.ParamType):
     help="Run NVIDIA's DCGM diagnostic (dcgmi diag -r LEVEL) on every node that has dcgmi: 1 takes seconds, "
     "2 minutes, 3 up to an hour (default: off).",
 )
+@options.burn
 @click.option(
     "--expect-transport",
     type=click.Choice(inventory.TRANSPORTS),

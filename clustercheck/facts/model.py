@@ -19,6 +19,7 @@ from ipaddress import IPv4Interface, IPv6Interface
 from typing import Any
 
 from clustercheck import expected as expected_values
+from clustercheck.facts.burn import GpuBurn
 from clustercheck.inventory import Node
 from clustercheck.remote import facts as node
 
@@ -524,6 +525,7 @@ class NodeFacts:
     dcgmi: str | None = fact(node.dcgmi, path)  # where dcgmi is installed
     dcgm: DcgmDiag | None = None  # set by the core stage when --dcgm-level asks for it
     gpu_bench: GpuBench | None = None  # set by the core stage when a gpu.* figure check is selected
+    gpu_burn: GpuBurn | None = None  # set by the core stage with run --burn (facts/burn.py)
     slurm_job: bool | None = None  # node-health --slurm: whether a Slurm job runs on this node (None: not asked)
     image: Image | None = None  # with --container: the image on this node; python and torch are then the image's
     interface: str | None = None  # the cluster interface, chosen once (see collect.cluster_interface)

@@ -5,7 +5,8 @@ import sys
 
 if __name__ == "__main__":
     if len(sys.argv) < 2:
-        sys.exit("usage: clustercheck-remote.pyz facts|netprobe|data|gpubench|collectives|ddp|lightning ARGS...")
+        programs = "facts|netprobe|data|gpubench|gpuburn|collectives|ddp|lightning"
+        sys.exit(f"usage: clustercheck-remote.pyz {programs} ARGS...")
     program = sys.argv[1]
     sys.argv = [f"{sys.argv[0]}:{program}", *sys.argv[2:]]
     runpy.run_module("clustercheck_remote." + program, run_name="__main__", alter_sys=True)

@@ -72,6 +72,7 @@ class RunRequest:
     stall_timeout: float = 60.0
     min_busbw: str | None = None
     dcgm_level: int | None = None
+    burn: float | None = None  # --burn: seconds every GPU is under load (the gpu.burn.* checks)
     expect_transport: str | None = None
     expected_file: str | None = None
     only: tuple[str, ...] = ()
@@ -187,6 +188,7 @@ def _config(request: RunRequest, nodes: list[Node], ssh: SshSettings, selected: 
         data_paths=request.data_paths or agreed[inventory.DATA_PATHS_VAR],
         expect_transport=request.expect_transport,
         dcgm_level=request.dcgm_level,
+        burn_seconds=request.burn,
         baseline=request.baseline,
         inventory=hosts.inventory_path(request.hosts),
         models=models,

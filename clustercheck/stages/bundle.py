@@ -1,7 +1,7 @@
 """The node-side package (clustercheck/remote/), bundled as one zip application and uploaded once per node.
 
 On the node it runs as `PYTHON WORKDIR/clustercheck-remote.pyz PROGRAM ARGS...` (programs: facts, netprobe, gpubench,
-collectives, ddp); torchrun starts the torch workers the same way, with the zip as its script.
+gpuburn, collectives, ddp); torchrun starts the torch workers the same way, with the zip as its script.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from clustercheck.transport import (
 
 PACKAGE = "clustercheck_remote"  # its name on the node, so it never shadows an installed clustercheck
 FILE = "clustercheck-remote.pyz"
-PROGRAMS = ("facts", "netprobe", "data", "gpubench", "collectives", "ddp", "lightning")
+PROGRAMS = ("facts", "netprobe", "data", "gpubench", "gpuburn", "collectives", "ddp", "lightning")
 
 _lock = threading.Lock()
 _uploaded: set[tuple[str, str]] = set()

@@ -11,10 +11,11 @@ import time
 from dataclasses import dataclass, field, replace
 
 from clustercheck import container
-from clustercheck.checks import connection, gpuperf, registry
+from clustercheck.checks import connection, gpuburn, gpuperf, registry
 from clustercheck.checks.collectives import COLLECTIVES, LOCAL_PREFIX
 from clustercheck.checks.gpu import DCGM_DEADLINES
 from clustercheck.facts import collect, parse
+from clustercheck.facts.burn import GpuBurn
 from clustercheck.facts.model import DcgmDiag, GpuBench, Image, NodeFacts
 from clustercheck.inventory import Node
 from clustercheck.model import CheckResult, Status
@@ -317,6 +318,9 @@ def run_host(node: Node, transport: Transport, ctx: Context, step, begun: NodeSt
     if facts.smi is not None and gpuperf.wanted(selection):
         step("the GPUs measured")
         facts.gpu_bench = measure_gpus(facts, transport, ctx, host_dir)
+    if config.burn_seconds and facts.smi is not None and gpuburn.wanted(selection):
+        step(f"the GPUs under load for {config.burn_seconds:g} s")
+        facts.gpu_burn = burn_gpus(facts, transport, ctx, host_dir)
     outcome.results.append(
         registry.get("facts").result(
             node.name,
@@ -399,24 +403,47 @@ def dcgm_diag(dcgmi: str, level: int, transport: Transport, host_dir) -> DcgmDia
     return DcgmDiag(level, parsed["tests"], parsed["metadata"], error)
 
 
-def measure_gpus(facts: NodeFacts, transport: Transport, ctx: Context, host_dir) -> GpuBench:
-    """Every GPU of the node measured at once (the bundle's gpubench, in the image with --container), its answer
-    kept as hosts/<node>/gpubench.json; or why not (torch does not import, the program failed)."""
+def gpu_program(
+    facts: NodeFacts, transport: Transport, ctx: Context, host_dir, program: str, *args: str, timeout: float
+) -> nodeprogram.Answer | str:
+    """PROGRAM of the bundle on the node's GPUs (gpubench, gpuburn), run by torch's python (in the image with
+    --container), its answer kept as hosts/<node>/PROGRAM.json; or why it cannot run (torch does not import)."""
     problem = facts.torch_problem
     if problem:
-        return GpuBench(problem=f"torch does not import ({problem})")
+        return f"torch does not import ({problem})"
     box = ctx.config.container
-    answer = nodeprogram.bundled(
+    return nodeprogram.bundled(
         transport,
         facts.torch_python,
-        "gpubench",
-        timeout=ctx.config.command_timeout,
-        kept=host_dir / "gpubench.json",
+        program,
+        *args,
+        timeout=timeout,
+        kept=host_dir / f"{program}.json",
         wrap=None if box is None else lambda argv: box.run(argv, workdir=transport.workdir, gpus=True),
     )
+
+
+def measure_gpus(facts: NodeFacts, transport: Transport, ctx: Context, host_dir) -> GpuBench:
+    """Every GPU of the node measured at once (gpubench), or why not (torch does not import, the program failed)."""
+    answer = gpu_program(facts, transport, ctx, host_dir, "gpubench", timeout=ctx.config.command_timeout)
+    if isinstance(answer, str):
+        return GpuBench(problem=answer)
     if answer.failure is not None:
         return GpuBench(failure=answer.failure.cause)
     return GpuBench.from_answer(answer.value)
+
+
+def burn_gpus(facts: NodeFacts, transport: Transport, ctx: Context, host_dir) -> GpuBurn:
+    """Every GPU of the node under load for --burn's length (gpuburn), or why not. Its deadline: the length, and
+    the facts collector's deadline for torch's import, the fixed computations and the kernel log."""
+    seconds = ctx.config.burn_seconds or 0
+    timeout = seconds + ctx.config.command_timeout
+    answer = gpu_program(facts, transport, ctx, host_dir, "gpuburn", "--seconds", f"{seconds:g}", timeout=timeout)
+    if isinstance(answer, str):
+        return GpuBurn(problem=answer)
+    if answer.failure is not None:
+        return GpuBurn(failure=answer.failure.cause)
+    return GpuBurn.from_answer(answer.value)
 
 
 def write_packages(facts: NodeFacts, host_dir) -> None:
