@@ -289,3 +289,33 @@ def test_a_bad_burn_length_is_one_line_and_a_usage_error(text, said):
     result = CliRunner().invoke(cli, ["run", "--hosts", "localhost", "--burn", text], prog_name="clustercheck")
     assert result.exit_code == ExitCode.USAGE_ERROR, result.output
     assert result.output.strip().splitlines() == [f"Error: {said}"]  # click's test runner; main() says clustercheck:
+
+
+def test_the_core_stage_runs_gpuburn_for_the_length_asked_and_keeps_its_answer(tmp_path):
+    import json
+    from types import SimpleNamespace
+
+    from test_nodeprogram import Scripted
+
+    from clustercheck.facts import collect
+    from clustercheck.inventory import Node
+    from clustercheck.stages import bundle, core
+    from clustercheck.transport import CommandResult
+
+    raw = json.loads((Path(__file__).parent / "records" / "facts-debian12-localhost.json").read_text())
+    facts = collect.build(Node(name="node2", address="node2"), raw, python="/opt/env/bin/python", python_source="x")
+    ctx = SimpleNamespace(config=SimpleNamespace(command_timeout=120.0, container=None, burn_seconds=600.0))
+    said = json.dumps(answer())
+    node = Scripted(CommandResult(0, f"{said}\n", ""), host="gpunode3")
+    loaded = core.burn_gpus(facts, node, ctx, tmp_path)
+    argv = ["/opt/env/bin/python", bundle.path(node.workdir), "gpuburn", "--seconds", "600"]
+    assert node.commands[-1][:2] == (argv, 720.0)  # the length, and the collector's deadline for the rest
+    assert len(loaded.gpus) == 4 and len(loaded.samples) == 28
+    assert (tmp_path / "gpuburn.json").read_text() == f"{said}\n"
+    crashed = Scripted(CommandResult(None, "", "", timed_out=True), host="gpunode4")
+    facts.gpu_burn = core.burn_gpus(facts, crashed, ctx, tmp_path)
+    found = registry.get("gpu.burn.load").function(facts)
+    assert (found.status, found.message) == (
+        Status.FAIL,
+        "the GPUs could not be loaded: gpuburn: timed out after 720 s",
+    )
