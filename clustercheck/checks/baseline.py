@@ -18,6 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from clustercheck.checks import gpuperf
 from clustercheck.checks.collectives import size_text
 from clustercheck.checks.netperf import RTT_MARGIN_MS
 from clustercheck.checks.registry import declare, emit
@@ -42,8 +43,9 @@ class Figure:
     def check(self) -> str:
         return f"baseline.{self.name}"
 
-    def text(self, value: float) -> str:
-        return _UNITS[self.name](value)
+    def text(self, value: float, key: str) -> str:
+        """VALUE of KEY (a node or pair, or a node's GPU figure) with its unit."""
+        return gpuperf.shown_in(key, value) if self.name == GPU_PERF else _UNITS[self.name](value)
 
 
 def _throughput(mbps: float) -> str:
@@ -61,6 +63,7 @@ _UNITS = {
     "ddp_step": _seconds,
     "collector": lambda v: f"{v:.1f} s",
 }
+GPU_PERF = "gpu_perf"  # each GPU's figures (checks/gpuperf.py), their units theirs
 
 FIGURES = {
     f.name: f
@@ -70,6 +73,7 @@ FIGURES = {
         Figure("throughput", "throughput", True, 20, 50),
         Figure("ddp_step", "", False, 20, 50),
         Figure("collector", "facts collector", False, 50, 200, floor=1.0),
+        Figure(GPU_PERF, "", True, 10, 25),
     )
 }
 VERSIONS = "baseline.versions"
@@ -145,7 +149,8 @@ def _number(value: Any) -> float | None:
 
 def figures(checks: list[dict]) -> dict[str, dict[str, float]]:
     """Figure name -> {node or pair -> value} from a report's checks (what the run measured; a SKIP measured
-    nothing). Units: busbw GB/s, rtt ms, throughput Mbit/s, ddp_step and collector seconds."""
+    nothing). Units: busbw GB/s, rtt ms, throughput Mbit/s, ddp_step and collector seconds; gpu_perf each GPU
+    figure's own, keyed by node, bus id and figure (gpuperf.report_figures)."""
     out: dict[str, dict[str, float]] = {name: {} for name in FIGURES}
     for check in checks:
         if check.get("status") == "SKIP":
@@ -175,6 +180,7 @@ def figures(checks: list[dict]) -> dict[str, dict[str, float]]:
             seconds = _number(data.get("seconds"))
             if seconds is not None:
                 out["collector"][host] = seconds
+    out[GPU_PERF] = gpuperf.report_figures(checks)
     return out
 
 
@@ -207,7 +213,7 @@ class Change:
         figure = FIGURES[self.figure]
         label = f"{self.key} {figure.what}".strip()
         pct = f" ({self.change_pct:+.0f} %)" if self.change_pct is not None else ""
-        return f"{label} {figure.text(self.now)}, baseline {figure.text(self.baseline)}{pct}"
+        return f"{label} {figure.text(self.now, self.key)}, baseline {figure.text(self.baseline, self.key)}{pct}"
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -389,6 +395,16 @@ declare(
     "`import torch` (a changed environment).",
 )
 declare(
+    f"baseline.{GPU_PERF}",
+    stage=STAGE,
+    scope="node",
+    proves="with --baseline: none of the node's GPUs (matched by bus id) multiplies or copies (the gpu.perf.* "
+    "figures) slower than in the baseline report by more than its tolerance",
+    fix="Look at the named GPU as gpu.perf.*'s fixes say (clocks and throttle reasons, power cap, temperature, "
+    "PCIe link: nvidia-smi -q -d PERFORMANCE,CLOCK,POWER,PCIE); a driver or firmware update since the baseline; "
+    "`clustercheck diff BASELINE.json NEW.json` lists every change.",
+)
+declare(
     VERSIONS,
     stage=STAGE,
     scope="cluster",
@@ -407,7 +423,9 @@ def _source(baseline: Baseline) -> str:
     return baseline.source + (f" of {started}" if started else "")
 
 
-CLUSTER_FIGURES = ("busbw", "rtt", "throughput", "ddp_step")  # one result each; collector: one per node
+CLUSTER_FIGURES = ("busbw", "rtt", "throughput", "ddp_step")  # one result each
+# one result per node, and what its SKIP says where the node has none of the figure now
+NODE_FIGURES = {"collector": "its facts were not collected now", GPU_PERF: "no GPU of it measured now"}
 
 
 def evaluate(baseline: Baseline, current: dict[str, Any]) -> list[CheckResult]:
@@ -419,7 +437,8 @@ def evaluate(baseline: Baseline, current: dict[str, Any]) -> list[CheckResult]:
     results = []
     for name in CLUSTER_FIGURES:
         results.append(_figure_result(comparisons[name], baseline, nodes))
-    results += _collector_results(comparisons["collector"], baseline, nodes)
+    for name in NODE_FIGURES:
+        results += _node_results(comparisons[name], baseline, nodes)
     results.append(_versions_result(baseline, current, nodes))
     return results
 
@@ -429,7 +448,11 @@ def _unrelated(baseline: Baseline, nodes: Nodes) -> list[CheckResult]:
     why = "not compared: no node in common with the baseline"
     data = {"baseline": _source(baseline), **_node_data(nodes)}
     results = [emit(f"baseline.{name}", Status.SKIP, f"baseline.{name}: {why}", data=data) for name in CLUSTER_FIGURES]
-    results += [emit("baseline.collector", Status.SKIP, f"{host}: {why}", host=host, data=data) for host in nodes.now]
+    results += [
+        emit(f"baseline.{name}", Status.SKIP, f"{host}: {why}", host=host, data=data)
+        for name in NODE_FIGURES
+        for host in nodes.now
+    ]
     results.append(
         emit(
             VERSIONS,
@@ -524,24 +547,26 @@ def _judged_result(
     return emit(name, Status.PASS, text + notes, host=host, data=data)
 
 
-def _collector_results(comparison: Comparison, baseline: Baseline, nodes: Nodes) -> list[CheckResult]:
-    name = "baseline.collector"
-    figure = FIGURES["collector"]
+def _node_results(comparison: Comparison, baseline: Baseline, nodes: Nodes) -> list[CheckResult]:
+    """A node's own figures (keyed by the node, or by the node and more: 'node1 GPU 00000000:18:00.0 ...'), one
+    result per node."""
+    name = f"baseline.{comparison.figure}"
+    figure = FIGURES[comparison.figure]
     results = []
     for host in nodes.now:
-        mine = Comparison(
-            comparison.figure,
-            [c for c in comparison.changes if c.key == host],
-            [k for k in comparison.not_in_baseline if k == host],
-            [],
-        )
+
+        def own(keys: list[str], host: str = host) -> list[str]:
+            return [k for k in keys if k.split(" ", 1)[0] == host]
+
+        changes = [c for c in comparison.changes if c.key.split(" ", 1)[0] == host]
+        mine = Comparison(comparison.figure, changes, own(comparison.not_in_baseline), own(comparison.not_measured_now))
         data = _data(mine, baseline, nodes)
         if mine.changes:
             results.append(_judged_result(name, host, mine, figure, baseline, nodes, data))
         elif mine.not_in_baseline:
             results.append(emit(name, Status.PASS, f"{host}: not in the baseline, nothing to compare", host=host))
         else:
-            results.append(emit(name, Status.SKIP, "its facts were not collected now", host=host, data=data))
+            results.append(emit(name, Status.SKIP, NODE_FIGURES[comparison.figure], host=host, data=data))
     return results
 
 

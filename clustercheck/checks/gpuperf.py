@@ -10,42 +10,92 @@ host-to-device and device-to-host GB/s over pinned memory, each byte once.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from statistics import median
 from typing import Any
 
 from clustercheck import expected as expected_values
 from clustercheck.checks.registry import Finding, cluster_check, fail, node_check, passed, skip, warn
 from clustercheck.facts.model import GpuBench, GpuFigures, NodeFacts
+from clustercheck.model import Measure, Metric
 from clustercheck.selection import Selection
 
 PEER_SHARE = 0.8  # a GPU under this share of its peers' median (the node's, the cluster's) is named
 
 
+# The figures as metrics (report/prometheus.py), in Prometheus' base units: FLOP/s and bytes per second. Labels:
+# host, gpu (torch's index), bus_id (nvidia-smi's), and the multiply's dtype or the copy's direction.
+MATMUL_METRIC = Metric(
+    "gpu_matmul_flops", "flops", "Dense matrix multiply throughput of one GPU (FLOP per second) by dtype."
+)
+MEMORY_METRIC = Metric(
+    "gpu_memory_copy_bytes_per_second",
+    "bytes_per_second",
+    "Device memory bandwidth of one GPU: a device-to-device copy, bytes read and written counted.",
+)
+HOST_METRIC = Metric(
+    "gpu_host_copy_bytes_per_second",
+    "bytes_per_second",
+    "Copy bandwidth between pinned host memory and one GPU, by direction, each byte once.",
+)
+
+
 @dataclass(frozen=True)
 class Figure:
     """A measured figure: its name in the report's data, in words, its unit, and the model's expected figure it is
-    judged against with the share of it a GPU must reach (1: the expected figure is a floor)."""
+    judged against with the share of it a GPU must reach (1: the expected figure is a floor); as a metric: which,
+    the factor from its unit to the metric's, and its own label."""
 
     name: str
     words: str
     unit: str
     expected: str
     share: float
+    metric: Metric
+    scale: float
+    labels: tuple[tuple[str, str], ...]
 
     def shown(self, value: float) -> str:
         return f"{value:.0f} {self.unit}" if value >= 100 else f"{value:.3g} {self.unit}"
 
 
+MATMUL_SHARE = expected_values.MATMUL_SHARE
 MATMUL = tuple(
-    Figure(f"matmul_{d}_tflops", f"{d} multiply", "TFLOP/s", f"matmul_{d}_tflops", expected_values.MATMUL_SHARE)
+    Figure(
+        f"matmul_{d}_tflops",
+        f"{d} multiply",
+        "TFLOP/s",
+        f"matmul_{d}_tflops",
+        MATMUL_SHARE,
+        MATMUL_METRIC,
+        1e12,
+        (("dtype", d),),
+    )
     for d in ("bf16", "tf32", "fp32")
 )
 MEMORY_SHARE = expected_values.MEMORY_BANDWIDTH_SHARE
-MEMORY = (Figure("memory_gbps", "memory copy", "GB/s", "memory_bandwidth_gbps", MEMORY_SHARE),)
+MEMORY = (Figure("memory_gbps", "memory copy", "GB/s", "memory_bandwidth_gbps", MEMORY_SHARE, MEMORY_METRIC, 1e9, ()),)
 HOST = (
-    Figure("h2d_gbps", "host-to-device copy", "GB/s", "host_copy_gbps", 1.0),
-    Figure("d2h_gbps", "device-to-host copy", "GB/s", "host_copy_gbps", 1.0),
+    Figure(
+        "h2d_gbps",
+        "host-to-device copy",
+        "GB/s",
+        "host_copy_gbps",
+        1.0,
+        HOST_METRIC,
+        1e9,
+        (("direction", "host_to_device"),),
+    ),
+    Figure(
+        "d2h_gbps",
+        "device-to-host copy",
+        "GB/s",
+        "host_copy_gbps",
+        1.0,
+        HOST_METRIC,
+        1e9,
+        (("direction", "device_to_host"),),
+    ),
 )
 
 MATMUL_FIX = (
@@ -86,6 +136,24 @@ def _rows(gpus: tuple[GpuFigures, ...], figures: tuple[Figure, ...]) -> list[dic
     return rows
 
 
+def units(figures: tuple[Figure, ...]) -> dict[str, str]:
+    """Each figure's unit by its name in the report's data (the JSON report's `units` beside `gpus`)."""
+    return {f.name: f.unit for f in figures}
+
+
+def measures(host: str, gpus: tuple[GpuFigures, ...], figures: tuple[Figure, ...]) -> tuple[Measure, ...]:
+    """Each GPU's FIGURES as metrics, in the metric's unit, labelled with HOST, the GPU's index and bus id."""
+    out: list[Measure] = []
+    for g in gpus:
+        for f in figures:
+            value = g.figure(f.name)
+            if value is None:
+                continue
+            labels = {"host": host, "gpu": str(g.index), "bus_id": g.bus_id or "", **dict(f.labels)}
+            out += f.metric.of(value * f.scale, **labels)
+    return tuple(out)
+
+
 def _peer_medians(gpus: list[GpuFigures], figure: Figure) -> dict[str | None, tuple[float, int]]:
     """GPU name -> (median of FIGURE over the GPUs of that name that measured it, how many), where two or more did."""
     by_name: dict[str | None, list[float]] = {}
@@ -96,9 +164,18 @@ def _peer_medians(gpus: list[GpuFigures], figure: Figure) -> dict[str | None, tu
     return {name: (median(values), len(values)) for name, values in by_name.items() if len(values) >= 2}
 
 
-def judge_node(bench: GpuBench | None, match: expected_values.Match, figures: tuple[Figure, ...]) -> Finding:
+def judge_node(
+    bench: GpuBench | None, match: expected_values.Match, figures: tuple[Figure, ...], host: str = ""
+) -> Finding:
     """FIGURES of the node's GPUs (BENCH) against the model's expected values (MATCH) and the node's other GPUs of
-    the same model (pure)."""
+    the same model (pure); the figures measured are the finding's measures, labelled with HOST."""
+    found = _judge_node(bench, match, figures)
+    if bench is None or not bench.gpus:
+        return found
+    return replace(found, measures=measures(host, bench.gpus, figures))
+
+
+def _judge_node(bench: GpuBench | None, match: expected_values.Match, figures: tuple[Figure, ...]) -> Finding:
     if bench is None:
         return skip(NOT_MEASURED)
     if bench.problem:
@@ -111,6 +188,7 @@ def judge_node(bench: GpuBench | None, match: expected_values.Match, figures: tu
     medians = {f.name: _peer_medians(gpus, f) for f in figures}
     data: dict[str, Any] = {
         "gpus": _rows(bench.gpus, figures),
+        "units": units(figures),
         "expected": {f.expected: expected[f.name] for f in figures},
         "node_median": {f.name: {str(k): round(m, 2) for k, (m, _) in medians[f.name].items()} for f in figures},
     }
@@ -173,7 +251,7 @@ def _summary(gpus: list[GpuFigures], figures: tuple[Figure, ...]) -> str:
     needs_gpu=True,
 )
 def gpu_perf_matmul(facts: NodeFacts) -> Finding:
-    return judge_node(facts.gpu_bench, facts.expected, MATMUL)
+    return judge_node(facts.gpu_bench, facts.expected, MATMUL, facts.host)
 
 
 @node_check(
@@ -184,7 +262,7 @@ def gpu_perf_matmul(facts: NodeFacts) -> Finding:
     needs_gpu=True,
 )
 def gpu_perf_memory(facts: NodeFacts) -> Finding:
-    return judge_node(facts.gpu_bench, facts.expected, MEMORY)
+    return judge_node(facts.gpu_bench, facts.expected, MEMORY, facts.host)
 
 
 @node_check(
@@ -195,7 +273,7 @@ def gpu_perf_memory(facts: NodeFacts) -> Finding:
     needs_gpu=True,
 )
 def gpu_perf_host_copy(facts: NodeFacts) -> Finding:
-    return judge_node(facts.gpu_bench, facts.expected, HOST)
+    return judge_node(facts.gpu_bench, facts.expected, HOST, facts.host)
 
 
 ALL = MATMUL + MEMORY + HOST
@@ -228,7 +306,11 @@ def judge_cluster(benches: dict[str, GpuBench | None], figures: tuple[Figure, ..
                 for host, g, v in measured
                 if v < PEER_SHARE * middle
             ]
-    data = {"cluster_median": medians, "gpus": {host: _rows(b.gpus, figures) for host, b in benches.items() if b}}
+    data = {
+        "cluster_median": medians,
+        "gpus": {host: _rows(b.gpus, figures) for host, b in benches.items() if b},
+        "units": units(figures),
+    }
     if not medians:
         return skip("no GPU model measured on two or more nodes, nothing to compare", **data)
     if slow:
@@ -254,3 +336,29 @@ def gpu_perf_cluster(nodes: list[NodeFacts], config) -> Finding:
     if nothing:
         return skip(nothing)
     return judge_cluster(benches)
+
+
+# ------------------------------------------------------------------------------ the figures in a report (--baseline)
+
+
+def report_figures(checks: list[dict]) -> dict[str, float]:
+    """Each GPU's figures in a report's checks (the JSON report's gpu.perf.* data, a SKIP measured nothing), keyed
+    '<host> GPU <bus id> <figure in words>': the same GPU in two reports by its bus id, whatever torch's index."""
+    out: dict[str, float] = {}
+    for check in checks:
+        figures, host = CHECKS.get(check.get("name") or ""), check.get("host")
+        if figures is None or host is None or check.get("status") == "SKIP":
+            continue
+        for row in (check.get("data") or {}).get("gpus") or []:
+            if not isinstance(row, dict) or not row.get("bus_id"):
+                continue
+            for f in figures:
+                value = row.get(f.name)
+                if isinstance(value, int | float) and not isinstance(value, bool):
+                    out[f"{host} GPU {row['bus_id']} {f.words}"] = float(value)
+    return out
+
+
+def shown_in(key: str, value: float) -> str:
+    """VALUE of the figure a report_figures KEY names, with its unit: '512 TFLOP/s'."""
+    return next(f for f in ALL if key.endswith(f" {f.words}")).shown(value)

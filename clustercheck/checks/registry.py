@@ -203,6 +203,14 @@ def with_fix_command(result: CheckResult, command: str) -> CheckResult:
     return replace(result, remediation=remediation, fix_command=command)
 
 
+def with_evidence(result: CheckResult, directory: str, kept: dict[str, Any]) -> CheckResult:
+    """RESULT saying where the evidence of its failure was kept (DIRECTORY in the run directory; KEPT: what, as
+    data)."""
+    return replace(
+        result, message=f"{result.message} (evidence kept: {directory})", data={**result.data, "evidence": kept}
+    )
+
+
 def of_stage(stage: str) -> list[Check]:
     return [c for c in REGISTRY.values() if c.stage == stage]
 

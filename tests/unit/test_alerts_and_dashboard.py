@@ -17,7 +17,9 @@ import pytest
 import yaml
 from harness import probe_records, promtool_path, real_results
 
-from clustercheck.checks import baseline, consistency, network, registry
+from clustercheck import expected
+from clustercheck.checks import baseline, consistency, gpuperf, network, registry
+from clustercheck.facts.model import GpuBench
 from clustercheck.model import CheckResult, Status
 from clustercheck.report import Report, prometheus
 from clustercheck.report import json as json_report
@@ -77,7 +79,30 @@ def slowed_link_cluster() -> dict[str, str]:
     return {"head:9100": prometheus.render(Report(results, hosts, "z", 0, 20))}
 
 
-SCENARIOS = {"firewall": firewall_cluster, "slowed link": slowed_link_cluster}
+def _gpu_results(host: str, bf16: float) -> list[CheckResult]:
+    """The gpu.perf.* checks of a node with two H100s, their figures in gpubench's shape (remote/gpubench.py)."""
+    gpus = [
+        {"index": i, "bus_id": f"00000000:{0x18 + i:02X}:00.0", "name": "NVIDIA H100 80GB HBM3", "memory_gbps": 2900}
+        | {"matmul_tflops": {"bf16": bf16 if i else 700.0, "tf32": 380, "fp32": 50}, "h2d_gbps": 55, "d2h_gbps": 54}
+        for i in range(2)
+    ]
+    bench = GpuBench.from_answer({"cuda": True, "copy_counts": "read+written", "gpus": gpus})
+    match = expected.shipped().match(["NVIDIA H100 80GB HBM3"])
+    return [registry.result(n, host, gpuperf.judge_node(bench, match, f, host)) for n, f in gpuperf.CHECKS.items()]
+
+
+def slower_gpu_cluster() -> dict[str, str]:
+    """`clustercheck run --baseline` where node2's GPU 1 multiplies bf16 at 490 TFLOP/s, 700 in the baseline: its
+    gpu.perf.matmul WARNs against its node's other GPU, baseline.gpu_perf FAILs on node2."""
+    hosts = ["node1", "node2"]
+    healthy = [r for host in hosts for r in _gpu_results(host, 700.0)]
+    slower = _gpu_results("node1", 700.0) + _gpu_results("node2", 490.0)
+    then = baseline.Baseline(json_report.document(Report(healthy, hosts)), "baseline.json", baseline.DEFAULT_TOLERANCES)
+    compared = baseline.evaluate(then, json_report.document(Report(slower, hosts)))
+    return {"head:9100": prometheus.render(Report(slower + compared, hosts, "g", 0, 20))}
+
+
+SCENARIOS = {"firewall": firewall_cluster, "slowed link": slowed_link_cluster, "slower GPU": slower_gpu_cluster}
 
 
 def samples(text: str) -> list[tuple[str, dict[str, str], float]]:
@@ -143,10 +168,12 @@ def test_the_alerts_fire_on_the_series_the_renderer_writes(tmp_path):
             alert("ClustercheckBelowBaseline", "critical", check="baseline.rtt"),
             alert("ClustercheckBelowBaseline", "critical", check="baseline.throughput"),
         ],
+        "slower GPU": [alert("ClustercheckBelowBaseline", "critical", check="baseline.gpu_perf", host="node2")],
     }
     stale = {
         "firewall": [stale_run, alert("ClustercheckNodeHealthStale", "warning", **node_health)],
         "slowed link": [stale_run],
+        "slower GPU": [stale_run],
     }
     for scenario, build in SCENARIOS.items():
         exprs = [

@@ -14,9 +14,10 @@ import pytest
 from click.testing import CliRunner
 from harness import probe_records
 
-from clustercheck import report
-from clustercheck.checks import baseline, network, registry
+from clustercheck import expected, report
+from clustercheck.checks import baseline, gpuperf, network, registry
 from clustercheck.commands import cli
+from clustercheck.facts.model import GpuBench
 from clustercheck.model import Status
 from clustercheck.report import Report
 from clustercheck.report import diff as diffs
@@ -329,3 +330,92 @@ def test_diff_of_reports_with_some_nodes_in_common_names_them_and_leaves_the_clu
         "cluster-wide figures not compared, measured across other nodes (the baseline's across localhost, node2, "
         "this run's across localhost): 4" in proc.output
     )
+
+
+# ------------------------------------------------------------------------------------------- each GPU's figures
+
+H100 = "NVIDIA H100 80GB HBM3"
+
+
+def gpu(index: int, bus: int, bf16: float = 700.0, h2d: float = 55.0) -> dict:
+    """One GPU's entry as the node-side gpubench prints it (remote/gpubench.py)."""
+    return {
+        "index": index,
+        "bus_id": f"00000000:{bus:02X}:00.0",
+        "name": H100,
+        "matmul_tflops": {"bf16": bf16, "tf32": 380.0, "fp32": 50.0},
+        "memory_gbps": 2900.0,
+        "h2d_gbps": h2d,
+        "d2h_gbps": 54.0,
+    }
+
+
+def gpu_report(nodes: dict[str, list[dict]]) -> dict:
+    """The JSON report of the gpu.perf.* checks judged on each node's gpubench answer (NODES: host -> GPU entries)."""
+    match = expected.shipped().match([H100])
+    results = []
+    for host, gpus in nodes.items():
+        bench = GpuBench.from_answer({"cuda": True, "copy_counts": "read+written", "gpus": gpus})
+        for name, figures in gpuperf.CHECKS.items():
+            results.append(registry.result(name, host, gpuperf.judge_node(bench, match, figures, host)))
+    return json_report.document(Report(results, list(nodes)))
+
+
+HEALTHY = {"node1": [gpu(0, 0x18), gpu(1, 0x19)], "node2": [gpu(0, 0x18), gpu(1, 0x19)]}
+
+
+def test_a_gpu_slower_than_its_baseline_is_named_with_its_node_bus_id_figure_then_and_now():
+    slower = copy.deepcopy(HEALTHY)
+    slower["node2"][1] = gpu(1, 0x19, bf16=490.0, h2d=50.0)  # -30 %, and -9 %: within the tolerance
+    results = by_name(baseline.evaluate(given(gpu_report(HEALTHY)), gpu_report(slower)))
+    node2 = results[("baseline.gpu_perf", "node2")]
+    assert node2.status is Status.FAIL
+    assert node2.message == (
+        "node2 GPU 00000000:19:00.0 bf16 multiply 490 TFLOP/s, baseline 700 TFLOP/s (-30 %) (WARN past 10 %, FAIL "
+        "past 25 %)"
+    )
+    assert node2.remediation == registry.get("baseline.gpu_perf").fix
+    assert {c["key"] for c in node2.data["changes"]} >= {"node2 GPU 00000000:19:00.0 host-to-device copy"}
+    assert len(node2.data["changes"]) == 12  # two GPUs, six figures each
+    node1 = results[("baseline.gpu_perf", "node1")]
+    assert node1.status is Status.PASS and node1.message.startswith("12 figure(s) within their tolerance")
+    warned = by_name(baseline.evaluate(given(gpu_report(HEALTHY), gpu_perf="20:50"), gpu_report(slower)))
+    assert warned[("baseline.gpu_perf", "node2")].status is Status.WARN
+    lenient = by_name(baseline.evaluate(given(gpu_report(HEALTHY), gpu_perf="40"), gpu_report(slower)))
+    assert lenient[("baseline.gpu_perf", "node2")].status is Status.PASS
+
+
+def test_a_gpu_is_matched_with_its_baseline_by_bus_id_whatever_torch_s_index():
+    renumbered = {"node1": [gpu(0, 0x19), gpu(1, 0x18, bf16=600.0)], "node2": HEALTHY["node2"]}
+    results = by_name(baseline.evaluate(given(gpu_report(HEALTHY)), gpu_report(renumbered)))
+    node1 = results[("baseline.gpu_perf", "node1")]
+    assert node1.status is Status.WARN  # -14 %: the GPU at 18:00.0, torch's 0 then and 1 now
+    assert node1.message.startswith("node1 GPU 00000000:18:00.0 bf16 multiply 600 TFLOP/s, baseline 700 TFLOP/s")
+    assert not node1.data["not_in_baseline"] and not node1.data["not_measured_now"]
+
+
+def test_a_gpu_only_one_report_measured_is_said_and_a_node_without_figures_skips():
+    gone = {"node1": [gpu(0, 0x18)], "node2": []}
+    then = gpu_report(HEALTHY)
+    results = by_name(baseline.evaluate(given(then), gpu_report(gone)))
+    node1 = results[("baseline.gpu_perf", "node1")]
+    assert node1.status is Status.PASS
+    assert "in the baseline, not measured now: node1 GPU 00000000:19:00.0 bf16 multiply" in node1.message
+    node2 = results[("baseline.gpu_perf", "node2")]
+    assert (node2.status, node2.message) == (Status.SKIP, "node2: no GPU of it measured now")
+    # the recorded localhost report has no GPU: a baseline of it has no such figure
+    local = by_name(baseline.evaluate(given(local_report()), local_report()))
+    assert local[("baseline.gpu_perf", "localhost")].status is Status.SKIP
+
+
+def test_the_gpu_comparison_matches_the_schema_and_diff_lists_it(tmp_path):
+    validator = jsonschema.Draft202012Validator(json.loads(report.schema_text()))
+    slower = copy.deepcopy(HEALTHY)
+    slower["node1"][0] = gpu(0, 0x18, bf16=350.0)
+    then, now = gpu_report(HEALTHY), gpu_report(slower)
+    validator.validate(now)
+    results = baseline.evaluate(given(then), now)
+    validator.validate(json_report.document(Report(results, ["node1", "node2"], durations={"baseline": 0.1})))
+    out = CliRunner().invoke(cli, ["diff", write(tmp_path, "old.json", then), write(tmp_path, "new.json", now)])
+    assert out.exit_code == 1, out.output
+    assert "FAIL node1 GPU 00000000:18:00.0 bf16 multiply 350 TFLOP/s, baseline 700 TFLOP/s (-50 %)" in out.output

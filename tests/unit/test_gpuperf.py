@@ -189,3 +189,50 @@ def test_the_core_stage_runs_gpubench_with_the_environments_python_and_keeps_its
         "the GPUs could not be measured: gpubench: exit 1: Traceback ... | "
         "RuntimeError: CUDA error: unspecified launch failure"
     )
+
+
+def test_each_gpu_s_figures_are_measures_in_base_units_with_the_node_index_and_bus_id_and_units_in_the_data():
+    found = gpuperf.judge_node(bench(gpu(0), gpu(1, h2d=30.0)), h100(), gpuperf.HOST, host="node1")
+    assert found.data["units"] == {"h2d_gbps": "GB/s", "d2h_gbps": "GB/s"}
+    got = {(m.metric.name, tuple(sorted(m.labels.items()))): m.value for m in found.measures}
+    labels = {"host": "node1", "gpu": "1", "bus_id": "00000000:19:00.0", "direction": "host_to_device"}
+    assert got[("gpu_host_copy_bytes_per_second", tuple(sorted(labels.items())))] == 30.0e9
+    assert len(got) == 4  # two GPUs, two directions
+    matmul = gpuperf.judge_node(bench(gpu(0)), h100(), gpuperf.MATMUL, host="node1")
+    by_dtype = {m.labels["dtype"]: m.value for m in matmul.measures if m.metric is gpuperf.MATMUL_METRIC}
+    assert by_dtype == {"bf16": 700.0e12, "tf32": 380.0e12, "fp32": 50.0e12}
+    assert matmul.data["units"]["matmul_bf16_tflops"] == "TFLOP/s"
+    memory = gpuperf.judge_node(bench(gpu(0)), h100(), gpuperf.MEMORY, host="node1")
+    assert [(m.metric.name, m.labels, m.value) for m in memory.measures] == [
+        ("gpu_memory_copy_bytes_per_second", {"host": "node1", "gpu": "0", "bus_id": "00000000:18:00.0"}, 2900.0e9)
+    ]
+    assert gpuperf.judge_node(GpuBench(failure="timed out"), h100(), gpuperf.MATMUL, host="node1").measures == ()
+
+
+def test_the_node_checks_label_the_measures_with_their_node():
+    raw = json.loads((RECORDS / "facts-h200-vm.json").read_text())
+    facts = collect.build(Node(name="gpu01", address="gpu01"), raw, python="python3", python_source="x")
+    bus_id = facts.smi.gpus[0].bus_id
+    facts.gpu_bench = bench(gpu(0, bus_id=bus_id, name="NVIDIA H200", bf16=800.0))
+    results = {r.name: r for r in registry.run_node_checks(facts)}
+    measures = results["gpu.perf.matmul"].measures
+    assert {m.labels["host"] for m in measures} == {"gpu01"} and {m.labels["bus_id"] for m in measures} == {bus_id}
+    assert results["gpu.perf.matmul"].data["gpus"][0]["matmul_bf16_tflops"] == 800.0
+
+
+def test_a_report_s_gpu_figures_are_keyed_by_node_bus_id_and_figure_and_shown_with_their_unit():
+    from clustercheck.model import CheckResult
+
+    found = gpuperf.judge_node(bench(gpu(0), gpu(1, bus_id=None)), h100(), gpuperf.MATMUL, host="node1")
+    checks = [
+        CheckResult("gpu.perf.matmul", found.status, found.message, host="node1", data=found.data).to_dict(),
+        CheckResult("gpu.perf.memory", Status.SKIP, "not measured", host="node1", data={"gpus": [gpu(0)]}).to_dict(),
+    ]
+    figures = gpuperf.report_figures(checks)
+    assert figures == {  # the GPU without a bus id cannot be matched with a baseline's: left out
+        "node1 GPU 00000000:18:00.0 bf16 multiply": 700.0,
+        "node1 GPU 00000000:18:00.0 tf32 multiply": 380.0,
+        "node1 GPU 00000000:18:00.0 fp32 multiply": 50.0,
+    }
+    assert gpuperf.shown_in("node1 GPU 00000000:18:00.0 bf16 multiply", 512.4) == "512 TFLOP/s"
+    assert gpuperf.shown_in("node1 GPU 00000000:18:00.0 device-to-host copy", 21.37) == "21.4 GB/s"

@@ -501,3 +501,36 @@ def test_a_check_passing_in_its_own_words_on_many_hosts_is_one_row_and_its_probl
     assert sum(line.startswith("│") and "hostname.resolve" in line for line in text_lines(Report(results, hosts))) == 2
     few = [r for r in results if r.host in hosts[:4]]
     assert sum(line.startswith("│") and "hostname.resolve" in line for line in text_lines(Report(few, hosts[:4]))) == 4
+
+
+def test_each_gpu_s_figures_are_gauges_per_host_gpu_and_bus_id_that_promtool_accepts(tmp_path):
+    """The gpu.perf.* checks judged on the recorded H200 node, its GPU's figures constructed in gpubench's shape."""
+    from clustercheck.checks import gpuperf
+    from clustercheck.facts import collect
+    from clustercheck.facts.model import GpuBench
+    from clustercheck.inventory import Node
+
+    raw = load("facts-h200-vm.json")
+    results = []
+    for host in ("gpu01", "gpu02"):
+        facts = collect.build(Node(name=host, address=host), raw, python="python3", python_source="x")
+        entry = {"index": 0, "bus_id": facts.smi.gpus[0].bus_id, "name": "NVIDIA H200", "memory_gbps": 7800.0}
+        entry.update({"matmul_tflops": {"bf16": 760.0, "tf32": 420.0, "fp32": 55.5}, "h2d_gbps": 52, "d2h_gbps": 50})
+        facts.gpu_bench = GpuBench.from_answer({"cuda": True, "copy_counts": "read+written", "gpus": [entry]})
+        results += [r for r in registry.run_node_checks(facts) if r.name in gpuperf.CHECKS]
+    text = prometheus.render(Report(results, ["gpu01", "gpu02"], "x", 1, 2))
+    proc = promtool(text, tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    got = samples(text)
+    bus = "00000000:00:06.0"
+    assert (
+        "clustercheck_gpu_matmul_flops",
+        {"host": "gpu02", "gpu": "0", "bus_id": bus, "dtype": "tf32"},
+        420e12,
+    ) in got
+    memory = {"host": "gpu01", "gpu": "0", "bus_id": bus}
+    assert ("clustercheck_gpu_memory_copy_bytes_per_second", memory, 7800e9) in got
+    d2h = {**memory, "direction": "device_to_host"}
+    assert ("clustercheck_gpu_host_copy_bytes_per_second", d2h, 50e9) in got
+    names = {n for n, _, _ in got if n.startswith("clustercheck_gpu_")}
+    assert len(names) == 3 and all(f"`{n}`" in MONITORING_DOC.read_text() for n in names)
