@@ -34,8 +34,8 @@ def test_site_applies_every_role_with_its_own_tag_and_the_readme_says_the_order(
     assert all(r["tags"] == [r["role"]] for r in entries)
     order = role_docs.site_roles()
     # every role is applied, or used by one that is (nvidia_repo and nvidia_gpu, by the NVIDIA roles; clustercheck_tool,
-    # by slurm and monitoring)
-    assert set(ROLES) - set(order) == {"nvidia_repo", "nvidia_gpu", "clustercheck_tool"}
+    # by slurm and monitoring; wheelhouse, by python_env and clustercheck_tool)
+    assert set(ROLES) - set(order) == {"nvidia_repo", "nvidia_gpu", "clustercheck_tool", "wheelhouse"}
     sentence = (REPO / "README.md").read_text().split("applies the roles in this order", 1)[1].split(".", 1)[0]
     assert [w.strip("`") for w in re.findall(r"`(\w+)`", sentence) if w != "nvidia_repo"] == order
 
@@ -99,7 +99,8 @@ def test_a_default_the_spec_cannot_state_is_computed_in_defaults(role):
     defaults = yaml.safe_load((REPO / "roles" / role / "defaults" / "main.yml").read_text()) or {}
     for name, option in _options(role).items():
         computed = isinstance(defaults.get(name), str) and "{{" in defaults[name]
-        assert computed == ("default" not in option), f"{name}: the spec's default and defaults/main.yml disagree"
+        stated = "default" in option or option.get("required", False)  # a required option has no default
+        assert computed != stated, f"{name}: the spec's default and defaults/main.yml disagree"
         if computed:
             pointer = f"Default: computed (see roles/{role}/defaults/main.yml)."
             assert " ".join(option["description"].split()).endswith(pointer), name
@@ -196,6 +197,7 @@ def test_ansible_refuses_a_value_outside_the_choices_when_the_role_starts(tmp_pa
     message naming each; the hosts with the defaults, with YAML booleans, and with the strings `-e name=false` passes
     run through every role."""
     python = {"ansible_connection": "local", "ansible_python_interpreter": sys.executable}
+    python |= {"wheelhouse_src": str(tmp_path), "wheelhouse_dest": "/nonexistent"}  # the wheelhouse role's required
     misspelt: dict[str, dict] = {}
     for role, name in ENUMERATED:
         misspelt.setdefault(f"misspelt-{role}", {})[name] = "ture"

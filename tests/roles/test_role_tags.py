@@ -4,8 +4,8 @@ need to know the node's GPUs (nvidia_driver, cuda_toolkit, nccl, python_env) eac
 
 The tags look alike in every role: each task of a role site.yml applies carries that role's tag, the one site.yml
 gives it, so that `--tags X` selects the same tasks in a play of the user's own that lists the role without tags. The
-roles that only others use (nvidia_gpu, nvidia_repo, clustercheck_tool) carry none: each use gives them the user's tag,
-and none of them is a tag that, skipped, would leave a role without what it needs.
+roles that only others use (nvidia_gpu, nvidia_repo, clustercheck_tool, wheelhouse) carry none: each use gives them
+the user's tag, and none of them is a tag that, skipped, would leave a role without what it needs.
 
 Checked on what ansible-playbook itself selects (--list-tasks on site.yml) and on the task files; the stand-in tests
 run the selections that once failed on a node."""
@@ -116,7 +116,7 @@ def test_the_task_file_reader_sees_blocks_and_their_tags():
         "monitoring",
         "firewall",
     ]
-    assert set(USED_BY_OTHERS) == {"nvidia_gpu", "nvidia_repo", "clustercheck_tool"}
+    assert set(USED_BY_OTHERS) == {"nvidia_gpu", "nvidia_repo", "clustercheck_tool", "wheelhouse"}
 
 
 @pytest.mark.parametrize("role", ROLES)
