@@ -155,7 +155,8 @@ def judge_throttle(burn: GpuBurn) -> Finding:
 @node_check(
     "gpu.burn.clocks",
     proves=f"with run --burn: every GPU's median SM clock under load is at least {CLOCK_SHARE:.0%} of the median of "
-    "the node's other GPUs of its model (nvidia-smi's clocks.sm, after the load settles)",
+    "the node's GPUs (nvidia-smi's clocks.sm, after the load settles; the samples do not name the model, so a node "
+    "of mixed models may WARN)",
     fix="A GPU clocked below its peers under the same load: compare its throttle reasons, temperature and power "
     "draw with theirs (gpu.burn.throttle's data, nvidia-smi -q -d PERFORMANCE,CLOCK,POWER), its power cap and "
     "application clocks (gpu.power_clocks), and locked clocks (nvidia-smi -rgc resets them).",
