@@ -13,7 +13,7 @@ from typing import Any
 
 from clustercheck.checks import xid_catalog
 from clustercheck.checks.gpu import judge_xids
-from clustercheck.checks.registry import Finding, fail, node_check, passed, skip, warn
+from clustercheck.checks.registry import Finding, fail, node_check, passed, skip, unanswered, warn
 from clustercheck.facts import parse
 from clustercheck.facts.burn import GpuBurn, Sample, reasons
 from clustercheck.facts.model import NodeFacts
@@ -39,13 +39,7 @@ def wanted(selection: Selection) -> bool:
 def _burn(facts: NodeFacts) -> GpuBurn | Finding:
     """The node's burn, or the finding every gpu.burn.* check gives without one."""
     burn = facts.gpu_burn
-    if burn is None:
-        return skip(NOT_ASKED)
-    if burn.problem:
-        return skip(burn.problem)
-    if burn.failure:
-        return fail(f"the GPUs could not be loaded: gpuburn: {burn.failure}", failure=burn.failure)
-    return burn
+    return unanswered(burn, NOT_ASKED, "gpuburn", "could not be loaded") or burn
 
 
 def _by_bus(samples: tuple[Sample, ...]) -> dict[str, list[Sample]]:

@@ -15,7 +15,7 @@ from statistics import median
 from typing import Any
 
 from clustercheck import expected as expected_values
-from clustercheck.checks.registry import Finding, cluster_check, fail, node_check, passed, skip, warn
+from clustercheck.checks.registry import Finding, cluster_check, fail, node_check, passed, skip, unanswered, warn
 from clustercheck.facts.model import GpuBench, GpuFigures, NodeFacts
 from clustercheck.model import Measure, Metric
 from clustercheck.selection import Selection
@@ -176,12 +176,9 @@ def judge_node(
 
 
 def _judge_node(bench: GpuBench | None, match: expected_values.Match, figures: tuple[Figure, ...]) -> Finding:
-    if bench is None:
-        return skip(NOT_MEASURED)
-    if bench.problem:
-        return skip(bench.problem)
-    if bench.failure:
-        return fail(f"the GPUs could not be measured: gpubench: {bench.failure}", failure=bench.failure)
+    none = unanswered(bench, NOT_MEASURED, "gpubench", "could not be measured")
+    if none:
+        return none
     model = match.model
     gpus = list(bench.gpus)
     expected = {f.name: model.get(f.expected) if model else None for f in figures}

@@ -66,6 +66,19 @@ def skip(message: str, **data: Any) -> Finding:
     return Finding(Status.SKIP, message, "", data)
 
 
+def unanswered(answer: Any, not_asked: str, program: str, could_not: str) -> Finding | None:
+    """The finding of a check judging a node program's ANSWER (its `problem`: nothing to do there; its `failure`: it
+    gave no answer), or None where the answer is there to judge: no ANSWER SKIPs with NOT_ASKED, a problem SKIPs with
+    it, a failure FAILs as "the GPUs COULD_NOT: PROGRAM: why"."""
+    if answer is None:
+        return skip(not_asked)
+    if answer.problem:
+        return skip(answer.problem)
+    if answer.failure:
+        return fail(f"the GPUs {could_not}: {program}: {answer.failure}", failure=answer.failure)
+    return None
+
+
 def not_run(why: str | Skip, **data: Any) -> Finding:
     """SKIP of a check that did not run at all, for WHY (a reason, or model.Skip with the options that left it
     out); its message is model.skipped_message's."""
