@@ -5,8 +5,9 @@ second with the last step the rank reached (`progress(step, phase)`, called by t
 kept in memory shared with it). A process, not a thread: a rank waiting in a torch call that holds the GIL (gloo
 connecting to a peer that froze) still beats, as a waiting rank should. The controller's watchdog reads the
 files: a rank whose file stops changing is frozen (its machine paused, or the rank stopped: the heartbeat stops
-with it); one whose step stops changing makes no progress. The heartbeat also ends the rank when torchrun, its
-parent, is gone, so no rank outlives its job.
+with it); one whose step stops changing makes no progress. Each beat also carries the CPU time the rank has used:
+while a rank is still starting (importing torch and its libraries, step 0), that time growing is its progress. The
+heartbeat also ends the rank when torchrun, its parent, is gone, so no rank outlives its job.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import time
 import traceback
 
 BEAT_INTERVAL = 1.0
+STARTING = "starting"  # the phase of step 0, until the worker reports its first step (the watchdog knows it too)
 _SLOT = struct.Struct("q200s")  # step, phase (utf-8, zero-padded)
 _shared = mmap.mmap(-1, _SLOT.size)  # anonymous and shared: the heartbeat process reads what the rank writes
 
@@ -65,13 +67,26 @@ def _read() -> tuple[int, str]:
     return step, phase.rstrip(b"\0").decode(errors="replace")
 
 
-def _stopped(pid: int) -> bool:
-    """Whether PID is gone, or stopped (SIGSTOP, a debugger): no heartbeat for it then."""
+def _stat(pid: int) -> list[str] | None:
+    """The fields of /proc/PID/stat after the command's name (its state first), or None when PID is gone."""
     try:
         with open(f"/proc/{pid}/stat") as fh:
-            return fh.read().rsplit(")", 1)[1].split()[0] in ("T", "t", "Z", "X")
+            return fh.read().rsplit(")", 1)[1].split()
     except (OSError, IndexError):
-        return True
+        return None
+
+
+def _stopped(fields: list[str] | None) -> bool:
+    """Whether the process of FIELDS (_stat) is gone, or stopped (SIGSTOP, a debugger): no heartbeat for it then."""
+    return not fields or fields[0] in ("T", "t", "Z", "X")
+
+
+def _cpu_seconds(fields: list[str]) -> float | None:
+    """The CPU time, user and system, the process of FIELDS (_stat) has used, in seconds."""
+    try:
+        return round((int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK"), 2)
+    except (IndexError, ValueError, OSError):
+        return None
 
 
 def _beat(path: str, rank_pid: int, torchrun_pid: int) -> None:
@@ -81,10 +96,11 @@ def _beat(path: str, rank_pid: int, torchrun_pid: int) -> None:
             if _parent_of(rank_pid) != torchrun_pid:  # torchrun is gone: end the rank too, then stop
                 os.kill(rank_pid, signal.SIGKILL)
                 break
-            if not _stopped(rank_pid):
+            fields = _stat(rank_pid)
+            if not _stopped(fields):
                 step, phase = _read()
                 with open(path + ".tmp", "w") as fh:
-                    json.dump({"step": step, "phase": phase, "pid": rank_pid}, fh)
+                    json.dump({"step": step, "phase": phase, "pid": rank_pid, "cpu": _cpu_seconds(fields)}, fh)
                 os.replace(path + ".tmp", path)
             time.sleep(BEAT_INTERVAL)
     except BaseException:
@@ -93,10 +109,10 @@ def _beat(path: str, rank_pid: int, torchrun_pid: int) -> None:
 
 
 def _parent_of(pid: int) -> int | None:
+    fields = _stat(pid)
     try:
-        with open(f"/proc/{pid}/stat") as fh:
-            return int(fh.read().rsplit(")", 1)[1].split()[1])
-    except (OSError, IndexError, ValueError):
+        return int(fields[1]) if fields else None
+    except (IndexError, ValueError):
         return None
 
 
@@ -105,7 +121,7 @@ def start_heartbeat(out_dir: str, rank: int) -> None:
     directory = os.path.join(out_dir, "heartbeat")
     os.makedirs(directory, exist_ok=True)
     path = os.path.join(directory, f"rank-{rank}.json")
-    progress(0, "starting")
+    progress(0, STARTING)
     rank_pid, torchrun_pid = os.getpid(), os.getppid()
     sys.stdout.flush()
     sys.stderr.flush()

@@ -1,9 +1,12 @@
 """The progress watchdog of a torch job (pure logic; torchjob.py polls the nodes and feeds it).
 
-Every rank rewrites a heartbeat file every second with the last step it reached (remote/common.py). A poll of
-a node gives, per rank, that step and the heartbeat's age on the node's own clock, or nothing when the node does
-not answer. A node is *alive* while some rank's heartbeat is fresh, *answering* while its polls answer, and
-*progressing* while its slowest rank's step changes. Three kinds of stall are named:
+Every rank rewrites a heartbeat file every second with the last step it reached and the CPU time it has used
+(remote/common.py). A poll of a node gives, per rank, that step, that time and the heartbeat's age on the node's own
+clock, or nothing when the node does not answer. A node is *alive* while some rank's heartbeat is fresh, *answering*
+while its polls answer, and *progressing* while its slowest rank's step changes, or, while that rank is still
+starting (step 0: importing torch and its libraries, which can take minutes from a shared file system or on a busy
+machine), while its ranks work: one of them used at least a twentieth of a CPU since the poll before (a rank that
+waits, in a rendezvous or a collective, uses next to none). Three kinds of stall are named:
 
 - a node not alive for the stall timeout while another node is: its ranks are frozen (a paused machine, a
   stopped process, a node that does not answer) and the others wait for it in a collective;
@@ -22,9 +25,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from clustercheck.remote.common import STARTING
+
 FRESH = 10.0  # seconds: a heartbeat younger than this shows a live rank (it is rewritten every second)
 ANSWERING = 15.0  # seconds: a node whose last poll answered longer ago than this does not answer
 PENDING = 8.0  # seconds: nor does a node whose poll under way has waited this long for an answer
+WORKING = 0.05  # CPU seconds per second: a starting rank that used this much since the poll before is working
 
 
 @dataclass
@@ -35,6 +41,8 @@ class NodeState:
     phase: str | None = None
     answered_at: float | None = None  # when a poll of the node last answered
     polling_since: float | None = None  # when the poll under way began (None: none under way)
+    cpu: dict = field(default_factory=dict)  # rank -> the CPU seconds it had used at the last poll that answered
+    cpu_at: float | None = None  # when that poll answered
 
     def where(self) -> str:
         """Where its slowest rank was last seen, in words."""
@@ -86,9 +94,23 @@ class Watchdog:
         if min(ages) < FRESH:
             state.alive_at = max(state.alive_at, now - min(ages))
         slowest = min(ranks.values(), key=lambda r: (r.get("step", 0), r.get("phase") or ""))
+        working = self._working(state, ranks, now)
         if (slowest.get("step"), slowest.get("phase")) != (state.step, state.phase):
             state.step, state.phase = slowest.get("step"), slowest.get("phase")
             state.progress_at = now
+        elif state.phase == STARTING and working:
+            state.progress_at = now
+
+    @staticmethod
+    def _working(state: NodeState, ranks: dict[str, dict], now: float) -> bool:
+        """Whether one of RANKS used at least WORKING CPU seconds per second since STATE's poll before; STATE then
+        keeps this poll's figures."""
+        cpu = {rank: r["cpu"] for rank, r in ranks.items() if isinstance(r.get("cpu"), (int, float))}
+        before, before_at = state.cpu, state.cpu_at
+        state.cpu, state.cpu_at = cpu, now
+        if before_at is None or now <= before_at:
+            return False
+        return any(used - before[rank] >= WORKING * (now - before_at) for rank, used in cpu.items() if rank in before)
 
     def ended(self, node: str, now: float) -> None:
         """NODE's job ended: it waits for nobody and nobody waits for it."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -50,9 +51,11 @@ def test_the_heartbeat_beats_through_a_gil_holding_call_stops_with_the_rank_and_
     try:
         assert agent.stdout.readline().strip() == "holding the GIL"
         rank_pid = beats(out)["pid"]
+        cpu = beats(out)["cpu"]
         time.sleep(2.5)
         assert beats(out)["step"] == 3 and beats(out)["phase"] == "train"
         assert age(out) < 2  # still beating while the rank holds the GIL
+        assert beats(out)["cpu"] > cpu  # and saying the CPU time the rank uses (the watchdog's sign of a start at work)
 
         os.kill(rank_pid, signal.SIGSTOP)  # a stopped rank: its heartbeat stops too
         time.sleep(3)
@@ -68,3 +71,4 @@ def test_the_heartbeat_beats_through_a_gil_holding_call_stops_with_the_rank_and_
     finally:
         if agent.poll() is None:
             agent.kill()
+        shutil.rmtree(out, ignore_errors=True)

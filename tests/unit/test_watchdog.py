@@ -175,3 +175,44 @@ def test_the_only_node_whose_ranks_wait_while_it_answers_is_named_with_its_step(
     assert stall.message == (
         "node node2 stopped making progress at step 5 (allreduce) (no progress for 55 s); its SSH connection answers"
     )
+
+
+def starting(cpu: float, age: float = 0.5) -> dict:
+    """One rank still starting (step 0), having used CPU seconds of CPU."""
+    return {"0": {"step": 0, "phase": "starting", "age": age, "cpu": cpu}}
+
+
+def test_a_rank_still_importing_its_libraries_works_and_is_not_a_stall_however_long_it_takes():
+    # A busy machine or a shared file system: importing torch and Lightning takes minutes, the rank using CPU all along
+    # (a tenth of a CPU here); the same start on three nodes is no hang either.
+    alone = Watchdog(ALONE, stall_timeout=20, now=0)
+    for t in range(0, 185, 5):
+        alone.observe("node2", starting(cpu=t * 0.1), t)
+    assert alone.stall(180) is None
+    dog = Watchdog(NODES, stall_timeout=20, now=0)
+    run_polls(dog, 0, 180, lambda n, t: starting(cpu=t * 0.1))
+    assert dog.stall(180) is None
+
+
+def test_a_rank_that_waits_while_starting_is_named_once_it_uses_no_cpu():
+    # Its libraries imported (CPU used up to t=10), the rank then waits (a rendezvous nobody answers): idle CPU.
+    dog = Watchdog(ALONE, stall_timeout=20, now=0)
+    for t in range(0, 65, 5):
+        dog.observe("node2", starting(cpu=min(t, 10) * 0.5 + t * 0.001), t)
+    stall = dog.stall(60)
+    assert stall is not None and stall.nodes == ("node2",)
+    assert stall.message == (
+        "node node2 stopped making progress at step 0 (starting) (no progress for 50 s); its SSH connection answers"
+    )
+    hang = Watchdog(NODES, stall_timeout=20, now=0)
+    run_polls(hang, 0, 60, lambda n, t: starting(cpu=min(t, 10) * 0.5))
+    assert "every node waits at step 0 (starting), a hang no single node explains" in hang.stall(60).message
+
+
+def test_a_rank_past_its_start_that_burns_cpu_while_it_waits_is_still_named():
+    # Waiting in a collective can spin (NCCL): CPU counts as progress only while a rank is starting.
+    dog = Watchdog(ALONE, stall_timeout=20, now=0)
+    for t in range(0, 65, 5):
+        dog.observe("node2", {"0": {"step": min(t, 5), "phase": "allreduce", "age": 0.5, "cpu": t * 1.0}}, t)
+    stall = dog.stall(60)
+    assert stall is not None and "at step 5 (allreduce) (no progress for 55 s)" in stall.message
