@@ -50,8 +50,20 @@ def test_a_bad_length_is_one_line_on_standard_error_and_exit_2(tmp_path):
 
 
 def loaded(devices: list[str], seconds: float = 0.3) -> dict:
-    """Every device of DEVICES under load at once, one thread each, as the program's threads load the GPUs."""
+    """Every device of DEVICES under load at once, one thread each, as the program's threads load the GPUs. The CPU
+    stands in for the GPUs with one thread of its own: a CPU multiply split over several threads may sum in another
+    order when two callers share the pool (seen on a busy CI machine), where a GPU's cuBLAS gives the same bytes on
+    GPUs of one model."""
     gpuburn.deterministic(torch)
+    threads_before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return _loaded(devices, seconds)
+    finally:
+        torch.set_num_threads(threads_before)
+
+
+def _loaded(devices: list[str], seconds: float) -> dict:
     out: dict = {}
 
     def thread(index: int, device: str) -> None:
