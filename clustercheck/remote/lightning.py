@@ -25,7 +25,7 @@ import subprocess
 import sys
 import time
 
-from .common import exit_now, rank_identity, run_rank
+from .common import exit_now, progress, rank_identity, run_rank, wait_for_child
 from .ddp import make_data, make_model, param_hash
 
 os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # before CUDA starts: deterministic cuBLAS
@@ -44,6 +44,9 @@ TORCHRUN_VARS = (
     "MASTER_ADDR",
     "MASTER_PORT",
 )
+
+
+FIT = "lightning fit"  # the heartbeat's phase once the Trainer trains (its step: the batches done)
 
 
 def import_lightning():
@@ -94,8 +97,10 @@ def task(pl, torch, args, dtype, device):
             # The strategy's mean over the ranks: every rank holds the same number of samples.
             self.losses.append(float(self.trainer.strategy.reduce(self._loss.clone(), reduce_op="mean").item()))
             self.hashes.append(param_hash(self.net))
+            progress(len(self.losses), FIT)
 
         def on_train_start(self) -> None:
+            progress(0, FIT)
             trainer = self.trainer
             dist = torch.distributed
             environment = getattr(trainer.strategy, "cluster_environment", None)  # none with a single device
@@ -249,7 +254,7 @@ def main() -> int:
             mine, module = fit(args, world, record["rank"], args.num_nodes, args.devices, "ddp")
             record.update(mine)
             if reference is not None:
-                if reference.wait() != 0:
+                if wait_for_child(reference, args.steps, "the single-process reference") != 0:
                     with open(os.path.join(args.out, "reference.log")) as fh:
                         tail = fh.read().strip().splitlines()[-3:]
                     raise RuntimeError("the single-process Lightning reference failed: " + " | ".join(tail))

@@ -90,6 +90,7 @@ def test_clustercheck_runs_every_stage_through_srun_from_the_controller(slurm_cl
         "cd /root && timeout 900 salloc --nodes=3 clustercheck run --slurm --format json --run-dir /root/srun-run "
         "--master-port 29581 > /root/srun-report.json",
         check=False,
+        timeout=960,  # the command's own limit decides (a busy CI machine took 233 s, past on()'s default)
     )
     report = json.loads(on(controller, "cat /root/srun-report.json").stdout)
     results = {(r["host"] or "", r["name"]): r for r in report["checks"]}

@@ -3,9 +3,13 @@ the command line and environment clustercheck.stages.launch builds for a node, g
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import localjob
 
 from clustercheck.checks import lightning
+from clustercheck.stages import launch
 from clustercheck.model import Status
 
 
@@ -22,3 +26,9 @@ def test_lightning_over_three_agents_matches_a_single_process_lightning_run(tmp_
     rank0 = next(r for r in job.records if r["rank"] == 0)
     assert rank0["reference"]["seen"]["world_size"] == 1
     assert rank0["reference"]["seen"]["strategy"] == "SingleDeviceStrategy"
+    # The ranks told the watchdog their steps (a start of minutes is judged by its CPU; training, by its steps).
+    for plan in job.launches:
+        beats = Path(launch.output_dir(plan.node.run_dir, "lightning")) / "heartbeat"
+        for beat in beats.glob("rank-*.json"):
+            last = json.loads(beat.read_text())
+            assert last["step"] >= 1 and last["phase"].startswith(("lightning fit", "the single-process reference")), last
