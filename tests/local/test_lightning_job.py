@@ -9,8 +9,8 @@ from pathlib import Path
 import localjob
 
 from clustercheck.checks import lightning
-from clustercheck.stages import launch
 from clustercheck.model import Status
+from clustercheck.stages import launch
 
 
 def test_lightning_over_three_agents_matches_a_single_process_lightning_run(tmp_path):
@@ -31,4 +31,5 @@ def test_lightning_over_three_agents_matches_a_single_process_lightning_run(tmp_
         beats = Path(launch.output_dir(plan.node.run_dir, "lightning")) / "heartbeat"
         for beat in beats.glob("rank-*.json"):
             last = json.loads(beat.read_text())
-            assert last["step"] >= 1 and last["phase"].startswith(("lightning fit", "the single-process reference")), last
+            phases = ("lightning fit", "the single-process reference")
+            assert last["step"] >= 1 and last["phase"].startswith(phases), last
