@@ -11,7 +11,10 @@ ansible_playbook, as tests/ansible/test_ubuntu_nodes.py runs it); `--os debian12
 instead. With --hosts INVENTORY: `ansible-playbook -i INVENTORY site.yml` on your own nodes as they are (so the
 "first" run there is only a first run on fresh nodes).
 
-    .venv/bin/python benchmarks/setup_idempotence.py [--os ubuntu|debian12] [--rounds N] [--json FILE]
+With --pipelining, each round also runs site.yml once with SSH pipelining off (ANSIBLE_PIPELINING=False; the
+checkout's ansible.cfg turns it on), before the run with it on in every other round, and prints both medians.
+
+    .venv/bin/python benchmarks/setup_idempotence.py [--os ubuntu|debian12] [--rounds N] [--pipelining] [--json FILE]
 """
 
 from __future__ import annotations
@@ -88,8 +91,18 @@ def environment(extra: dict):
 def measure(args, run_site) -> dict:
     with tempfile.TemporaryDirectory(prefix="setup-bench-") as tmp:
         first = playbook(run_site, "first", Path(tmp))
-        seconds = [playbook(run_site, f"second-{i + 1}", Path(tmp)) for i in range(args.rounds)]
-    return {"first": first, "second": seconds}
+        seconds, unpiped = [], []
+
+        def run_unpiped(env: dict) -> subprocess.CompletedProcess:
+            return run_site({**env, "ANSIBLE_PIPELINING": "False"})
+
+        for i in range(args.rounds):
+            if args.pipelining and i % 2:  # every other round the other order: the run after the first is slower
+                unpiped.append(playbook(run_unpiped, f"second-{i + 1}-unpiped", Path(tmp)))
+            seconds.append(playbook(run_site, f"second-{i + 1}", Path(tmp)))
+            if args.pipelining and not i % 2:
+                unpiped.append(playbook(run_unpiped, f"second-{i + 1}-unpiped", Path(tmp)))
+    return {"first": first, "second": seconds, "second_without_pipelining": unpiped}
 
 
 def report(doc: dict) -> None:
@@ -107,6 +120,10 @@ def report(doc: dict) -> None:
         print(f"second run {i}: {s['seconds']:.1f} s  changed={changed[i - 1]}")
         for line in s["changed_tasks"]:
             print(f"    changed: {line}")
+    if doc["second_without_pipelining"]:
+        off = common.median([s["seconds"] for s in doc["second_without_pipelining"]])
+        doc["second_median_seconds_without_pipelining"] = round(off, 2)
+        print(f"second run without SSH pipelining: median {off:.1f} s against {med:.1f} s with it ({med / off:.2f})")
     verdict = "meets" if ratio <= 0.3 and not any(changed) else "misses"
     print(f"ratio second/first: {ratio:.3f} (median of {len(seconds)}; goal 0.3 or less, changed=0): {verdict} it")
     slow = sorted(seconds[0]["tasks"].items(), key=lambda kv: -kv[1])[:15]
@@ -119,6 +136,7 @@ def report(doc: dict) -> None:
 def main() -> int:
     p = common.parser(__doc__.split("\n\n")[0], rounds=3)
     p.add_argument("--os", choices=["ubuntu", "debian12"], default="ubuntu", help="the test nodes' OS (default ubuntu)")
+    p.add_argument("--pipelining", action="store_true", help="each round also without SSH pipelining, alternating")
     args = p.parse_args()
     doc = {"benchmark": "setup_idempotence", "machine": common.machine()}
     if args.hosts:
