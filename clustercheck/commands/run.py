@@ -97,7 +97,7 @@ class NetworkRounds(click.ParamType):
     default=60,
     show_default=True,
     help="Seconds a node's ranks may make no progress while the others wait for them; the node is then named "
-    "and the job stopped on every node.",
+    "and the job stopped on every node. Ranks still starting (importing torch) progress while they use CPU.",
 )
 @click.option(
     "--min-busbw",
