@@ -93,7 +93,10 @@ class Watchdog:
         ages = [r.get("age", FRESH) for r in ranks.values()]
         if min(ages) < FRESH:
             state.alive_at = max(state.alive_at, now - min(ages))
-        slowest = min(ranks.values(), key=lambda r: (r.get("step", 0), r.get("phase") or ""))
+        # The slowest of the ranks still beating: one whose heartbeat stopped (it finished, or froze) moves no more, and
+        # must not hide a rank that works on (rank 0 waiting for a local reference run after the others ended).
+        beating = {rank: r for rank, r in ranks.items() if r.get("age", FRESH) < FRESH} or ranks
+        slowest = min(beating.values(), key=lambda r: (r.get("step", 0), r.get("phase") or ""))
         working = self._working(state, ranks, now)
         if (slowest.get("step"), slowest.get("phase")) != (state.step, state.phase):
             state.step, state.phase = slowest.get("step"), slowest.get("phase")

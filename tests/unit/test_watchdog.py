@@ -216,3 +216,14 @@ def test_a_rank_past_its_start_that_burns_cpu_while_it_waits_is_still_named():
         dog.observe("node2", {"0": {"step": min(t, 5), "phase": "allreduce", "age": 0.5, "cpu": t * 1.0}}, t)
     stall = dog.stall(60)
     assert stall is not None and "at step 5 (allreduce) (no progress for 55 s)" in stall.message
+
+
+def test_a_rank_that_works_on_after_the_others_ended_is_progress():
+    # One node, two ranks: rank 1 ended after its 12 steps (its heartbeat file stays, ageing); rank 0 waits for the
+    # single-process reference it started, which works: its phase moves on. No stall, however long the reference.
+    dog = Watchdog(ALONE, stall_timeout=20, now=0)
+    for t in range(0, 125, 5):
+        ended = {"step": 12, "phase": "lightning fit", "age": t + 0.5}
+        working = {"step": 12, "phase": f"the single-process reference: {t} s of CPU", "age": 0.5}
+        dog.observe("node2", {"0": working, "1": ended}, t)
+    assert dog.stall(120) is None
