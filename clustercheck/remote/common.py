@@ -90,22 +90,31 @@ def _cpu_seconds(fields: list[str]) -> float | None:
 
 
 def _beat(path: str, rank_pid: int, torchrun_pid: int) -> None:
-    """The heartbeat process's loop (it runs the standard library only, and never returns)."""
+    """The heartbeat process's loop (it runs the standard library only, and never returns). When the rank ends by
+    itself, one last beat leaves its last step in the file: a rank may finish between two beats."""
     try:
+        cpu = None
         while os.getppid() == rank_pid:  # the rank ended: so does its heartbeat
             if _parent_of(rank_pid) != torchrun_pid:  # torchrun is gone: end the rank too, then stop
                 os.kill(rank_pid, signal.SIGKILL)
                 break
             fields = _stat(rank_pid)
             if not _stopped(fields):
-                step, phase = _read()
-                with open(path + ".tmp", "w") as fh:
-                    json.dump({"step": step, "phase": phase, "pid": rank_pid, "cpu": _cpu_seconds(fields)}, fh)
-                os.replace(path + ".tmp", path)
+                cpu = _cpu_seconds(fields)
+                _write_beat(path, rank_pid, cpu)
             time.sleep(BEAT_INTERVAL)
+        else:
+            _write_beat(path, rank_pid, cpu)
     except BaseException:
         pass
     os._exit(0)
+
+
+def _write_beat(path: str, rank_pid: int, cpu: float | None) -> None:
+    step, phase = _read()
+    with open(path + ".tmp", "w") as fh:
+        json.dump({"step": step, "phase": phase, "pid": rank_pid, "cpu": cpu}, fh)
+    os.replace(path + ".tmp", path)
 
 
 def _parent_of(pid: int) -> int | None:
