@@ -27,9 +27,13 @@ def test_lightning_over_three_agents_matches_a_single_process_lightning_run(tmp_
     assert rank0["reference"]["seen"]["world_size"] == 1
     assert rank0["reference"]["seen"]["strategy"] == "SingleDeviceStrategy"
     # The ranks told the watchdog their steps (a start of minutes is judged by its CPU; training, by its steps).
-    for plan in job.launches:
-        beats = Path(launch.output_dir(plan.node.run_dir, "lightning")) / "heartbeat"
-        for beat in beats.glob("rank-*.json"):
-            last = json.loads(beat.read_text())
-            phases = ("lightning fit", "the single-process reference")
-            assert last["step"] >= 1 and last["phase"].startswith(phases), last
+    beats = [
+        beat
+        for plan in job.launches
+        for beat in (Path(launch.output_dir(plan.node.run_dir, "lightning")) / "heartbeat").glob("rank-*.json")
+    ]
+    assert len(beats) == job.world_size, beats
+    for beat in beats:
+        last = json.loads(beat.read_text())
+        phases = ("lightning fit", "the single-process reference")
+        assert last["step"] >= 1 and last["phase"].startswith(phases), last
