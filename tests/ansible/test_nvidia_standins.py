@@ -17,6 +17,7 @@ import http.server
 import ipaddress
 import json
 import os
+import re
 import shlex
 import shutil
 import subprocess
@@ -363,3 +364,15 @@ def test_reboot_handler_refuses_the_control_machine(nv_node, standin_repo):
     remote = play(nv_node, standin_repo, "reboot-refusal.yml", "--check")
     assert remote.returncode == 0, remote.stdout[-3000:]
     assert "Reboot the node" in remote.stdout and "refuses" not in remote.stdout
+
+
+def test_the_reboot_handler_reboots_the_node_and_the_play_goes_on(nv_node, standin_repo):
+    """The handler's reboot for real (the module's own shutdown command; the node, a container, starts again as Docker
+    restarts it), through the strategy site.yml runs with (ansible.cfg: Mitogen's), and the next task runs on the
+    rebooted node. Last in this module: the node's services start afresh."""
+    subprocess.run(["docker", "update", "--restart", "always", nv_node.nodes[0].container], check=True)
+    proc = play(nv_node, standin_repo, "reboot-node.yml")
+    assert proc.returncode == 0, proc.stdout[-4000:]
+    said = re.search(r"rebooted=(\w+) before=(\d+) after=(\d+)", proc.stdout)
+    assert said, proc.stdout[-4000:]
+    assert said[1] == "True" and int(said[3]) > int(said[2]), said[0]
