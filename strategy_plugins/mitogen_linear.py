@@ -34,5 +34,5 @@ else:
             super().__init__(tqm)
             Display().warning(
                 "Mitogen is not installed with this Ansible (pip install mitogen): running Ansible's linear strategy, "
-                "which is slower; ANSIBLE_STRATEGY=linear says so without this warning"
+                "which is slower (ANSIBLE_STRATEGY=linear chooses it without this warning)"
             )
