@@ -467,3 +467,20 @@ def test_the_monitoring_timer_offers_the_stages_clustercheck_runs():
 
     only = next(p for p in cli.commands["run"].params if p.name == "only")
     assert _options("monitoring")["monitoring_timer_stages"]["choices"] == list(only.type.choices)
+
+
+def test_a_task_delegated_to_the_control_machine_never_becomes_root_there():
+    """Under Mitogen (ansible.cfg) a task delegated to localhost takes the nodes' inventory ansible_become, not the
+    task's `become: false`, and would run sudo on the control machine: each such task sets `ansible_become: false` as
+    a task variable, which both strategies read."""
+    from test_role_tags import tasks_of
+
+    delegated = [
+        (f"roles/{role}/tasks/{name}: {task.get('name')}", task)
+        for role in ROLES
+        for name, task, _ in tasks_of(role)
+        if task.get("delegate_to") == "localhost"
+    ]
+    assert len(delegated) >= 2, delegated  # the wheelhouse's packing and clustercheck's wheel build at least
+    for where, task in delegated:
+        assert (task.get("vars") or {}).get("ansible_become") is False, f"{where} does not set ansible_become: false"
