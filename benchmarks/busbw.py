@@ -6,7 +6,7 @@ come from rank 0's record in the run directory.
 
 Reference: benchmarks/allreduce_reference.py (nccl-tests' definitions, written for this benchmark, no code shared
 with clustercheck), started under torchrun by hand over ssh on every node with the torchrun line clustercheck
-recorded for its collectives job (hosts/<node>/collectives.command: same nodes, ranks, backend, interfaces and
+recorded for its collectives job (hosts/<node>/torch.command: same nodes, ranks, backend, interfaces and
 environment), only the program and its arguments replaced: the same sizes and call counts.
 
 The runs alternate (clustercheck first, then the reference first), --rounds pairs; per size the ratio is
@@ -52,7 +52,7 @@ def clustercheck_busbw(nodes: common.Nodes, run_dir: Path) -> dict:
     if check is None or "sizes" not in check.get("data", {}):
         raise BenchmarkError(f"no allreduce.bandwidth figures in clustercheck's report: {check}")
     first = nodes.nodes[0].name
-    record = json.loads((run_dir / "run" / "hosts" / first / "collectives" / "rank-0.json").read_text())
+    record = json.loads((run_dir / "run" / "hosts" / first / "torch" / "collectives" / "rank-0.json").read_text())
     hosts = run_dir / "run" / "hosts"
     return {
         "rows": check["data"]["sizes"],
@@ -60,7 +60,7 @@ def clustercheck_busbw(nodes: common.Nodes, run_dir: Path) -> dict:
         "backend": check["data"]["backend"],
         "warmup": record["bandwidth"]["warmup"],
         "iters": record["bandwidth"]["iters"],
-        "commands": {n.name: (hosts / n.name / "collectives.command").read_text().strip() for n in nodes.nodes},
+        "commands": {n.name: (hosts / n.name / "torch.command").read_text().strip() for n in nodes.nodes},
     }
 
 

@@ -5,7 +5,7 @@ Pipeline the command line builds), timed from the moment the stage starts to the
 (the pipeline's progress callback: the stage's start, then the cleanup's start). That is everything the stage does:
 the torchrun lines, the job, the progress watchdog, the rank logs and records brought back, the judging.
 
-By hand: the torchrun line clustercheck recorded for each node (hosts/<node>/ddp.command in its run directory: the
+By hand: the torchrun line clustercheck recorded for each node (hosts/<node>/torch.command in its run directory: the
 same node-side DDP program, world size, steps, backend, interfaces and environment), its work directory replaced by
 one of the benchmark's, where the same node-side bundle was put beforehand; started on every node at once with
 `ssh node '<line>'`, timed until the last node's torchrun returned. Nothing is fetched afterwards: a person would
@@ -70,11 +70,11 @@ def clustercheck_ddp(nodes: common.Nodes, run_dir: Path) -> dict:
         why = verdict[0].message if verdict else "; ".join(r.message for r in outcome.results if r.status.is_problem)
         raise BenchmarkError(f"clustercheck's DDP stage did not pass: {why}")
     hosts = [run_dir / "hosts" / n.name for n in nodes.nodes]
-    commands = {n.name: (run_dir / "hosts" / n.name / "ddp.command").read_text().strip() for n in nodes.nodes}
+    commands = {n.name: (run_dir / "hosts" / n.name / "torch.command").read_text().strip() for n in nodes.nodes}
     # Where the stage's time goes, from when it wrote each node's torchrun line (just before starting the jobs)
     # and each node's torchrun log (as it brings back the results, node after node).
-    lines_written = max((h / "ddp.command").stat().st_mtime for h in hosts)
-    first_log = min((h / "ddp.torchrun.log").stat().st_mtime for h in hosts)
+    lines_written = max((h / "torch.command").stat().st_mtime for h in hosts)
+    first_log = min((h / "torch.torchrun.log").stat().st_mtime for h in hosts)
     end = marks["cleaning up"]
     return {
         "stage": end - marks["ddp"],
@@ -107,7 +107,7 @@ def prepare_by_hand(nodes: common.Nodes) -> None:
 def by_hand(nodes: common.Nodes, commands: dict[str, str]) -> tuple[float, float]:
     """The by-hand job's wall time, and the CPU time its ssh clients used on this machine."""
     for node in nodes.nodes:  # the previous job's outputs, out of the way (not timed)
-        common.ssh(node, f"rm -rf {shlex.quote(BY_HAND_DIR)}/ddp {BY_HAND_DIR}/nccl-*.log")
+        common.ssh(node, f"rm -rf {shlex.quote(BY_HAND_DIR)}/torch {BY_HAND_DIR}/nccl-*.log")
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     seconds = common.on_every_node(nodes.nodes, commands)
     after = resource.getrusage(resource.RUSAGE_CHILDREN)

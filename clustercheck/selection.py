@@ -32,7 +32,8 @@ class Stage:
 DECLARED = (  # in the order they run
     Stage(
         "core",
-        "per node: connect, facts, per-node checks, node-local collectives; then cross-node consistency",
+        "per node: connect, facts, per-node checks, node-local collectives (a part of the torch job when one "
+        "follows); then cross-node consistency",
     ),
     Stage("network", "a TCP probe on every node at once (python3 only, no torch)"),
     Stage(
@@ -43,18 +44,19 @@ DECLARED = (  # in the order they run
     ),
     Stage(
         "collectives",
-        "torchrun on every node: collective correctness and an all_reduce bandwidth sweep",
+        "the run's one torch job (one torchrun on every node, one process group per rank, shared by the torch "
+        "stages): collective correctness and an all_reduce bandwidth sweep",
         needs_torch=True,
     ),
     Stage(
         "ddp",
-        "torchrun on every node: DDP against a single-process reference, and a checkpoint saved half-way by rank 0, "
+        "the torch job: DDP against a single-process reference, and a checkpoint saved half-way by rank 0, "
         "loaded by every rank and resumed",
         needs_torch=True,
     ),
     Stage(
         "lightning",
-        "where Lightning imports on every node: torchrun on every node running "
+        "the torch job, where Lightning imports on every rank: "
         '`Trainer(num_nodes=N, devices=K, strategy="ddp")` against a single-process Lightning run',
         needs_torch=True,
     ),

@@ -43,7 +43,7 @@ SWEEP = (  # what clustercheck's own cleanup does on a node: every process with 
 )
 # A node's DDP ranks, not its torchrun agent (whose command line names the worker too).
 DDP_RANKS = (
-    "for p in $(pgrep -f 'clustercheck-remote[.]pyz ddp'); do "
+    "for p in $(pgrep -f 'clustercheck-remote[.]pyz stages'); do "
     "grep -qs torch.distributed.run /proc/$p/cmdline || echo $p; done"
 )
 

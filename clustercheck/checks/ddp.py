@@ -270,7 +270,8 @@ def _incomplete(records: list[dict], mine: list[dict], world_size: int) -> Check
         CHECKPOINT,
         Status.FAIL,
         f"checkpoint round trip did not complete: {why}",
-        remediation="Read the rank's output in the run directory (hosts/<node>/ddp/).",
+        remediation="Read the rank's output in the run directory (hosts/<node>/torch.torchrun.log, and its record in "
+        "hosts/<node>/torch/ddp/).",
         data={"world_size": world_size, "missing_ranks": missing, "failed_ranks": failed},
     )
 

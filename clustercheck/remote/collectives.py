@@ -27,8 +27,9 @@ def count_wrong(actual, expected) -> int:
     return int((actual != expected).sum().item())
 
 
-def run_checks(torch, dist, device, elements: int) -> dict:
-    rank, world = dist.get_rank(), dist.get_world_size()
+def run_checks(torch, dist, device, elements: int, group=None) -> dict:
+    """The collectives across every rank, or across GROUP's (a node's own ranks in a job over several nodes)."""
+    rank, world = dist.get_rank(group), dist.get_world_size(group)
     dtype = torch.float64 if device.type == "cpu" else torch.float32
     results = {}
 
@@ -36,14 +37,14 @@ def run_checks(torch, dist, device, elements: int) -> dict:
     pattern = (torch.arange(elements, device=device, dtype=dtype) % 7) + 1
     tensor = pattern * (rank + 1)
     progress(1, "allreduce")
-    dist.all_reduce(tensor)
+    dist.all_reduce(tensor, group=group)
     results["allreduce"] = {"wrong": count_wrong(tensor, pattern * (world * (world + 1) / 2)), "elements": elements}
 
     # all_gather: slot s must hold rank s's tensor.
     mine = torch.full((elements,), float(rank), device=device, dtype=dtype)
     gathered = [torch.empty_like(mine) for _ in range(world)]
     progress(2, "allgather")
-    dist.all_gather(gathered, mine)
+    dist.all_gather(gathered, mine, group=group)
     results["allgather"] = {
         "wrong": sum(count_wrong(t, torch.full_like(t, float(s))) for s, t in enumerate(gathered)),
         "elements": elements * world,
@@ -53,7 +54,7 @@ def run_checks(torch, dist, device, elements: int) -> dict:
     src = world - 1
     values = pattern * 3 if rank == src else torch.zeros(elements, device=device, dtype=dtype)
     progress(3, "broadcast")
-    dist.broadcast(values, src=src)
+    dist.broadcast(values, src=src if group is None else dist.get_global_rank(group, src), group=group)
     results["broadcast"] = {"wrong": count_wrong(values, pattern * 3), "elements": elements}
     return results
 
@@ -134,24 +135,31 @@ def run_bandwidth(torch, dist, device, args, local_world: int) -> dict:
         "iters": iters,
         "world": sweep(torch, dist, device, sizes, warmup, iters),
     }
-    # Every rank must create every subgroup, in the same order.
-    # torchrun's GROUP_RANK is the node rank; the hostname's checksum stands in without it.
-    node_key = int(os.environ.get("GROUP_RANK", zlib.crc32(socket.gethostname().encode())))
-    groups, mine = node_groups(torch, dist, device, node_key)
+    groups, mine = node_groups(torch, dist, device, node_key())
     intra = args.intra_node == "always" or (
         args.intra_node == "auto" and device.type == "cuda" and len(groups) > 1 and local_world > 1
     )
     if intra and all(len(g) > 1 for g in groups):
-        handles = [dist.new_group(ranks=g) for g in groups]
         result["intra_node"] = {
             "node_index": mine,
             "ranks": groups[mine],
-            "results": sweep(torch, dist, device, sizes, warmup, iters, group=handles[mine]),
+            "results": sweep(torch, dist, device, sizes, warmup, iters, group=node_group(dist, groups, mine)),
         }
     return result
 
 
-def main() -> int:
+def node_key() -> int:
+    """This rank's node, as a number: torchrun's GROUP_RANK (the node rank); the hostname's checksum without it."""
+    return int(os.environ.get("GROUP_RANK", zlib.crc32(socket.gethostname().encode())))
+
+
+def node_group(dist, groups: list[list[int]], mine: int):
+    """The process group of this rank's node (GROUPS: every node's ranks, node_groups; MINE: this rank's node):
+    every rank creates every node's group, in the same order, as torch asks."""
+    return [dist.new_group(ranks=g) for g in groups][mine]
+
+
+def parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", required=True)
     parser.add_argument("--backend", default="gloo", choices=["gloo", "nccl"])
@@ -167,7 +175,41 @@ def main() -> int:
         default="auto",
         help="also sweep inside each node (auto: on multi-GPU nodes of a multi-node job)",
     )
-    args = parser.parse_args()
+    return parser
+
+
+def part(args, torch, dist, device, record: dict) -> None:
+    """The collectives and the bandwidth sweep across every rank of the process group, into RECORD."""
+    record.update(
+        world_size=dist.get_world_size(),
+        backend=args.backend,
+        torch=torch.__version__,
+        checks=run_checks(torch, dist, device, args.elements),
+    )
+    if args.bandwidth:
+        local_world = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+        record["bandwidth"] = run_bandwidth(torch, dist, device, args, local_world)
+    record["endpoints"] = tcp_endpoints()  # the addresses the backend's sockets really bound to
+    dist.barrier()
+
+
+def local_part(args, torch, dist, device, record: dict) -> None:
+    """The collectives across this rank's node's own ranks only (the node-local checks, local.*), in a job over
+    several nodes: the node's group's size and this rank's place in it go into RECORD (group_rank)."""
+    groups, mine = node_groups(torch, dist, device, node_key())
+    group = node_group(dist, groups, mine)
+    record.update(
+        world_size=len(groups[mine]),
+        group_rank=dist.get_rank(group),
+        backend=args.backend,
+        torch=torch.__version__,
+        checks=run_checks(torch, dist, device, args.elements, group),
+    )
+    dist.barrier()
+
+
+def main() -> int:
+    args = parser().parse_args()
     record = rank_identity()
 
     def work(record: dict) -> None:
@@ -175,17 +217,7 @@ def main() -> int:
         import torch.distributed as dist
 
         device = start_process_group(torch, dist, args.backend, record["local_rank"])
-        record.update(
-            world_size=dist.get_world_size(),
-            backend=args.backend,
-            torch=torch.__version__,
-            checks=run_checks(torch, dist, device, args.elements),
-        )
-        if args.bandwidth:
-            local_world = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
-            record["bandwidth"] = run_bandwidth(torch, dist, device, args, local_world)
-        record["endpoints"] = tcp_endpoints()  # the addresses the backend's sockets really bound to
-        dist.barrier()
+        part(args, torch, dist, device, record)
         dist.destroy_process_group()
 
     return run_rank(args.out, record, work)

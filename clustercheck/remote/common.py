@@ -24,7 +24,7 @@ import traceback
 
 BEAT_INTERVAL = 1.0
 STARTING = "starting"  # the phase of step 0, until the worker reports its first step (the watchdog knows it too)
-_SLOT = struct.Struct("q200s")  # step, phase (utf-8, zero-padded)
+_SLOT = struct.Struct("qq200s")  # part, step, phase (utf-8, zero-padded)
 _shared = mmap.mmap(-1, _SLOT.size)  # anonymous and shared: the heartbeat process reads what the rank writes
 
 
@@ -55,16 +55,34 @@ def start_process_group(torch, dist, backend: str, local_rank: int):
     return device
 
 
+def is_starting(phase: str | None) -> bool:
+    """Whether PHASE is a rank's start (importing torch and its libraries), alone or in a part of a job of several:
+    while it lasts, the CPU time the rank uses is its progress."""
+    return phase is not None and (phase == STARTING or phase.endswith(": " + STARTING))
+
+
+_part = ["", 0]  # the part of a job of several (remote/stages.py) this rank is in: its name and its number
+
+
+def begin_part(number: int, name: str) -> None:
+    """This rank begins part NUMBER (counted from 1), NAME, of a job that runs several: its heartbeat carries the
+    number, so the watchdog orders the steps of every part (a rank in a later part is ahead of one at any step
+    of an earlier part), and its phases are named with NAME."""
+    _part[:] = [name, number]
+
+
 def progress(step: int, phase: str | None = None) -> None:
     """This rank reached STEP (of PHASE): what its next heartbeat says."""
     if phase is None:
-        phase = _read()[1]
-    _shared[:] = _SLOT.pack(step, phase.encode()[:200])
+        phase = _read()[2]
+    elif _part[0]:
+        phase = f"{_part[0]}: {phase}"
+    _shared[:] = _SLOT.pack(_part[1], step, phase.encode()[:200])
 
 
-def _read() -> tuple[int, str]:
-    step, phase = _SLOT.unpack(bytes(_shared[:]))
-    return step, phase.rstrip(b"\0").decode(errors="replace")
+def _read() -> tuple[int, int, str]:
+    part, step, phase = _SLOT.unpack(bytes(_shared[:]))
+    return part, step, phase.rstrip(b"\0").decode(errors="replace")
 
 
 def _stat(pid: int) -> list[str] | None:
@@ -111,9 +129,9 @@ def _beat(path: str, rank_pid: int, torchrun_pid: int) -> None:
 
 
 def _write_beat(path: str, rank_pid: int, cpu: float | None) -> None:
-    step, phase = _read()
+    part, step, phase = _read()
     with open(path + ".tmp", "w") as fh:
-        json.dump({"step": step, "phase": phase, "pid": rank_pid, "cpu": cpu}, fh)
+        json.dump({"part": part, "step": step, "phase": phase, "pid": rank_pid, "cpu": cpu}, fh)
     os.replace(path + ".tmp", path)
 
 
@@ -157,6 +175,13 @@ def run_rank(out_dir: str, record: dict, work) -> int:
     error is its result for the controller, not a crash (its traceback goes to stderr too). Returns the rank's exit
     code. The rank's heartbeat runs meanwhile."""
     start_heartbeat(out_dir, record["rank"])
+    return run_part(out_dir, record, work)
+
+
+def run_part(out_dir: str, record: dict, work) -> int:
+    """run_rank's WORK(record) and RECORD written, without starting the heartbeat: one part of a job of several
+    (remote/stages.py), each part's records and files in its own OUT_DIR."""
+    os.makedirs(out_dir, exist_ok=True)
     record["ok"] = False
     started = time.monotonic()
     try:

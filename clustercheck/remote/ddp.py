@@ -413,7 +413,7 @@ class Checkpoint:
         return {"losses": losses, "param_hashes": hashes}
 
 
-def main() -> int:
+def parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", required=True)
     parser.add_argument("--backend", default="gloo", choices=["gloo", "nccl"])
@@ -429,17 +429,26 @@ def main() -> int:
     parser.add_argument(
         "--checkpoint-dir", default=None, help="a directory on the shared filesystem (default: sent from rank 0)"
     )
-    args = parser.parse_args()
-    record = rank_identity()
-    world = int(os.environ["WORLD_SIZE"])
+    return parser
+
+
+def part(args, torch, dist, device, record: dict) -> None:
+    """The reference, the DDP run and the checkpoint round trip on the process group, into RECORD."""
+    world = dist.get_world_size()
     record.update(world_size=world, backend=args.backend, steps=args.steps, global_batch=args.global_batch)
+    record.update(run(args, record["rank"], device, world))
+
+
+def main() -> int:
+    args = parser().parse_args()
+    record = rank_identity()
 
     def work(record: dict) -> None:
         import torch
         import torch.distributed as dist
 
         device = start_process_group(torch, dist, args.backend, record["local_rank"])
-        record.update(run(args, record["rank"], device, world))
+        part(args, torch, dist, device, record)
         dist.destroy_process_group()
 
     return run_rank(args.out, record, work)

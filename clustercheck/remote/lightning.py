@@ -19,13 +19,14 @@ float64 on CPUs; float32 on GPUs with TF32 off and deterministic algorithms.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import subprocess
 import sys
 import time
 
-from .common import exit_now, progress, rank_identity, run_rank, wait_for_child
+from .common import STARTING, exit_now, progress, rank_identity, run_rank, wait_for_child
 from .ddp import make_data, make_model, param_hash
 
 os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # before CUDA starts: deterministic cuBLAS
@@ -194,15 +195,19 @@ def start_reference(args) -> subprocess.Popen:
 
 
 def compare_with_reference(torch, module, out: str) -> dict:
-    reference = torch.load(os.path.join(out, "reference-params.pt"))
-    abs_diff, rel_diff = 0.0, 0.0
-    with torch.no_grad():
-        for mine, ref in zip(module.net.parameters(), reference):  # noqa: B905 - runs on Python 3.8 too
-            d = (mine.detach().cpu() - ref).abs().max().item()
-            abs_diff = max(abs_diff, d)
-            rel_diff = max(rel_diff, d / max(ref.abs().max().item(), 1e-30))
     with open(os.path.join(out, "reference.json")) as fh:
         ref = json.load(fh)
+    return compare(torch, module, torch.load(os.path.join(out, "reference-params.pt")), ref)
+
+
+def compare(torch, module, reference: list, ref: dict) -> dict:
+    """MODULE's parameters against the REFERENCE's (CPU tensors), with the reference's record REF."""
+    abs_diff, rel_diff = 0.0, 0.0
+    with torch.no_grad():
+        for mine, ref_p in zip(module.net.parameters(), reference):  # noqa: B905 - runs on Python 3.8 too
+            d = (mine.detach().cpu() - ref_p).abs().max().item()
+            abs_diff = max(abs_diff, d)
+            rel_diff = max(rel_diff, d / max(ref_p.abs().max().item(), 1e-30))
     return {
         "reference": {"losses": ref["losses"], "final_hash": ref["final_hash"], "seen": ref["seen"]},
         "max_abs_param_diff": abs_diff,
@@ -210,7 +215,7 @@ def compare_with_reference(torch, module, out: str) -> dict:
     }
 
 
-def main() -> int:
+def parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser()
     parser.add_argument("what", nargs="?", choices=["probe"], help="probe: whether Lightning imports here")
     parser.add_argument("--out")
@@ -226,22 +231,69 @@ def main() -> int:
     parser.add_argument("--classes", type=int, default=4)
     parser.add_argument("--lr", type=float, default=0.05)
     parser.add_argument("--seed", type=int, default=1234)
-    args = parser.parse_args()
-    if args.what == "probe":
-        sys.stdout.write(json.dumps(probe()) + "\n")
-        return 0
-    if args.reference:
-        return reference_main(args)
-    record = rank_identity()
-    world = int(os.environ["WORLD_SIZE"])
+    return parser
+
+
+def describe(args, record: dict) -> None:
+    """What every rank records about itself first: the job as torchrun described it and as it was asked for."""
     record.update(
-        world_size=world,
+        world_size=int(os.environ["WORLD_SIZE"]),
         backend=args.backend,
         steps=args.steps,
         global_batch=args.global_batch,
         expected={"num_nodes": args.num_nodes, "devices": args.devices},
         torchrun={k: os.environ.get(k) for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "GROUP_RANK", "LOCAL_WORLD_SIZE")},
     )
+
+
+@contextlib.contextmanager
+def without_torchrun():
+    """torchrun's variables out of this process's environment while the block runs, then back: Lightning reads
+    its cluster from them, and the single-process reference must see none."""
+    kept = {k: v for k, v in os.environ.items() if k in TORCHRUN_VARS or k.startswith("TORCHELASTIC_")}
+    for key in kept:
+        del os.environ[key]
+    try:
+        yield
+    finally:
+        os.environ.update(kept)
+
+
+def part(args, torch, dist, device, record: dict) -> None:
+    """Lightning on the job's process group, in a job of several parts (remote/stages.py): every rank imports
+    Lightning (what the `probe` says alone), and only when it imports on every rank does any rank train; then
+    Trainer(num_nodes=N, devices=K, strategy="ddp") on the process group already there, and global rank 0 trains
+    the single-process reference after it, in this process (torchrun's variables out of its environment) and
+    compares."""
+    describe(args, record)
+    progress(0, STARTING)  # importing Lightning: its CPU time is the rank's progress
+    record["import"] = probe()
+    everyone = torch.tensor([1 if record["import"]["ok"] else 0], dtype=torch.int64, device=device)
+    dist.all_reduce(everyone, op=dist.ReduceOp.MIN)
+    if not everyone.item():
+        record["not_run"] = "Lightning does not import on every rank"
+        return
+    os.makedirs(args.out, exist_ok=True)
+    mine, module = fit(args, record["world_size"], record["rank"], args.num_nodes, args.devices, "ddp")
+    record.update(mine)
+    if record["rank"] == 0:
+        progress(args.steps, "the single-process reference")
+        with without_torchrun():
+            reference, trained = fit(args, world=1, rank=0, num_nodes=1, devices=1, strategy="auto")
+        reference["seen"]["process_group_backend"] = None  # a single process: no group of its own
+        record.update(compare(torch, module, [p.detach().cpu() for p in trained.net.parameters()], reference))
+
+
+def main() -> int:
+    args = parser().parse_args()
+    if args.what == "probe":
+        sys.stdout.write(json.dumps(probe()) + "\n")
+        return 0
+    if args.reference:
+        return reference_main(args)
+    record = rank_identity()
+    describe(args, record)
+    world = record["world_size"]
 
     def work(record: dict) -> None:
         import torch

@@ -12,7 +12,7 @@ import contextlib
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from clustercheck.checks import baseline, connection, registry, setup_roles
 from clustercheck.config import RunConfig
@@ -23,7 +23,7 @@ from clustercheck.model import CheckResult, Skip, Status
 from clustercheck.reach import Reach
 from clustercheck.selection import DISTRIBUTED
 from clustercheck.selection import stage as declared
-from clustercheck.stages import Context, Member, core, modules
+from clustercheck.stages import Context, Member, core, modules, shared
 from clustercheck.transport import HostKeyError, Transport, TransportError, new_run_id
 
 Progress = Callable[[str, str], None]
@@ -76,6 +76,8 @@ class Pipeline:
         self._same: dict[str, str] = {}  # node -> the node checked in its place (the same machine)
         self._shells: dict[str, str | None] = {}  # node -> its login shell, as its first command read it
         self._later = any(config.selection.stage_selected(s) for s in DISTRIBUTED)  # a multi-node stage follows
+        self._members: list[Member] = []  # the nodes of the multi-node stages, once they were found
+        self._torch_job: shared.SharedJob | None = None  # the run's torch job, once planned
 
     # ------------------------------------------------------------------ the whole run
 
@@ -89,6 +91,7 @@ class Pipeline:
             cluster += registry.run_cluster_checks(reached, self.config, selection)
             self._durations["core"] = time.monotonic() - started
             later = self._multinode()
+            self._local_collectives()
             results = []
             for node in self.nodes:  # ssh.session last: what the node's sshd did through the whole run
                 results += self._results.get(node.name, []) + self._session(node)
@@ -118,7 +121,6 @@ class Pipeline:
     # ------------------------------------------------------------------ the multi-node stages
 
     def _multinode(self) -> list[CheckResult]:
-        selection = self.config.selection
         hosts = list(self.ctx.hosts)
         missing = {
             n.name: f"the same machine as {self._same[n.name]} (nodes.distinct)"
@@ -136,19 +138,15 @@ class Pipeline:
             if missing
             else None
         )
+        self._members = members
         no_torch = [m.name for m in members if m.facts.torch_problem]
         results: list[CheckResult] = []
+        ctx = self.ctx
         for stage in DISTRIBUTED:
             module = modules()[stage]
             checks = registry.of_stage(stage)
-            why: str | Skip | None = None
-            if not selection.stage_selected(stage):
-                why = selection.why_not_stage(stage)
-            elif not any(selection.check_selected(c.name) for c in checks):
-                why = selection.why_not_checks(c.name for c in checks)
-            elif blocked:
-                why = blocked
-            elif declared(stage).needs_torch and no_torch:
+            why = self._why_not(stage, blocked)
+            if not why and declared(stage).needs_torch and no_torch:
                 why = f"torch does not import on {', '.join(no_torch)}"
             if why:
                 for check in checks:
@@ -156,10 +154,13 @@ class Pipeline:
                 continue
             if self._abort.is_set():
                 raise core.Aborted
+            if declared(stage).needs_torch and self._torch_job is None:
+                self._torch_job = self._plan_torch_job(stage, members)
+                ctx = replace(self.ctx, torch_job=self._torch_job)
             for m in members:
                 self.progress(m.name, stage)
             started = time.monotonic()
-            stage_results = [self._deselect(r) for r in module.run(members, self.ctx)]
+            stage_results = [self._deselect(r) for r in module.run(members, ctx)]
             self._durations[stage] = time.monotonic() - started
             results += stage_results
             problems = [r for r in stage_results if r.status.is_problem]
@@ -167,7 +168,87 @@ class Pipeline:
                 blocked = f"the {stage} stage failed ({problems[0].message})"
                 if stage == "network":
                     blocked = f"the network stage failed, so no torch job was started ({problems[0].message})"
+        self._torch_durations()
         return results
+
+    def _torch_durations(self) -> None:
+        """The torch stages' times from the run's torch job: the first stage that ran it waited for all of it;
+        each later stage's time is its own part's on its slowest rank, taken off the first's, which keeps the job's
+        start (torchrun, torch's import, the process group), the node-local part and the results' collection."""
+        job = self._torch_job
+        if job is None:
+            return
+        ran = [s for s in DISTRIBUTED if s in job.parts and s in self._durations]
+        for stage in ran[1:]:
+            seconds = job.seconds(stage)
+            if seconds is not None:
+                self._durations[stage] = seconds
+                self._durations[ran[0]] = max(self._durations[ran[0]] - seconds, 0.0)
+
+    def _why_not(self, stage: str, blocked: str | None) -> str | Skip | None:
+        """Why multi-node STAGE does not run (None: it runs), as far as the selection and the nodes (BLOCKED: why
+        a multi-node job cannot run) decide it."""
+        selection = self.config.selection
+        checks = registry.of_stage(stage)
+        if not selection.stage_selected(stage):
+            return selection.why_not_stage(stage)
+        if not any(selection.check_selected(c.name) for c in checks):
+            return selection.why_not_checks(c.name for c in checks)
+        return blocked
+
+    def _plan_torch_job(self, first: str, members: list[Member]) -> shared.SharedJob:
+        """The run's torch job, as torch stage FIRST is about to run: the node-local collectives when the core
+        stage left them to it, and the part of FIRST and of every torch stage after it that is to run (a stage
+        that cannot take part says why when it runs)."""
+        selection = self.config.selection
+        parts: dict[str, list[str]] = {}
+        if shared.defers_local(self.ctx.hosts, selection) and any(
+            selection.check_selected(n) for n in core.LOCAL_NAMES
+        ):
+            parts[shared.LOCAL] = []
+        for stage in DISTRIBUTED[DISTRIBUTED.index(first) :]:
+            if declared(stage).needs_torch and not self._why_not(stage, None):
+                args = modules()[stage].part_args(members, self.ctx)
+                if args is not None:
+                    parts[stage] = args
+        return shared.SharedJob(parts)
+
+    def _local_collectives(self) -> None:
+        """local.* on every node whose facts were collected, where the core stage left them to the torch job
+        (shared.defers_local): the job's node-local part when it ran one, else each node's own node-local job, all
+        nodes at once (the run's multi-node stages did not get as far as the torch job)."""
+        if not shared.defers_local(self.ctx.hosts, self.config.selection):
+            return
+        job = self._torch_job
+        members = {m.name: m for m in self._members}
+        part = None
+        if job is not None and shared.LOCAL in job.parts and job.ran:
+            with contextlib.suppress(Exception):  # it did not start: each node runs its own job below
+                part = job.outcome(shared.LOCAL, self._members, self.ctx)
+        names = [n.name for n in self.nodes if n.name in self._facts and n.name in self._transports]
+
+        def local(name: str) -> list[CheckResult]:
+            if part is not None and name in members:
+                return [self._deselect(r) for r in shared.local_results(members[name], part)]
+            self._step(self._node(name), "collectives on the node")
+            return core.local_collectives(self._facts[name], self._transports[name], self.ctx)
+
+        found = self.reach.each(local, names, limit=self.config.forks, name=lambda n: n)
+        for i, name in enumerate(names):
+            got = found.get(i)
+            if isinstance(got, core.Aborted):
+                raise got
+            if isinstance(got, BaseException):
+                got = [
+                    registry.get("internal").result(
+                        name, registry.Finding(Status.ERROR, f"clustercheck failed: {type(got).__name__}: {got}")
+                    )
+                ]
+            with self._lock:
+                self._results.setdefault(name, []).extend(got)
+
+    def _node(self, name: str) -> Node:
+        return next(n for n in self.nodes if n.name == name)
 
     def _baseline(self, results: list[CheckResult]) -> list[CheckResult]:
         """With --baseline: this run's results against the earlier report's (nothing reported without it)."""

@@ -5,6 +5,12 @@ interface:
     NAME: str               the stage's name (--only/--skip take it)
     run(members, ctx) -> list[CheckResult]
 
+and a torch stage also
+
+    part_args(members, ctx) -> list[str] | None
+                            its part's arguments in the run's one torch job (stages/shared.py), or None when it
+                            cannot take part (its run says why, without the job)
+
 Whether a stage needs torch and whether its failure stops the stages after it are declared with the stage
 (selection.DECLARED). The checks each stage emits are declared in the check registry under their stage; the
 pipeline (clustercheck/run/pipeline.py) reports them as SKIP, in the shape a run gives, when the stage does not run.
@@ -15,6 +21,7 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from clustercheck.config import RunConfig
 from clustercheck.facts.model import NodeFacts
@@ -22,6 +29,9 @@ from clustercheck.inventory import Node
 from clustercheck.reach import Reach
 from clustercheck.selection import DISTRIBUTED
 from clustercheck.transport import Transport
+
+if TYPE_CHECKING:
+    from clustercheck.stages.shared import SharedJob
 
 Progress = Callable[[str, str], None]
 
@@ -49,6 +59,7 @@ class Context:
     progress: Progress
     hosts: tuple[str, ...]  # every node of the run, in inventory order
     reach: Reach  # how commands reach the nodes (reach.py)
+    torch_job: SharedJob | None = None  # the run's one torch job, for the torch stages (stages/shared.py)
 
 
 def modules() -> dict:

@@ -1,5 +1,6 @@
-"""The collectives stage: torchrun on every node, collective correctness and an all_reduce bandwidth sweep; and the
-same worker across one node's own ranks, run by the core stage (local.allreduce, ...)."""
+"""The collectives stage: its part of the run's torch job (stages/shared.py), collective correctness and an
+all_reduce bandwidth sweep; and the same worker across one node's own ranks as a job of its own (local.allreduce,
+...), where the run has no torch job over several nodes to do it in (core.local_collectives)."""
 
 from __future__ import annotations
 
@@ -14,12 +15,17 @@ NAME = "collectives"
 LOCAL_STAGE = "local-collectives"  # the node-local job's directory on the node and in the run directory
 
 
+def part_args(members: list[Member], ctx: Context) -> list[str]:
+    """Its part's arguments in the run's torch job: none (the bandwidth thresholds are judged here)."""
+    return []
+
+
 def run(members: list[Member], ctx: Context) -> list[CheckResult]:
     hosts = [m.name for m in members]
-    started = time.time()
+    job = ctx.torch_job
     try:
         thresholds = collectives.parse_min_busbw(ctx.config.min_busbw)
-        outcome = torchjob.run(members, "collectives", ctx)
+        outcome = job.outcome(NAME, members, ctx)
     except (launch.LaunchError, collectives.ThresholdError, TransportError, OSError) as exc:
         return [
             registry.emit(name, Status.ERROR, f"{name}: {exc}", remediation=launch.launch_fix(exc))
@@ -31,12 +37,12 @@ def run(members: list[Member], ctx: Context) -> list[CheckResult]:
     results = collectives.evaluate(outcome.records, outcome.world_size)
     intra = {m.name: collectives.intra_node_thresholds(m.facts, thresholds) for m in members}
     results += collectives.evaluate_bandwidth(outcome.records, outcome.world_size, thresholds, hosts, intra)
-    return torchjob.judged(results, outcome) + transport_results(members, outcome, ctx, started)
+    return torchjob.judged(results, outcome) + transport_results(members, outcome, ctx, job.started or time.time())
 
 
 def transport_results(members: list[Member], outcome: torchjob.JobOutcome, ctx: Context, started: float):
-    """transport.network per node: what NCCL's INFO log of this job says (the nccl-*.log files written since
-    the job started, not the node-local job's), or for gloo the interface the ranks' connections bound to."""
+    """transport.network per node: what NCCL's INFO log of the torch job says (the nccl-*.log files written since
+    the job started, not a node-local job's), or for gloo the interface the ranks' connections bound to."""
     config = ctx.config
     out = []
     for m in members:

@@ -19,7 +19,7 @@ from clustercheck.facts.burn import GpuBurn
 from clustercheck.facts.model import DcgmDiag, GpuBench, Image, NodeFacts
 from clustercheck.inventory import Node
 from clustercheck.model import CheckResult, Status
-from clustercheck.stages import Context, Member, bundle, collectives, evidence, network, nodeprogram
+from clustercheck.stages import Context, Member, bundle, collectives, evidence, network, nodeprogram, shared
 from clustercheck.transport import CommandResult, Transport, parse_stale, stale_sweep_script
 
 NAME = "core"
@@ -331,8 +331,9 @@ def run_host(node: Node, transport: Transport, ctx: Context, step, begun: NodeSt
     if evidence.failing(outcome.results):
         step("the GPU's evidence kept (nvidia-bug-report.sh)")
         outcome.results = evidence.noted(outcome.results, evidence.keep(facts, transport, host_dir))
-    step("collectives on the node")
-    outcome.results += local_collectives(facts, transport, ctx)
+    if not shared.defers_local(ctx.hosts, selection):  # else the run's torch job runs them (stages/shared.py)
+        step("collectives on the node")
+        outcome.results += local_collectives(facts, transport, ctx)
     return outcome
 
 

@@ -1,4 +1,5 @@
-"""The DDP stage: torchrun on every node, DDP against a single-process reference (checks/ddp.py judges it)."""
+"""The DDP stage: its part of the run's torch job (stages/shared.py), DDP against a single-process reference and the
+checkpoint round trip (checks/ddp.py judges them)."""
 
 from __future__ import annotations
 
@@ -10,12 +11,17 @@ from clustercheck.transport import TransportError
 NAME = "ddp"
 
 
+def part_args(members: list[Member], ctx: Context) -> list[str]:
+    """Its part's arguments in the run's torch job: the checkpoint round trip goes through the shared directory
+    when there is one."""
+    if not ctx.config.shared_dir:
+        return []
+    return ["--checkpoint-dir", f"{ctx.config.shared_dir.rstrip('/')}/.clustercheck-{members[0].transport.run_id}"]
+
+
 def run(members: list[Member], ctx: Context) -> list[CheckResult]:
-    args: list[str] = []
-    if ctx.config.shared_dir:  # the checkpoint round trip goes through the shared directory
-        args += ["--checkpoint-dir", f"{ctx.config.shared_dir.rstrip('/')}/.clustercheck-{members[0].transport.run_id}"]
     try:
-        outcome = torchjob.run(members, "ddp", ctx, worker_args=args or None)
+        outcome = ctx.torch_job.outcome(NAME, members, ctx)
     except (launch.LaunchError, TransportError, OSError) as exc:
         return [
             registry.emit(name, Status.ERROR, f"{name}: {exc}", remediation=launch.launch_fix(exc))

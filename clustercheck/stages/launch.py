@@ -240,7 +240,9 @@ _COLLECT = (
     "import base64, glob, io, os, sys, tarfile\n"
     "out = sys.argv[1]\n"
     "run_dir = os.path.dirname(out)\n"
-    "for path in sorted(glob.glob(os.path.join(out, 'rank-*.json'))):\n"
+    "parts = glob.glob(os.path.join(out, '*', 'rank-*.json'))\n"
+    "parts = [p for p in parts if os.path.basename(os.path.dirname(p)) != 'heartbeat']\n"
+    "for path in sorted(glob.glob(os.path.join(out, 'rank-*.json'))) + sorted(parts):\n"
     "    with open(path) as fh:\n"
     "        print(fh.read().strip())\n"
     "keep = []\n"
@@ -259,8 +261,8 @@ _COLLECT = (
 
 
 def collect_command(python: str, run_dir: str, stage: str) -> list[str]:
-    """The command that prints the rank records a node's torchrun left in RUN_DIR/STAGE, and the stage's logs
-    (parse_collected)."""
+    """The command that prints the rank records a node's torchrun left in RUN_DIR/STAGE (and in its parts' own
+    directories, RUN_DIR/STAGE/<part>: remote/stages.py), and the stage's logs (parse_collected)."""
     return [python, "-c", _COLLECT, output_dir(run_dir, stage)]
 
 

@@ -1,64 +1,53 @@
-"""The lightning stage: where Lightning imports on every node, a Lightning job across every node launched by
-torchrun on every node (Trainer(num_nodes=N, devices=K, strategy="ddp")), judged against a single-process Lightning
-run (checks/lightning.py). Where it does not import, the stage is SKIP with the reason, or FAIL when
---only lightning asked for it."""
+"""The lightning stage: its part of the run's torch job (stages/shared.py). Every rank imports Lightning there; where
+it imports on every rank, Trainer(num_nodes=N, devices=K, strategy="ddp") trains on the job's process group, judged
+against a single-process Lightning run (checks/lightning.py). Where it does not import, the stage is SKIP with the
+reason, or FAIL when --only lightning asked for it."""
 
 from __future__ import annotations
 
 from clustercheck.checks import lightning, registry
 from clustercheck.model import CheckResult, Status
-from clustercheck.stages import Context, Member, launch, nodeprogram, torchjob
+from clustercheck.stages import Context, Member, launch, torchjob
 from clustercheck.transport import TransportError
 
 NAME = "lightning"
 
 
-def _probe(m: Member, ctx: Context) -> dict:
-    """Whether Lightning imports on the node (in the image with --container): the `lightning probe` program's
-    answer, or why there is none."""
-    box = ctx.config.container
-    answer = nodeprogram.bundled(
-        m.transport,
-        m.facts.torch_python,
-        "lightning",
-        "probe",
-        timeout=ctx.config.command_timeout,
-        kept=ctx.config.host_dir(m.name) / "lightning-probe.json",
-        wrap=None if box is None else lambda argv: box.run(argv, workdir=m.transport.workdir, gpus=m.gpus > 0),
-        name="lightning probe",
-        # Lightning's import makes torch's compile cache directory: in the run's work directory, as the torch jobs'.
-        env={"TORCHINDUCTOR_CACHE_DIR": launch.inductor_cache(m.transport.workdir)},
-    )
-    if answer.failure is not None:
-        return {"ok": False, "error": answer.failure.cause}
-    return answer.value
+def devices(members: list[Member], ctx: Context) -> set[int]:
+    """The ranks per node of the torch job on MEMBERS: Lightning's devices, one number when every node has as many."""
+    backend = launch.choose_backend([m.gpus for m in members])
+    return {launch.ranks_per_node(m.gpus, backend, ctx.config.nproc_per_node) for m in members}
+
+
+def part_args(members: list[Member], ctx: Context) -> list[str] | None:
+    """Its part's arguments in the run's torch job: the job's shape as Trainer(num_nodes, devices) takes it; None
+    when the nodes run different numbers of ranks (run says so)."""
+    per_node = devices(members, ctx)
+    if len(per_node) > 1:
+        return None
+    return ["--num-nodes", str(len(members)), "--devices", str(per_node.pop())]
+
+
+def imports(members: list[Member], outcome: torchjob.JobOutcome, required: bool) -> list[CheckResult]:
+    """lightning.import per node: what its first rank's import of Lightning said in the job, or why there is none."""
+    check = lightning.IMPORT_CHECK
+    results = []
+    for m in members:
+        said = next((r["import"] for r in outcome.records if r.get("node") == m.name and "import" in r), None)
+        if said is None and outcome.failure:
+            results.append(check.not_run(m.name, "the torch job ended before its ranks imported Lightning here"))
+            continue
+        why = None if said else "no rank of this node reported its import of Lightning"
+        results.append(check.result(m.name, lightning.import_finding(said, why, required)))
+    return results
 
 
 def run(members: list[Member], ctx: Context) -> list[CheckResult]:
     required = NAME in ctx.config.selection.only
-    check = lightning.IMPORT_CHECK
-    outcomes = ctx.reach.each(lambda m: _probe(m, ctx), members, name=lambda m: m.name)
-    results = []
-    for i, m in enumerate(members):
-        got = outcomes.get(i)
-        error = f"{type(got).__name__}: {got}" if isinstance(got, BaseException) else None
-        answer = got if isinstance(got, dict) else None
-        results.append(check.result(m.name, lightning.import_finding(answer, error, required)))
-    missing = [r.host for r in results if r.status is not Status.PASS]
-    if missing:
-        why = f"Lightning does not import on {', '.join(str(h) for h in missing)}"
-        if not required:
-            return [*results, registry.get(lightning.NAME).not_run(None, why)]
-        failed = registry.emit(
-            lightning.NAME, Status.FAIL, f"{lightning.NAME} failed: {why}", remediation=lightning.INSTALL
-        )
-        return [*results, failed]
-
-    backend = launch.choose_backend([m.gpus for m in members])
-    per_node = {launch.ranks_per_node(m.gpus, backend, ctx.config.nproc_per_node) for m in members}
+    per_node = devices(members, ctx)
     if len(per_node) > 1:
         return [
-            *results,
+            *[lightning.IMPORT_CHECK.not_run(m.name, "Lightning needs as many ranks on every node") for m in members],
             registry.emit(
                 lightning.NAME,
                 Status.FAIL,
@@ -66,12 +55,21 @@ def run(members: list[Member], ctx: Context) -> list[CheckResult]:
                 remediation="Give every node the same GPUs, or run with --nproc-per-node.",
             ),
         ]
-    args = ["--num-nodes", str(len(members)), "--devices", str(per_node.pop())]
     try:
-        outcome = torchjob.run(members, "lightning", ctx, worker_args=args)
+        outcome = ctx.torch_job.outcome(NAME, members, ctx)
     except (launch.LaunchError, TransportError, OSError) as exc:
         return [
-            *results,
+            *[lightning.IMPORT_CHECK.not_run(m.name, f"the torch job did not start: {exc}") for m in members],
             registry.emit(lightning.NAME, Status.ERROR, f"{lightning.NAME}: {exc}", remediation=launch.launch_fix(exc)),
         ]
-    return results + torchjob.judged([lightning.evaluate(outcome.records, outcome.world_size, len(members))], outcome)
+    results = imports(members, outcome, required)
+    missing = [r.host for r in results if r.status is not Status.PASS]
+    if missing and not outcome.failure:
+        why = f"Lightning does not import on {', '.join(str(h) for h in missing)}"
+        if not required:
+            return [*results, registry.get(lightning.NAME).not_run(None, why)]
+        failed = registry.emit(
+            lightning.NAME, Status.FAIL, f"{lightning.NAME} failed: {why}", remediation=lightning.INSTALL
+        )
+        return [*results, failed]
+    return torchjob.judged([*results, lightning.evaluate(outcome.records, outcome.world_size, len(members))], outcome)

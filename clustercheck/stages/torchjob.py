@@ -32,6 +32,8 @@ class JobOutcome:
     backend: str
     failure: str | None = None  # why the job did not complete, naming the first node that failed
     data: dict = field(default_factory=dict)
+    parts: dict[str, JobOutcome] = field(default_factory=dict)  # a job of several parts: each part's own outcome
+    ranks: dict[str, list[int]] = field(default_factory=dict)  # node -> the global ranks it ran
 
 
 def _tail(result: CommandResult, lines: int = ERROR_LINES) -> list[str]:
@@ -54,10 +56,13 @@ def run(
     worker_args: list[str] | None = None,
     master_port: int | None = None,
     single_node: bool = False,
+    parts: list[str] | None = None,
 ) -> JobOutcome:
     """Run WORKER (a program of the node-side bundle) under torchrun on every member at once. SINGLE_NODE: one
     member runs alone, its ranks meeting on 127.0.0.1 (the node-local collectives). Logs and records land in the
-    member's host directory under STAGE (default: WORKER)."""
+    member's host directory under STAGE (default: WORKER). PARTS: the worker runs these parts one after the other
+    (remote/stages.py), each rank's record of each naming its part; each part's outcome is told on its own (a part
+    every rank completed has no failure, whatever happened to the job after it)."""
     config = ctx.config
     stage = stage or worker
     backend = launch.choose_backend([m.gpus for m in members])
@@ -72,10 +77,23 @@ def run(
     world = launch.world_size(plans)
     outcome = JobOutcome([], world, backend, data={"world_size": world, "backend": backend})
     problems = bring_back(members, ran, stage, ctx, outcome)
-    missing = missing_ranks(outcome.records, launch.ranks_by_node(plans))
+    ranks = outcome.ranks = launch.ranks_by_node(plans)
+    channels = {m.name: m.transport.channel for m in members}
+    missing = missing_ranks(outcome.records, ranks) if parts is None else {}
     if missing:
         outcome.data["missing_ranks_by_node"] = missing
-    tell(outcome, ran, {m.name: m.transport.channel for m in members}, missing, problems, stage, config)
+    tell(outcome, ran, channels, missing, problems, stage, config)
+    for name in parts or []:
+        records = [r for r in outcome.records if r.get("part") == name]
+        part = JobOutcome(records, world, backend, data=dict(outcome.data), ranks=ranks)
+        missing = missing_ranks(part.records, ranks)
+        if missing:
+            part.data["missing_ranks_by_node"] = missing
+            tell(part, ran, channels, missing, problems, stage, config, part=name)
+        else:  # every rank completed this part: what happened to the job later is not this part's failure
+            for key in ("first_failed_node", "error_lines", "failed_rank", "timed_out", "stalled_nodes", "progress"):
+                part.data.pop(key, None)
+        outcome.parts[name] = part
     return outcome
 
 
@@ -175,10 +193,11 @@ def tell(
     problems: dict[str, str],
     stage: str,
     config,
+    part: str | None = None,
 ) -> None:
     """Why the job did not complete, into OUTCOME (nothing when it did): the stall the watchdog named, else the node
     that failed first with its failing rank's own error, else the deadline, else the ranks whose results did not
-    come back (MISSING), with why (PROBLEMS)."""
+    come back (MISSING), with why (PROBLEMS). PART: the part of a job of several this outcome is of."""
     first = runner.first_failure(ran.ends)
     timed_out = [name for name, (_, result, _) in ran.ends.items() if result.timed_out]
     if ran.stall is not None:
@@ -194,7 +213,9 @@ def tell(
         outcome.data.update({"first_failed_node": name, "error_lines": lines})
     elif timed_out or any(not r.ok for _, r, _ in ran.ends.values()):
         outcome.failure = (
-            f"the {stage} job timed out after {config.job_timeout:.0f} s (--timeout); every node's job was "
+            f"the {stage} job timed out after {config.job_timeout:.0f} s (--timeout)"
+            + (f" before its {part} part ended" if part else "")
+            + "; every node's job was "
             f"stopped (waiting: {', '.join(sorted(timed_out)) or 'all nodes'})"
         )
         outcome.data.update({"timed_out": True, "first_failed_node": None})
@@ -277,8 +298,9 @@ def judged(results: list[CheckResult], outcome: JobOutcome) -> list[CheckResult]
                 Status.FAIL,
                 f"{where}{r.name} did not complete: {outcome.failure}",
                 host=r.host,
-                remediation="Look at the node's rank logs in the run directory (hosts/<node>/<stage>/); a killed "
-                "rank or a node that cannot reach the master are the usual causes.",
+                remediation="Look at the node's rank logs in the run directory (hosts/<node>/torch/ for the run's "
+                "torch job, hosts/<node>/local-collectives/ for a node-local job of its own); a killed rank or a node "
+                "that cannot reach the master are the usual causes.",
                 data={**r.data, **outcome.data},
             )
         out.append(r)

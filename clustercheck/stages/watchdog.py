@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from clustercheck.remote.common import STARTING
+from clustercheck.remote.common import is_starting
 
 FRESH = 10.0  # seconds: a heartbeat younger than this shows a live rank (it is rewritten every second)
 ANSWERING = 15.0  # seconds: a node whose last poll answered longer ago than this does not answer
@@ -38,6 +38,7 @@ class NodeState:
     alive_at: float  # when a poll last showed a fresh heartbeat (controller clock)
     progress_at: float  # when the node's slowest rank last moved on
     step: int | None = None  # the slowest rank's step (None: no heartbeat seen yet)
+    part: int = 0  # its part, in a job of several parts (remote/stages.py): steps count within a part
     phase: str | None = None
     answered_at: float | None = None  # when a poll of the node last answered
     polling_since: float | None = None  # when the poll under way began (None: none under way)
@@ -96,12 +97,13 @@ class Watchdog:
         # The slowest of the ranks still beating: one whose heartbeat stopped (it finished, or froze) moves no more, and
         # must not hide a rank that works on (rank 0 waiting for a local reference run after the others ended).
         beating = {rank: r for rank, r in ranks.items() if r.get("age", FRESH) < FRESH} or ranks
-        slowest = min(beating.values(), key=lambda r: (r.get("step", 0), r.get("phase") or ""))
+        slowest = min(beating.values(), key=lambda r: (r.get("part", 0), r.get("step", 0), r.get("phase") or ""))
         working = self._working(state, ranks, now)
-        if (slowest.get("step"), slowest.get("phase")) != (state.step, state.phase):
-            state.step, state.phase = slowest.get("step"), slowest.get("phase")
+        seen = (slowest.get("part", 0), slowest.get("step"), slowest.get("phase"))
+        if seen != (state.part, state.step, state.phase):
+            state.part, state.step, state.phase = seen
             state.progress_at = now
-        elif state.phase == STARTING and working:
+        elif is_starting(state.phase) and working:
             state.progress_at = now
 
     @staticmethod
@@ -183,11 +185,12 @@ class Watchdog:
         if all(now - s.progress_at > limit for s in self.nodes.values()) and any(
             s.step is not None for s in self.nodes.values()
         ):
-            steps = {n: -1 if s.step is None else s.step for n, s in self.nodes.items()}  # -1: no step yet
+            # (part, step): a later part is ahead of any step of an earlier one; (0, -1): no step yet
+            steps = {n: (0, -1) if s.step is None else (s.part, s.step) for n, s in self.nodes.items()}
             lowest = min(steps.values())
             behind = sorted(n for n, step in steps.items() if step == lowest)
             if len(behind) < len(self.nodes):
-                where = "before its ranks reported any step" if lowest < 0 else f"at step {lowest}"
+                where = "before its ranks reported any step" if lowest[1] < 0 else f"at step {lowest[1]}"
                 return Stall(
                     tuple(behind),
                     f"no node made progress for {limit:.0f} s: {', '.join(f'node {n}' for n in behind)} stopped "
@@ -196,7 +199,7 @@ class Watchdog:
                 )
             return Stall(
                 (),
-                f"no node made progress for {limit:.0f} s: every node waits at step {lowest} "
+                f"no node made progress for {limit:.0f} s: every node waits at step {lowest[1]} "
                 f"({self.nodes[behind[0]].phase or 'unknown phase'}), a hang no single node explains",
                 self._data([], now),
             )
@@ -207,6 +210,7 @@ class Watchdog:
             "stalled_nodes": list(named),
             "progress": {
                 n: {
+                    "part": s.part,
                     "step": s.step,
                     "phase": s.phase,
                     "last_seen_s": round(now - s.alive_at, 1),

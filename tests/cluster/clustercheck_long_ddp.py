@@ -1,29 +1,27 @@
 """`clustercheck` itself, with a DDP job of N steps: `python clustercheck_long_ddp.py N run ...`.
 
 The tests need a DDP job that runs for minutes (to kill a rank in it, or press Ctrl-C); the product has no switch
-for that, so this harness wraps the torch-job runner to add `--steps N` to the DDP worker's arguments, then hands
-over to the real command line.
+for that, so this harness wraps the DDP stage's part of the run's torch job to add `--steps N` to its arguments,
+then hands over to the real command line.
 """
 
 import functools
 import sys
 
 from clustercheck import commands
-from clustercheck.stages import torchjob
+from clustercheck.stages import ddp
 
 
-def with_steps(run, steps: str):
-    """torchjob.run, with `--steps STEPS` given to the DDP worker (every other worker as it was)."""
+def with_steps(part_args, steps: str):
+    """The DDP stage's part_args, with `--steps STEPS` first."""
 
-    @functools.wraps(run)
-    def wrapped(members, worker, ctx, **kwargs):
-        if worker == "ddp":
-            kwargs["worker_args"] = ["--steps", steps, *(kwargs.get("worker_args") or [])]
-        return run(members, worker, ctx, **kwargs)
+    @functools.wraps(part_args)
+    def wrapped(members, ctx):
+        return ["--steps", steps, *part_args(members, ctx)]
 
     return wrapped
 
 
 if __name__ == "__main__":
-    torchjob.run = with_steps(torchjob.run, sys.argv.pop(1))
+    ddp.part_args = with_steps(ddp.part_args, sys.argv.pop(1))
     commands.main()

@@ -66,7 +66,7 @@ def test_ddp_equivalence_and_the_collectives_run_inside_the_image(torch_image, m
     for name in ("allreduce", "allgather", "broadcast", "ddp_equivalence", "checkpoint"):
         assert checks[name]["status"] == "PASS", checks[name]["message"]
     assert checks["ddp_equivalence"]["data"]["world_size"] == 2
-    command = (run_dir / "hosts" / "localhost" / "ddp.command").read_text()
+    command = (run_dir / "hosts" / "localhost" / "torch.command").read_text()
     assert " --ipc host " in command and f" {torch_image} /usr/bin/python3 -m torch.distributed.run " in command
     assert left_behind() == ""  # every container of the run is gone (docker run --rm, the run's label)
 

@@ -58,8 +58,9 @@ def test_every_check_runs_over_ssh_on_every_node(torch_cluster, tmp_path):
         assert checks[("gpu.count", name)]["status"] == "SKIP"  # no GPU here, and none expected
         assert {c["status"] for (_, host), c in checks.items() if host == name} <= {"PASS", "WARN", "SKIP"}
         assert json.loads((tmp_path / "run" / "hosts" / name / "facts.json").read_text())["torch"]["version"]
-        local = tmp_path / "run" / "hosts" / name / "local-collectives"
-        assert sorted(p.name for p in local.glob("rank-*.json")) == ["rank-0.json", "rank-1.json"]
+        local = tmp_path / "run" / "hosts" / name / "torch" / "local"  # a part of the run's one torch job
+        first = 2 * [n.name for n in torch_cluster.nodes].index(name)  # the node's ranks in the job: 2 per node
+        assert sorted(p.name for p in local.glob("rank-*.json")) == [f"rank-{first}.json", f"rank-{first + 1}.json"]
     for field in ("torch", "python", "gpu_count", "mtu", "clock"):
         assert checks[(f"consistency.{field}", None)]["status"] == "PASS", checks[(f"consistency.{field}", None)]
     # Then the multi-node stages, over every node at once: network, collectives, DDP equivalence.
@@ -75,11 +76,11 @@ def test_every_check_runs_over_ssh_on_every_node(torch_cluster, tmp_path):
     assert ddp["status"] == "PASS", ddp["message"]
     assert ddp["data"]["world_size"] == 6 and ddp["data"]["backend"] == "gloo"
     assert ddp["data"]["max_abs_param_diff"] < 1e-12
-    command = (tmp_path / "run" / "hosts" / "node2" / "ddp.command").read_text()
+    command = (tmp_path / "run" / "hosts" / "node2" / "torch.command").read_text()
     assert "GLOO_SOCKET_IFNAME=eth0" in command and "--node-rank=1" in command
     assert f"--master-addr={torch_cluster.node('node1').address}" in command
     for name in ("node1", "node2", "node3"):  # every node's rank records and logs came back
-        assert len(list((tmp_path / "run" / "hosts" / name / "ddp").glob("rank-*.json"))) == 2
+        assert len(list((tmp_path / "run" / "hosts" / name / "torch" / "ddp").glob("rank-*.json"))) == 2
     assert {c["name"] for c in report["checks"]} <= set(registry.REGISTRY)  # every name is in the catalog
     junit = ET.parse(tmp_path / "run" / "report.xml").getroot()
     assert [s.get("name") for s in junit.iter("testsuite")] == ["node1", "node2", "node3", "(cluster)"]

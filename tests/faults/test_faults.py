@@ -434,7 +434,7 @@ def firewall(cluster, tmp_path, row):
     for node in cluster.nodes:  # no torchrun was started anywhere: no command, no log came back
         host_dir = tmp_path / "run" / "hosts" / node.name
         assert (host_dir / "network.json").exists()
-        assert not list(host_dir.glob("*.command")) and not (host_dir / "collectives").exists()
+        assert not list(host_dir.glob("*.command")) and not (host_dir / "torch").exists()
     return verdict
 
 
@@ -650,7 +650,7 @@ def node_frozen_start(cluster, tmp_path, row):
     node2 = cluster.node("node2")
 
     def torchrun_runs() -> bool:
-        return bool(on_node(node2, "pgrep -f '[t]orch.distributed.run.*clustercheck-remote[.]pyz ddp'", check=False))
+        return bool(on_node(node2, "pgrep -f '[t]orch.distributed.run.*clustercheck-remote[.]pyz stages'", check=False))
 
     verdict = _frozen_at_the_moment(cluster, tmp_path, row, torchrun_runs)
     ddp = checks(verdict)[("ddp_equivalence", None)]
@@ -664,7 +664,7 @@ def node_frozen_stage(cluster, tmp_path, row):
     """node2 frozen as the collectives stage starts: the moment clustercheck writes the job's command for node2 into
     the run directory, just before it sends it. Whether the command reached node2 first or not, node2 is named as
     a node that does not answer."""
-    command_file = tmp_path / "run" / "hosts" / "node2" / "collectives.command"
+    command_file = tmp_path / "run" / "hosts" / "node2" / "torch.command"
     verdict = _frozen_at_the_moment(cluster, tmp_path, row, command_file.exists)
     found = checks(verdict)
     for name in ("allreduce", "allgather", "broadcast"):

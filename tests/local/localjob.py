@@ -97,6 +97,7 @@ def run_job(
     records = []
     for plan in plans:
         out = Path(launch.output_dir(plan.node.run_dir, worker))
-        records += [json.loads(p.read_text()) for p in sorted(out.glob("rank-*.json"))]
+        parts = sorted(p for p in out.glob("*/rank-*.json") if p.parent.name != "heartbeat")  # a job of parts
+        records += [json.loads(p.read_text()) for p in [*sorted(out.glob("rank-*.json")), *parts]]
     logs = [(Path(p.node.run_dir) / "torchrun.log").read_text() for p in plans]
-    return JobResult(plans, sorted(records, key=lambda r: r["rank"]), codes, logs)
+    return JobResult(plans, sorted(records, key=lambda r: (r["rank"], r.get("part", ""))), codes, logs)

@@ -87,10 +87,12 @@ def test_localhost_runs_every_stage_and_proves_ddp_equivalence_on_two_cpu_ranks(
     assert stages["ddp"]["status"] in ("PASS", "WARN") and stages["data"]["status"] == "SKIP"
     assert sum(s["duration_s"] for s in stages.values()) <= report["duration_s"]
     host_dir = tmp_path / "run" / "hosts" / "localhost"
-    for stage in ("collectives", "ddp", "lightning"):  # rank records and torchrun's per-rank logs came back
-        assert sorted(p.name for p in (host_dir / stage).glob("rank-*.json")) == ["rank-0.json", "rank-1.json"]
-        assert list((host_dir / stage / "torchrun-logs").rglob("stderr.log"))
-    assert "--master-port=29611" in (host_dir / "ddp.command").read_text()
+    job = host_dir / "torch"  # the run's one torch job: every torch stage a part of it
+    for stage in ("collectives", "ddp", "lightning"):  # each part's rank records came back
+        assert sorted(p.name for p in (job / stage).glob("rank-*.json")) == ["rank-0.json", "rank-1.json"]
+    assert list((job / "torchrun-logs").rglob("stderr.log"))  # and torchrun's per-rank logs
+    assert [p.name for p in host_dir.glob("*.command")] == ["torch.command"]  # one torchrun for the run
+    assert "--master-port=29611" in (host_dir / "torch.command").read_text()
     assert json.loads((host_dir / "facts.json").read_text())["python"]["executable"]
     assert (tmp_path / "run" / "report.xml").exists()
     assert len(report["run_id"]) == 12
@@ -145,7 +147,7 @@ def test_only_selects_a_stage_and_min_busbw_judges_bandwidth(tmp_path):
     assert bw["status"] == "FAIL" and bw["data"]["thresholds"]["fail_below"] == 100000
     assert checks["network.tcp"]["status"] == "SKIP" and "--only collectives" in checks["network.tcp"]["message"]
     assert checks["ddp_equivalence"]["status"] == "SKIP"
-    assert not (tmp_path / "run" / "hosts" / "localhost" / "ddp").exists()  # no DDP job started
+    assert not (tmp_path / "run" / "hosts" / "localhost" / "torch" / "ddp").exists()  # no DDP part run
 
 
 def test_a_bad_min_busbw_or_stage_is_a_usage_error():

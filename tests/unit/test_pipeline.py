@@ -42,6 +42,11 @@ NAMES = ("node1", "node2", "node3")
 FIRST = json.loads((RECORDS / "first-testcluster.json").read_text())
 
 
+def is_torch_job(command: list[str]) -> bool:
+    """Whether COMMAND starts the run's torch job (stages/shared.py) on a node."""
+    return "torch.distributed.run" in command and "stages" in command
+
+
 def is_first(command: list[str]) -> bool:
     """Whether COMMAND is a node's first command (core.start)."""
     return command[:2] == ["sh", "-c"] and 'echo "clock=$(date' in command[2]
@@ -71,6 +76,7 @@ class FakeTransport:
         self.channel = "its SSH connection"
         self.behaviour = behaviour
         self.commands: list[list[str]] = []
+        self.parts: list[str] = []  # the parts of the run's torch job it was told to run
         self.files: dict[str, bytes] = {}
         self.stopped = self.cleaned = self.closed = 0
 
@@ -102,13 +108,36 @@ class FakeTransport:
         if len(command) > 2 and command[2] == "netprobe":
             return CommandResult(0, json.dumps(NETPROBE[self.host]) + "\n", "")
         if "torch.distributed.run" in command:
+            if "--parts" in command:  # the run's torch job: the parts it runs
+                self.parts = list(json.loads(command[command.index("--parts") + 1]))
             return CommandResult(0, "", "")
         if command[1:2] == ["-c"] and "rank-*.json" in command[2]:
-            records = COLLECTIVES if "collectives" in command[-1] else DDP
-            rank = 0 if command[-1].endswith("/local-collectives") else self.index  # a node-local job: rank 0
-            mine = [r for r in records if r["rank"] == rank]
+            if command[-1].endswith("/torch"):
+                mine = self.torch_job_records()
+            else:
+                rank = 0 if command[-1].endswith("/local-collectives") else self.index  # a node-local job: rank 0
+                mine = [r for r in COLLECTIVES if r["rank"] == rank]
             return CommandResult(0, "".join(json.dumps(r) + "\n" for r in mine), "")
         return CommandResult(1, "", f"fake node: no answer for {text[:80]}")
+
+    def torch_job_records(self) -> list[dict]:
+        """This node's rank's records of every part of the run's torch job, as remote/stages.py writes them: each
+        part's recorded record of this rank (the node-local part: the recorded node-local job's rank 0, numbered
+        as this node's rank in the job), its part named; Lightning does not import here."""
+        rank = self.index
+        records = {
+            "local": {**next(r for r in COLLECTIVES if r["rank"] == 0), "rank": rank, "group_rank": 0},
+            "collectives": next(r for r in COLLECTIVES if r["rank"] == rank),
+            "ddp": next(r for r in DDP if r["rank"] == rank),
+            "lightning": {
+                "rank": rank,
+                "local_rank": 0,
+                "ok": True,
+                "import": {"ok": False, "error": "ModuleNotFoundError: No module named 'lightning'"},
+                "not_run": "Lightning does not import on every rank",
+            },
+        }
+        return [{**records[part], "part": part} for part in self.parts]
 
     def collecting(self, command, first: CommandResult, timeout, stdin) -> CommandResult:
         """The first command's answer FIRST, then, when the command goes on to the facts collector (core.COLLECT),
@@ -374,19 +403,28 @@ def test_a_data_path_that_differs_fails_the_data_stage_and_the_torch_stages_stil
 
 
 def test_the_node_local_collectives_meet_on_a_free_port_of_their_own_not_the_master_port(tmp_path):
+    """Where the node-local collectives run as a job of their own (no torch stage follows: --only core), each
+    node's ranks meet on a free port of the node's; in a whole run they are a part of the run's one torch job,
+    which meets on the master port, and no node-local job runs."""
+
     def free_port(transport, command, timeout):
         if command[2:4] == ["netprobe", "free-port"]:
             return CommandResult(0, "41234\n", "")
         return None
 
-    cluster = Cluster(behaviour={n: free_port for n in NAMES})
-    cluster.run(tmp_path)
-    for transport in cluster.transports.values():
-        local = [c for c in transport.commands if "torch.distributed.run" in c and "local-collectives" in " ".join(c)]
-        multi = [c for c in transport.commands if "torch.distributed.run" in c and c not in local]
-        assert local and multi
-        assert all("--master-port=41234" in c for c in local)
-        assert all("--master-port=29500" in c for c in multi)
+    alone = Cluster(behaviour={n: free_port for n in NAMES})
+    results = by_key(alone.run(tmp_path / "alone", selection=Selection(only=("core",))).results)
+    for name, transport in alone.transports.items():
+        local = [c for c in transport.commands if "torch.distributed.run" in c]
+        assert local and all("--master-port=41234" in c and "local-collectives" in " ".join(c) for c in local)
+        assert results[("local.allreduce", name)].status is Status.PASS
+    whole = Cluster(behaviour={n: free_port for n in NAMES})
+    results = by_key(whole.run(tmp_path / "whole").results)
+    for name, transport in whole.transports.items():
+        jobs = [c for c in transport.commands if "torch.distributed.run" in c]
+        assert len(jobs) == 1 and is_torch_job(jobs[0]) and "--master-port=29500" in jobs[0]
+        assert list(json.loads(jobs[0][jobs[0].index("--parts") + 1])) == ["local", "collectives", "ddp", "lightning"]
+        assert results[("local.allreduce", name)].status is Status.PASS
 
 
 def _waits_until_stopped(transport, timeout):
@@ -404,7 +442,7 @@ def test_a_node_whose_ranks_freeze_is_named_within_the_stall_timeout_and_the_job
 
     def node(transport, command, timeout):
         text = " ".join(command)
-        if "torch.distributed.run" in command and "ddp" in command:
+        if is_torch_job(command):
             return _waits_until_stopped(transport, timeout)
         if "heartbeat" in text:
             if transport.host == "node2":
@@ -442,7 +480,7 @@ def test_a_node_that_freezes_while_its_job_starts_is_named_within_the_stall_time
 
     def node(transport, command, timeout):
         text = " ".join(command)
-        if "torch.distributed.run" in command and "ddp" in command:
+        if is_torch_job(command):
             if transport.host == "node2":
                 frozen.set()
                 release.wait(timeout)
@@ -479,7 +517,7 @@ def test_a_node_answering_but_slow_to_start_is_left_to_the_jobs_deadline(tmp_pat
     --timeout."""
 
     def node(transport, command, timeout):
-        if "torch.distributed.run" in command and "ddp" in command:
+        if is_torch_job(command):
             return _waits_until_stopped(transport, timeout)
         if "heartbeat" in " ".join(command):
             return CommandResult(0, "{}\n", "")
@@ -492,7 +530,7 @@ def test_a_node_answering_but_slow_to_start_is_left_to_the_jobs_deadline(tmp_pat
         tmp_path, selection=Selection(only=("ddp",), skip=("local.*",)), job_timeout=6, stall_timeout=2
     )
     ddp = by_key(outcome.results)[("ddp_equivalence", None)]
-    assert "the ddp job timed out after 6 s (--timeout)" in ddp.message, ddp.message
+    assert "the torch job timed out after 6 s (--timeout) before its ddp part ended" in ddp.message, ddp.message
     assert "stalled_nodes" not in ddp.data
 
 
@@ -536,7 +574,7 @@ def test_ranks_whose_results_do_not_come_back_are_named_by_their_node(tmp_path):
     and why, not bare rank numbers the user would have to map to nodes."""
 
     def node(transport, command, timeout):
-        if transport.host == "node2" and "rank-*.json" in " ".join(command) and command[-1].endswith("/ddp"):
+        if transport.host == "node2" and "rank-*.json" in " ".join(command) and command[-1].endswith("/torch"):
             return CommandResult(None, "", "", timed_out=True)  # no answer within the timeout it was given
         return None
 
@@ -557,7 +595,7 @@ def test_a_failed_job_quotes_the_failing_ranks_own_traceback_not_torchruns_repor
     data = Path(__file__).parent / "data" / "torchrun"
 
     def node(transport, command, timeout):
-        if "torch.distributed.run" in command and "ddp" in command:
+        if is_torch_job(command):
             if transport.host == "node3":
                 return _waits_until_stopped(transport, timeout)
             time.sleep(0.2 if transport.host == "node1" else 0.6)
@@ -574,6 +612,42 @@ def test_a_failed_job_quotes_the_failing_ranks_own_traceback_not_torchruns_repor
         "node's job was stopped"
     )
     assert ddp.data["first_failed_node"] == "node2" and ddp.data["failed_rank"] == 3
+
+
+def test_a_torch_job_failing_in_its_ddp_part_keeps_the_parts_before_it_and_names_the_node_in_the_ddp_stage(tmp_path):
+    """The run's one torch job: every rank got through the node-local and collectives parts, then node2's torchrun
+    failed in the DDP part (its rank's own error in its output) and every node's job was stopped. The parts every
+    rank completed are judged on their records (PASS); the DDP stage fails naming node2 and its rank's error; the
+    stage after it is not run, for the DDP stage's failure."""
+
+    def node(transport, command, timeout):
+        if is_torch_job(command):
+            transport.parts = list(json.loads(command[command.index("--parts") + 1]))
+            if transport.host != "node2":
+                return _waits_until_stopped(transport, timeout)
+            time.sleep(2.5)  # after the first heartbeat polls: every node answers
+            return CommandResult(1, "[default0]:RuntimeError: the DDP part broke on node2\n", "")
+        if command[1:2] == ["-c"] and "rank-*.json" in command[2]:
+            done = [r for r in transport.torch_job_records() if r["part"] in ("local", "collectives")]
+            return CommandResult(0, "".join(json.dumps(r) + "\n" for r in done), "")
+        if "heartbeat" in " ".join(command):
+            return CommandResult(0, "{}\n", "")
+        return None
+
+    cluster = Cluster(behaviour=dict.fromkeys(NAMES, node))
+    outcome = cluster.run(tmp_path, job_timeout=60, stall_timeout=4)
+    results = by_key(outcome.results)
+    for name in NAMES:
+        assert results[("local.allreduce", name)].status is Status.PASS, results[("local.allreduce", name)].message
+    for name in ("allreduce", "allgather", "broadcast"):
+        assert results[(name, None)].status is Status.PASS, results[(name, None)].message
+    ddp = results[("ddp_equivalence", None)]
+    assert ddp.status is Status.FAIL and ddp.data["first_failed_node"] == "node2"
+    assert ddp.message.startswith("ddp_equivalence did not complete: torchrun failed on node2 first (exit 1)")
+    assert "the DDP part broke on node2" in ddp.message
+    lightning = results[("lightning.ddp", None)]
+    assert lightning.status is Status.SKIP and "the ddp stage failed" in lightning.message
+    assert [p.name for p in (tmp_path / "hosts" / "node1").glob("*.command")] == ["torch.command"]
 
 
 def test_a_node_that_cannot_be_cleaned_up_is_named_with_the_reason(tmp_path):

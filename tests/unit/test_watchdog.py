@@ -69,6 +69,36 @@ def test_a_hang_where_every_rank_is_alive_names_the_node_behind():
     assert "node node1 stopped at step 4 while the others reached a later step" in stall.message
 
 
+def test_in_a_job_of_several_parts_a_later_part_is_ahead_of_any_step_of_an_earlier_one():
+    """The run's torch job: node1 hangs at step 9 of its collectives part (part 2) while node2 and node3 moved on to
+    step 1 of the DDP part (part 3) and wait for it there. node1 is behind, though its step number is higher."""
+    dog = Watchdog(NODES, stall_timeout=20, now=0)
+
+    def answers(node, t):
+        if node == "node1":
+            return {"0": {"part": 2, "step": min(int(t), 9), "phase": "collectives: all_reduce sweep", "age": 0.5}}
+        if t < 10:
+            return {"0": {"part": 2, "step": int(t), "phase": "collectives: all_reduce sweep", "age": 0.5}}
+        return {"0": {"part": 3, "step": 1, "phase": "ddp: reference", "age": 0.5}}
+
+    run_polls(dog, 0, 60, answers)
+    stall = dog.stall(60)
+    assert stall.nodes == ("node1",)
+    assert "node node1 stopped at step 9 while the others reached a later step" in stall.message
+    assert stall.data["progress"]["node1"]["part"] == 2 and stall.data["progress"]["node2"]["part"] == 3
+
+
+def test_a_rank_importing_lightning_in_its_part_is_starting_while_it_uses_cpu():
+    """A part's own start (Lightning's import in the torch job: "lightning: starting") is progress while the rank
+    uses CPU, as the job's start is: not a hang however long it takes; once it stops using CPU, it is one."""
+    dog = Watchdog({"node1": "its SSH connection"}, stall_timeout=20, now=0)
+    for t in range(0, 65, 5):
+        cpu = min(t, 40) * 0.5  # it works until t=40, then waits
+        dog.observe("node1", {"0": {"part": 4, "step": 0, "phase": "lightning: starting", "cpu": cpu, "age": 0.5}}, t)
+    assert dog.stall(40) is None
+    assert dog.stall(65) is not None and "at step 0 (lightning: starting)" in dog.stall(65).message
+
+
 def test_a_hang_at_the_same_step_everywhere_names_no_node():
     dog = Watchdog(NODES, stall_timeout=20, now=0)
     run_polls(dog, 0, 60, lambda n, t: beat(min(int(t), 5), phase="allreduce"))
