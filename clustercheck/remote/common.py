@@ -143,20 +143,6 @@ def _parent_of(pid: int) -> int | None:
         return None
 
 
-def wait_for_child(child, step: int, phase: str) -> int:
-    """Wait for CHILD (a subprocess.Popen this rank started) and return its exit status; while it uses CPU, that is
-    this rank's progress (at STEP, in PHASE with the child's CPU seconds): the rank waits on local work, not on a
-    peer, which the watchdog must not take for a hang."""
-    shown = None
-    while child.poll() is None:
-        used = _cpu_seconds(_stat(child.pid) or [])
-        if used is not None and int(used) != shown:
-            shown = int(used)
-            progress(step, f"{phase}: {shown} s of CPU")
-        time.sleep(BEAT_INTERVAL / 2)
-    return child.returncode
-
-
 def start_heartbeat(out_dir: str, rank: int) -> None:
     """Fork the heartbeat process (before torch is imported, so the fork copies nothing of it)."""
     directory = os.path.join(out_dir, "heartbeat")

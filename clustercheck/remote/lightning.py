@@ -10,8 +10,10 @@ LightningModule. Every rank trains on its slice of the same global batches (a Di
 seed, which Lightning re-seeds every epoch) and records the global loss per step, a hash of its parameters after
 every step, and what Lightning saw: world size, node count, its global, local and node rank, and the cluster
 environment. Global rank 0 also runs the single-process reference: the same LightningModule in a Trainer with one
-device, on the full global batch, in a child process without torchrun's environment; it then compares its final
-parameters with the reference's. Each rank writes OUT/rank-<rank>.json; clustercheck/checks/lightning.py judges.
+device, on the full global batch, after the distributed fit, in its own process with torchrun's variables out of
+its environment (Lightning then sees a plain single process); it then compares its final parameters with the
+reference's. Each rank writes OUT/rank-<rank>.json; clustercheck/checks/lightning.py judges. Run alone, the
+program joins its own process group first; in the run's torch job (remote/stages.py) it is the `lightning` part.
 
 float64 on CPUs; float32 on GPUs with TF32 off and deterministic algorithms.
 """
@@ -22,11 +24,10 @@ import argparse
 import contextlib
 import json
 import os
-import subprocess
 import sys
 import time
 
-from .common import STARTING, exit_now, progress, rank_identity, run_rank, wait_for_child
+from .common import STARTING, exit_now, progress, rank_identity, run_rank, start_process_group
 from .ddp import make_data, make_model, param_hash
 
 os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # before CUDA starts: deterministic cuBLAS
@@ -173,33 +174,6 @@ def fit(args, world: int, rank: int, num_nodes: int, devices: int, strategy) -> 
     return record, module
 
 
-def reference_main(args) -> int:
-    """The single-process reference (run by global rank 0 in a child process): one device, the full global batch."""
-    import torch
-
-    record, module = fit(args, world=1, rank=0, num_nodes=1, devices=1, strategy="auto")
-    torch.save([p.detach().cpu() for p in module.net.parameters()], os.path.join(args.out, "reference-params.pt"))
-    with open(os.path.join(args.out, "reference.json"), "w") as fh:
-        json.dump(record, fh)
-    return 0
-
-
-def start_reference(args) -> subprocess.Popen:
-    env = {k: v for k, v in os.environ.items() if k not in TORCHRUN_VARS and not k.startswith("TORCHELASTIC_")}
-    env["CUDA_VISIBLE_DEVICES"] = env.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0]
-    bundle = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the zip the package runs from
-    env["PYTHONPATH"] = bundle + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    argv = [sys.executable, "-m", f"{__package__}.lightning", "--reference", *sys.argv[1:]]
-    with open(os.path.join(args.out, "reference.log"), "w") as log:  # the child keeps its own copy open
-        return subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT)
-
-
-def compare_with_reference(torch, module, out: str) -> dict:
-    with open(os.path.join(out, "reference.json")) as fh:
-        ref = json.load(fh)
-    return compare(torch, module, torch.load(os.path.join(out, "reference-params.pt")), ref)
-
-
 def compare(torch, module, reference: list, ref: dict) -> dict:
     """MODULE's parameters against the REFERENCE's (CPU tensors), with the reference's record REF."""
     abs_diff, rel_diff = 0.0, 0.0
@@ -219,7 +193,6 @@ def parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser()
     parser.add_argument("what", nargs="?", choices=["probe"], help="probe: whether Lightning imports here")
     parser.add_argument("--out")
-    parser.add_argument("--reference", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--backend", default="gloo", choices=["gloo", "nccl"])
     parser.add_argument("--num-nodes", type=int, default=1, help="Trainer(num_nodes=...): the nodes of the job")
     parser.add_argument("--devices", type=int, default=1, help="Trainer(devices=...): the ranks per node")
@@ -289,33 +262,14 @@ def main() -> int:
     if args.what == "probe":
         sys.stdout.write(json.dumps(probe()) + "\n")
         return 0
-    if args.reference:
-        return reference_main(args)
     record = rank_identity()
-    describe(args, record)
-    world = record["world_size"]
 
     def work(record: dict) -> None:
         import torch
+        import torch.distributed as dist
 
-        os.makedirs(args.out, exist_ok=True)
-        reference = start_reference(args) if record["rank"] == 0 else None
-        try:
-            if args.backend == "nccl":
-                torch.cuda.set_device(record["local_rank"])
-            mine, module = fit(args, world, record["rank"], args.num_nodes, args.devices, "ddp")
-            record.update(mine)
-            if reference is not None:
-                if wait_for_child(reference, args.steps, "the single-process reference") != 0:
-                    with open(os.path.join(args.out, "reference.log")) as fh:
-                        tail = fh.read().strip().splitlines()[-3:]
-                    raise RuntimeError("the single-process Lightning reference failed: " + " | ".join(tail))
-                reference = None
-                record.update(compare_with_reference(torch, module, args.out))
-        finally:
-            if reference is not None:
-                reference.kill()
-                reference.wait()
+        device = start_process_group(torch, dist, args.backend, record["local_rank"])
+        part(args, torch, dist, device, record)
 
     return run_rank(args.out, record, work)
 

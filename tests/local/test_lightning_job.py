@@ -22,7 +22,7 @@ def test_lightning_over_three_agents_matches_a_single_process_lightning_run(tmp_
     assert result.status is Status.PASS, result.message
     assert sorted(r["seen"]["node_rank"] for r in job.records) == [0, 1, 2]
     assert result.data["reference_losses"][-1] < result.data["reference_losses"][0]  # it learned something
-    # The single-process reference ran in a child process without torchrun's environment.
+    # The single-process reference ran in rank 0's own process, without torchrun's environment.
     rank0 = next(r for r in job.records if r["rank"] == 0)
     assert rank0["reference"]["seen"]["world_size"] == 1
     assert rank0["reference"]["seen"]["strategy"] == "SingleDeviceStrategy"
