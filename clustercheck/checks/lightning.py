@@ -45,7 +45,8 @@ declare(
 
 
 def import_finding(answer: dict | None, error: str | None, required: bool) -> Finding:
-    """One node's `lightning probe` ANSWER (or why there is none)."""
+    """One node's answer to whether Lightning imports (remote/lightning.probe(), asked by its ranks in the torch job),
+    or why there is none."""
     if answer and answer.get("ok"):
         return passed(f"{answer['package']} {answer['version']} imports", **answer)
     why = error or (answer or {}).get("error") or "no answer"
