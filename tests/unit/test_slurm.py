@@ -15,7 +15,7 @@ from clustercheck.inventory import Node
 from clustercheck.model import Status
 from clustercheck.run import health
 from clustercheck.slurm import parse as slurm
-from clustercheck.slurm.drain import REASON_CHARS, Action, decide, drain_reason
+from clustercheck.slurm.drain import REASON_CHARS, Action, Reason, decide, drain_reason, read_reason, reason
 from clustercheck.slurm.parse import ParseError, SlurmNode, parse_show_node
 
 DATA = Path(__file__).parent / "data" / "slurm"
@@ -74,6 +74,32 @@ def test_the_drain_reason_holds_nothing_that_breaks_scontrol_or_a_log_line():
         "state=drain",
         f"reason={reason}",
     ]
+
+
+def test_every_drain_reason_is_one_format_that_reads_back_as_check_message_and_more():
+    """The format docs/slurm.md gives other tools: `clustercheck: CHECK: MESSAGE (+N more)`, read back whole."""
+    results = node3_results()
+    failed = [r for r in results if r.status.is_problem]
+    made = drain_reason(failed[0], 2)
+    assert made == reason("shm.size", failed[0].message.removeprefix("node3: "), 2)
+    read = read_reason(made)
+    assert read is not None and (read.check, read.more) == ("shm.size", 2)
+    assert read.message.startswith("/dev/shm is 64 MiB, less than 256 MiB")
+    assert read_reason("clustercheck: epilog.processes: 2 processes of alice left") == Reason(
+        "epilog.processes", "2 processes of alice left"
+    )
+    long = reason("epilog.processes", "x" * 300)
+    assert len(long) == REASON_CHARS and long.endswith("...") and read_reason(long).check == "epilog.processes"
+    assert reason("a check: odd", "m") == "clustercheck: a_check__odd: m"  # the check's name stays one token
+    assert read_reason("disk swap") is None and read_reason(None) is None
+    assert read_reason("clustercheck:time.sync no space") is None
+
+
+def test_the_documented_reason_pattern_is_the_one_clustercheck_reads_with():
+    from clustercheck.slurm.drain import REASON_PATTERN
+
+    docs = (Path(__file__).parents[2] / "docs" / "slurm.md").read_text()
+    assert f"\n{REASON_PATTERN.pattern}\n" in docs
 
 
 def test_a_fail_drains_an_idle_node():
