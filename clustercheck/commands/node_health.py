@@ -9,6 +9,7 @@ import click
 from clustercheck.commands import options
 from clustercheck.commands.common import say
 from clustercheck.run import health
+from clustercheck.slurm import breaker
 
 
 @click.command("node-health")
@@ -52,6 +53,25 @@ from clustercheck.run import health
     default=None,
     metavar="DIR",
     help="Where the last import is kept (default: /var/cache/clustercheck as root, else ~/.cache/clustercheck).",
+)
+@click.option(
+    "--max-drained-percent",
+    type=click.FloatRange(min=0, max=100),
+    default=breaker.MAX_DRAINED_PERCENT,
+    show_default=True,
+    metavar="PERCENT",
+    help="With --slurm, the circuit breaker: drain this node only while clustercheck holds drained fewer than "
+    "PERCENT of its partition's nodes (and --max-drained-nodes); past that, say why and write the metric "
+    f"{health.WITHHELD_METRIC} instead.",
+)
+@click.option(
+    "--max-drained-nodes",
+    type=click.IntRange(min=0),
+    default=breaker.MAX_DRAINED_NODES,
+    show_default=True,
+    metavar="N",
+    help="With --slurm: clustercheck may always hold N of a partition's nodes drained, whatever --max-drained-percent "
+    "allows.",
 )
 def command(**given) -> None:
     """Run the per-node checks on this machine, in seconds (Slurm's HealthCheckProgram). Exit 1 on a FAIL."""

@@ -26,7 +26,7 @@ from clustercheck.facts import collect
 from clustercheck.inventory import Node
 from clustercheck.model import CheckResult, Status
 from clustercheck.report import Report, delivery, prometheus, text
-from clustercheck.slurm import update
+from clustercheck.slurm import breaker, update
 from clustercheck.slurm.parse import SlurmNode
 from clustercheck.stages import core
 from clustercheck.transport.local import LocalTransport
@@ -54,6 +54,8 @@ class HealthRequest:
     expected_file: str | None = None
     torch_max_age: float = TORCH_MAX_AGE
     cache_dir: str | None = None
+    max_drained_percent: float = breaker.MAX_DRAINED_PERCENT  # the circuit breaker's limit (slurm/breaker.py)
+    max_drained_nodes: int = breaker.MAX_DRAINED_NODES
 
 
 def node_health(request: HealthRequest, echo: Callable[[str], None], say: Callable[[str], None]) -> int:
@@ -83,16 +85,34 @@ def node_health(request: HealthRequest, echo: Callable[[str], None], say: Callab
         for line in text.fix_lines(judged):
             echo(f"fix {line}")
         echo(text.counts_line(document))
+    state = slurm.read() if slurm is not None else None
+    withheld = None
+    if state is not None:
+        limit = breaker.Limit(request.max_drained_percent, request.max_drained_nodes)
+        withheld = update.update(document.results, state, say, scontrol_timeout, limit)
     if request.textfile_dir is not None:
         target = Path(request.textfile_dir) / TEXTFILE
+        families = [drain_withheld(withheld)] if withheld is not None else []
         try:
-            report.write_atomic(target, prometheus.render(document, source="node-health") + "\n")
+            report.write_atomic(target, prometheus.render(document, source="node-health", extra=families) + "\n")
         except OSError as exc:
             say(f"could not write {target}: {exc.strerror or exc}")
-    state = slurm.read() if slurm is not None else None
-    if state is not None:
-        update.update(document.results, state, say, scontrol_timeout)
     return ExitCode.CHECK_FAILED if found.failed else ExitCode.OK
+
+
+WITHHELD_METRIC = "clustercheck_slurm_drain_withheld"
+
+
+def drain_withheld(verdict: breaker.Verdict) -> prometheus.Family:
+    """The metric of a drain the circuit breaker held back: 1 for the node and the check it failed (the alert
+    ClustercheckDrainWithheld counts the nodes that fail it)."""
+    family = prometheus.Family(
+        WITHHELD_METRIC,
+        "1: this node failed the check but was not drained in Slurm: clustercheck holds drained the most of its "
+        "partition's nodes it may (node-health --max-drained-percent, --max-drained-nodes)",
+    )
+    family.add(1, check=verdict.check, host=verdict.node)
+    return family
 
 
 class SlurmState:

@@ -437,3 +437,48 @@ def test_a_failing_check_drains_the_node_fixing_it_resumes_it_and_an_admins_drai
         restored = ansible_playbook(slurm_cluster, wheelhouse, "--tags", "slurm")
         assert restored.returncode == 0, restored.stdout[-3000:]
     wait_for(controller, all_idle, 60, "every node idle again")
+
+
+def test_a_check_failing_on_every_node_drains_one_and_the_breaker_says_why_for_the_rest(slurm_cluster):
+    """chrony stopped on every node (time.sync FAILs everywhere at once, as an NTP server down makes it): node-health
+    --slurm with the role's limit (10 % of the partition, at least one node), run on each node in turn, drains the
+    first and holds the others' drains back, saying why and writing clustercheck_slurm_drain_withheld; once chrony
+    runs again, the drained node is resumed."""
+    controller = slurm_cluster.nodes[0]
+    program = on(controller, "cat /usr/local/sbin/clustercheck-slurm-health").stdout
+    assert "--max-drained-percent 10 \\\n    --max-drained-nodes 1 " in program, program  # the role's default limit
+    run = "clustercheck node-health --slurm --max-drained-percent 10 --max-drained-nodes 1 --textfile-dir /root/breaker"
+    said = {}
+    try:
+        for node in slurm_cluster.nodes:
+            on(node, "systemctl stop chrony && rm -rf /root/breaker && mkdir /root/breaker")
+        for node in slurm_cluster.nodes:
+            said[node.name] = on(node, run, check=False)
+        seen = states(controller)
+        drained = [name for name, (state, _) in seen.items() if "drain" in state]
+        assert len(drained) == 1 and seen[drained[0]][1].startswith("clustercheck: time.sync: "), seen
+        for node in slurm_cluster.nodes:
+            proc = said[node.name]
+            assert proc.returncode == ExitCode.CHECK_FAILED, proc.stderr
+            if node.name in drained:
+                continue
+            assert re.search(
+                rf"^clustercheck: not draining {node.name} for time\.sync: clustercheck holds 1 of the 3 nodes of "
+                rf"partition gpu drained already \({drained[0]}\), the most it may \(10 % of its nodes, at least 1\)",
+                proc.stderr,
+                re.M,
+            ), proc.stderr
+            metric = on(node, "cat /root/breaker/clustercheck_node_health.prom").stdout
+            withheld = (
+                f'clustercheck_slurm_drain_withheld{{check="time.sync",host="{node.name}",source="node-health"}} 1'
+            )
+            assert withheld in metric, metric
+    finally:
+        for node in slurm_cluster.nodes:
+            on(node, "systemctl start chrony; rm -rf /root/breaker", check=False)
+        deadline = time.monotonic() + 90
+        while not all_idle(states(controller)) and time.monotonic() < deadline:
+            for node in slurm_cluster.nodes:  # resumed once chrony has synchronized again
+                on(node, "clustercheck node-health --slurm", check=False)
+            time.sleep(2)
+    wait_for(controller, all_idle, 10, "every node idle again")

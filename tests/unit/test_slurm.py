@@ -232,9 +232,11 @@ def test_srun_says_which_task_launch_failed_on_which_node():
 
 
 def test_a_node_whose_slurmd_stopped_shows_mixed_then_not_responding():
-    assert parse_show_node(recorded("show-node-slurmd-stopped.txt"), "node3") == SlurmNode("node3", ("MIXED",), None)
+    assert parse_show_node(recorded("show-node-slurmd-stopped.txt"), "node3") == SlurmNode(
+        "node3", ("MIXED",), None, ("gpu",)
+    )
     later = parse_show_node(recorded("show-node-not-responding.txt"), "node3")
-    assert later == SlurmNode("node3", ("MIXED", "NOT_RESPONDING"), None)
+    assert later == SlurmNode("node3", ("MIXED", "NOT_RESPONDING"), None, ("gpu",))
 
 
 def refused_step(stderr: str, node):
