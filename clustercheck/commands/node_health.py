@@ -73,6 +73,15 @@ from clustercheck.slurm import breaker
     help="With --slurm: clustercheck may always hold N of a partition's nodes drained, whatever --max-drained-percent "
     "allows.",
 )
+@click.option(
+    "--budget",
+    type=click.FloatRange(min=health.MIN_BUDGET),
+    default=health.BUDGET,
+    show_default=True,
+    metavar="SECONDS",
+    help="How long the whole program may take, scontrol included: every step's deadline is cut to what is left of "
+    "it. Set it below the scheduler's limit (Slurm kills its health program after 60 s, or HealthCheckTimeout).",
+)
 def command(**given) -> None:
     """Run the per-node checks on this machine, in seconds (Slurm's HealthCheckProgram). Exit 1 on a FAIL."""
     sys.exit(health.node_health(health.HealthRequest(**given), click.echo, say))

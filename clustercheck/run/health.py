@@ -36,7 +36,8 @@ TORCH_DEADLINE = 20.0  # torch's import, in its own process beside the probes
 PYTHON_DEADLINE = 5.0  # the environment's python to start (the first command, core.start)
 COLLECTOR_DEADLINE = 25.0  # the collector as a whole: everything it started is killed then
 SCONTROL_DEADLINE = 6.0  # each scontrol command (show, then update)
-BUDGET = 50.0  # the whole program, under Slurm's 60 s: no step gets more than what is left of it
+BUDGET = 50.0  # default: the whole program, under Slurm's 60 s: no step gets more than what is left of it
+MIN_BUDGET = 5.0  # the least --budget: the python's start and the collector need a few seconds
 SYSTEM_PATH = ("/usr/local/sbin", "/usr/local/bin", "/usr/sbin", "/usr/bin", "/sbin", "/bin")
 TEXTFILE = "clustercheck_node_health.prom"
 TORCH_MAX_AGE = 3600.0  # default: torch's import is run again at least hourly, and whenever what it depends on changes
@@ -56,6 +57,7 @@ class HealthRequest:
     cache_dir: str | None = None
     max_drained_percent: float = breaker.MAX_DRAINED_PERCENT  # the circuit breaker's limit (slurm/breaker.py)
     max_drained_nodes: int = breaker.MAX_DRAINED_NODES
+    budget: float = BUDGET  # seconds the whole program may take (its scheduler's timeout, less a margin)
 
 
 def node_health(request: HealthRequest, echo: Callable[[str], None], say: Callable[[str], None]) -> int:
@@ -64,7 +66,7 @@ def node_health(request: HealthRequest, echo: Callable[[str], None], say: Callab
     models = expected.catalog(request.expected_file)
     if request.textfile_dir is not None:
         writable_directory("--textfile-dir", request.textfile_dir)
-    budget = Budget()
+    budget = Budget(request.budget)
     # Run as slurmd runs it, with no PATH: the probes and scontrol live in the system's directories.
     os.environ["PATH"] = system_path(os.environ.get("PATH"))
     name = node_name(os.environ)

@@ -482,3 +482,21 @@ def test_a_check_failing_on_every_node_drains_one_and_the_breaker_says_why_for_t
                 on(node, "clustercheck node-health --slurm", check=False)
             time.sleep(2)
     wait_for(controller, all_idle, 10, "every node idle again")
+
+
+def test_the_health_checks_settings_fit_the_installed_slurm(slurm_cluster, wheelhouse):
+    """Slurm 22.05 (Debian 12): the health program fits its deadlines in the role's 60 s (--budget 50), slurm.conf has
+    no HealthCheckTimeout (26.05 adds it), and a HealthCheckNodeState value 22.05 does not know (START_ONLY, of
+    25.11) stops the role in check mode, naming the version and the values it knows, before anything changes."""
+    controller = slurm_cluster.nodes[0]
+    assert "--budget 50 " in on(controller, "cat /usr/local/sbin/clustercheck-slurm-health").stdout
+    conf = on(controller, "cat /etc/slurm/slurm.conf").stdout
+    assert "HealthCheckNodeState=ANY,CYCLE\n" in conf and "HealthCheckTimeout" not in conf, conf
+    proc = ansible_playbook(
+        slurm_cluster, wheelhouse, "--tags", "slurm", "--check", "-e", "slurm_health_check_node_state=IDLE,START_ONLY"
+    )
+    assert proc.returncode != 0, proc.stdout[-3000:]
+    assert (
+        "slurm_health_check_node_state IDLE,START_ONLY: Slurm 22.05 does not know START_ONLY (it knows ALLOC, ANY, "
+        "CYCLE, IDLE, MIXED)" in proc.stdout
+    ), proc.stdout[-3000:]

@@ -307,3 +307,11 @@ def test_the_connect_check_gives_slurms_fix_for_a_node_no_step_reached(monkeypat
     assert connect.message.startswith("node3: no job step of Slurm job 1 ran there: srun: Task launch for StepId=1.1")
     assert "slurmd on node3 does not answer; Slurm shows it MIXED+NOT_RESPONDING" in connect.message
     assert connect.remediation.startswith("Start slurmd on node3")
+
+
+def test_node_health_cuts_every_step_to_what_is_left_of_its_budget():
+    """--budget (the role's slurm_health_check_timeout less 10 s): the collector's 25 s is cut to a budget of 12."""
+    budget = health.Budget(12.0)
+    assert 11.0 < budget.give(health.COLLECTOR_DEADLINE) <= 12.0
+    assert budget.give(health.SCONTROL_DEADLINE) == health.SCONTROL_DEADLINE
+    assert health.HealthRequest().budget == health.BUDGET == 50.0
