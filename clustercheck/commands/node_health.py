@@ -82,6 +82,13 @@ from clustercheck.slurm import breaker
     help="How long the whole program may take, scontrol included: every step's deadline is cut to what is left of "
     "it. Set it below the scheduler's limit (Slurm kills its health program after 60 s, or HealthCheckTimeout).",
 )
+@click.option(
+    "--epilog",
+    is_flag=True,
+    help="Run as Slurm's Epilog (implies --slurm): judge what the job that ended (SLURM_JOB_ID, SLURM_JOB_UID) left "
+    "on this node: its user's processes still running, /dev/shm filled, the GPUs' checks (memory still held, a GPU "
+    "in a bad state); drain the node on a FAIL.",
+)
 def command(**given) -> None:
     """Run the per-node checks on this machine, in seconds (Slurm's HealthCheckProgram). Exit 1 on a FAIL."""
     sys.exit(health.node_health(health.HealthRequest(**given), click.echo, say))

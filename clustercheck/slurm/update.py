@@ -36,18 +36,37 @@ def node_state(name: str, say: Callable[[str], None], timeout: Callable[[], floa
         return None
 
 
+def jobs_on(name: str, say: Callable[[str], None], timeout: Callable[[], float]) -> list[tuple[str, str]] | None:
+    """The jobs Slurm runs on node NAME (squeue -w), each (job id, user id); None, said why, when it cannot be asked.
+    Never raises."""
+    squeue = shutil.which("squeue") or "squeue"
+    try:
+        shown = call([squeue, "--noheader", f"--nodelist={name}", "--format=%i|%U"], timeout())
+    except SlurmError as exc:
+        say(f"{exc}: the jobs on {name} were not read")
+        return None
+    if not shown.ok:
+        say(f"squeue --nodelist={name} failed ({shown.cause()}): the jobs on {name} were not read")
+        return None
+    return [tuple(line.split("|", 1)) for line in shown.stdout.splitlines() if "|" in line]
+
+
 def update(
     results: list[CheckResult],
     state: parse.SlurmNode,
     say: Callable[[str], None],
     timeout: Callable[[], float],
     limit: breaker.Limit | None = None,
+    resume: bool = True,
 ) -> breaker.Verdict | None:
     """Drain the node STATE (node_state's) in Slurm when RESULTS hold a FAIL, resume it when they pass and it was
     drained by us; scontrol gets TIMEOUT() seconds. A drain that would put more of a partition's nodes out than
     LIMIT allows (default: breaker.Limit()) is not done: the breaker's Verdict, said, is returned then, and None
-    otherwise. Never raises."""
+    otherwise. RESUME false: a node is only drained (the Epilog judges some checks only, and the others' drain
+    stays). Never raises."""
     action = drain.decide(state, results)
+    if action is not None and action.state == "resume" and not resume:
+        return None
     if action is None:
         _unchanged(state, any(r.status.is_problem for r in results), say)
         return None

@@ -500,3 +500,34 @@ def test_the_health_checks_settings_fit_the_installed_slurm(slurm_cluster, wheel
         "slurm_health_check_node_state IDLE,START_ONLY: Slurm 22.05 does not know START_ONLY (it knows ALLOC, ANY, "
         "CYCLE, IDLE, MIXED)" in proc.stdout
     ), proc.stdout[-3000:]
+
+
+def test_the_epilog_drains_a_node_where_a_job_left_a_process_of_its_user(slurm_cluster):
+    """slurm_epilog_enabled (the test variables): a user's process that outlives the user's job on node2 (started
+    beside the job, as a job's daemonized process is) is found by the Epilog when the job ends, and node2 is drained
+    with the reason `clustercheck: epilog.processes: ...` naming the user, the job and the process; the other nodes
+    stay idle. Once the process is gone, node-health --slurm resumes node2 (the drain is clustercheck's)."""
+    controller, node2 = slurm_cluster.nodes[0], slurm_cluster.nodes[1]
+    user = "ccepilog"
+    assert "Epilog=/usr/local/sbin/clustercheck-slurm-epilog\n" in on(controller, "cat /etc/slurm/slurm.conf").stdout
+    try:
+        for node in slurm_cluster.nodes:
+            on(node, f"useradd --uid 4343 --no-create-home --shell /bin/sh {user}")
+        on(node2, f"su {user} -c 'setsid sleep 600 </dev/null >/dev/null 2>&1 &'")
+        on(controller, f"cd /tmp && su {user} -c 'srun --nodelist=node2 --nodes=1 true'", timeout=120)
+        try:
+            seen = wait_for(controller, lambda s: "drain" in s["node2"][0], 60, "node2 drained by the Epilog")
+        except AssertionError as exc:
+            said = on(node2, "journalctl -t clustercheck-slurm-epilog --no-pager | tail -20", check=False).stdout
+            raise AssertionError(f"{exc}\nthe Epilog said: {said}") from None
+        reason = seen["node2"][1]
+        assert re.match(
+            rf"clustercheck: epilog\.processes: 1 process\(es\) of {user} left after job \d+: \d+ sleep", reason
+        )
+        assert seen["node1"][0] == seen["node3"][0] == "idle", seen
+    finally:
+        on(node2, f"pkill -KILL -u {user}", check=False)
+        for node in slurm_cluster.nodes:
+            on(node, f"userdel {user}", check=False)
+        on(node2, "clustercheck node-health --slurm", check=False)  # resumes node2: its drain is clustercheck's
+    wait_for(controller, all_idle, 60, "every node idle again")
