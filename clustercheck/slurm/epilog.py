@@ -10,10 +10,10 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from clustercheck.checks import registry
+from clustercheck.checks.epilog import PROCESSES, SHM
 from clustercheck.model import CheckResult, Status
 
-PROCESSES = "epilog.processes"
-SHM = "epilog.shm"
 SHM_USED_PERCENT = 50.0  # of /dev/shm a job may leave used: past it, the next job's NCCL and DataLoader run short
 SHOWN = 3  # processes named in the message
 
@@ -70,24 +70,23 @@ def judge(node: str, job: Job, left: Left, others: bool) -> list[CheckResult]:
     another job of the user runs here), and /dev/shm over SHM_USED_PERCENT used (a FAIL)."""
     results = []
     if job.uid == 0:
-        results.append(CheckResult(PROCESSES, Status.SKIP, f"{node}: job {job.id} ran as root", host=node))
+        results.append(registry.emit(PROCESSES, Status.SKIP, f"{node}: job {job.id} ran as root", host=node))
     elif not left.processes:
-        results.append(CheckResult(PROCESSES, Status.PASS, f"{node}: nothing of {job.user}'s runs", host=node))
+        results.append(registry.emit(PROCESSES, Status.PASS, f"{node}: nothing of {job.user}'s runs", host=node))
     elif others:
         said = f"{node}: {len(left.processes)} process(es) of {job.user}, who has another job here"
-        results.append(CheckResult(PROCESSES, Status.PASS, said, host=node))
+        results.append(registry.emit(PROCESSES, Status.PASS, said, host=node))
     else:
         named = ", ".join(f"{pid} {name}" for pid, name in left.processes[:SHOWN])
         more = f" and {len(left.processes) - SHOWN} more" if len(left.processes) > SHOWN else ""
         said = f"{node}: {len(left.processes)} process(es) of {job.user} left after job {job.id}: {named}{more}"
         fix = f"Find why they outlived the job (a daemon it started, a setsid); end them (pkill -u {job.user})."
-        results.append(CheckResult(PROCESSES, Status.FAIL, said, host=node, remediation=fix))
+        results.append(registry.emit(PROCESSES, Status.FAIL, said, host=node, remediation=fix))
     if left.shm_size:
         percent = 100.0 * left.shm_used / left.shm_size
         said = f"{node}: /dev/shm is {percent:.0f} % used after job {job.id}"
         if percent > SHM_USED_PERCENT:
-            fix = "Remove what the job left in /dev/shm (ls -la /dev/shm), and find which program does not clean up."
-            results.append(CheckResult(SHM, Status.FAIL, said, host=node, remediation=fix))
+            results.append(registry.emit(SHM, Status.FAIL, said, host=node))
         else:
-            results.append(CheckResult(SHM, Status.PASS, said, host=node))
+            results.append(registry.emit(SHM, Status.PASS, said, host=node))
     return results
