@@ -15,7 +15,7 @@ repeat each other while the same queries and alerts read both.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
 from clustercheck.model import CheckResult, Status
@@ -121,12 +121,13 @@ def _measurements(results: list[CheckResult]) -> Iterator[Family]:
 SOURCES = ("run", "node-health")
 
 
-def render(report: Report, source: str = "run") -> str:
-    """REPORT as metrics; SOURCE, the command that made it, is the `source` label of every series."""
+def render(report: Report, source: str = "run", extra: Iterable[Family] = ()) -> str:
+    """REPORT as metrics, and the families EXTRA after them; SOURCE, the command that made it, is the `source` label
+    of every series."""
     if source not in SOURCES:
         raise ValueError(f"source must be one of {SOURCES}, not {source!r}")
     lines = []
-    for family in _families(report):
+    for family in [*_families(report), *extra]:
         lines.append(f"# HELP {family.name} {_escape_help(family.help)}")
         lines.append(f"# TYPE {family.name} gauge")
         for own, value in family.samples:

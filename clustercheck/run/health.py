@@ -26,7 +26,7 @@ from clustercheck.facts import collect
 from clustercheck.inventory import Node
 from clustercheck.model import CheckResult, Status
 from clustercheck.report import Report, delivery, prometheus, text
-from clustercheck.slurm import update
+from clustercheck.slurm import breaker, epilog, update
 from clustercheck.slurm.parse import SlurmNode
 from clustercheck.stages import core
 from clustercheck.transport.local import LocalTransport
@@ -36,7 +36,8 @@ TORCH_DEADLINE = 20.0  # torch's import, in its own process beside the probes
 PYTHON_DEADLINE = 5.0  # the environment's python to start (the first command, core.start)
 COLLECTOR_DEADLINE = 25.0  # the collector as a whole: everything it started is killed then
 SCONTROL_DEADLINE = 6.0  # each scontrol command (show, then update)
-BUDGET = 50.0  # the whole program, under Slurm's 60 s: no step gets more than what is left of it
+BUDGET = 50.0  # default: the whole program, under Slurm's 60 s: no step gets more than what is left of it
+MIN_BUDGET = 5.0  # the least --budget: the python's start and the collector need a few seconds
 SYSTEM_PATH = ("/usr/local/sbin", "/usr/local/bin", "/usr/sbin", "/usr/bin", "/sbin", "/bin")
 TEXTFILE = "clustercheck_node_health.prom"
 TORCH_MAX_AGE = 3600.0  # default: torch's import is run again at least hourly, and whenever what it depends on changes
@@ -54,6 +55,10 @@ class HealthRequest:
     expected_file: str | None = None
     torch_max_age: float = TORCH_MAX_AGE
     cache_dir: str | None = None
+    max_drained_percent: float = breaker.MAX_DRAINED_PERCENT  # the circuit breaker's limit (slurm/breaker.py)
+    max_drained_nodes: int = breaker.MAX_DRAINED_NODES
+    budget: float = BUDGET  # seconds the whole program may take (its scheduler's timeout, less a margin)
+    epilog: bool = False  # run as Slurm's Epilog: what the job that ended left (slurm/epilog.py)
 
 
 def node_health(request: HealthRequest, echo: Callable[[str], None], say: Callable[[str], None]) -> int:
@@ -62,7 +67,7 @@ def node_health(request: HealthRequest, echo: Callable[[str], None], say: Callab
     models = expected.catalog(request.expected_file)
     if request.textfile_dir is not None:
         writable_directory("--textfile-dir", request.textfile_dir)
-    budget = Budget()
+    budget = Budget(request.budget)
     # Run as slurmd runs it, with no PATH: the probes and scontrol live in the system's directories.
     os.environ["PATH"] = system_path(os.environ.get("PATH"))
     name = node_name(os.environ)
@@ -71,9 +76,13 @@ def node_health(request: HealthRequest, echo: Callable[[str], None], say: Callab
     def scontrol_timeout() -> float:
         return budget.give(SCONTROL_DEADLINE)
 
-    slurm = SlurmState(name, say, scontrol_timeout) if request.slurm else None
+    job = ended_job(os.environ) if request.epilog else None
+    ended = job.id if job is not None else None
+    slurm = SlurmState(name, say, scontrol_timeout, ended) if request.slurm or job is not None else None
     found = check(name, budget, models, torch_max_age=request.torch_max_age, kept=kept, slurm=slurm)
     document = found.report
+    if job is not None and slurm is not None:
+        document = after_job(document, name, job, slurm)
     if request.fmt == "json":
         echo(report.render(document, "json"))
     else:
@@ -83,26 +92,66 @@ def node_health(request: HealthRequest, echo: Callable[[str], None], say: Callab
         for line in text.fix_lines(judged):
             echo(f"fix {line}")
         echo(text.counts_line(document))
+    state = slurm.read() if slurm is not None else None
+    withheld = None
+    if state is not None:
+        limit = breaker.Limit(request.max_drained_percent, request.max_drained_nodes)
+        withheld = update.update(document.results, state, say, scontrol_timeout, limit, resume=job is None)
     if request.textfile_dir is not None:
         target = Path(request.textfile_dir) / TEXTFILE
+        families = [drain_withheld(withheld)] if withheld is not None else []
         try:
-            report.write_atomic(target, prometheus.render(document, source="node-health") + "\n")
+            report.write_atomic(target, prometheus.render(document, source="node-health", extra=families) + "\n")
         except OSError as exc:
             say(f"could not write {target}: {exc.strerror or exc}")
-    state = slurm.read() if slurm is not None else None
-    if state is not None:
-        update.update(document.results, state, say, scontrol_timeout)
-    return ExitCode.CHECK_FAILED if found.failed else ExitCode.OK
+    return ExitCode.CHECK_FAILED if document.status is Status.FAIL else ExitCode.OK
+
+
+def ended_job(environ: dict[str, str] | os._Environ) -> epilog.Job:
+    """The job slurmd ran the Epilog for; a usage error in one line outside one."""
+    job = epilog.job_from(environ)
+    if job is None:
+        raise UsageError("--epilog: SLURM_JOB_ID and SLURM_JOB_UID are not set: it runs as Slurm's Epilog")
+    return job
+
+
+def after_job(document: Report, name: str, job: epilog.Job, slurm: SlurmState) -> Report:
+    """DOCUMENT cut to what the Epilog judges, the GPUs' checks (memory still held, a GPU in a bad state: judged with
+    the ended job no longer running), and what JOB left on node NAME."""
+    kept = [r for r in document.results if r.name == "facts" or r.name.startswith("gpu.")]
+    others = slurm.other_jobs()
+    of_user = others is None or any(uid == str(job.uid) for _, uid in others)  # unknown: nothing is blamed
+    return replace(document, results=kept + epilog.judge(name, job, epilog.left_behind(job), of_user))
+
+
+WITHHELD_METRIC = "clustercheck_slurm_drain_withheld"
+
+
+def drain_withheld(verdict: breaker.Verdict) -> prometheus.Family:
+    """The metric of a drain the circuit breaker held back: 1 for the node and the check it failed (the alert
+    ClustercheckDrainWithheld counts the nodes that fail it)."""
+    family = prometheus.Family(
+        WITHHELD_METRIC,
+        "1: this node failed the check but was not drained in Slurm: clustercheck holds drained the most of its "
+        "partition's nodes it may (node-health --max-drained-percent, --max-drained-nodes)",
+    )
+    family.add(1, check=verdict.check, host=verdict.node)
+    return family
 
 
 class SlurmState:
     """This node in Slurm, read once when asked (scontrol show node): whether a job runs on it, for the checks, and
     its state, for the drain or resume after them."""
 
-    def __init__(self, name: str, say: Callable[[str], None], timeout: Callable[[], float]) -> None:
+    def __init__(
+        self, name: str, say: Callable[[str], None], timeout: Callable[[], float], ended: str | None = None
+    ) -> None:
         self.name, self.say, self.timeout = name, say, timeout
+        self.ended = ended  # the job whose Epilog this is: it no longer counts as running here
         self.asked = False
         self.node: SlurmNode | None = None
+        self.others: list[tuple[str, str]] | None = None
+        self.others_asked = False
 
     def read(self) -> SlurmNode | None:
         """The node's state, asked of Slurm the first time only; None when it could not be read (said why)."""
@@ -112,9 +161,21 @@ class SlurmState:
         return self.node
 
     def job_runs(self) -> bool | None:
-        """Whether a Slurm job runs on this node; None when Slurm could not be asked."""
+        """Whether a Slurm job runs on this node (in an Epilog: another job than the one that ended); None when Slurm
+        could not be asked."""
+        if self.ended is not None:
+            others = self.other_jobs()
+            return None if others is None else bool(others)
         node = self.read()
         return None if node is None else node.runs_job
+
+    def other_jobs(self) -> list[tuple[str, str]] | None:
+        """The jobs running here but the one that ended (job id, user id), asked of Slurm once (squeue)."""
+        if not self.others_asked:
+            self.others_asked = True
+            jobs = update.jobs_on(self.name, self.say, self.timeout)
+            self.others = None if jobs is None else [j for j in jobs if j[0] != self.ended]
+        return self.others
 
 
 def writable_directory(option: str, value: str, *, create: bool = False) -> Path:
@@ -138,10 +199,6 @@ class Health:
     """What one node-health run found on this node."""
 
     report: Report
-
-    @property
-    def failed(self) -> bool:
-        return self.report.status is Status.FAIL
 
 
 def system_path(path: str | None) -> str:

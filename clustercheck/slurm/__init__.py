@@ -3,7 +3,10 @@
 Pure (no command run):
   parse.py       what Slurm's commands answer: scontrol show node and show job, squeue, salloc's and sbatch's
                  answers, job ids, srun's version
-  drain.py       node-health's decision: drain its node on a FAIL, resume it from a drain of its own
+  drain.py       node-health's decision: drain its node on a FAIL, resume it from a drain of its own; the one drain
+                 reason format (reason, read_reason)
+  breaker.py     the circuit breaker: whether a drain would put more of a partition's nodes out than allowed
+  epilog.py      what a job left on its node (its user's processes, /dev/shm), read here and judged
   diagnose.py    why srun could not run a step on a node, from srun's words and the node's state, and Slurm's fix
   request.py     what to ask Slurm for outside an allocation (--nodes, --nodelist, --partition, --account, --time)
   batch.py       `launch --slurm`'s batch script
@@ -13,5 +16,5 @@ Calling Slurm (every command through call.py's call(); a failed one said by Comm
   allocation.py  the allocation a command runs in, or asks for (salloc) and gives back, and its nodes
   srun.py        a node of an allocation as a transport: its commands as job steps (run --slurm, launch inside one)
   jobs.py        a launch's batch job: submitted, followed, cancelled, listed
-  update.py      node-health's scontrol on its own node: read, drained or resumed
+  update.py      node-health's scontrol on its own node: read, drained or resumed; squeue for the jobs on it
 """

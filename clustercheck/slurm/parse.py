@@ -31,6 +31,7 @@ class SlurmNode:
     name: str
     state: tuple[str, ...]
     reason: str | None
+    partitions: tuple[str, ...] = ()
 
     @property
     def drained(self) -> bool:
@@ -50,21 +51,35 @@ class SlurmNode:
 
 def parse_show_node(text: str, name: str) -> SlurmNode:
     """The node NAME from `scontrol show node NAME` (one record, or the first of several that is NAME)."""
-    records = [r for r in re.split(r"\n\s*\n", text.strip()) if r.strip()]
-    for record in records:
-        fields = _fields(record)
+    records = _records(text)
+    for fields in records:
         if fields.get("NodeName") == name:
-            break
-    else:
-        found = ", ".join(_fields(r).get("NodeName", "?") for r in records) or "no node record"
-        raise ParseError(f"no node {name} in scontrol's answer ({found})")
+            return _node(fields, name)
+    found = ", ".join(fields.get("NodeName", "?") for fields in records) or "no node record"
+    raise ParseError(f"no node {name} in scontrol's answer ({found})")
+
+
+def parse_show_nodes(text: str) -> list[SlurmNode]:
+    """Every node of `scontrol show node` (without a name: all of Slurm's nodes), in its order."""
+    nodes = [_node(fields, fields["NodeName"]) for fields in _records(text) if fields.get("NodeName")]
+    if not nodes:
+        raise ParseError("no node record in scontrol's answer")
+    return nodes
+
+
+def _records(text: str) -> list[dict[str, str]]:
+    return [_fields(r) for r in re.split(r"\n\s*\n", text.strip()) if r.strip()]
+
+
+def _node(fields: dict[str, str], name: str) -> SlurmNode:
     state = fields.get("State", "")
     if not state:
         raise ParseError(f"no State= for node {name} in scontrol's answer")
     reason = fields.get("Reason")
     if reason is not None:
         reason = _SIGNED.sub("", reason).strip() or None
-    return SlurmNode(name, tuple(f for f in state.split("+") if f), reason)
+    partitions = tuple(p for p in fields.get("Partitions", "").split(",") if p)
+    return SlurmNode(name, tuple(f for f in state.split("+") if f), reason, partitions)
 
 
 def _fields(record: str) -> dict[str, str]:

@@ -1,5 +1,6 @@
 """node-health's scontrol on its own node: the node's state read (scontrol show node), the drain or resume drain.py
-decides applied (scontrol update), and what was done, or why nothing could be, said in one line each."""
+decides applied (scontrol update) unless the circuit breaker (breaker.py, on every node's state, read once a drain is
+due) holds the drain back, and what was done, or why nothing could be, said in one line each."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import shutil
 from collections.abc import Callable
 
 from clustercheck.model import CheckResult
-from clustercheck.slurm import drain, parse
+from clustercheck.slurm import breaker, drain, parse
 from clustercheck.slurm.call import SlurmError, call
 
 LEFT_AS_IS = "the node's state in Slurm was left as it is"
@@ -35,25 +36,84 @@ def node_state(name: str, say: Callable[[str], None], timeout: Callable[[], floa
         return None
 
 
+def jobs_on(name: str, say: Callable[[str], None], timeout: Callable[[], float]) -> list[tuple[str, str]] | None:
+    """The jobs Slurm runs on node NAME (squeue -w), each (job id, user id); None, said why, when it cannot be asked.
+    Never raises."""
+    squeue = shutil.which("squeue") or "squeue"
+    try:
+        shown = call([squeue, "--noheader", f"--nodelist={name}", "--format=%i|%U"], timeout())
+    except SlurmError as exc:
+        say(f"{exc}: the jobs on {name} were not read")
+        return None
+    if not shown.ok:
+        say(f"squeue --nodelist={name} failed ({shown.cause()}): the jobs on {name} were not read")
+        return None
+    return [tuple(line.split("|", 1)) for line in shown.stdout.splitlines() if "|" in line]
+
+
 def update(
-    results: list[CheckResult], state: parse.SlurmNode, say: Callable[[str], None], timeout: Callable[[], float]
-) -> None:
+    results: list[CheckResult],
+    state: parse.SlurmNode,
+    say: Callable[[str], None],
+    timeout: Callable[[], float],
+    limit: breaker.Limit | None = None,
+    resume: bool = True,
+) -> breaker.Verdict | None:
     """Drain the node STATE (node_state's) in Slurm when RESULTS hold a FAIL, resume it when they pass and it was
-    drained by us; scontrol gets TIMEOUT() seconds. Never raises."""
+    drained by us; scontrol gets TIMEOUT() seconds. A drain that would put more of a partition's nodes out than
+    LIMIT allows (default: breaker.Limit()) is not done: the breaker's Verdict, said, is returned then, and None
+    otherwise. RESUME false: a node is only drained (the Epilog judges some checks only, and the others' drain
+    stays). Never raises."""
     action = drain.decide(state, results)
+    if action is not None and action.state == "resume" and not resume:
+        return None
     if action is None:
         _unchanged(state, any(r.status.is_problem for r in results), say)
-        return
+        return None
     scontrol = shutil.which("scontrol") or "scontrol"
+    if action.state == "drain" and not state.drained:  # a drain of ours with a new reason puts no node more out
+        verdict = _breaker(state, action, scontrol, limit or breaker.Limit(), say, timeout)
+        if verdict is not None:
+            return verdict
     try:
         done = call(action.argv(scontrol), timeout())
     except SlurmError as exc:
         say(f"{exc}: {LEFT_AS_IS}")
-        return
+        return None
     if not done.ok:
         say(f"scontrol update nodename={state.name} state={action.state} failed ({done.cause()})")
-        return
+        return None
     say(action.describe())
+    return None
+
+
+def _breaker(
+    state: parse.SlurmNode,
+    action: drain.Action,
+    scontrol: str,
+    limit: breaker.Limit,
+    say: Callable[[str], None],
+    timeout: Callable[[], float],
+) -> breaker.Verdict | None:
+    """The breaker's verdict when it holds the drain ACTION back (said), None when the drain may go ahead. Every
+    node's state is read for it; when it cannot be, the node is not drained: a slurmctld that does not answer
+    during a failure on many nodes is when draining them all would do the most harm."""
+    read = drain.read_reason(action.reason)
+    check = read.check if read is not None else "?"
+    try:
+        shown = call([scontrol, "show", "node"], timeout())
+        nodes = parse.parse_show_nodes(shown.stdout) if shown.ok else None
+        cause = None if shown.ok else shown.cause()
+    except (SlurmError, parse.ParseError) as exc:
+        nodes, cause = None, str(exc)
+    if nodes is None:
+        say(f"not draining {state.name} for {check}: how many nodes are drained could not be read ({cause})")
+        return breaker.Verdict(state.name, check, False, limit=limit)
+    verdict = breaker.decide(state, check, nodes, limit)
+    if verdict.drain:
+        return None
+    say(verdict.describe())
+    return verdict
 
 
 def _unchanged(state: parse.SlurmNode, failed: bool, say: Callable[[str], None]) -> None:

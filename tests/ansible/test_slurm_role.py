@@ -437,3 +437,97 @@ def test_a_failing_check_drains_the_node_fixing_it_resumes_it_and_an_admins_drai
         restored = ansible_playbook(slurm_cluster, wheelhouse, "--tags", "slurm")
         assert restored.returncode == 0, restored.stdout[-3000:]
     wait_for(controller, all_idle, 60, "every node idle again")
+
+
+def test_a_check_failing_on_every_node_drains_one_and_the_breaker_says_why_for_the_rest(slurm_cluster):
+    """chrony stopped on every node (time.sync FAILs everywhere at once, as an NTP server down makes it): node-health
+    --slurm with the role's limit (10 % of the partition, at least one node), run on each node in turn, drains the
+    first and holds the others' drains back, saying why and writing clustercheck_slurm_drain_withheld; once chrony
+    runs again, the drained node is resumed."""
+    controller = slurm_cluster.nodes[0]
+    program = on(controller, "cat /usr/local/sbin/clustercheck-slurm-health").stdout
+    assert "--max-drained-percent 10 \\\n    --max-drained-nodes 1 " in program, program  # the role's default limit
+    run = "clustercheck node-health --slurm --max-drained-percent 10 --max-drained-nodes 1 --textfile-dir /root/breaker"
+    said = {}
+    try:
+        for node in slurm_cluster.nodes:
+            on(node, "systemctl stop chrony && rm -rf /root/breaker && mkdir /root/breaker")
+        for node in slurm_cluster.nodes:
+            said[node.name] = on(node, run, check=False)
+        seen = states(controller)
+        drained = [name for name, (state, _) in seen.items() if "drain" in state]
+        assert len(drained) == 1 and seen[drained[0]][1].startswith("clustercheck: time.sync: "), seen
+        for node in slurm_cluster.nodes:
+            proc = said[node.name]
+            assert proc.returncode == ExitCode.CHECK_FAILED, proc.stderr
+            if node.name in drained:
+                continue
+            assert re.search(
+                rf"^clustercheck: not draining {node.name} for time\.sync: clustercheck holds 1 of the 3 nodes of "
+                rf"partition gpu drained already \({drained[0]}\), the most it may \(10 % of its nodes, at least 1\)",
+                proc.stderr,
+                re.M,
+            ), proc.stderr
+            metric = on(node, "cat /root/breaker/clustercheck_node_health.prom").stdout
+            withheld = (
+                f'clustercheck_slurm_drain_withheld{{check="time.sync",host="{node.name}",source="node-health"}} 1'
+            )
+            assert withheld in metric, metric
+    finally:
+        for node in slurm_cluster.nodes:
+            on(node, "systemctl start chrony; rm -rf /root/breaker", check=False)
+        deadline = time.monotonic() + 90
+        while not all_idle(states(controller)) and time.monotonic() < deadline:
+            for node in slurm_cluster.nodes:  # resumed once chrony has synchronized again
+                on(node, "clustercheck node-health --slurm", check=False)
+            time.sleep(2)
+    wait_for(controller, all_idle, 10, "every node idle again")
+
+
+def test_the_health_checks_settings_fit_the_installed_slurm(slurm_cluster, wheelhouse):
+    """Slurm 22.05 (Debian 12): the health program fits its deadlines in the role's 60 s (--budget 50), slurm.conf has
+    no HealthCheckTimeout (26.05 adds it), and a HealthCheckNodeState value 22.05 does not know (START_ONLY, of
+    25.11) stops the role in check mode, naming the version and the values it knows, before anything changes."""
+    controller = slurm_cluster.nodes[0]
+    assert "--budget 50 " in on(controller, "cat /usr/local/sbin/clustercheck-slurm-health").stdout
+    conf = on(controller, "cat /etc/slurm/slurm.conf").stdout
+    assert "HealthCheckNodeState=ANY,CYCLE\n" in conf and "HealthCheckTimeout" not in conf, conf
+    proc = ansible_playbook(
+        slurm_cluster, wheelhouse, "--tags", "slurm", "--check", "-e", "slurm_health_check_node_state=IDLE,START_ONLY"
+    )
+    assert proc.returncode != 0, proc.stdout[-3000:]
+    assert (
+        "slurm_health_check_node_state IDLE,START_ONLY: Slurm 22.05 does not know START_ONLY (it knows ALLOC, ANY, "
+        "CYCLE, IDLE, MIXED)" in proc.stdout
+    ), proc.stdout[-3000:]
+
+
+def test_the_epilog_drains_a_node_where_a_job_left_a_process_of_its_user(slurm_cluster):
+    """slurm_epilog_enabled (the test variables): a user's process that outlives the user's job on node2 (started
+    beside the job, as a job's daemonized process is) is found by the Epilog when the job ends, and node2 is drained
+    with the reason `clustercheck: epilog.processes: ...` naming the user, the job and the process; the other nodes
+    stay idle. Once the process is gone, node-health --slurm resumes node2 (the drain is clustercheck's)."""
+    controller, node2 = slurm_cluster.nodes[0], slurm_cluster.nodes[1]
+    user = "ccepilog"
+    assert "Epilog=/usr/local/sbin/clustercheck-slurm-epilog\n" in on(controller, "cat /etc/slurm/slurm.conf").stdout
+    try:
+        for node in slurm_cluster.nodes:
+            on(node, f"useradd --uid 4343 --no-create-home --shell /bin/sh {user}")
+        on(node2, f"su {user} -c 'setsid sleep 600 </dev/null >/dev/null 2>&1 &'")
+        on(controller, f"cd /tmp && su {user} -c 'srun --nodelist=node2 --nodes=1 true'", timeout=120)
+        try:
+            seen = wait_for(controller, lambda s: "drain" in s["node2"][0], 60, "node2 drained by the Epilog")
+        except AssertionError as exc:
+            said = on(node2, "journalctl -t clustercheck-slurm-epilog --no-pager | tail -20", check=False).stdout
+            raise AssertionError(f"{exc}\nthe Epilog said: {said}") from None
+        reason = seen["node2"][1]
+        assert re.match(
+            rf"clustercheck: epilog\.processes: 1 process\(es\) of {user} left after job \d+: \d+ sleep", reason
+        )
+        assert seen["node1"][0] == seen["node3"][0] == "idle", seen
+    finally:
+        on(node2, f"pkill -KILL -u {user}", check=False)
+        for node in slurm_cluster.nodes:
+            on(node, f"userdel {user}", check=False)
+        on(node2, "clustercheck node-health --slurm", check=False)  # resumes node2: its drain is clustercheck's
+    wait_for(controller, all_idle, 60, "every node idle again")

@@ -23,6 +23,8 @@ from clustercheck.facts.model import GpuBench
 from clustercheck.model import CheckResult, Status
 from clustercheck.report import Report, prometheus
 from clustercheck.report import json as json_report
+from clustercheck.run import health
+from clustercheck.slurm import breaker
 
 REPO = Path(__file__).resolve().parent.parent.parent
 MONITORING = REPO / "monitoring"
@@ -102,7 +104,24 @@ def slower_gpu_cluster() -> dict[str, str]:
     return {"head:9100": prometheus.render(Report(slower + compared, hosts, "g", 0, 20))}
 
 
-SCENARIOS = {"firewall": firewall_cluster, "slowed link": slowed_link_cluster, "slower GPU": slower_gpu_cluster}
+def cluster_wide_failure() -> dict[str, str]:
+    """Every node's health program FAILs shm.size at once; node1's drained its node, the circuit breaker held node2's
+    and node3's drains back (node-health --slurm --textfile-dir, each served by the node's node_exporter)."""
+    served = {}
+    for host in ("node1", "node2", "node3"):
+        failed = registry.get("shm.size").result(host, registry.fail("/dev/shm is 64 MiB, less than 256 MiB"))
+        held = breaker.Verdict(host, "shm.size", False, "gpu", 3, ("node1",), 1)
+        extra = [health.drain_withheld(held)] if host != "node1" else []
+        served[f"{host}:9100"] = prometheus.render(Report([failed], [host], host, 0, 3), "node-health", extra)
+    return served
+
+
+SCENARIOS = {
+    "firewall": firewall_cluster,
+    "slowed link": slowed_link_cluster,
+    "slower GPU": slower_gpu_cluster,
+    "cluster-wide failure": cluster_wide_failure,
+}
 
 
 def samples(text: str) -> list[tuple[str, dict[str, str], float]]:
@@ -169,11 +188,26 @@ def test_the_alerts_fire_on_the_series_the_renderer_writes(tmp_path):
             alert("ClustercheckBelowBaseline", "critical", check="baseline.throughput"),
         ],
         "slower GPU": [alert("ClustercheckBelowBaseline", "critical", check="baseline.gpu_perf", host="node2")],
+        "cluster-wide failure": [
+            alert("ClustercheckDrainWithheld", "critical", check="shm.size"),
+            *(alert("ClustercheckNodeNotReady", "critical", check="shm.size", host=f"node{n}") for n in (1, 2, 3)),
+        ],
     }
     stale = {
         "firewall": [stale_run, alert("ClustercheckNodeHealthStale", "warning", **node_health)],
         "slowed link": [stale_run],
         "slower GPU": [stale_run],
+        "cluster-wide failure": [
+            alert("ClustercheckNodeHealthStale", "warning", **node_health),
+            *(
+                alert(
+                    "ClustercheckNodeHealthStale",
+                    "warning",
+                    **{**node_health, "instance": f"node{n}:9100", "host": f"node{n}"},
+                )
+                for n in (2, 3)
+            ),
+        ],
     }
     for scenario, build in SCENARIOS.items():
         exprs = [

@@ -15,7 +15,7 @@ from clustercheck.inventory import Node
 from clustercheck.model import Status
 from clustercheck.run import health
 from clustercheck.slurm import parse as slurm
-from clustercheck.slurm.drain import REASON_CHARS, Action, decide, drain_reason
+from clustercheck.slurm.drain import REASON_CHARS, Action, Reason, decide, drain_reason, read_reason, reason
 from clustercheck.slurm.parse import ParseError, SlurmNode, parse_show_node
 
 DATA = Path(__file__).parent / "data" / "slurm"
@@ -74,6 +74,32 @@ def test_the_drain_reason_holds_nothing_that_breaks_scontrol_or_a_log_line():
         "state=drain",
         f"reason={reason}",
     ]
+
+
+def test_every_drain_reason_is_one_format_that_reads_back_as_check_message_and_more():
+    """The format docs/slurm.md gives other tools: `clustercheck: CHECK: MESSAGE (+N more)`, read back whole."""
+    results = node3_results()
+    failed = [r for r in results if r.status.is_problem]
+    made = drain_reason(failed[0], 2)
+    assert made == reason("shm.size", failed[0].message.removeprefix("node3: "), 2)
+    read = read_reason(made)
+    assert read is not None and (read.check, read.more) == ("shm.size", 2)
+    assert read.message.startswith("/dev/shm is 64 MiB, less than 256 MiB")
+    assert read_reason("clustercheck: epilog.processes: 2 processes of alice left") == Reason(
+        "epilog.processes", "2 processes of alice left"
+    )
+    long = reason("epilog.processes", "x" * 300)
+    assert len(long) == REASON_CHARS and long.endswith("...") and read_reason(long).check == "epilog.processes"
+    assert reason("a check: odd", "m") == "clustercheck: a_check__odd: m"  # the check's name stays one token
+    assert read_reason("disk swap") is None and read_reason(None) is None
+    assert read_reason("clustercheck:time.sync no space") is None
+
+
+def test_the_documented_reason_pattern_is_the_one_clustercheck_reads_with():
+    from clustercheck.slurm.drain import REASON_PATTERN
+
+    docs = (Path(__file__).parents[2] / "docs" / "slurm.md").read_text()
+    assert f"\n{REASON_PATTERN.pattern}\n" in docs
 
 
 def test_a_fail_drains_an_idle_node():
@@ -206,9 +232,11 @@ def test_srun_says_which_task_launch_failed_on_which_node():
 
 
 def test_a_node_whose_slurmd_stopped_shows_mixed_then_not_responding():
-    assert parse_show_node(recorded("show-node-slurmd-stopped.txt"), "node3") == SlurmNode("node3", ("MIXED",), None)
+    assert parse_show_node(recorded("show-node-slurmd-stopped.txt"), "node3") == SlurmNode(
+        "node3", ("MIXED",), None, ("gpu",)
+    )
     later = parse_show_node(recorded("show-node-not-responding.txt"), "node3")
-    assert later == SlurmNode("node3", ("MIXED", "NOT_RESPONDING"), None)
+    assert later == SlurmNode("node3", ("MIXED", "NOT_RESPONDING"), None, ("gpu",))
 
 
 def refused_step(stderr: str, node):
@@ -279,3 +307,11 @@ def test_the_connect_check_gives_slurms_fix_for_a_node_no_step_reached(monkeypat
     assert connect.message.startswith("node3: no job step of Slurm job 1 ran there: srun: Task launch for StepId=1.1")
     assert "slurmd on node3 does not answer; Slurm shows it MIXED+NOT_RESPONDING" in connect.message
     assert connect.remediation.startswith("Start slurmd on node3")
+
+
+def test_node_health_cuts_every_step_to_what_is_left_of_its_budget():
+    """--budget (the role's slurm_health_check_timeout less 10 s): the collector's 25 s is cut to a budget of 12."""
+    budget = health.Budget(12.0)
+    assert 11.0 < budget.give(health.COLLECTOR_DEADLINE) <= 12.0
+    assert budget.give(health.SCONTROL_DEADLINE) == health.SCONTROL_DEADLINE
+    assert health.HealthRequest().budget == health.BUDGET == 50.0

@@ -1,0 +1,64 @@
+"""What a job left on its node, judged by the Epilog (clustercheck/slurm/epilog.py, pure; left_behind on this
+machine's own /proc), and node-health --epilog's usage error outside one."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from clustercheck.exitcodes import UsageError
+from clustercheck.model import Status
+from clustercheck.run import health
+from clustercheck.slurm import epilog
+from clustercheck.slurm.drain import drain_reason
+
+ALICE = epilog.Job("812", 4343, "alice")
+
+
+def test_the_job_is_read_from_the_epilogs_environment_and_its_absence_is_a_usage_error():
+    assert epilog.job_from({"SLURM_JOB_ID": "812", "SLURM_JOB_UID": "4343", "SLURM_JOB_USER": "alice"}) == ALICE
+    assert epilog.job_from({"SLURM_JOB_ID": "812"}) is None
+    with pytest.raises(UsageError, match="--epilog: SLURM_JOB_ID and SLURM_JOB_UID are not set"):
+        health.ended_job({})
+
+
+def test_processes_the_job_left_are_a_fail_named_in_the_drain_reason():
+    left = epilog.Left(((5120, "sleep"), (5121, "python3"), (5122, "a"), (5123, "b")), 0, 0)
+    [processes] = epilog.judge("node2", ALICE, left, others=False)
+    assert processes.status is Status.FAIL
+    assert drain_reason(processes) == (
+        "clustercheck: epilog.processes: 4 process(es) of alice left after job 812: 5120 sleep, 5121 python3, "
+        "5122 a and 1 more"
+    )
+
+
+def test_processes_of_a_user_with_another_job_here_or_of_root_are_not_blamed():
+    left = epilog.Left(((5120, "sleep"),), 0, 0)
+    assert epilog.judge("node2", ALICE, left, others=True)[0].status is Status.PASS
+    root = epilog.Job("813", 0, "root")
+    assert epilog.judge("node2", root, left, others=False)[0].status is Status.SKIP
+    assert epilog.judge("node2", ALICE, epilog.Left((), 0, 0), others=False)[0].status is Status.PASS
+
+
+def test_dev_shm_left_more_than_half_full_is_a_fail():
+    gib = 1 << 30
+    results = {r.name: r for r in epilog.judge("node2", ALICE, epilog.Left((), 3 * gib, 4 * gib), others=False)}
+    assert results["epilog.shm"].status is Status.FAIL
+    assert drain_reason(results["epilog.shm"]) == "clustercheck: epilog.shm: /dev/shm is 75 % used after job 812"
+    results = {r.name: r for r in epilog.judge("node2", ALICE, epilog.Left((), gib, 4 * gib), others=False)}
+    assert results["epilog.shm"].status is Status.PASS
+
+
+def test_left_behind_finds_this_users_own_process():
+    """This machine's /proc: a process of our own user started here is found, with its name."""
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        left = epilog.left_behind(epilog.Job("1", os.getuid(), "me"))
+        assert any(pid == child.pid for pid, _ in left.processes), left.processes
+        assert left.shm_size > 0
+    finally:
+        child.kill()
+        child.wait()
