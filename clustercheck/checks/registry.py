@@ -30,7 +30,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from clustercheck.facts.model import COULD_NOT_COLLECT, NodeFacts
+from clustercheck.facts.model import COULD_NOT_COLLECT, HUNG, NodeFacts
 from clustercheck.model import CheckResult, Measure, Skip, Status, skipped_message
 from clustercheck.selection import Selection
 
@@ -258,6 +258,12 @@ def _run_one(check: Check, facts: NodeFacts, selection: Selection) -> CheckResul
     unknown = [name for name in check.reads if getattr(facts, name) is None]
     if unknown:
         what = ", ".join(f"{name}: {facts.missing.get(name, COULD_NOT_COLLECT)}" for name in unknown)
+        hung = [facts.missing[name] for name in unknown if facts.missing.get(name, "").startswith(HUNG)]
+        if hung:
+            # What it reads never came (a probe stuck in the kernel, a read that does not return): a fault of the
+            # node's, named by this check (`hung: nvidia-smi -q gave no answer within 10 s`), not a fact missing.
+            fix = "Find what hangs there (ps -eo pid,stat,wchan:32,cmd | grep ' D'; dmesg); a reboot clears it."
+            return check.result(host, Finding(Status.FAIL, "; ".join(dict.fromkeys(hung)), fix))
         return check.result(host, Finding(check.unknown, f"{check.name}: {COULD_NOT_COLLECT} ({what})"))
     assert check.function is not None
     try:

@@ -8,6 +8,7 @@ from typing import Any
 from clustercheck.facts import parse
 from clustercheck.facts.model import (
     COULD_NOT_COLLECT,
+    HUNG,
     Address,
     Firewall,
     LaunchSetting,
@@ -215,6 +216,8 @@ def _time(timedatectl: dict[str, Any], chronyc: dict[str, Any]) -> TimeSync:
     if chronyc.get("rc") == 0:
         chrony = parse.parse_chronyc_tracking(chronyc.get("out", ""))
         synced = synced or chrony.get("leap_status") == "Normal"
+    elif str(chronyc.get("error", "")).startswith(HUNG):  # chronyc itself never came back
+        chrony_error, synced = chronyc["error"], bool(synced)
     elif chronyc.get("rc") is not None:  # installed, but the daemon did not answer ("506 Cannot talk to daemon")
         said = (chronyc.get("err") or "").strip() or (chronyc.get("out") or "").strip()
         chrony_error = said.splitlines()[-1] if said else f"chronyc exited {chronyc['rc']}"

@@ -22,6 +22,7 @@ from clustercheck import expected as expected_values
 from clustercheck.facts.burn import GpuBurn
 from clustercheck.inventory import Node
 from clustercheck.remote import facts as node
+from clustercheck.remote.probing import HUNG  # noqa: F401 (how a probe the collector gave up on begins its error)
 
 COULD_NOT_COLLECT = "could not collect"
 

@@ -375,16 +375,19 @@ def main():
         json.dump(facts, sys.stdout)
         sys.stdout.write("\n")
         return 0
-    commands = run_all(COMMANDS, probe_timeout[-1] if probe_timeout else PROBE_TIMEOUT)
-    facts = {
-        "collector": 1,
-        "python": python,
-        "disk_root": probe(lambda: disk_free("/")),
-        "disk_tmp": probe(lambda: disk_free(tempfile.gettempdir())),
-        "launch_files": probe(launch_files),
-        "gpu_bridges": probe(gpu_bridges),
+    timeout = probe_timeout[-1] if probe_timeout else PROBE_TIMEOUT
+    commands = run_all(COMMANDS, timeout)
+    # The reads of files and the kernel's tables too, each in a thread: one that never returns (a file on a hung
+    # mount, a FIFO) is named as hung, and the others still answer.
+    reads = {
+        "disk_root": lambda: disk_free("/"),
+        "disk_tmp": lambda: disk_free(tempfile.gettempdir()),
+        "launch_files": launch_files,
+        "gpu_bridges": gpu_bridges,
+        **PROBES,
     }
-    facts.update((key, probe(function)) for key, function in PROBES.items())
+    read = run_all({key: (lambda _timeout, f=function: probe(f)) for key, function in reads.items()}, timeout)
+    facts = {"collector": 1, "python": python, **read()}
     facts["commands"] = commands()
     facts["gpu_processes"] = probe(lambda: gpu_process_owners(facts["commands"].get("nvidia_smi_q")))
     facts["torch"] = {"error": "the environment's python does not exist"} if torch is None else probe(torch.result)

@@ -5,10 +5,13 @@ instead of raising (the control side reports "could not collect")."""
 import shutil
 import subprocess
 import threading
+import time
 
 OUTPUT_LIMIT = 200_000
 FILE_LIMIT = 64_000
 PROBE_TIMEOUT = 20.0  # seconds each probe command may take, unless --probe-timeout says otherwise
+HUNG_SLACK = 1.0  # seconds past TIMEOUT run_all waits for a probe before it gives it up as hung
+HUNG = "hung: "  # how a probe given up as hung begins its error (the control side reads it: checks/registry.py)
 
 
 def _completed(command, timeout):
@@ -58,10 +61,15 @@ def read_text(path, limit=FILE_LIMIT):
 
 
 def run_all(commands, timeout=PROBE_TIMEOUT):
-    """Every probe command at once (an argv, or a function of the timeout that runs its own), each in a thread of its
-    own (they wait on their programs, not on a CPU), each stopped at TIMEOUT seconds (a hung nvidia-smi is reported
-    as such, the others still answer)."""
+    """Every probe at once (an argv, or a function of the timeout that runs its own), each in a thread of its own
+    (they wait on their programs or files, not on a CPU), each command stopped at TIMEOUT seconds (a hung
+    nvidia-smi is reported as such, the others still answer). The function returned waits for them, at most TIMEOUT
+    + HUNG_SLACK seconds from the start in all: a probe that has not answered then (a process the kernel cannot
+    kill, stuck in a driver; a read of a file that never returns) is given up, its thread left behind, and reported
+    with an error that begins with HUNG and names it, so the collector still answers, within its time, with
+    everything else."""
     results = {}
+    started = time.monotonic()
 
     def one(name, command):
         results[name] = command(timeout) if callable(command) else run(command, timeout)
@@ -71,8 +79,19 @@ def run_all(commands, timeout=PROBE_TIMEOUT):
         thread.start()
 
     def wait():
+        until = started + timeout + HUNG_SLACK
         for thread in threads:
-            thread.join()
-        return {name: results[name] for name in commands}
+            thread.join(max(0.0, until - time.monotonic()))
+        answered = dict(results)  # a probe that answers from now on is not waited for
+        return {
+            name: answered[name] if name in answered else hung(name, command, timeout)
+            for name, command in commands.items()
+        }
 
     return wait
+
+
+def hung(name, command, timeout):
+    """The error of probe NAME (COMMAND: an argv or a function) given up after TIMEOUT seconds."""
+    what = " ".join(command) if isinstance(command, (list, tuple)) else name
+    return {"error": f"{HUNG}{what} gave no answer within {timeout:g} s"}

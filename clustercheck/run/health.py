@@ -35,6 +35,7 @@ PROBE_DEADLINE = 10.0  # each probe command of the collector (nvidia-smi, chrony
 TORCH_DEADLINE = 20.0  # torch's import, in its own process beside the probes
 PYTHON_DEADLINE = 5.0  # the environment's python to start (the first command, core.start)
 COLLECTOR_DEADLINE = 25.0  # the collector as a whole: everything it started is killed then
+COLLECTOR_MARGIN = 3.0  # of the collector's time, what its own start, its reads and its answer need beside the probes
 SCONTROL_DEADLINE = 6.0  # each scontrol command (show, then update)
 BUDGET = 50.0  # default: the whole program, under Slurm's 60 s: no step gets more than what is left of it
 MIN_BUDGET = 5.0  # the least --budget: the python's start and the collector need a few seconds
@@ -274,8 +275,9 @@ def _check(
 ) -> list[CheckResult]:
     # The collector imports torch with the environment's python; when that does not start, python3 collects
     # without torch (core.start), and the reused import does not apply.
-    args = [str(TORCH_DEADLINE), "--probe-timeout", str(PROBE_DEADLINE), *reuse]
     first, deadline = budget.give(PYTHON_DEADLINE), budget.give(COLLECTOR_DEADLINE)
+    probes, torch = probe_shares(deadline)
+    args = [f"{torch:g}", "--probe-timeout", f"{probes:g}", *reuse]
     begun = core.start(node, transport, None, timeout=first, collect=args, collect_timeout=deadline)
     python, source, missing = begun.python, begun.source, begun.missing
     facts_check = registry.get("facts")
@@ -288,6 +290,15 @@ def _check(
     results = [facts_check.result(node.name, registry.passed(f"facts collected with {python} in {took:.1f} s"))]
     job = slurm.job_runs() if slurm is not None else None
     return results + judge(node, raw, python=python, source=source, missing=missing, models=models, slurm_job=job)
+
+
+def probe_shares(collector: float) -> tuple[float, float]:
+    """Each probe's share of the collector's COLLECTOR seconds, and torch's import's: what is left of it after
+    COLLECTOR_MARGIN, at most PROBE_DEADLINE and TORCH_DEADLINE. A probe past its share is given up and named
+    (hung: its checks FAIL, checks/registry.py), so the collector still answers within its time instead of being
+    killed with nothing said about what hung."""
+    left = max(1.0, collector - COLLECTOR_MARGIN)
+    return round(min(PROBE_DEADLINE, left), 1), round(min(TORCH_DEADLINE, left), 1)
 
 
 def judge(
