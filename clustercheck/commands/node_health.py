@@ -89,6 +89,13 @@ from clustercheck.slurm import breaker
     "on this node: its user's processes still running, /dev/shm filled, the GPUs' checks (memory still held, a GPU "
     "in a bad state); drain the node on a FAIL.",
 )
+@click.option(
+    "--prolog",
+    is_flag=True,
+    help="Run as Slurm's Prolog (implies --slurm): vet this node before the job (SLURM_JOB_ID) starts, within "
+    "--budget; on a FAIL drain it and exit 1, so that slurmd requeues the job (exit 0 when the circuit breaker held "
+    "the drain back: the job starts).",
+)
 def command(**given) -> None:
     """Run the per-node checks on this machine, in seconds (Slurm's HealthCheckProgram). Exit 1 on a FAIL."""
     sys.exit(health.node_health(health.HealthRequest(**given), click.echo, say))

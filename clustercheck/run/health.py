@@ -60,6 +60,7 @@ class HealthRequest:
     max_drained_nodes: int = breaker.MAX_DRAINED_NODES
     budget: float = BUDGET  # seconds the whole program may take (its scheduler's timeout, less a margin)
     epilog: bool = False  # run as Slurm's Epilog: what the job that ended left (slurm/epilog.py)
+    prolog: bool = False  # run as Slurm's Prolog: the node vetted before the job starts; exit 1 requeues it
 
 
 def node_health(request: HealthRequest, echo: Callable[[str], None], say: Callable[[str], None]) -> int:
@@ -77,12 +78,15 @@ def node_health(request: HealthRequest, echo: Callable[[str], None], say: Callab
     def scontrol_timeout() -> float:
         return budget.give(SCONTROL_DEADLINE)
 
-    job = ended_job(os.environ) if request.epilog else None
-    ended = job.id if job is not None else None
-    slurm = SlurmState(name, say, scontrol_timeout, ended) if request.slurm or job is not None else None
+    if request.prolog and request.epilog:
+        raise UsageError("--prolog and --epilog: Slurm runs one program at a job's start, another at its end")
+    hook = "--prolog" if request.prolog else "--epilog" if request.epilog else None
+    job = slurm_job(os.environ, hook) if hook else None
+    own = job.id if job is not None else None
+    slurm = SlurmState(name, say, scontrol_timeout, own) if request.slurm or job is not None else None
     found = check(name, budget, models, torch_max_age=request.torch_max_age, kept=kept, slurm=slurm)
     document = found.report
-    if job is not None and slurm is not None:
+    if job is not None and slurm is not None and request.epilog:
         document = after_job(document, name, job, slurm)
     if request.fmt == "json":
         echo(report.render(document, "json"))
@@ -105,14 +109,27 @@ def node_health(request: HealthRequest, echo: Callable[[str], None], say: Callab
             report.write_atomic(target, prometheus.render(document, source="node-health", extra=families) + "\n")
         except OSError as exc:
             say(f"could not write {target}: {exc.strerror or exc}")
-    return ExitCode.CHECK_FAILED if document.status is Status.FAIL else ExitCode.OK
+    code = exit_code(document.status, prolog=request.prolog, withheld=withheld is not None)
+    if request.prolog and code is ExitCode.OK and withheld is not None:
+        say(f"job {own} starts on {name} all the same: the circuit breaker held the drain back")
+    return code
 
 
-def ended_job(environ: dict[str, str] | os._Environ) -> epilog.Job:
-    """The job slurmd ran the Epilog for; a usage error in one line outside one."""
+def exit_code(status: Status, *, prolog: bool = False, withheld: bool = False) -> ExitCode:
+    """node-health's exit status for a run whose report has STATUS: 1 on a FAIL. In a Prolog, 1 makes slurmd requeue
+    the job (and the node is drained with our reason): not when the circuit breaker WITHHELD the drain, since a
+    check failing on that many nodes would then stop every job from starting anywhere."""
+    if status is not Status.FAIL or (prolog and withheld):
+        return ExitCode.OK
+    return ExitCode.CHECK_FAILED
+
+
+def slurm_job(environ: dict[str, str] | os._Environ, hook: str) -> epilog.Job:
+    """The job slurmd runs its Prolog or Epilog (HOOK: the option) for; a usage error in one line outside one."""
     job = epilog.job_from(environ)
     if job is None:
-        raise UsageError("--epilog: SLURM_JOB_ID and SLURM_JOB_UID are not set: it runs as Slurm's Epilog")
+        what = "Prolog" if hook == "--prolog" else "Epilog"
+        raise UsageError(f"{hook}: SLURM_JOB_ID and SLURM_JOB_UID are not set: it runs as Slurm's {what}")
     return job
 
 
@@ -145,10 +162,12 @@ class SlurmState:
     its state, for the drain or resume after them."""
 
     def __init__(
-        self, name: str, say: Callable[[str], None], timeout: Callable[[], float], ended: str | None = None
+        self, name: str, say: Callable[[str], None], timeout: Callable[[], float], own: str | None = None
     ) -> None:
         self.name, self.say, self.timeout = name, say, timeout
-        self.ended = ended  # the job whose Epilog this is: it no longer counts as running here
+        # The job whose Prolog or Epilog this is: it does not count as running here (it has not started a process
+        # yet, or has ended), so a process on a GPU then is another job's or a leftover.
+        self.own = own
         self.asked = False
         self.node: SlurmNode | None = None
         self.others: list[tuple[str, str]] | None = None
@@ -162,20 +181,20 @@ class SlurmState:
         return self.node
 
     def job_runs(self) -> bool | None:
-        """Whether a Slurm job runs on this node (in an Epilog: another job than the one that ended); None when Slurm
+        """Whether a Slurm job runs on this node (in a Prolog or an Epilog: another job than its own); None when Slurm
         could not be asked."""
-        if self.ended is not None:
+        if self.own is not None:
             others = self.other_jobs()
             return None if others is None else bool(others)
         node = self.read()
         return None if node is None else node.runs_job
 
     def other_jobs(self) -> list[tuple[str, str]] | None:
-        """The jobs running here but the one that ended (job id, user id), asked of Slurm once (squeue)."""
+        """The jobs running here but its own (job id, user id), asked of Slurm once (squeue)."""
         if not self.others_asked:
             self.others_asked = True
             jobs = update.jobs_on(self.name, self.say, self.timeout)
-            self.others = None if jobs is None else [j for j in jobs if j[0] != self.ended]
+            self.others = None if jobs is None else [j for j in jobs if j[0] != self.own]
         return self.others
 
 

@@ -5,8 +5,10 @@ node-health --slurm) draining a node a per-node check FAILs on, resuming it when
 administrator drained; `clustercheck run --slurm` from the controller: every stage through srun, an allocation it
 makes and gives back, a node no step reaches (slurmd stopped, another MUNGE key) named with Slurm's words and fix,
 a rank killed and a node frozen mid-DDP named with their node, Ctrl-C leaving nothing; and
-`clustercheck launch --slurm`: the README's script as a batch job, a detached one listed, followed and stopped.
-Converge, second run and check mode are test_site_playbook.py's."""
+`clustercheck launch --slurm`: the README's script as a batch job, a detached one listed, followed and stopped; the
+health program's circuit breaker and its settings per Slurm version, a check that hangs named; last, with the role's
+Prolog and Epilog switched on (job_hooks), a node failing a check drained at a job's start and the job requeued, and a
+node a job left a process on drained at its end. Converge, second run and check mode are test_site_playbook.py's."""
 
 from __future__ import annotations
 
@@ -502,16 +504,97 @@ def test_the_health_checks_settings_fit_the_installed_slurm(slurm_cluster, wheel
     ), proc.stdout[-3000:]
 
 
-def test_the_epilog_drains_a_node_where_a_job_left_a_process_of_its_user(slurm_cluster):
-    """slurm_epilog_enabled (the test variables): a user's process that outlives the user's job on node2 (started
+def test_a_check_that_hangs_is_named_and_drains_its_node_within_the_health_programs_time(slurm_cluster):
+    """/etc/nccl.conf made a FIFO on node3: reading it never returns, as a read on a hung mount does, and no signal
+    ends it. The health program slurmd runs (its --budget 50) gives the probe up at its share of the time, FAILs the
+    check that reads it (env.launch) by name and drains node3 with that reason, all in well under Slurm's 60 s,
+    instead of being killed by slurmd with nothing said. With the file back, the health program resumes node3."""
+    controller, node3 = slurm_cluster.nodes[0], slurm_cluster.nodes[2]
+    on(node3, "mv /etc/nccl.conf /root/nccl.conf.kept && mkfifo /etc/nccl.conf")
+    try:
+        started = time.monotonic()
+        proc = on(node3, "/usr/local/sbin/clustercheck-slurm-health", check=False, timeout=90)
+        took = time.monotonic() - started
+        seen = states(controller)
+        assert seen["node3"][0] == "drained", (seen, proc.stdout, proc.stderr)
+        assert seen["node3"][1].startswith("clustercheck: env.launch: hung: launch_files gave no answer within "), seen
+        assert took < 40, f"the health program took {took:.0f} s"
+    finally:
+        on(node3, "rm -f /etc/nccl.conf && mv /root/nccl.conf.kept /etc/nccl.conf", check=False)
+        on(node3, "/usr/local/sbin/clustercheck-slurm-health", check=False)
+    wait_for(controller, all_idle, 30, "every node idle again")
+
+
+@pytest.fixture(scope="module")
+def job_hooks(slurm_cluster, wheelhouse):
+    """The Slurm cluster with clustercheck's Prolog and Epilog switched on by the role (slurm_prolog_enabled,
+    slurm_epilog_enabled: opt-in, off in the shared test variables, where every job would wait for them), and off
+    again afterwards. The tests that use it come last in this module."""
+    enabled = ansible_playbook(
+        slurm_cluster,
+        wheelhouse,
+        "--tags",
+        "slurm",
+        "-e",
+        "slurm_prolog_enabled=true",
+        "-e",
+        "slurm_epilog_enabled=true",
+    )
+    assert enabled.returncode == 0, enabled.stdout[-3000:]
+    conf = on(slurm_cluster.nodes[0], "cat /etc/slurm/slurm.conf").stdout
+    assert "Prolog=/usr/local/sbin/clustercheck-slurm-prolog\n" in conf, conf
+    assert "Epilog=/usr/local/sbin/clustercheck-slurm-epilog\n" in conf, conf
+    yield slurm_cluster
+    restored = ansible_playbook(slurm_cluster, wheelhouse, "--tags", "slurm")
+    assert restored.returncode == 0, restored.stdout[-3000:]
+    conf = on(slurm_cluster.nodes[0], "cat /etc/slurm/slurm.conf").stdout
+    assert "Prolog=" not in conf and "Epilog=" not in conf, conf
+
+
+def test_the_prolog_drains_a_node_that_fails_a_check_and_slurm_requeues_the_job(job_hooks):
+    """chrony stopped on node2 (time.sync FAILs there): a batch job sent to node2 never starts: the Prolog drains
+    node2 with the reason `clustercheck: time.sync: ...` (Slurm keeps ours) and fails, and slurmd requeues the job,
+    held. A job on a healthy node starts through the same Prolog and runs. Once chrony runs, the health program
+    resumes node2 (its drain is clustercheck's)."""
+    controller, node2 = job_hooks.nodes[0], job_hooks.nodes[1]
+    assert on(controller, "cd /tmp && timeout 60 srun --nodelist=node3 --nodes=1 hostname -s").stdout.strip() == "node3"
+    job = None
+    try:
+        on(node2, "systemctl stop chrony")
+        job = on(controller, "cd /tmp && sbatch --parsable --nodelist=node2 --nodes=1 --wrap 'hostname -s'").stdout
+        job = job.strip().split(";")[0]
+        seen = wait_for(controller, lambda s: "drain" in s["node2"][0], 60, "node2 drained by the Prolog")
+        assert seen["node2"][1].startswith("clustercheck: time.sync: the clock is not synchronized: "), seen
+        deadline = time.monotonic() + 30
+        while True:
+            shown = on(controller, f"squeue --noheader --jobs {job} --format='%T|%r'").stdout.strip()
+            if shown == "PENDING|launch failed requeued held" or time.monotonic() > deadline:
+                break
+            time.sleep(1)
+        assert shown == "PENDING|launch failed requeued held", shown
+        said = on(node2, "journalctl -t clustercheck-slurm-prolog --no-pager", check=False).stdout
+        assert "drained node2 in Slurm: clustercheck: time.sync: " in said, said
+    finally:
+        if job:
+            on(controller, f"scancel {job}", check=False)
+        on(node2, "systemctl start chrony", check=False)
+        deadline = time.monotonic() + 90
+        while "drain" in states(controller)["node2"][0] and time.monotonic() < deadline:
+            on(node2, "/usr/local/sbin/clustercheck-slurm-health", check=False)  # resumed once chrony is synchronized
+            time.sleep(2)
+    wait_for(controller, all_idle, 60, "every node idle again")
+
+
+def test_the_epilog_drains_a_node_where_a_job_left_a_process_of_its_user(job_hooks):
+    """slurm_epilog_enabled (job_hooks): a user's process that outlives the user's job on node2 (started
     beside the job, as a job's daemonized process is) is found by the Epilog when the job ends, and node2 is drained
     with the reason `clustercheck: epilog.processes: ...` naming the user, the job and the process; the other nodes
     stay idle. Once the process is gone, node-health --slurm resumes node2 (the drain is clustercheck's)."""
-    controller, node2 = slurm_cluster.nodes[0], slurm_cluster.nodes[1]
+    controller, node2 = job_hooks.nodes[0], job_hooks.nodes[1]
     user = "ccepilog"
     assert "Epilog=/usr/local/sbin/clustercheck-slurm-epilog\n" in on(controller, "cat /etc/slurm/slurm.conf").stdout
     try:
-        for node in slurm_cluster.nodes:
+        for node in job_hooks.nodes:
             on(node, f"useradd --uid 4343 --no-create-home --shell /bin/sh {user}")
         on(node2, f"su {user} -c 'setsid sleep 600 </dev/null >/dev/null 2>&1 &'")
         on(controller, f"cd /tmp && su {user} -c 'srun --nodelist=node2 --nodes=1 true'", timeout=120)
@@ -527,7 +610,7 @@ def test_the_epilog_drains_a_node_where_a_job_left_a_process_of_its_user(slurm_c
         assert seen["node1"][0] == seen["node3"][0] == "idle", seen
     finally:
         on(node2, f"pkill -KILL -u {user}", check=False)
-        for node in slurm_cluster.nodes:
+        for node in job_hooks.nodes:
             on(node, f"userdel {user}", check=False)
         on(node2, "clustercheck node-health --slurm", check=False)  # resumes node2: its drain is clustercheck's
     wait_for(controller, all_idle, 60, "every node idle again")

@@ -1,5 +1,6 @@
 """What a job left on its node, judged by the Epilog (clustercheck/slurm/epilog.py, pure; left_behind on this
-machine's own /proc), and node-health --epilog's usage error outside one."""
+machine's own /proc), node-health --epilog's and --prolog's usage errors outside a job, and the Prolog's exit status
+(1 requeues the job)."""
 
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ def test_the_job_is_read_from_the_epilogs_environment_and_its_absence_is_a_usage
     assert epilog.job_from({"SLURM_JOB_ID": "812", "SLURM_JOB_UID": "4343", "SLURM_JOB_USER": "alice"}) == ALICE
     assert epilog.job_from({"SLURM_JOB_ID": "812"}) is None
     with pytest.raises(UsageError, match="--epilog: SLURM_JOB_ID and SLURM_JOB_UID are not set"):
-        health.ended_job({})
+        health.slurm_job({}, "--epilog")
 
 
 def test_processes_the_job_left_are_a_fail_named_in_the_drain_reason():
@@ -62,3 +63,33 @@ def test_left_behind_finds_this_users_own_process():
     finally:
         child.kill()
         child.wait()
+
+
+def test_the_prolog_fails_the_job_on_a_fail_unless_the_breaker_held_the_drain_back():
+    """Exit 1 from the Prolog makes slurmd requeue the job; a check failing on so many nodes that the breaker holds
+    the drain back must not keep every job from starting."""
+    assert health.exit_code(Status.FAIL, prolog=True) == 1
+    assert health.exit_code(Status.FAIL, prolog=True, withheld=True) == 0
+    assert health.exit_code(Status.WARN, prolog=True) == 0
+    assert health.exit_code(Status.FAIL, withheld=True) == 1  # the health program and the Epilog: the report's status
+
+
+@pytest.mark.parametrize(
+    ("args", "env", "said"),
+    [
+        (["--prolog"], {}, "--prolog: SLURM_JOB_ID and SLURM_JOB_UID are not set: it runs as Slurm's Prolog"),
+        (["--prolog", "--epilog"], {"SLURM_JOB_ID": "7", "SLURM_JOB_UID": "0"}, "--prolog and --epilog: "),
+    ],
+)
+def test_prolog_outside_a_job_or_with_the_epilog_is_one_line_and_exit_4(args, env, said):
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+    proc = subprocess.run(
+        [sys.executable, "-m", "clustercheck", "node-health", *args],
+        capture_output=True,
+        text=True,
+        env={**environ, **env},
+        timeout=60,
+    )
+    assert proc.returncode == 4 and proc.stdout == "", proc.stderr
+    assert proc.stderr.startswith("clustercheck: error: ") and said in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
