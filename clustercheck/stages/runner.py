@@ -171,21 +171,25 @@ class Job:
                     self.dog.ended(name, now)
             return self.dog.stall(now)
 
-    def silent(self, now: float) -> set[str]:
-        """The nodes of a failed job that no longer answer (their torchrun's end did not come back either)."""
+    def silent(self, now: float, stall: watchdog.Stall | None) -> set[str]:
+        """The nodes of a failed job that no longer answer (their torchrun's end did not come back either): known
+        not to answer (watchdog.NodeState.silent), or named by the STALL and not answering now. A node whose first
+        poll has not come back yet, in a job that failed in its first seconds, is not one of them."""
         if self.dog is None or not self.failed.is_set():
             return set()
+        named = set(stall.nodes) if stall is not None else set()
         return {
             n
             for n in self.by_name
-            if not self.dog.nodes[n].answers(now) and (n not in self.ends or self.ends[n][1].exit_status is None)
+            if (self.dog.nodes[n].silent(now) or (n in named and not self.dog.nodes[n].answers(now)))
+            and (n not in self.ends or self.ends[n][1].exit_status is None)
         }
 
     def stop(self, reach: Reach, stall: watchdog.Stall | None) -> Ran:
         """After a failure, every node still running stopped (the run-marker sweep) and its end waited for, but
         the nodes that no longer answer: neither stopped nor waited for."""
         with self.lock:
-            silent = self.silent(time.monotonic())
+            silent = self.silent(time.monotonic(), stall)
             self.stopping.set()
             ending = set(self.ends)
         if self.failed.is_set():

@@ -42,6 +42,7 @@ class NodeState:
     phase: str | None = None
     answered_at: float | None = None  # when a poll of the node last answered
     polling_since: float | None = None  # when the poll under way began (None: none under way)
+    unanswered: bool = False  # a poll has come back without an answer since the last that answered
     cpu: dict = field(default_factory=dict)  # rank -> the CPU seconds it had used at the last poll that answered
     cpu_at: float | None = None  # when that poll answered
 
@@ -54,6 +55,16 @@ class NodeState:
         if self.polling_since is not None and now - self.polling_since > PENDING:
             return False
         return self.answered_at is not None and now - self.answered_at <= ANSWERING
+
+    def silent(self, now: float) -> bool:
+        """Known not to answer: a poll under way for longer than PENDING, a poll come back without an answer, or
+        the last answer older than ANSWERING. A node no poll has had the time to reach yet is not: a job that
+        fails in its first seconds stops it like every other node, and its records are asked for."""
+        if self.polling_since is not None and now - self.polling_since > PENDING:
+            return True
+        if self.answered_at is None:
+            return self.unanswered
+        return self.unanswered or now - self.answered_at > ANSWERING
 
 
 @dataclass(frozen=True)
@@ -87,6 +98,7 @@ class Watchdog:
         """A poll of NODE at NOW: rank -> {"step", "phase", "age"}, or None when the node did not answer."""
         state = self.nodes[node]
         state.polling_since = None
+        state.unanswered = ranks is None
         if ranks is not None:
             state.answered_at = now
         if not ranks:

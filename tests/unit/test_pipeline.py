@@ -616,26 +616,28 @@ def test_a_failed_job_quotes_the_failing_ranks_own_traceback_not_torchruns_repor
 
 def test_a_torch_job_failing_in_its_ddp_part_keeps_the_parts_before_it_and_names_the_node_in_the_ddp_stage(tmp_path):
     """The run's one torch job: every rank got through the node-local and collectives parts, then node2's torchrun
-    failed in the DDP part (its rank's own error in its output) and every node's job was stopped. The parts every
-    rank completed are judged on their records (PASS); the DDP stage fails naming node2 and its rank's error; the
-    stage after it is not run, for the DDP stage's failure."""
+    failed in the DDP part (its rank's own error in its output), before the first heartbeat poll of the others had
+    come back, and every node's job was stopped (none of them taken for silent: their records are asked for). The
+    parts every rank completed are judged on their records (PASS); the DDP stage fails naming node2 and its rank's
+    error; the stage after it is not run, for the DDP stage's failure."""
 
     def node(transport, command, timeout):
         if is_torch_job(command):
             transport.parts = list(json.loads(command[command.index("--parts") + 1]))
             if transport.host != "node2":
                 return _waits_until_stopped(transport, timeout)
-            time.sleep(2.5)  # after the first heartbeat polls: every node answers
+            time.sleep(0.3)  # before the first heartbeat poll: no node has been found silent
             return CommandResult(1, "[default0]:RuntimeError: the DDP part broke on node2\n", "")
         if command[1:2] == ["-c"] and "rank-*.json" in command[2]:
             done = [r for r in transport.torch_job_records() if r["part"] in ("local", "collectives")]
             return CommandResult(0, "".join(json.dumps(r) + "\n" for r in done), "")
         if "heartbeat" in " ".join(command):
+            time.sleep(1.0)  # the first poll (5 s in) answers after the other nodes' grace (5 s after the failure)
             return CommandResult(0, "{}\n", "")
         return None
 
     cluster = Cluster(behaviour=dict.fromkeys(NAMES, node))
-    outcome = cluster.run(tmp_path, job_timeout=60, stall_timeout=4)
+    outcome = cluster.run(tmp_path, job_timeout=60)
     results = by_key(outcome.results)
     for name in NAMES:
         assert results[("local.allreduce", name)].status is Status.PASS, results[("local.allreduce", name)].message

@@ -257,3 +257,18 @@ def test_a_rank_that_works_on_after_the_others_ended_is_progress():
         working = {"step": 12, "phase": f"the single-process reference: {t} s of CPU", "age": 0.5}
         dog.observe("node2", {"0": working, "1": ended}, t)
     assert dog.stall(120) is None
+
+
+def test_a_node_is_known_silent_only_once_a_poll_came_back_empty_or_waited_too_long():
+    """What a failed job's runner leaves alone (neither stopped nor waited for): not a node whose first poll has not
+    come back yet, which is stopped and asked for its records like the others."""
+    dog = Watchdog({"node1": "ssh", "node2": "ssh"}, stall_timeout=60, now=0)
+    node1 = dog.nodes["node1"]
+    assert not node1.silent(3)  # no poll yet
+    dog.polling("node1", 5)
+    assert not node1.silent(5.3)  # its first poll is under way
+    assert node1.silent(5 + 8.5)  # under way for longer than PENDING
+    dog.observe("node1", None, 14)
+    assert node1.silent(14.1)  # it came back without an answer
+    dog.observe("node1", {}, 20)
+    assert not node1.silent(21) and node1.silent(20 + 16)  # answered, then nothing for longer than ANSWERING
