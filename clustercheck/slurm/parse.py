@@ -110,6 +110,15 @@ def allocation_nodes(hostnames_output: str) -> list[str]:
     return [line.strip() for line in hostnames_output.splitlines() if line.strip()]
 
 
+_EXPORT = re.compile(r'^export (SLURM_[A-Z_]+)="([^"]*)"$', re.M)
+
+
+def resize_environment(script: str) -> dict[str, str]:
+    """The variables Slurm's resize script (slurm_job_<id>_resize.sh, which `scontrol update JobId=...` writes when
+    it shrinks a job) sets for the job's later steps: `export SLURM_JOB_NODELIST="node[1-2]"` lines."""
+    return dict(_EXPORT.findall(script))
+
+
 _GRANTED = re.compile(r"\bGranted job allocation (\d+)\b")
 
 
