@@ -10,9 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from clustercheck.launcher import leftout, spares, start
+from clustercheck.inventory import Node
+from clustercheck.launcher import command, leftout, session, spares, start
+from clustercheck.launcher.job import LaunchOptions, NotStarted
 from clustercheck.launcher.start import LaunchRequest
 from clustercheck.model import CheckResult, Status
+from clustercheck.reach import Fanout
 from clustercheck.slurm import allocation, drain, update
 from clustercheck.slurm.call import SlurmError
 from clustercheck.transport import CommandResult
@@ -195,10 +198,43 @@ def test_spare_without_slurm_or_without_the_preflight_is_a_usage_error(monkeypat
 def test_spares_that_leave_no_node_for_the_job_are_a_usage_error_naming_the_numbers(monkeypatch):
     monkeypatch.setenv("SLURM_JOB_ID", "42")
     monkeypatch.setenv("SLURM_JOB_NODELIST", "node[1-2]")
-    nodes = [start.Node("node1", "10.0.0.1"), start.Node("node2", "10.0.0.2")]
+    nodes = [Node("node1", "10.0.0.1"), Node("node2", "10.0.0.2")]
     monkeypatch.setattr(start.allocation, "nodes", lambda given, job, nodelist: nodes)
     monkeypatch.setattr(start.srun, "factory", lambda job: None)
     with pytest.raises(start.UsageError, match=r"^--spare 2: Slurm job 42 has 2 node\(s\), which leaves 0 for the job"):
         start.launch(request(slurm=True, spare=2), print, print)
     with pytest.raises(start.UsageError, match=r"^--nnodes 2: the inventory has 1 node\(s\)"):
         start.launch(LaunchRequest(job=("--nnodes", "2", "train.py"), slurm=True, spare=1), print, print)
+
+
+# ------------------------------------------------------------------------------------------ the launch's step
+
+
+def vetted(monkeypatch, results: list[CheckResult], tmp_path: Path, spare: int = 1):
+    """A Launch on node1..node3 with SPARE spares whose preflight found RESULTS; what its leave_out was handed."""
+    nodes = [Node(f"node{i}", f"10.0.0.{i}") for i in (1, 2, 3)]
+    order = [n.name for n in nodes]
+
+    def vet(nodes_, options, reach, say, wanted):
+        return {n: f"facts of {n}" for n in order}, spares.choose(results, order, wanted), results
+
+    monkeypatch.setattr(session.preflight, "vet", vet)
+    handed: list[spares.Choice] = []
+    options = LaunchOptions(command=command.parse(["train.py"]), run_dir=tmp_path, spare=spare)
+    job = session.Launch(nodes, options, Fanout(None), print, print, leave_out=lambda c, r: handed.append(c))
+    return job, handed
+
+
+def test_the_launch_goes_on_with_the_kept_nodes_only_and_their_facts(monkeypatch, tmp_path):
+    job, handed = vetted(monkeypatch, [failed("node2", "time.sync", "off")], tmp_path)
+    job.preflight()
+    assert [n.name for n in job.nodes] == ["node1", "node3"]
+    assert set(job.preflight_facts) == {"node1", "node3"}
+    assert [c.kept for c in handed] == [("node1", "node3")]
+
+
+def test_too_few_healthy_nodes_refuse_the_launch_after_the_failing_ones_were_handed_on(monkeypatch, tmp_path):
+    job, handed = vetted(monkeypatch, [failed("node2", "time.sync", "off"), failed("node3", "shm.size", "x")], tmp_path)
+    with pytest.raises(NotStarted, match=r"^preflight: 1 of the 3 nodes are healthy, the job needs 2: nothing was "):
+        job.preflight()
+    assert [n.node for n in handed[0].failing] == ["node2", "node3"]  # drained even so
