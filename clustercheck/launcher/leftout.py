@@ -47,5 +47,9 @@ def give_back(job: str, choice: spares.Choice, run_dir: Path, say: Echo) -> None
     except SlurmError as exc:
         say(f"could not give {', '.join(released)} back to Slurm ({exc}): they stay idle in job {job} until it ends")
         return
-    os.environ.update(environment)
+    for name, value in environment.items():  # as `. ./slurm_job_<id>_resize.sh` would, for the steps to come
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
     say(f"gave {', '.join(released)} back to Slurm: job {job} holds {', '.join(keep)} now")

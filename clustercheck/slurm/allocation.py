@@ -88,11 +88,11 @@ def nodes(given: list[Node], job: str, nodelist: str) -> list[Node]:
     return found
 
 
-def shrink(job: str, nodes: list[str], cwd: Path) -> dict[str, str]:
+def shrink(job: str, nodes: list[str], cwd: Path) -> dict[str, str | None]:
     """Slurm job JOB, running, shrunk to NODES (scontrol update JobId=JOB NodeList=NODES: a user may shrink their own
-    job), the others given back to Slurm; scontrol writes its resize scripts into CWD. Returns the environment that
-    Slurm's resize script sets for the job's later steps (SLURM_JOB_NODELIST, SLURM_JOB_NUM_NODES, ...); SlurmError,
-    one line, when Slurm refuses."""
+    job), the others given back to Slurm; scontrol writes its resize scripts into CWD. Returns what Slurm's resize
+    script does to the variables of the job's later steps (parse.resize_environment: SLURM_JOB_NODELIST set,
+    SLURM_NTASKS unset, ...); SlurmError, one line, when Slurm refuses."""
     argv = ["scontrol", "update", f"JobId={job}", f"NodeList={','.join(nodes)}"]
     answer = call(argv, cwd=str(cwd))
     if not answer.ok:

@@ -26,7 +26,7 @@ from test_launch import FOREVER, readme_ddp_script
 from test_site_playbook import acceptance, changed_tasks, inventory_with, recap
 
 from clustercheck.exitcodes import ExitCode
-from clustercheck.slurm import drain
+from clustercheck.slurm import drain, parse
 
 pytestmark = pytest.mark.cluster
 
@@ -441,6 +441,8 @@ def test_launch_with_a_spare_leaves_a_failing_node_out_drains_it_and_gives_it_ba
         assert "drain" in seen["node3"][0], seen
         reason = drain.read_reason(seen["node3"][1])
         assert reason is not None and reason.check == "time.sync", seen
+        resize = on(controller, "cat /root/slurm-spare/slurm_job_*_resize.sh").stdout  # Slurm's, for later steps
+        assert parse.resize_environment(resize).get("SLURM_JOB_NODELIST") == "node[1-2]", resize
         assert squeue_empty(controller), on(controller, "squeue").stdout
         assert leftovers(slurm_cluster) == {}
     finally:

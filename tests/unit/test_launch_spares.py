@@ -16,10 +16,11 @@ from clustercheck.launcher.job import LaunchOptions, NotStarted
 from clustercheck.launcher.start import LaunchRequest
 from clustercheck.model import CheckResult, Status
 from clustercheck.reach import Fanout
-from clustercheck.slurm import allocation, drain, update
+from clustercheck.slurm import allocation, drain, parse, update
 from clustercheck.slurm.call import SlurmError
 from clustercheck.transport import CommandResult
 
+DATA = Path(__file__).parent / "data" / "slurm"
 ORDER = ["node1", "node2", "node3", "node4", "node5"]
 
 
@@ -110,13 +111,11 @@ def test_a_failing_node_is_drained_with_its_first_problem_in_the_one_reason_form
 
 
 def test_a_drain_slurm_refuses_is_said_with_the_command_an_administrator_would_run(monkeypatch):
-    # scontrol's words when the user is not a Slurm operator: slurm_perror("slurm_update error") of
-    # ESLURM_ACCESS_DENIED, whose text is "Access/permission denied" (Slurm's slurm_errno.c).
-    denied = CommandResult(1, "", "slurm_update error: Access/permission denied\n")
+    denied = CommandResult(1, "", (DATA / "update-drain-not-operator.txt").read_text())  # 22.05, not an operator
     scontrol(monkeypatch, {"show": SHOWN, "update": denied})
     said: list[str] = []
     update.drain_nodes({"node3": [failed("node3", "time.sync", "chronyd does not answer")]}, said.append, lambda: 5)
-    assert len(said) == 1 and "Access/permission denied" in said[0], said
+    assert len(said) == 1 and "slurm_update error: Invalid user id" in said[0], said
     assert said[0].endswith(
         "an administrator can run: scontrol update nodename=node3 state=drain "
         "'reason=clustercheck: time.sync: chronyd does not answer'"
@@ -132,18 +131,32 @@ def test_the_job_is_shrunk_to_the_nodes_it_runs_on_and_slurms_resize_variables_a
 
     def shrink(job, nodes, cwd):
         shrunk.append((job, nodes, cwd))
-        return {"SLURM_JOB_NODELIST": "node[1-2]", "SLURM_JOB_NUM_NODES": "2"}
+        return parse.resize_environment((DATA / "resize-script-shrunk.sh").read_text())
 
     monkeypatch.setattr(leftout.allocation, "shrink", shrink)
     monkeypatch.delenv("SLURMD_NODENAME", raising=False)  # salloc on the login node
     monkeypatch.setenv("SLURM_JOB_NODELIST", "node[1-3]")
+    monkeypatch.setenv("SLURM_NTASKS", "3")
     said: list[str] = []
     leftout.give_back(
         "42", choice_of(("node1", "node2"), spares.LeftOut("node3", "time.sync", "off")), tmp_path, said.append
     )
     assert shrunk == [("42", ["node1", "node2"], tmp_path)]
     assert said == ["gave node3 back to Slurm: job 42 holds node1, node2 now"]
-    assert os.environ["SLURM_JOB_NODELIST"] == "node[1-2]"
+    assert os.environ["SLURM_JOB_NODELIST"] == "node[1-2]" and "SLURM_NTASKS" not in os.environ
+
+
+def test_slurms_resize_script_is_read_as_the_variables_it_sets_and_those_it_unsets():
+    assert parse.resize_environment((DATA / "resize-script-shrunk.sh").read_text()) == {
+        "SLURM_NODELIST": "node[1-2]",
+        "SLURM_JOB_NODELIST": "node[1-2]",
+        "SLURM_NNODES": "2",
+        "SLURM_JOB_NUM_NODES": "2",
+        "SLURM_JOB_CPUS_PER_NODE": "1(x2)",
+        "SLURM_NPROCS": None,
+        "SLURM_NTASKS": None,
+        "SLURM_TASKS_PER_NODE": None,
+    }
 
 
 def test_the_batch_node_stays_in_the_job_and_a_refused_shrink_is_said_and_the_launch_goes_on(monkeypatch, tmp_path):
