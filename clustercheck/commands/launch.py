@@ -66,6 +66,16 @@ OUTSIDE = frozenset({"hosts", "limit", "use_slurm", *options.SLURM_REQUEST, "dry
 @options.container
 @click.option("--no-preflight", is_flag=True, help="Start without the core and network checks first.")
 @click.option(
+    "--spare",
+    type=click.IntRange(min=0),
+    default=0,
+    metavar="K",
+    help="With --slurm: K spare nodes. The preflight runs on every node, a node failing a check of its own is left "
+    "out (and drained in Slurm), and the job runs on the first healthy ones; the nodes not used are given back to "
+    "Slurm. Outside an allocation --nodes N is what the job runs on (the batch job asks N+K) and --nodelist lists "
+    "every node; inside one, the job runs on its nodes less K. Too few healthy nodes: nothing starts (exit 6).",
+)
+@click.option(
     "--detach",
     is_flag=True,
     help="Run the job under a transient systemd unit on every node (with --slurm: submit the batch job) and "

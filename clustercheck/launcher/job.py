@@ -42,6 +42,7 @@ class LaunchOptions:
     sync: Path | None = None
     chdir: str | None = None
     preflight: bool = True
+    spare: int = 0  # --spare: how many of the nodes are spares the preflight may leave out
     detach: bool = False
     facts_timeout: float = 120.0
     inventory: str | None = None  # --hosts when it is an inventory: the preflight's fix commands name it

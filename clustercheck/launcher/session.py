@@ -6,27 +6,40 @@ cleaned up. Each step is a module of its own; a Launch holds what the steps hand
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 
 from clustercheck.facts.model import NodeFacts
 from clustercheck.inventory import Node
-from clustercheck.launcher import background, codesync, connect, foreground, preflight
+from clustercheck.launcher import background, codesync, connect, foreground, preflight, spares
 from clustercheck.launcher import command as cmd
 from clustercheck.launcher.job import Echo, Finished, LaunchOptions, NotStarted
+from clustercheck.model import CheckResult
 from clustercheck.reach import Reach
 from clustercheck.stages import Member, core
 from clustercheck.stages.launch import NodeLaunch, NodeSpec
 from clustercheck.transport import Transport, new_run_id
 
+LeaveOut = Callable[[spares.Choice, list[CheckResult]], None]  # the preflight's choice and results, with spares
+
 
 class Launch:
     """One launch across NODES, in inventory order."""
 
-    def __init__(self, nodes: list[Node], options: LaunchOptions, reach: Reach, echo: Echo, say: Echo) -> None:
+    def __init__(
+        self,
+        nodes: list[Node],
+        options: LaunchOptions,
+        reach: Reach,
+        echo: Echo,
+        say: Echo,
+        leave_out: LeaveOut | None = None,
+    ) -> None:
         self.nodes = nodes
         self.options = options
         self.reach = reach  # how commands reach the nodes
         self.echo = echo  # the job's own output
         self.say = say  # clustercheck's progress and verdict
+        self.leave_out = leave_out  # with spares: what becomes of the nodes the preflight left out
         self.job_id = new_run_id()
         self.transports: dict[str, Transport] = {}
         self.members: list[Member] = []
@@ -42,8 +55,21 @@ class Launch:
     # ------------------------------------------------------------------ before the job
 
     def preflight(self) -> None:
-        """The core and network stages through the pipeline; any FAIL or ERROR refuses the launch."""
-        self.preflight_facts = preflight.run(self.nodes, self.options, self.reach, self.say)
+        """The core and network stages through the pipeline; any FAIL or ERROR refuses the launch. With spares
+        (--spare K): a node with a problem of its own is left out instead, and the job runs on the first of the
+        healthy ones; those left out are handed to LEAVE_OUT (drained, given back to Slurm) first, and too few
+        healthy nodes refuse the launch."""
+        if not self.options.spare:
+            self.preflight_facts = preflight.run(self.nodes, self.options, self.reach, self.say)
+            return
+        wanted = len(self.nodes) - self.options.spare
+        facts, choice, results = preflight.vet(self.nodes, self.options, self.reach, self.say, wanted)
+        if self.leave_out is not None:
+            self.leave_out(choice, results)
+        if not choice.enough:
+            raise NotStarted(f"preflight: {choice.refusal()}")
+        self.nodes = [n for n in self.nodes if n.name in choice.kept]
+        self.preflight_facts = {name: f for name, f in facts.items() if name in choice.kept}
 
     def connect(self) -> None:
         """Connect to every node, find its environment python and its cluster address."""

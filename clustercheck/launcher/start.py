@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from clustercheck import hosts
@@ -16,7 +16,7 @@ from clustercheck.container import Container
 from clustercheck.exitcodes import ExitCode, UsageError
 from clustercheck.hosts import SshOptions
 from clustercheck.inventory import Node
-from clustercheck.launcher import batchjob, codesync, records, session
+from clustercheck.launcher import batchjob, codesync, leftout, records, session
 from clustercheck.launcher import command as launch_command
 from clustercheck.launcher.job import HostKeysRefused, LaunchOptions, NotStarted
 from clustercheck.reach import Fanout
@@ -50,6 +50,7 @@ class LaunchRequest:
     python: str | None = None
     container: Container | None = None
     no_preflight: bool = False
+    spare: int = 0  # --spare K: the allocation holds K nodes more than the job runs on
     detach: bool = False
     run_dir: str | None = None
     inner: tuple[str, ...] = ()  # the options given that the launch inside a batch job takes again, as argv
@@ -70,6 +71,10 @@ def launch(request: LaunchRequest, echo: Echo, say: Echo) -> int:
         raise UsageError("give the nodes: --hosts INVENTORY, or --slurm (a batch job, or the allocation this runs in)")
     if r.dry_run and (not r.slurm or inside):
         raise UsageError("--dry-run: only with --slurm outside an allocation (it prints the batch script)")
+    if r.spare and not r.slurm:
+        raise UsageError("--spare: only with --slurm (the spare nodes are Slurm's, and the preflight's to choose)")
+    if r.spare and r.no_preflight:
+        raise UsageError("--spare and --no-preflight: the preflight chooses the nodes the job runs on; give one")
     if r.slurm and not inside:
         return _batch(r, say, echo)
     if r.slurm and r.detach:
@@ -78,8 +83,14 @@ def launch(request: LaunchRequest, echo: Echo, say: Echo) -> int:
             "the login node instead (clustercheck launch --slurm --nodes N --detach -- ...)"
         )
     nodes, ssh, connect = _nodes(r, inside)
+    wanted = len(nodes) - r.spare
+    if wanted < 1:
+        raise UsageError(
+            f"--spare {r.spare}: Slurm job {inside} has {len(nodes)} node(s), which leaves {wanted} for the job; "
+            "ask for more nodes than spares"
+        )
     try:
-        launch_command.check_nnodes(user_command, len(nodes))
+        launch_command.check_nnodes(user_command, wanted)
         if r.sync and not user_command.is_module:
             codesync.sync_script(Path(r.sync), user_command.script)
     except LaunchError as exc:
@@ -96,10 +107,13 @@ def launch(request: LaunchRequest, echo: Echo, say: Echo) -> int:
         sync=Path(r.sync) if r.sync else None,
         chdir=r.chdir,
         preflight=not r.no_preflight,
+        spare=r.spare,
         detach=r.detach,
         inventory=hosts.inventory_path(r.hosts),
     )
-    return _run(session.Launch(nodes, options, Fanout(connect), echo=echo, say=say), r, echo, say)
+    leave_out = leftout.handler(inside, options.run_dir, say) if inside and r.spare else None
+    job = session.Launch(nodes, options, Fanout(connect), echo=echo, say=say, leave_out=leave_out)
+    return _run(job, r, echo, say)
 
 
 def _batch(r: LaunchRequest, say: Echo, echo: Echo) -> int:
@@ -112,8 +126,9 @@ def _batch(r: LaunchRequest, say: Echo, echo: Echo) -> int:
             "(salloc --nodes=N clustercheck launch --slurm -- ...)"
         )
     run_dir = make_run_dir(r.run_dir, "launch-%Y%m%d-%H%M%S").resolve()
-    inner = [*r.inner, "--", *r.job]
-    return batchjob.submit(r.request, inner, run_dir, dry_run=r.dry_run, detach=r.detach, echo=echo, say=say)
+    inner = [*r.inner, "--", *r.job]  # --spare K among them: the launch inside leaves K of the job's nodes out
+    request = replace(r.request, nodes=r.request.nodes + r.spare) if r.request.nodes else r.request
+    return batchjob.submit(request, inner, run_dir, dry_run=r.dry_run, detach=r.detach, echo=echo, say=say)
 
 
 def _nodes(r: LaunchRequest, inside: str | None) -> tuple[list[Node], SshSettings, Factory]:

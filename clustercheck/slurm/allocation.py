@@ -1,6 +1,7 @@
 """The Slurm allocation a command runs its job steps in: the one it runs inside (salloc, sbatch: SLURM_JOB_ID), or
 one asked for from the login node (salloc --no-shell) and given back when the command ends, however it ends; and
-its nodes, by name (scontrol show hostnames) and by their address here.
+its nodes, by name (scontrol show hostnames) and by their address here; and the job shrunk to fewer of them (launch
+--spare gives the nodes it does not use back).
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ import os
 import shlex
 import socket
 from collections.abc import Iterator, Mapping
+from pathlib import Path
 
 from clustercheck.inventory import Node
 from clustercheck.slurm import parse
@@ -84,3 +86,22 @@ def nodes(given: list[Node], job: str, nodelist: str) -> list[Node]:
         except OSError as exc:
             raise SlurmError(f"node {name} of job {job} has no address here: {exc}") from exc
     return found
+
+
+def shrink(job: str, nodes: list[str], cwd: Path) -> dict[str, str | None]:
+    """Slurm job JOB, running, shrunk to NODES (scontrol update JobId=JOB NodeList=NODES: a user may shrink their own
+    job), the others given back to Slurm; scontrol writes its resize scripts into CWD. Returns what Slurm's resize
+    script does to the variables of the job's later steps (parse.resize_environment: SLURM_JOB_NODELIST set,
+    SLURM_NTASKS unset, ...); SlurmError, one line, when Slurm refuses."""
+    argv = ["scontrol", "update", f"JobId={job}", f"NodeList={','.join(nodes)}"]
+    answer = call(argv, cwd=str(cwd))
+    if not answer.ok:
+        raise SlurmError(f"{shlex.join(argv)}: {answer.cause()}")
+    script = cwd / f"slurm_job_{job}_resize.sh"
+    return parse.resize_environment(script.read_text(errors="replace")) if script.exists() else {}
+
+
+def this_node(environ: Mapping[str, str] = os.environ) -> str | None:
+    """The node of the allocation this runs on, when slurmd started it (a batch script, a step: SLURMD_NODENAME);
+    None under salloc on a login node."""
+    return environ.get("SLURMD_NODENAME") or None

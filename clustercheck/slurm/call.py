@@ -16,10 +16,11 @@ class SlurmError(Exception):
     """A Slurm command could not run or refused: one line."""
 
 
-def call(argv: list[str], timeout: float = DEADLINE) -> CommandResult:
-    """ARGV run here within TIMEOUT seconds (a timed-out result past it); SlurmError when it cannot be started."""
+def call(argv: list[str], timeout: float = DEADLINE, cwd: str | None = None) -> CommandResult:
+    """ARGV run here (in CWD, default the current directory) within TIMEOUT seconds (a timed-out result past it);
+    SlurmError when it cannot be started."""
     try:
-        proc = subprocess.run(argv, capture_output=True, text=True, errors="replace", timeout=timeout)
+        proc = subprocess.run(argv, capture_output=True, text=True, errors="replace", timeout=timeout, cwd=cwd)
     except subprocess.TimeoutExpired as exc:
         return CommandResult(None, _text(exc.stdout), _text(exc.stderr), timed_out=True)
     except (OSError, subprocess.SubprocessError) as exc:

@@ -110,6 +110,22 @@ def allocation_nodes(hostnames_output: str) -> list[str]:
     return [line.strip() for line in hostnames_output.splitlines() if line.strip()]
 
 
+_RESIZE = re.compile(r'^(?:export (?P<name>SLURM_\w+)=(?P<value>"[^"]*"|\S*)|unset (?P<unset>SLURM_\w+))\s*$', re.M)
+
+
+def resize_environment(script: str) -> dict[str, str | None]:
+    """What Slurm's resize script (slurm_job_<id>_resize.sh, which `scontrol update JobId=...` writes when it
+    shrinks a job) does to the job's variables for its later steps: `export SLURM_NNODES=2` and `export
+    SLURM_JOB_NODELIST="node[1-2]"` set a value, `unset SLURM_NTASKS` removes one (None)."""
+    found: dict[str, str | None] = {}
+    for match in _RESIZE.finditer(script):
+        if match["unset"]:
+            found[match["unset"]] = None
+        else:
+            found[match["name"]] = match["value"].removeprefix('"').removesuffix('"')
+    return found
+
+
 _GRANTED = re.compile(r"\bGranted job allocation (\d+)\b")
 
 

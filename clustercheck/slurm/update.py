@@ -1,9 +1,11 @@
 """node-health's scontrol on its own node: the node's state read (scontrol show node), the drain or resume drain.py
 decides applied (scontrol update) unless the circuit breaker (breaker.py, on every node's state, read once a drain is
-due) holds the drain back, and what was done, or why nothing could be, said in one line each."""
+due) holds the drain back, and what was done, or why nothing could be, said in one line each (a refused scontrol
+with the command an administrator would run). The same for the nodes `launch --spare` leaves out (drain_nodes)."""
 
 from __future__ import annotations
 
+import shlex
 import shutil
 from collections.abc import Callable
 
@@ -80,11 +82,26 @@ def update(
     except SlurmError as exc:
         say(f"{exc}: {LEFT_AS_IS}")
         return None
-    if not done.ok:
-        say(f"scontrol update nodename={state.name} state={action.state} failed ({done.cause()})")
+    if not done.ok:  # e.g. a user who is not a Slurm operator: an administrator can do it
+        say(
+            f"scontrol update nodename={state.name} state={action.state} failed ({done.cause()}); "
+            f"an administrator can run: {shlex.join(action.argv())}"
+        )
         return None
     say(action.describe())
     return None
+
+
+def drain_nodes(
+    problems: dict[str, list[CheckResult]], say: Callable[[str], None], timeout: Callable[[], float]
+) -> None:
+    """Each node of PROBLEMS (name -> its own FAIL and ERROR results) drained, in turn, as node-health drains its node:
+    node_state, then update (the one reason format, the circuit breaker with its default limit), never resumed;
+    what was done or why not said in one line each. Never raises."""
+    for name, results in problems.items():
+        state = node_state(name, say, timeout)
+        if state is not None and results:
+            update(results, state, say, timeout, resume=False)
 
 
 def _breaker(

@@ -5,10 +5,11 @@ node-health --slurm) draining a node a per-node check FAILs on, resuming it when
 administrator drained; `clustercheck run --slurm` from the controller: every stage through srun, an allocation it
 makes and gives back, a node no step reaches (slurmd stopped, another MUNGE key) named with Slurm's words and fix,
 a rank killed and a node frozen mid-DDP named with their node, Ctrl-C leaving nothing; and
-`clustercheck launch --slurm`: the README's script as a batch job, a detached one listed, followed and stopped; the
-health program's circuit breaker and its settings per Slurm version, a check that hangs named; last, with the role's
-Prolog and Epilog switched on (job_hooks), a node failing a check drained at a job's start and the job requeued, and a
-node a job left a process on drained at its end. Converge, second run and check mode are test_site_playbook.py's."""
+`clustercheck launch --slurm`: the README's script as a batch job, a detached one listed, followed and stopped, and
+with a spare node (--spare): a failing node left out, drained and given back, an unused spare given back; the health
+program's circuit breaker and its settings per Slurm version, a check that hangs named; last, with the role's Prolog
+and Epilog switched on (job_hooks), a node failing a check drained at a job's start and the job requeued, and a node
+a job left a process on drained at its end. Converge, second run and check mode are test_site_playbook.py's."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import base64
 import contextlib
 import json
 import re
+import shlex
 import subprocess
 import time
 
@@ -26,6 +28,7 @@ from test_launch import FOREVER, readme_ddp_script
 from test_site_playbook import acceptance, changed_tasks, inventory_with, recap
 
 from clustercheck.exitcodes import ExitCode
+from clustercheck.slurm import drain, parse
 
 pytestmark = pytest.mark.cluster
 
@@ -395,6 +398,87 @@ def test_a_detached_batch_launch_is_listed_followed_and_stopped_and_ctrl_c_cance
     assert "Traceback" not in stdout, stdout[-3000:]
     assert on(controller, "squeue --noheader").stdout.strip() == ""
     assert leftovers(slurm_cluster) == {}
+
+
+def squeue_empty(controller, seconds: float = 30) -> bool:
+    """Whether squeue is empty within SECONDS (a job's COMPLETING ends after its last step)."""
+    deadline = time.monotonic() + seconds
+    while on(controller, "squeue --noheader").stdout.strip():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(1)
+    return True
+
+
+def test_launch_with_a_spare_leaves_a_failing_node_out_drains_it_and_gives_it_back(slurm_cluster):
+    """`salloc --nodes=3 clustercheck launch --slurm --spare 1` while node3 fails a check of its own (chrony stopped,
+    in the allocation, so that node3 is in it: time.sync FAILs there): the preflight runs on all three, the job runs
+    on node1 and node2 only, the output names node3 left out with time.sync, node3 is drained with the one reason
+    format, the job is shrunk to node1 and node2 (Slurm 22.05 lets its user do that, and the job's later steps run
+    on what is left), and nothing is left in squeue afterwards."""
+    controller, _, node3 = slurm_cluster.nodes
+    put_launch_code(slurm_cluster, {"train_ddp.py": readme_ddp_script()})
+    launch = (
+        "srun --overlap --nodelist=node3 --nodes=1 --ntasks=1 systemctl stop chrony && exec clustercheck launch "
+        "--slurm --spare 1 --nproc-per-node 1 --run-dir /root/slurm-spare -- train_ddp.py --steps 5"
+    )
+    try:
+        proc = on(
+            controller, f"cd {LAUNCH_CODE} && salloc --nodes=3 sh -c {shlex.quote(launch)}", check=False, timeout=600
+        )
+        output = proc.stdout + proc.stderr
+        assert proc.returncode == 0, output[-4000:]
+        for rank, node in enumerate(["node1", "node2"]):
+            assert f"{node}/{rank}: rank {rank} of world size 2 on {node}" in proc.stdout, output[-4000:]
+        assert " on node3" not in proc.stdout, proc.stdout[-3000:]
+        assert "clustercheck: preflight: core and network checks on 3 node(s)" in output, output[-4000:]
+        assert "clustercheck: preflight: the job runs on 2 of the 3 nodes: node1, node2" in output, output[-4000:]
+        assert re.search(r"^clustercheck:   left out node3: time\.sync: .+; fix: ", output, re.M), output[-4000:]
+        assert "clustercheck: drained node3 in Slurm: clustercheck: time.sync: " in output, output[-4000:]
+        assert re.search(r"^clustercheck: gave node3 back to Slurm: job \d+ holds node1, node2 now$", output, re.M), (
+            output[-4000:]
+        )
+        assert "Traceback" not in output
+        seen = states(controller)
+        assert "drain" in seen["node3"][0], seen
+        reason = drain.read_reason(seen["node3"][1])
+        assert reason is not None and reason.check == "time.sync", seen
+        resize = on(controller, "cat /root/slurm-spare/slurm_job_*_resize.sh").stdout  # Slurm's, for later steps
+        assert parse.resize_environment(resize).get("SLURM_JOB_NODELIST") == "node[1-2]", resize
+        assert squeue_empty(controller), on(controller, "squeue").stdout
+        assert leftovers(slurm_cluster) == {}
+    finally:
+        on(node3, "systemctl start chrony", check=False)
+        deadline = time.monotonic() + 90
+        while not all_idle(states(controller)) and time.monotonic() < deadline:
+            on(node3, "clustercheck node-health --slurm", check=False)  # resumes its drain once chrony synchronized
+            time.sleep(2)
+        on(controller, "scontrol update nodename=node3 state=resume", check=False)
+    wait_for(controller, all_idle, 60, "every node idle again")
+
+
+def test_a_batch_launch_with_a_spare_runs_on_the_nodes_asked_and_gives_the_unused_spare_back(slurm_cluster):
+    """`clustercheck launch --slurm --nodes=2 --spare 1` from the login node, every node healthy: the batch job asks
+    three nodes, the launch inside it runs the job on the first two and says the third was a spare not needed, and
+    gives it back to Slurm (the batch node, node1, is one of the two kept)."""
+    controller = slurm_cluster.nodes[0]
+    put_launch_code(slurm_cluster, {"train_ddp.py": readme_ddp_script()})
+    proc = launch_on(
+        controller, "--nodes=2 --spare 1 --nproc-per-node 1 --run-dir /root/slurm-spare-batch -- train_ddp.py --steps 5"
+    )
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 0, output[-4000:]
+    assert "#SBATCH --nodes=3\n" in on(controller, "cat /root/slurm-spare-batch/launch.sbatch").stdout
+    for rank, node in enumerate(["node1", "node2"]):
+        assert f"{node}/{rank}: rank {rank} of world size 2 on {node}" in proc.stdout, output[-4000:]
+    assert "clustercheck:   left out node3: spare, not needed" in proc.stdout, output[-4000:]
+    assert re.search(r"^clustercheck: gave node3 back to Slurm: job \d+ holds node1, node2 now$", output, re.M), output[
+        -4000:
+    ]
+    assert "Traceback" not in output
+    assert squeue_empty(controller), on(controller, "squeue").stdout
+    assert leftovers(slurm_cluster) == {}
+    wait_for(controller, all_idle, 60, "every node idle again")
 
 
 def test_a_failing_check_drains_the_node_fixing_it_resumes_it_and_an_admins_drain_stays(slurm_cluster, wheelhouse):

@@ -118,8 +118,8 @@ def test_nodes_that_set_a_cluster_value_differently_are_refused_by_name(tmp_path
 
 # ------------------------------------------------------------------------------------- launch as a batch job
 
-# A value for every launch option the launch inside a batch job takes; two launches, as --sync and --chdir exclude
-# each other.
+# A value for every launch option the launch inside a batch job takes; those APART one launch each, as --sync and
+# --chdir exclude each other, and --spare and --no-preflight.
 GIVEN = {
     "nproc_per_node": ["--nproc-per-node", "2"],
     "master_port": ["--master-port", "29611"],
@@ -127,13 +127,17 @@ GIVEN = {
     "python": ["--python", "/opt/env/bin/python"],
     "container_image": ["--container", "nvcr.io/nvidia/pytorch:25.01-py3"],
     "container_options": ["--container-option=--shm-size=16g", "--container-option", "--ulimit=stack=67108864"],
-    "no_preflight": ["--no-preflight"],
     "accept_new_host_keys": ["--accept-new-host-keys"],
     "known_hosts": ["--known-hosts", "kh"],
     "ssh_config": ["--ssh-config", "ssh.conf"],
     "connect_timeout": ["--connect-timeout", "7"],
 }
-APART = {"sync": ["--sync", "code"], "chdir": ["--chdir", "/srv/train"]}
+APART = {
+    "sync": ["--sync", "code"],
+    "chdir": ["--chdir", "/srv/train"],
+    "no_preflight": ["--no-preflight"],
+    "spare": ["--spare", "1"],
+}
 
 
 def inner_launch(tmp_path: Path, monkeypatch, *args: str) -> list[str]:
@@ -166,13 +170,32 @@ def test_every_option_of_a_launch_survives_into_its_batch_job(tmp_path, monkeypa
             "--container=nvcr.io/nvidia/pytorch:25.01-py3",
             "--container-option=--shm-size=16g",
             "--container-option=--ulimit=stack=67108864",
-            "--no-preflight",
             "--accept-new-host-keys",
             f"--known-hosts={tmp_path / 'kh'}",
             f"--ssh-config={tmp_path / 'ssh.conf'}",
             "--connect-timeout=7.0",
-            f"--sync={tmp_path / 'code'}" if apart == "sync" else "--chdir=/srv/train",
+            {
+                "sync": f"--sync={tmp_path / 'code'}",
+                "chdir": "--chdir=/srv/train",
+                "no_preflight": "--no-preflight",
+                "spare": "--spare=1",
+            }[apart],
         }
         assert set(inner) == expected, inner
     defaults = inner_launch(tmp_path, monkeypatch, "--", "train.py")
     assert defaults[defaults.index("--slurm") + 3 :] == ["--", "train.py"]  # a default is the inside's default too
+
+
+def test_a_batch_launch_with_spares_asks_slurm_for_them_too_and_the_launch_inside_leaves_them_out(
+    tmp_path, monkeypatch
+):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    run_dir = ["--dry-run", "--run-dir", str(tmp_path / "run")]
+    counted = invoke("launch", "--slurm", "--nodes", "2", "--spare", "1", *run_dir, "--", "train.py")
+    assert counted.exit_code == 0, counted.output
+    assert "#SBATCH --nodes=3\n" in counted.stdout and " --spare=1 -- train.py\n" in counted.stdout, counted.stdout
+    listed = invoke("launch", "--slurm", "--nodelist", "node[1-3]", "--spare", "1", *run_dir, "--", "train.py")
+    assert "#SBATCH --nodelist=node[1-3]\n" in listed.stdout and "--nodes" not in listed.stdout, listed.stdout
+    refused(invoke("launch", "--hosts", "localhost", "--spare", "1", "--", "train.py"), "--spare: only with --slurm")
+    assert len(invoke("launch", "--hosts", "localhost", "--spare", "1", "--", "train.py").output.splitlines()) == 1

@@ -1,0 +1,94 @@
+"""`launch --slurm --spare K`: which of the allocation's nodes the job runs on, decided from the preflight's results
+(pure; the preflight is preflight.py, the drain and the job shrunk are slurm/update.py and slurm/allocation.py).
+
+The allocation holds the N nodes the job runs on and K spares. A node with a FAIL or ERROR of its own (the result's
+host is the node) is left out; the job runs on the first N healthy nodes in the allocation's order, and a healthy
+node beyond them is a spare not needed. A problem that names no single node of the allocation cannot be left out
+with a node: the launch is refused then, as without spares (unplaced).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from clustercheck.model import CheckResult
+
+
+@dataclass(frozen=True)
+class LeftOut:
+    """A node the job does not run on: its first problem's CHECK, MESSAGE and FIX; no CHECK: a healthy spare."""
+
+    node: str
+    check: str = ""
+    message: str = ""
+    fix: str = ""
+
+    @property
+    def failing(self) -> bool:
+        return bool(self.check)
+
+    def line(self) -> str:
+        """Why the node was left out, in one line."""
+        if not self.failing:
+            return f"left out {self.node}: spare, not needed"
+        fix = f"; fix: {self.fix}" if self.fix else ""
+        return f"left out {self.node}: {self.check}: {self.message}{fix}"
+
+
+@dataclass(frozen=True)
+class Choice:
+    """The nodes the job runs on (KEPT, in the allocation's order) and those it does not (LEFT_OUT, in that order);
+    WANTED: how many the job needs."""
+
+    kept: tuple[str, ...]
+    left_out: tuple[LeftOut, ...]
+    wanted: int
+
+    @property
+    def enough(self) -> bool:
+        return len(self.kept) == self.wanted
+
+    @property
+    def failing(self) -> tuple[LeftOut, ...]:
+        return tuple(n for n in self.left_out if n.failing)
+
+    def refusal(self) -> str:
+        """Why nothing starts (not enough healthy nodes), in one line naming each failing node with its check."""
+        total = len(self.kept) + len(self.left_out)
+        named = ", ".join(f"{n.node} ({n.check})" for n in self.failing)
+        return (
+            f"{len(self.kept)} of the {total} nodes are healthy, the job needs {self.wanted}: nothing was started; "
+            f"failing: {named}"
+        )
+
+
+def unplaced(results: list[CheckResult], order: list[str]) -> list[CheckResult]:
+    """The problems (FAIL, ERROR) in RESULTS that name no single node of ORDER: no node can be left out for them."""
+    return [r for r in results if r.status.is_problem and r.host not in order]
+
+
+def choose(results: list[CheckResult], order: list[str], wanted: int) -> Choice:
+    """The nodes of ORDER (the allocation's, in its order) the job runs on: the first WANTED of those with no
+    problem of their own in RESULTS; each other node left out with its first problem, or as a spare not needed.
+    Fewer than WANTED healthy: every healthy node is kept, and the Choice is not enough."""
+    first: dict[str, CheckResult] = {}
+    for r in results:
+        if r.status.is_problem and r.host in order:
+            first.setdefault(r.host, r)
+    kept = tuple([name for name in order if name not in first][:wanted])
+    left_out = []
+    for name in order:
+        if name in kept:
+            continue
+        problem = first.get(name)
+        if problem is None:
+            left_out.append(LeftOut(name))
+            continue
+        message = problem.message.removeprefix(f"{name}: ")  # the line names the node already
+        left_out.append(LeftOut(name, problem.name, message, problem.remediation))
+    return Choice(kept, tuple(left_out), wanted)
+
+
+def problems_by_node(results: list[CheckResult], nodes: list[str]) -> dict[str, list[CheckResult]]:
+    """Each of NODES with its own problems in RESULTS (what its drain reason is made of), in RESULTS' order."""
+    return {name: [r for r in results if r.status.is_problem and r.host == name] for name in nodes}

@@ -1,0 +1,253 @@
+"""`launch --slurm --spare K`: the nodes the job runs on, chosen from the preflight's results (launcher/spares.py,
+pure); the failing ones drained through node-health's update (the one reason format, the breaker), a refused drain
+said with the command an administrator would run; the job shrunk to the nodes it runs on, the batch node kept; and
+the option's refusals."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from clustercheck.inventory import Node
+from clustercheck.launcher import command, leftout, session, spares, start
+from clustercheck.launcher.job import LaunchOptions, NotStarted
+from clustercheck.launcher.start import LaunchRequest
+from clustercheck.model import CheckResult, Status
+from clustercheck.reach import Fanout
+from clustercheck.slurm import allocation, drain, parse, update
+from clustercheck.slurm.call import SlurmError
+from clustercheck.transport import CommandResult
+
+DATA = Path(__file__).parent / "data" / "slurm"
+ORDER = ["node1", "node2", "node3", "node4", "node5"]
+
+
+def passed(node: str, check: str = "time.sync") -> CheckResult:
+    return CheckResult(check, Status.PASS, "ok", host=node)
+
+
+def failed(node: str, check: str, message: str, fix: str = "", status: Status = Status.FAIL) -> CheckResult:
+    return CheckResult(check, status, message, host=node, remediation=fix)
+
+
+def test_the_job_runs_on_the_first_healthy_nodes_and_each_other_node_says_why_it_was_left_out():
+    results = [
+        *(passed(n) for n in ORDER),
+        failed("node2", "time.sync", "node2: chronyd does not answer", "systemctl start chrony"),
+        failed("node2", "shm.size", "/dev/shm is 64 MiB"),
+    ]
+    choice = spares.choose(results, ORDER, 3)
+    assert choice.enough and choice.kept == ("node1", "node3", "node4")
+    assert [n.line() for n in choice.left_out] == [
+        "left out node2: time.sync: chronyd does not answer; fix: systemctl start chrony",  # its first problem
+        "left out node5: spare, not needed",
+    ]
+    assert [n.node for n in choice.failing] == ["node2"]
+
+
+def test_an_error_leaves_its_node_out_as_a_fail_does_and_a_warning_does_not():
+    results = [
+        failed("node1", "core.reach", "no job step ran there", status=Status.ERROR),
+        CheckResult("shm.size", Status.WARN, "small", host="node2"),
+    ]
+    choice = spares.choose(results, ORDER[:3], 2)
+    assert choice.kept == ("node2", "node3") and choice.left_out == (
+        spares.LeftOut("node1", "core.reach", "no job step ran there"),
+    )
+
+
+def test_fewer_healthy_nodes_than_the_job_needs_is_not_enough_and_names_each_failing_node_with_its_check():
+    results = [failed("node1", "time.sync", "chronyd does not answer"), failed("node3", "gpu.count", "7 GPUs, not 8")]
+    choice = spares.choose(results, ORDER[:3], 2)
+    assert not choice.enough and choice.kept == ("node2",)
+    assert choice.refusal() == (
+        "1 of the 3 nodes are healthy, the job needs 2: nothing was started; "
+        "failing: node1 (time.sync), node3 (gpu.count)"
+    )
+
+
+def test_a_problem_that_names_no_single_node_of_the_allocation_is_unplaced():
+    cluster = CheckResult("net.mesh", Status.FAIL, "no route between the nodes")
+    elsewhere = failed("login1", "time.sync", "off")
+    own = failed("node1", "time.sync", "off")
+    assert spares.unplaced([cluster, elsewhere, own, passed("node2")], ORDER) == [cluster, elsewhere]
+
+
+def test_each_failing_node_gets_its_own_problems_for_its_drain_reason():
+    results = [failed("node1", "a.b", "x"), passed("node1"), failed("node2", "c.d", "y"), failed("node1", "e.f", "z")]
+    assert spares.problems_by_node(results, ["node1"]) == {"node1": [results[0], results[3]]}
+
+
+# ------------------------------------------------------------------------------------------ in Slurm
+
+
+def scontrol(monkeypatch, answers: dict[str, CommandResult]) -> list[list[str]]:
+    """update's scontrol, answering by its subcommand (show, update); the commands run, in order."""
+    ran: list[list[str]] = []
+
+    def call(argv, timeout):
+        ran.append(argv[1:])
+        return answers[argv[1]]
+
+    monkeypatch.setattr(update, "call", call)
+    monkeypatch.setattr(update.shutil, "which", lambda name: name)
+    return ran
+
+
+SHOWN = CommandResult(0, "NodeName=node3 Arch=x86_64\n   State=ALLOCATED ThreadsPerCore=1\n   Partitions=gpu \n", "")
+
+
+def test_a_failing_node_is_drained_with_its_first_problem_in_the_one_reason_format(monkeypatch):
+    results = [failed("node3", "time.sync", "node3: chronyd does not answer"), failed("node3", "shm.size", "small")]
+    ran = scontrol(monkeypatch, {"show": SHOWN, "update": CommandResult(0, "", "")})
+    said: list[str] = []
+    update.drain_nodes({"node3": results}, said.append, lambda: 5.0)
+    reason = drain.drain_reason(results[0], 1)
+    assert ran[-1] == ["update", "nodename=node3", "state=drain", f"reason={reason}"]
+    assert drain.read_reason(reason) == drain.Reason("time.sync", "chronyd does not answer", 1)
+    assert said == [f"drained node3 in Slurm: {reason}"]
+
+
+def test_a_drain_slurm_refuses_is_said_with_the_command_an_administrator_would_run(monkeypatch):
+    denied = CommandResult(1, "", (DATA / "update-drain-not-operator.txt").read_text())  # 22.05, not an operator
+    scontrol(monkeypatch, {"show": SHOWN, "update": denied})
+    said: list[str] = []
+    update.drain_nodes({"node3": [failed("node3", "time.sync", "chronyd does not answer")]}, said.append, lambda: 5)
+    assert len(said) == 1 and "slurm_update error: Invalid user id" in said[0], said
+    assert said[0].endswith(
+        "an administrator can run: scontrol update nodename=node3 state=drain "
+        "'reason=clustercheck: time.sync: chronyd does not answer'"
+    ), said
+
+
+def choice_of(kept: tuple[str, ...], *left: spares.LeftOut) -> spares.Choice:
+    return spares.Choice(kept, left, len(kept))
+
+
+def test_the_job_is_shrunk_to_the_nodes_it_runs_on_and_slurms_resize_variables_are_taken_on(monkeypatch, tmp_path):
+    shrunk: list[tuple[str, list[str], Path]] = []
+
+    def shrink(job, nodes, cwd):
+        shrunk.append((job, nodes, cwd))
+        return parse.resize_environment((DATA / "resize-script-shrunk.sh").read_text())
+
+    monkeypatch.setattr(leftout.allocation, "shrink", shrink)
+    monkeypatch.delenv("SLURMD_NODENAME", raising=False)  # salloc on the login node
+    monkeypatch.setenv("SLURM_JOB_NODELIST", "node[1-3]")
+    monkeypatch.setenv("SLURM_NTASKS", "3")
+    said: list[str] = []
+    leftout.give_back(
+        "42", choice_of(("node1", "node2"), spares.LeftOut("node3", "time.sync", "off")), tmp_path, said.append
+    )
+    assert shrunk == [("42", ["node1", "node2"], tmp_path)]
+    assert said == ["gave node3 back to Slurm: job 42 holds node1, node2 now"]
+    assert os.environ["SLURM_JOB_NODELIST"] == "node[1-2]" and "SLURM_NTASKS" not in os.environ
+
+
+def test_slurms_resize_script_is_read_as_the_variables_it_sets_and_those_it_unsets():
+    assert parse.resize_environment((DATA / "resize-script-shrunk.sh").read_text()) == {
+        "SLURM_NODELIST": "node[1-2]",
+        "SLURM_JOB_NODELIST": "node[1-2]",
+        "SLURM_NNODES": "2",
+        "SLURM_JOB_NUM_NODES": "2",
+        "SLURM_JOB_CPUS_PER_NODE": "1(x2)",
+        "SLURM_NPROCS": None,
+        "SLURM_NTASKS": None,
+        "SLURM_TASKS_PER_NODE": None,
+    }
+
+
+def test_the_batch_node_stays_in_the_job_and_a_refused_shrink_is_said_and_the_launch_goes_on(monkeypatch, tmp_path):
+    def refused(job, nodes, cwd):
+        raise SlurmError(f"scontrol update JobId={job} NodeList={','.join(nodes)}: exit 1: Invalid node name")
+
+    monkeypatch.setattr(leftout.allocation, "shrink", refused)
+    monkeypatch.setenv("SLURMD_NODENAME", "node1")  # the batch script runs on node1
+    said: list[str] = []
+    spare = choice_of(("node2", "node3"), spares.LeftOut("node1"), spares.LeftOut("node4"))
+    leftout.give_back("7", spare, tmp_path, said.append)
+    assert said == [
+        "node1 stays in Slurm job 7 unused: it runs the batch script, which Slurm cannot take from the job",
+        "could not give node4 back to Slurm (scontrol update JobId=7 NodeList=node2,node3,node1: exit 1: Invalid node "
+        "name): they stay idle in job 7 until it ends",
+    ]
+
+
+def test_the_shrink_asks_scontrol_in_the_run_directory_and_reads_the_resize_script_there(monkeypatch, tmp_path):
+    ran = []
+
+    def call(argv, timeout=30.0, cwd=None):
+        ran.append((argv, cwd))
+        return CommandResult(0, "", "")
+
+    monkeypatch.setattr(allocation, "call", call)
+    assert allocation.shrink("42", ["node1", "node2"], tmp_path) == {}  # no resize script written: nothing to take
+    assert ran == [(["scontrol", "update", "JobId=42", "NodeList=node1,node2"], str(tmp_path))]
+
+
+# ------------------------------------------------------------------------------------------ the option
+
+
+def request(**fields) -> LaunchRequest:
+    return LaunchRequest(job=("train.py",), **fields)
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"hosts": "node1,node2", "spare": 1}, "--spare: only with --slurm"),
+        ({"slurm": True, "spare": 1, "no_preflight": True}, "--spare and --no-preflight: the preflight chooses"),
+    ],
+)
+def test_spare_without_slurm_or_without_the_preflight_is_a_usage_error(monkeypatch, fields, message):
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    with pytest.raises(start.UsageError, match=f"^{message}") as refused:
+        start.launch(request(**fields), print, print)
+    assert refused.value.code == 4
+
+
+def test_spares_that_leave_no_node_for_the_job_are_a_usage_error_naming_the_numbers(monkeypatch):
+    monkeypatch.setenv("SLURM_JOB_ID", "42")
+    monkeypatch.setenv("SLURM_JOB_NODELIST", "node[1-2]")
+    nodes = [Node("node1", "10.0.0.1"), Node("node2", "10.0.0.2")]
+    monkeypatch.setattr(start.allocation, "nodes", lambda given, job, nodelist: nodes)
+    monkeypatch.setattr(start.srun, "factory", lambda job: None)
+    with pytest.raises(start.UsageError, match=r"^--spare 2: Slurm job 42 has 2 node\(s\), which leaves 0 for the job"):
+        start.launch(request(slurm=True, spare=2), print, print)
+    with pytest.raises(start.UsageError, match=r"^--nnodes 2: the inventory has 1 node\(s\)"):
+        start.launch(LaunchRequest(job=("--nnodes", "2", "train.py"), slurm=True, spare=1), print, print)
+
+
+# ------------------------------------------------------------------------------------------ the launch's step
+
+
+def vetted(monkeypatch, results: list[CheckResult], tmp_path: Path, spare: int = 1):
+    """A Launch on node1..node3 with SPARE spares whose preflight found RESULTS; what its leave_out was handed."""
+    nodes = [Node(f"node{i}", f"10.0.0.{i}") for i in (1, 2, 3)]
+    order = [n.name for n in nodes]
+
+    def vet(nodes_, options, reach, say, wanted):
+        return {n: f"facts of {n}" for n in order}, spares.choose(results, order, wanted), results
+
+    monkeypatch.setattr(session.preflight, "vet", vet)
+    handed: list[spares.Choice] = []
+    options = LaunchOptions(command=command.parse(["train.py"]), run_dir=tmp_path, spare=spare)
+    job = session.Launch(nodes, options, Fanout(None), print, print, leave_out=lambda c, r: handed.append(c))
+    return job, handed
+
+
+def test_the_launch_goes_on_with_the_kept_nodes_only_and_their_facts(monkeypatch, tmp_path):
+    job, handed = vetted(monkeypatch, [failed("node2", "time.sync", "off")], tmp_path)
+    job.preflight()
+    assert [n.name for n in job.nodes] == ["node1", "node3"]
+    assert set(job.preflight_facts) == {"node1", "node3"}
+    assert [c.kept for c in handed] == [("node1", "node3")]
+
+
+def test_too_few_healthy_nodes_refuse_the_launch_after_the_failing_ones_were_handed_on(monkeypatch, tmp_path):
+    job, handed = vetted(monkeypatch, [failed("node2", "time.sync", "off"), failed("node3", "shm.size", "x")], tmp_path)
+    with pytest.raises(NotStarted, match=r"^preflight: 1 of the 3 nodes are healthy, the job needs 2: nothing was "):
+        job.preflight()
+    assert [n.node for n in handed[0].failing] == ["node2", "node3"]  # drained even so
