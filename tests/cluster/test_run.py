@@ -272,9 +272,11 @@ def test_a_torchvision_that_does_not_import_is_named_on_its_node(torch_cluster, 
 
 def test_a_second_run_against_the_first_names_a_regression_with_then_and_now(torch_cluster, tmp_path):
     """`--baseline` of a real run: the network's figures (every pair's round trip and throughput), each node's
-    collector time and the versions compared for real; the first report's throughput from node2 made ten times
-    what was measured, so this run is -90 % there and FAILs naming node2's pairs. Only the network stage: the
-    comparison of busbw and the DDP step is tested on a real run's report in tests/unit/test_baseline.py."""
+    collector time and the versions compared for real; the first report's throughput from node2 made a hundred
+    times what was measured, so this run is about -99 % there and FAILs naming node2's pairs, however much faster
+    the shared machine lets this run go than the first (a busy CI machine's throughput varied fivefold between two
+    runs: ten times left node2 -> node1 at -50 %, a WARN). Only the network stage: the comparison of busbw and the
+    DDP step is tested on a real run's report in tests/unit/test_baseline.py."""
     for run in ("first", "second"):
         (tmp_path / run).mkdir()
     first = clustercheck(
@@ -286,7 +288,7 @@ def test_a_second_run_against_the_first_names_a_regression_with_then_and_now(tor
     assert len(flows) == 6  # every pair, each way
     for flow in flows:
         if flow["from"] == "node2":
-            flow["mbps"] *= 10
+            flow["mbps"] *= 100
     baseline = tmp_path / "baseline.json"
     baseline.write_text(json.dumps(report))
     second = clustercheck(
