@@ -71,19 +71,16 @@ def choose(results: list[CheckResult], order: list[str], wanted: int) -> Choice:
     """The nodes of ORDER (the allocation's, in its order) the job runs on: the first WANTED of those with no
     problem of their own in RESULTS; each other node left out with its first problem, or as a spare not needed.
     Fewer than WANTED healthy: every healthy node is kept, and the Choice is not enough."""
-    first: dict[str, CheckResult] = {}
-    for r in results:
-        if r.status.is_problem and r.host in order:
-            first.setdefault(r.host, r)
-    kept = tuple([name for name in order if name not in first][:wanted])
+    problems = problems_by_node(results, order)
+    kept = tuple([name for name in order if not problems[name]][:wanted])
     left_out = []
     for name in order:
         if name in kept:
             continue
-        problem = first.get(name)
-        if problem is None:
+        if not problems[name]:
             left_out.append(LeftOut(name))
             continue
+        problem = problems[name][0]
         message = problem.message.removeprefix(f"{name}: ")  # the line names the node already
         left_out.append(LeftOut(name, problem.name, message, problem.remediation))
     return Choice(kept, tuple(left_out), wanted)
