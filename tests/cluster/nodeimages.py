@@ -41,15 +41,15 @@ UBUNTU_KEYRING_DEB = "pool/main/u/ubuntu-keyring/ubuntu-keyring_2023.11.28.1_all
 UBUNTU_ARCHIVE_KEY = "F6ECB3762474EDA9D21B7022871920D1991BC93C"
 # apt-cacher-ng on this machine, as the nodes' apt proxy (its Debian package's default port).
 APT_CACHE_PORT = int(os.environ.get("TESTCLUSTER_APT_CACHE_PORT", "3142"))
-# What a bare Ubuntu server has that the product relies on being there:
-# systemd, sshd, Python for Ansible, apt bindings for Ansible's apt module.
+# What a bare Ubuntu server has that the product relies on being there: systemd, sshd, Python for Ansible. No apt
+# bindings (python3-apt): minimal images lack them, and site.yml's preflight installs them (playbooks/tasks/
+# apt_bindings.yml); a node built with them would hide that first failure.
 PACKAGES = [
     "systemd",
     "systemd-sysv",
     "dbus",
     "openssh-server",
     "python3",
-    "python3-apt",
     "sudo",
     "iproute2",
     "iputils-ping",

@@ -58,6 +58,14 @@ def test_every_node_answers_over_ssh_with_host_key_checking(bare_cluster):
             assert lines[1] in ("running", "degraded")
 
 
+def test_nodes_start_without_the_apt_bindings_ansible_would_install_itself(bare_cluster):
+    """As minimal images do: site.yml's first run must install python3-apt itself (playbooks/tasks/apt_bindings.yml)."""
+    address = inventory_hosts(bare_cluster.inventory)["node1"]
+    with ssh(address, bare_cluster.known_hosts, bare_cluster.key_file) as client:
+        rc, out = run_on(client, "python3 -c 'import apt_pkg'")
+    assert rc != 0 and "apt_pkg" in out
+
+
 def test_nodes_have_their_own_host_keys(bare_cluster):
     keys = [
         line.split()[2]

@@ -161,6 +161,7 @@ def _untagged_site(directory: Path) -> Path:
             entry.pop("tags", None)
     path = directory / "untagged.yml"
     path.write_text(yaml.safe_dump(plays, sort_keys=False))
+    (directory / "tasks").symlink_to(REPO / "playbooks" / "tasks")  # the task files its plays import
     return path
 
 
