@@ -98,7 +98,10 @@ def slurm_request(function: Callable) -> Callable:
         if asked.given and not kwargs["use_slurm"]:
             raise UsageError(f"{', '.join(asked.given)}: only with --slurm (an allocation to ask Slurm for)")
         inside = allocation.inside()
-        if asked.given and inside:
+        # launch --spare inside an allocation takes --nodes N: how many of its nodes the job runs on (the batch job
+        # of a launch --spare asks Slurm for N to N+K nodes and passes N on).
+        spares_inside = kwargs.get("spare") and asked.given == ["--nodes"]
+        if asked.given and inside and not spares_inside:
             raise UsageError(f"{', '.join(asked.given)}: this runs inside Slurm job {inside} already")
         return function(*args, request=asked, **kwargs)
 

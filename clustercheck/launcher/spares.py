@@ -12,6 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from clustercheck.model import CheckResult
+from clustercheck.slurm.diagnose import DOWN_FLAGS, shown
+from clustercheck.slurm.parse import SlurmNode
 
 
 @dataclass(frozen=True)
@@ -89,3 +91,28 @@ def choose(results: list[CheckResult], order: list[str], wanted: int) -> Choice:
 def problems_by_node(results: list[CheckResult], nodes: list[str]) -> dict[str, list[CheckResult]]:
     """Each of NODES with its own problems in RESULTS (what its drain reason is made of), in RESULTS' order."""
     return {name: [r for r in results if r.status.is_problem and r.host == name] for name in nodes}
+
+
+def unavailable(nodes: list[SlurmNode], partition: str | None, allocated: list[str]) -> list[SlurmNode]:
+    """The nodes of PARTITION (every partition's when None) Slurm could not give the job: drained, down, failing or
+    reserved (diagnose.DOWN_FLAGS), and not among the ALLOCATED."""
+    return [
+        n
+        for n in nodes
+        if n.name not in allocated
+        and (partition is None or not n.partitions or partition in n.partitions)
+        and any(flag.startswith(DOWN_FLAGS) for flag in n.state)  # DRAIN: also DRAINED, DRAINING
+    ]
+
+
+def shortfall(granted: int, wanted: int, spare: int, missing: list[SlurmNode] | str) -> str:
+    """One line for a batch job Slurm granted fewer spares than asked: how many, and each node it could not give
+    with Slurm's state and reason (MISSING; a str: why they could not be read)."""
+    got = granted - wanted
+    head = f"Slurm granted {granted} node(s) of the {wanted}-{wanted + spare} asked: {got} of {spare} spare(s)"
+    if isinstance(missing, str):
+        return f"{head}; the partition's other nodes could not be read ({missing})"
+    if not missing:
+        return f"{head}; no node of the partition is drained or down (the others run other jobs)"
+    named = "; ".join(f"{n.name}: {shown(n)}" for n in missing)
+    return f"{head}; unavailable: {named}"

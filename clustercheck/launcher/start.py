@@ -5,6 +5,7 @@ anything starts, then the Launch's steps (session.py) in the foreground or detac
 
 from __future__ import annotations
 
+import shutil
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -16,12 +17,12 @@ from clustercheck.container import Container
 from clustercheck.exitcodes import ExitCode, UsageError
 from clustercheck.hosts import SshOptions
 from clustercheck.inventory import Node
-from clustercheck.launcher import batchjob, codesync, leftout, records, session
+from clustercheck.launcher import batchjob, codesync, leftout, records, session, spares
 from clustercheck.launcher import command as launch_command
 from clustercheck.launcher.job import HostKeysRefused, LaunchOptions, NotStarted
 from clustercheck.reach import Fanout
-from clustercheck.slurm import allocation, srun
-from clustercheck.slurm.call import SlurmError
+from clustercheck.slurm import allocation, srun, update
+from clustercheck.slurm.call import DEADLINE, SlurmError
 from clustercheck.slurm.request import Request
 from clustercheck.stages.launch import LaunchError
 from clustercheck.transport import factory
@@ -83,12 +84,7 @@ def launch(request: LaunchRequest, echo: Echo, say: Echo) -> int:
             "the login node instead (clustercheck launch --slurm --nodes N --detach -- ...)"
         )
     nodes, ssh, connect = _nodes(r, inside)
-    wanted = len(nodes) - r.spare
-    if wanted < 1:
-        raise UsageError(
-            f"--spare {r.spare}: Slurm job {inside} has {len(nodes)} node(s), which leaves {wanted} for the job; "
-            "ask for more nodes than spares"
-        )
+    wanted = _wanted(r, inside, [n.name for n in nodes], say)
     try:
         launch_command.check_nnodes(user_command, wanted)
         if r.sync and not user_command.is_module:
@@ -107,13 +103,34 @@ def launch(request: LaunchRequest, echo: Echo, say: Echo) -> int:
         sync=Path(r.sync) if r.sync else None,
         chdir=r.chdir,
         preflight=not r.no_preflight,
-        spare=r.spare,
+        spare=len(nodes) - wanted,
         detach=r.detach,
         inventory=hosts.inventory_path(r.hosts),
     )
     leave_out = leftout.handler(inside, options.run_dir, say) if inside and r.spare else None
     job = session.Launch(nodes, options, Fanout(connect), echo=echo, say=say, leave_out=leave_out)
     return _run(job, r, echo, say)
+
+
+def _wanted(r: LaunchRequest, inside: str | None, names: list[str], say: Echo) -> int:
+    """How many of the nodes (NAMES) the job runs on: --nodes N where given (the batch job of a launch --spare asked
+    N to N+K; fewer spares than K granted is said, with the nodes Slurm could not give and why), else the nodes
+    less the spares."""
+    count = len(names)
+    wanted = r.request.nodes or count - r.spare
+    if wanted < 1:
+        raise UsageError(
+            f"--spare {r.spare}: Slurm job {inside} has {count} node(s), which leaves {wanted} for the job; "
+            "ask for more nodes than spares"
+        )
+    if count < wanted:
+        raise UsageError(f"--nodes {wanted}: Slurm job {inside} has {count} node(s), fewer than the job runs on")
+    if inside and count - wanted < r.spare:
+        scontrol = shutil.which("scontrol") or "scontrol"
+        nodes, why = update.all_nodes(scontrol, DEADLINE)
+        missing = spares.unavailable(nodes, allocation.partition(), names) if nodes is not None else why or "?"
+        say(spares.shortfall(count, wanted, r.spare, missing))
+    return wanted
 
 
 def _batch(r: LaunchRequest, say: Echo, echo: Echo) -> int:
@@ -127,7 +144,12 @@ def _batch(r: LaunchRequest, say: Echo, echo: Echo) -> int:
         )
     run_dir = make_run_dir(r.run_dir, "launch-%Y%m%d-%H%M%S").resolve()
     inner = [*r.inner, "--", *r.job]  # --spare K among them: the launch inside leaves K of the job's nodes out
-    request = replace(r.request, nodes=r.request.nodes + r.spare) if r.request.nodes else r.request
+    request = r.request
+    if r.request.nodes and r.spare:
+        # N to N+K nodes, Slurm's own range: a node already drained or down costs a spare, not the job's start. The
+        # launch inside is told N (--nodes inside an allocation with --spare): the rest of what it got are spares.
+        request = replace(r.request, nodes_max=r.request.nodes + r.spare)
+        inner = [*r.inner, f"--nodes={r.request.nodes}", "--", *r.job]
     return batchjob.submit(request, inner, run_dir, dry_run=r.dry_run, detach=r.detach, echo=echo, say=say)
 
 

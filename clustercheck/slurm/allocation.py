@@ -30,6 +30,11 @@ def inside(environ: Mapping[str, str] = os.environ) -> str | None:
     return environ.get("SLURM_JOB_ID") or None
 
 
+def partition(environ: Mapping[str, str] = os.environ) -> str | None:
+    """The partition of the Slurm job this runs in (SLURM_JOB_PARTITION), or None."""
+    return environ.get("SLURM_JOB_PARTITION") or None
+
+
 def current(environ: Mapping[str, str] = os.environ) -> tuple[str, str]:
     """The job id and node list of the Slurm allocation this runs in (inside salloc or sbatch)."""
     job, nodelist = environ.get("SLURM_JOB_ID"), environ.get("SLURM_JOB_NODELIST")

@@ -117,12 +117,7 @@ def _breaker(
     during a failure on many nodes is when draining them all would do the most harm."""
     read = drain.read_reason(action.reason)
     check = read.check if read is not None else "?"
-    try:
-        shown = call([scontrol, "show", "node"], timeout())
-        nodes = parse.parse_show_nodes(shown.stdout) if shown.ok else None
-        cause = None if shown.ok else shown.cause()
-    except (SlurmError, parse.ParseError) as exc:
-        nodes, cause = None, str(exc)
+    nodes, cause = all_nodes(scontrol, timeout())
     if nodes is None:
         say(f"not draining {state.name} for {check}: how many nodes are drained could not be read ({cause})")
         return breaker.Verdict(state.name, check, False, limit=limit)
@@ -131,6 +126,17 @@ def _breaker(
         return None
     say(verdict.describe())
     return verdict
+
+
+def all_nodes(scontrol: str, timeout: float) -> tuple[list[parse.SlurmNode] | None, str | None]:
+    """Every node of Slurm's as `scontrol show node` shows them, or None and why they could not be read."""
+    try:
+        shown = call([scontrol, "show", "node"], timeout)
+        if not shown.ok:
+            return None, shown.cause()
+        return parse.parse_show_nodes(shown.stdout), None
+    except (SlurmError, parse.ParseError) as exc:
+        return None, str(exc)
 
 
 def _unchanged(state: parse.SlurmNode, failed: bool, say: Callable[[str], None]) -> None:
