@@ -181,6 +181,8 @@ def test_every_option_of_a_launch_survives_into_its_batch_job(tmp_path, monkeypa
                 "spare": "--spare=1",
             }[apart],
         }
+        if apart == "spare":
+            expected.add("--nodes=2")  # the job's N, which the batch job's N-to-N+K nodes hold with spares
         assert set(inner) == expected, inner
     defaults = inner_launch(tmp_path, monkeypatch, "--", "train.py")
     assert defaults[defaults.index("--slurm") + 3 :] == ["--", "train.py"]  # a default is the inside's default too
@@ -194,7 +196,9 @@ def test_a_batch_launch_with_spares_asks_slurm_for_them_too_and_the_launch_insid
     run_dir = ["--dry-run", "--run-dir", str(tmp_path / "run")]
     counted = invoke("launch", "--slurm", "--nodes", "2", "--spare", "1", *run_dir, "--", "train.py")
     assert counted.exit_code == 0, counted.output
-    assert "#SBATCH --nodes=3\n" in counted.stdout and " --spare=1 -- train.py\n" in counted.stdout, counted.stdout
+    # Slurm's own range: a drained node costs a spare, not the job; the launch inside is told the job's N.
+    assert "#SBATCH --nodes=2-3\n" in counted.stdout, counted.stdout
+    assert " --spare=1 --nodes=2 -- train.py\n" in counted.stdout, counted.stdout
     listed = invoke("launch", "--slurm", "--nodelist", "node[1-3]", "--spare", "1", *run_dir, "--", "train.py")
     assert "#SBATCH --nodelist=node[1-3]\n" in listed.stdout and "--nodes" not in listed.stdout, listed.stdout
     refused(invoke("launch", "--hosts", "localhost", "--spare", "1", "--", "train.py"), "--spare: only with --slurm")

@@ -18,6 +18,7 @@ from clustercheck.model import CheckResult, Status
 from clustercheck.reach import Fanout
 from clustercheck.slurm import allocation, drain, parse, update
 from clustercheck.slurm.call import SlurmError
+from clustercheck.slurm.request import Request
 from clustercheck.transport import CommandResult
 
 DATA = Path(__file__).parent / "data" / "slurm"
@@ -218,6 +219,65 @@ def test_spares_that_leave_no_node_for_the_job_are_a_usage_error_naming_the_numb
         start.launch(request(slurm=True, spare=2), print, print)
     with pytest.raises(start.UsageError, match=r"^--nnodes 2: the inventory has 1 node\(s\)"):
         start.launch(LaunchRequest(job=("--nnodes", "2", "train.py"), slurm=True, spare=1), print, print)
+
+
+def test_a_batch_request_with_spares_asks_slurm_for_a_range_of_nodes():
+    """N to N+K nodes in Slurm's own syntax; --nodes alone as before; the range is not an option the user gave."""
+    ranged = Request(nodes=2, partition="gpu", nodes_max=3)
+    assert ranged.options() == ["--nodes=2-3", "--partition=gpu"]
+    assert ranged.given == ["--nodes", "--partition"]
+    assert Request(nodes=2).options() == ["--nodes=2"]
+
+
+def granted(monkeypatch, names: list[str], shown: str, partition: str = "gpu") -> list[str]:
+    """A launch inside Slurm job 42 on NAMES, asked --nodes 2 --spare 1 (a batch job of launch --spare), Slurm
+    showing its nodes as SHOWN; what it said, up to the options it built (the job itself is not started)."""
+    monkeypatch.setenv("SLURM_JOB_ID", "42")
+    monkeypatch.setenv("SLURM_JOB_NODELIST", ",".join(names))
+    monkeypatch.setenv("SLURM_JOB_PARTITION", partition)
+    nodes = [Node(n, f"10.0.0.{i}") for i, n in enumerate(names, 1)]
+    monkeypatch.setattr(start.allocation, "nodes", lambda given, job, nodelist: nodes)
+    monkeypatch.setattr(start.srun, "factory", lambda job: None)
+    monkeypatch.setattr(start.update, "call", lambda argv, timeout=0: CommandResult(0, shown, ""))
+    built: list[LaunchOptions] = []
+
+    class Stop(Exception):
+        pass
+
+    def launch(nodes_, options, *args, **kwargs):
+        built.append(options)
+        raise Stop
+
+    monkeypatch.setattr(start.session, "Launch", launch)
+    said: list[str] = []
+    with pytest.raises(Stop):
+        start.launch(request(slurm=True, spare=1, request=Request(nodes=2)), print, said.append)
+    return said, built[0]
+
+
+def test_a_batch_job_granted_fewer_spares_runs_on_the_nodes_asked_and_names_the_nodes_slurm_could_not_give(
+    monkeypatch,
+):
+    """Slurm granted node1 and node2 of the 2-3 asked: the job runs on both with no spare left, and the launch names
+    node3 with Slurm's state and reason (recorded: node3 not responding on the test cluster)."""
+    shown = (DATA / "show-node-not-responding.txt").read_text()
+    said, options = granted(monkeypatch, ["node1", "node2"], shown)
+    assert options.spare == 0
+    line = next(line for line in said if line.startswith("Slurm granted 2 node(s) of the 2-3 asked: 0 of 1 spare"))
+    assert "node3" in line and "NOT_RESPONDING" in line, said
+    said, options = granted(monkeypatch, ["node1", "node2", "node3"], shown)
+    assert options.spare == 1 and not any("granted" in line for line in said)
+    said, _ = granted(monkeypatch, ["node1", "node2"], shown, partition="cpu")
+    assert any("no node of the partition is drained or down" in line for line in said), said
+
+
+def test_fewer_nodes_than_the_job_runs_on_is_a_usage_error_inside_the_allocation(monkeypatch):
+    monkeypatch.setenv("SLURM_JOB_ID", "42")
+    monkeypatch.setenv("SLURM_JOB_NODELIST", "node1")
+    monkeypatch.setattr(start.allocation, "nodes", lambda given, job, nodelist: [Node("node1", "10.0.0.1")])
+    monkeypatch.setattr(start.srun, "factory", lambda job: None)
+    with pytest.raises(start.UsageError, match=r"^--nodes 2: Slurm job 42 has 1 node\(s\)"):
+        start.launch(request(slurm=True, spare=1, request=Request(nodes=2)), print, print)
 
 
 # ------------------------------------------------------------------------------------------ the launch's step
