@@ -484,8 +484,8 @@ def test_a_batch_launch_with_a_spare_starts_while_an_administrator_has_a_node_dr
 
 def test_a_batch_launch_with_a_spare_runs_on_the_nodes_asked_and_gives_the_unused_spare_back(slurm_cluster):
     """`clustercheck launch --slurm --nodes=2 --spare 1` from the login node, every node healthy: the batch job asks
-    two to three nodes and gets three, the launch inside it runs the job on the first two and says the third was a spare not needed, and
-    gives it back to Slurm (the batch node, node1, is one of the two kept)."""
+    two to three nodes and gets three, the launch inside it runs the job on the first two and says the third was a
+    spare not needed, and gives it back to Slurm (the batch node, node1, is one of the two kept)."""
     controller = slurm_cluster.nodes[0]
     put_launch_code(slurm_cluster, {"train_ddp.py": readme_ddp_script()})
     proc = launch_on(
