@@ -18,10 +18,21 @@ def test_ci_runs_the_readme_test_command():
     assert test_command in (REPO / ".ci/run").read_text().splitlines()
 
 
+def quick_start_lines() -> list[str]:
+    """The Quick start's commands, one a line, comments off."""
+    text = (REPO / "README.md").read_text().split("## Quick start\n", 1)[1].split("\n## ", 1)[0]
+    blocks = re.findall(r"```sh\n(.*?)```", text, re.S)
+    return [line.split("#")[0].strip() for block in blocks for line in block.splitlines()]
+
+
 def test_readme_main_job_checks_localhost():
-    first = readme_commands()[0]
-    assert first.endswith("clustercheck run --hosts localhost")
-    assert "-c constraints.txt" in first  # never the multi-GB CUDA build by accident
+    lines = quick_start_lines()
+    assert ".venv/bin/clustercheck run --hosts localhost" in lines
+    installs = [line for line in lines if " install " in line and "-e '.[torch]'" in line]
+    assert len(installs) == 2  # without a GPU (the CPU index first), and with one
+    assert all("-c constraints.txt" in line for line in installs)  # the tested versions
+    assert "--extra-index-url https://download.pytorch.org/whl/cpu" in installs[0]  # not the multi-GB CUDA build
+    assert lines.index(".venv/bin/clustercheck run --hosts localhost") > lines.index(installs[0])
 
 
 def test_the_quick_start_environment_has_numpy():

@@ -24,7 +24,7 @@ import time
 import pytest
 from conftest import REPO, ansible_playbook
 from harness import DDP_RANKS, HEARTBEATS, LONG_DDP, leftovers, on
-from test_launch import FOREVER, readme_ddp_script
+from test_launch import FOREVER, example_ddp_script
 from test_site_playbook import acceptance, changed_tasks, inventory_with, recap
 
 from clustercheck.exitcodes import ExitCode
@@ -325,7 +325,7 @@ def test_launch_submits_the_readme_script_as_a_batch_job_and_exits_with_its_stat
     status; nothing is left in squeue or on the nodes. A job whose batch node lacks the run directory (no shared
     filesystem) is named with that cause (exit 6)."""
     controller = slurm_cluster.nodes[0]
-    put_launch_code(slurm_cluster, {"train_ddp.py": readme_ddp_script()})
+    put_launch_code(slurm_cluster, {"train_ddp.py": example_ddp_script()})
     dry = launch_on(controller, "--nodes=3 --dry-run --run-dir /root/slurm-dry -- train_ddp.py --steps 5")
     assert dry.returncode == 0, dry.stderr
     assert "#SBATCH --nodes=3\n" in dry.stdout and "#SBATCH --exclusive\n" in dry.stdout, dry.stdout
@@ -417,7 +417,7 @@ def test_launch_with_a_spare_leaves_a_failing_node_out_drains_it_and_gives_it_ba
     format, the job is shrunk to node1 and node2 (Slurm 22.05 lets its user do that, and the job's later steps run
     on what is left), and nothing is left in squeue afterwards."""
     controller, _, node3 = slurm_cluster.nodes
-    put_launch_code(slurm_cluster, {"train_ddp.py": readme_ddp_script()})
+    put_launch_code(slurm_cluster, {"train_ddp.py": example_ddp_script()})
     launch = (
         "srun --overlap --nodelist=node3 --nodes=1 --ntasks=1 systemctl stop chrony && exec clustercheck launch "
         "--slurm --spare 1 --nproc-per-node 1 --run-dir /root/slurm-spare -- train_ddp.py --steps 5"
@@ -462,7 +462,7 @@ def test_a_batch_launch_with_a_spare_starts_while_an_administrator_has_a_node_dr
     administrator: the batch job asks Slurm for two to three nodes, so it starts on node1 and node2 instead of
     waiting for node3, and the launch inside says the spare it did not get, naming node3 with Slurm's reason."""
     controller = slurm_cluster.nodes[0]
-    put_launch_code(slurm_cluster, {"train_ddp.py": readme_ddp_script()})
+    put_launch_code(slurm_cluster, {"train_ddp.py": example_ddp_script()})
     on(controller, "scontrol update nodename=node3 state=drain reason='PSU swap, ticket 7'")
     try:
         proc = launch_on(
@@ -487,7 +487,7 @@ def test_a_batch_launch_with_a_spare_runs_on_the_nodes_asked_and_gives_the_unuse
     two to three nodes and gets three, the launch inside it runs the job on the first two and says the third was a
     spare not needed, and gives it back to Slurm (the batch node, node1, is one of the two kept)."""
     controller = slurm_cluster.nodes[0]
-    put_launch_code(slurm_cluster, {"train_ddp.py": readme_ddp_script()})
+    put_launch_code(slurm_cluster, {"train_ddp.py": example_ddp_script()})
     proc = launch_on(
         controller, "--nodes=2 --spare 1 --nproc-per-node 1 --run-dir /root/slurm-spare-batch -- train_ddp.py --steps 5"
     )

@@ -23,12 +23,9 @@ REPO = Path(__file__).resolve().parents[2]
 CODE = "/root/launch-code"  # where the tests put the code on every node, as a user's deployment would
 
 
-def readme_ddp_script() -> str:
-    """The README's plain DDP example, word for word."""
-    text = (REPO / "README.md").read_text()
-    block = re.search(r'```python\n("""train_ddp\.py:.*?)```', text, re.S)
-    assert block, "the README lost its train_ddp.py example"
-    return block.group(1)
+def example_ddp_script() -> str:
+    """The repository's plain DDP example (examples/train_ddp.py, the README's Quick start and Training use it)."""
+    return (REPO / "examples" / "train_ddp.py").read_text()
 
 
 FAILING = """
@@ -88,8 +85,8 @@ def torchruns(cluster) -> dict[str, str]:
     return found
 
 
-def test_launch_runs_the_readme_ddp_script_to_completion_on_every_node(torch_cluster, tmp_path):
-    put_code(torch_cluster, {"train_ddp.py": readme_ddp_script()})
+def test_launch_runs_the_example_ddp_script_to_completion_on_every_node(torch_cluster, tmp_path):
+    put_code(torch_cluster, {"train_ddp.py": example_ddp_script()})
     run = tmp_path / "run"
     proc = cli(
         torch_cluster,
@@ -147,7 +144,7 @@ def test_a_failing_rank_stops_every_node_and_its_status_is_the_exit_status(torch
 
 
 def test_code_that_differs_on_one_node_is_refused_and_sync_runs_the_same_code_everywhere(torch_cluster, tmp_path):
-    script = readme_ddp_script()
+    script = example_ddp_script()
     put_code(torch_cluster, {"train_ddp.py": script, "util.py": "X = 1\n"})
     put_code(
         torch_cluster,

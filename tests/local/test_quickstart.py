@@ -1,6 +1,6 @@
-"""The README's Quick start ends with its next step: the README's own train_ddp.py, saved in a directory of its own,
-launched on localhost with `clustercheck launch --hosts localhost -- train_ddp.py`, as written (preflight included),
-with as many ranks as `clustercheck run` uses there."""
+"""The README's Quick start ends with its next step: the repository's examples/train_ddp.py, copied into a directory
+of its own, launched on localhost with `clustercheck launch --hosts localhost -- train_ddp.py`, as written
+(preflight included), with as many ranks as `clustercheck run` uses there."""
 
 from __future__ import annotations
 
@@ -23,16 +23,15 @@ def test_the_quick_starts_next_step_trains_the_readme_script_in_a_directory_of_i
     line = next(c for c in lines if c.startswith("clustercheck launch"))
     assert line == "clustercheck launch --hosts localhost -- train_ddp.py"
     # The script goes into a new directory, not the checkout (whose files launch would compare): the README's
-    # own line, with this test's directory as the home directory.
+    # own line, run from the checkout, with this test's directory as the home directory.
     made = lines[lines.index(line) - 1]
-    assert made == "mkdir -p ~/ddp-example && cd ~/ddp-example"
+    assert made == "mkdir -p ~/ddp-example && cp examples/train_ddp.py ~/ddp-example/ && cd ~/ddp-example"
     home = {**os.environ, "HOME": str(tmp_path)}
-    where = subprocess.run(["sh", "-c", f"{made} && pwd"], env=home, capture_output=True, text=True, check=True)
+    where = subprocess.run(
+        ["sh", "-c", f"{made} && pwd"], cwd=REPO, env=home, capture_output=True, text=True, check=True
+    )
     directory = Path(where.stdout.strip())
-    assert directory == tmp_path / "ddp-example" and directory.is_dir()
-    script = re.search(r'```python\n("""train_ddp\.py:.*?)```', readme, re.S)
-    assert script, "the README lost its train_ddp.py example"
-    (directory / "train_ddp.py").write_text(script.group(1))
+    assert directory == tmp_path / "ddp-example" and sorted(p.name for p in directory.iterdir()) == ["train_ddp.py"]
     argv = shlex.split(line)
     # Its own rendezvous port, before the --, so that it runs beside other tests on the machine.
     argv[argv.index("--") : argv.index("--")] = ["--master-port", "29531", "--run-dir", str(tmp_path / "run")]
