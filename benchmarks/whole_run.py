@@ -5,7 +5,7 @@ clustercheck side: `clustercheck run --hosts INVENTORY` as a user runs it (a sub
 every stage's verdict and time), timed from start to exit. It must be READY: every torch stage PASS, Lightning's
 included (the test nodes get Lightning installed beside torch).
 
-By hand: the README's own `train_ddp.py` (its code block, word for word) put on every node beforehand (not timed),
+By hand: the repository's `examples/train_ddp.py` (the README's example) put on every node beforehand (not timed),
 then on every node at once over ssh, as a person would in one terminal per node: `python -m torch.distributed.run
 --nnodes N --node-rank R --nproc-per-node K --master-addr FIRST --master-port P train_ddp.py --steps 20` with the
 environment's python, K the ranks clustercheck ran per node (2 CPU ranks here, one per GPU on GPU nodes), timed
@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shlex
 import sys
 import tempfile
@@ -39,13 +38,9 @@ SCRIPT = "/tmp/ccbench-whole/train_ddp.py"  # not /tmp/clustercheck-*: clusterch
 TORCH_STAGES = ("collectives", "ddp", "lightning")
 
 
-def readme_script() -> bytes:
-    """The README's plain DDP example, word for word."""
-    text = (common.REPO / "README.md").read_text()
-    block = re.search(r'```python\n("""train_ddp\.py:.*?)```', text, re.S)
-    if not block:
-        raise BenchmarkError("the README lost its train_ddp.py example")
-    return block.group(1).encode()
+def example_script() -> bytes:
+    """The repository's plain DDP example (examples/train_ddp.py)."""
+    return (common.REPO / "examples" / "train_ddp.py").read_bytes()
 
 
 def lightning_nodes(nodes: common.Nodes) -> None:
@@ -119,7 +114,7 @@ def main() -> int:
             lightning_nodes(nodes)
         doc["nodes"] = [n.name for n in nodes.nodes]
         for node in nodes.nodes:
-            common.put(node, readme_script(), SCRIPT)
+            common.put(node, example_script(), SCRIPT)
         commands: dict[str, str] = {}
         cpu = common.NodeCpu(nodes)
 
