@@ -43,7 +43,8 @@ COMMANDS = {
 XID_MARK = "NVRM: Xid"
 # Besides the Xid lines, those that say from when an Xid counts (clustercheck/facts/xidlog.py): the driver's load,
 # its line naming a GPU's UUID, and a GPU reset's acknowledgement (NVIDIA's NVSentinel writes it with logger).
-XID_MARKS = (XID_MARK, "NVRM: loading NVIDIA UNIX", "NVRM: GPU at PCI:", "GPU reset executed: ")
+TIME_MARKS = ("NVRM: loading NVIDIA UNIX", "GPU reset executed: ")  # kept however many Xid lines there are
+XID_MARKS = (XID_MARK, "NVRM: GPU at PCI:", *TIME_MARKS)
 RESET_TAG = "nvsentinel-gpu-reset"  # the syslog identifier of those acknowledgements
 # journalctl's own -k is the match _TRANSPORT=kernel (and -b); "+" adds the acknowledgements, which are not the
 # kernel's. SOURCE names what answered as the reports have always named it.
@@ -59,7 +60,7 @@ def xid_lines(timeout):
     named. {"error": ...} when neither could be read."""
     errors = []
     for command in KERNEL_LOGS:
-        answer = matching_lines(command, XID_MARKS, timeout)
+        answer = matching_lines(command, XID_MARKS, timeout, always=TIME_MARKS)
         if answer.get("rc") == 0 and answer.get("read"):
             answer["source"] = SOURCES.get(command[0]) or " ".join(command)
             return answer

@@ -182,3 +182,14 @@ def test_the_probe_sends_the_lines_that_mark_time_and_reads_the_reset_acknowledg
     journal = node.KERNEL_LOGS[0]
     assert journal[0] == "journalctl" and "-b" in journal and "-k" not in journal  # -k would AND the match
     assert journal[-3:] == ["_TRANSPORT=kernel", "+", "SYSLOG_IDENTIFIER=nvsentinel-gpu-reset"]
+
+
+def test_a_driver_load_amid_more_xid_lines_than_are_sent_back_is_kept(tmp_path):
+    """Real lines repeated: the kvm log's Xid 119 line 300 times, akash's driver load line, the Xid line 300 times
+    more. The probe sends back the first and last 200 matching lines, and the load line wherever it is."""
+    xid = (XID / "xid119-kvm-list-2022.log").read_text().splitlines()[2]
+    load = (XID / "xid43-31-94-akash-support-244.log").read_text().splitlines()[0]
+    log = tmp_path / "kernel.log"
+    log.write_text("\n".join([xid] * 300 + [load] + [xid] * 300) + "\n")
+    answer = matching_lines(["cat", str(log)], node.XID_MARKS, always=node.TIME_MARKS)
+    assert len(answer["lines"]) == 401 and answer["lines"][200] == load and answer["read"] == 601
