@@ -7,8 +7,8 @@ By whose rule:
   inventory (clustercheck_xid_actions). Xid 154 carries the recovery it needs in its own line.
 - From when an Xid counts is clustercheck's rule, on what the node can tell (facts/xidlog.py): an Xid logged before
   the driver's last load, or before its GPU's last reset, was dealt with (a reload initialises every GPU anew, a
-  reset that one), so it is listed as history and not judged. The kernel logs no line of its own for
-  `nvidia-smi -r`; a reset counts where its acknowledgement was logged as NVIDIA's NVSentinel logs it.
+  reset that one), so it is listed as history and not judged. No kernel line that marks `nvidia-smi -r` was found;
+  a reset counts where its acknowledgement was logged as NVIDIA's NVSentinel logs it.
 """
 
 from __future__ import annotations

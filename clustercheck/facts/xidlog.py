@@ -5,15 +5,15 @@ the Xid lines, gpu.xid (checks/xid.py) judges by them.
 - The driver's load: "NVRM: loading NVIDIA UNIX x86_64 Kernel Module  535.183.01  Sun May 12 19:39:15 UTC 2024"
   (akash-network/support issue 244), "NVRM: loading NVIDIA UNIX Open Kernel Module for x86_64  530.41.03  Release
   Build ..." (NVIDIA/open-gpu-kernel-modules issue 489). A driver loaded again (modprobe -r nvidia ...; modprobe
-  nvidia, the way to reset GPUs that nvidia-smi -r refuses) initialises every GPU anew.
-- A GPU's reset: the kernel logs none for `nvidia-smi -r` (NVIDIA's NVSentinel writes its own line for this reason:
-  "GPU reset acknowledgements are emitted through logger rather than the kernel", its syslog monitor, pull request
-  1475). Its reset job logs `logger -t nvsentinel-gpu-reset "GPU reset executed: ${UUID}, success: ${SYSLOG_SUCCESS}"`
-  (NVSentinel's gpu-reset script), e.g. "GPU reset executed: GPU-455d8f70-2051-db6c-0430-ffc457bff834, success:
-  true" (NVSentinel's health-monitors/syslog-health-monitor/pkg/xid/xid_handler.go); such a line, by whoever wrote
-  it, marks that GPU's reset. It names the
-  GPU's UUID; the driver's "NVRM: GPU at PCI:0000:00:05: GPU-efbdfde9-..." line (written before a GPU's first Xid)
-  and nvidia-smi -q give its PCI address.
+  nvidia) initialises every GPU anew.
+- A GPU's reset: no kernel line that marks `nvidia-smi -r` was found in public logs, and NVIDIA's NVSentinel writes
+  its own ("GPU reset acknowledgements are emitted through logger rather than the kernel", its syslog monitor,
+  pull request 1475). Its reset job logs
+  `logger -t nvsentinel-gpu-reset "GPU reset executed: ${UUID}, success: ${SYSLOG_SUCCESS}"` (its gpu-reset script),
+  e.g. "GPU reset executed: GPU-455d8f70-2051-db6c-0430-ffc457bff834, success: true" (NVSentinel's
+  health-monitors/syslog-health-monitor/pkg/xid/xid_handler.go); such a line, by whoever wrote it, marks that GPU's
+  reset. It names the GPU's UUID; the driver's "NVRM: GPU at PCI:0000:00:05: GPU-efbdfde9-..." line (which the
+  driver writes with a GPU's Xids) and nvidia-smi -q give its PCI address.
 """
 
 from __future__ import annotations
