@@ -33,6 +33,9 @@ CIDR_VAR = "cluster_cidr"  # the cluster network, used to find the interface whe
 PACKAGES_VAR = "python_env_packages"  # the user's pip packages (requirement specifiers) the python_env role installs
 EXPECT_TRANSPORT_VAR = "clustercheck_expect_transport"  # ib, roce or socket: what NCCL must use between nodes
 EXPECTED_FILE_VAR = "clustercheck_expected_file"  # the user's expected values per GPU model (like --expected)
+XID_ACTIONS_VAR = "clustercheck_xid_actions"  # the site's action per Xid code, {63: none}, over the catalog's
+# What to do about an Xid, least to most (checks/xid_catalog.py words them; here since a site's setting names them).
+XID_ACTIONS = ("none", "restart_app", "update_swfw", "reset_gpu", "reboot", "contact_support", "drain_inspect")
 TRANSPORTS = ("ib", "roce", "socket")
 READ_VARS = (
     "ansible_host",
@@ -49,6 +52,7 @@ READ_VARS = (
     DATA_PATHS_VAR,
     EXPECT_TRANSPORT_VAR,
     EXPECTED_FILE_VAR,
+    XID_ACTIONS_VAR,
 )
 
 
@@ -75,6 +79,7 @@ class Node:
     packages: tuple[str, ...] = ()  # distribution names from python_env_packages: they must import on the node
     expect_transport: str | None = None  # clustercheck_expect_transport
     expected_file: str | None = None  # clustercheck_expected_file
+    xid_actions: dict[int, str] = field(default_factory=dict)  # clustercheck_xid_actions: {code: action}
     ssh_options: dict[str, str] = field(default_factory=dict)  # -o Key=Value from ansible_ssh_*_args
 
     @property
@@ -286,6 +291,7 @@ def node_from_vars(name: str, hostvars: dict[str, Any]) -> Node:
         packages=distributions(name, hostvars.get(PACKAGES_VAR)),
         expect_transport=_transport(name, hostvars.get(EXPECT_TRANSPORT_VAR)),
         expected_file=_text(hostvars.get(EXPECTED_FILE_VAR)),
+        xid_actions=_xid_actions(name, hostvars.get(XID_ACTIONS_VAR)),
         ssh_options=ssh_options,
     )
 
@@ -355,3 +361,27 @@ def _transport(name: str, value: Any) -> str | None:
     if text is not None and text.lower() not in TRANSPORTS:
         raise InventoryError(f"{name}: {EXPECT_TRANSPORT_VAR} is {text!r}, not one of {', '.join(TRANSPORTS)}")
     return text.lower() if text else None
+
+
+def _xid_actions(name: str, value: Any) -> dict[int, str]:
+    """A site's action per Xid code, {63: "none", 92: "drain_inspect"} (a YAML or JSON mapping, its keys numbers or
+    digit strings) or "63:none,92:drain_inspect" (an INI inventory's string): {code: action}; InventoryError in one
+    line naming the node and the first bad entry."""
+    if value in (None, ""):
+        return {}
+    if isinstance(value, str):
+        pairs = [tuple(part.partition(":")[::2]) for part in value.split(",") if part.strip()]
+    elif isinstance(value, dict):
+        pairs = list(value.items())
+    else:
+        raise InventoryError(f"{name}: {XID_ACTIONS_VAR} must map Xid codes to actions, e.g. {{63: none}}")
+    actions = {}
+    for code, action in pairs:
+        text, word = str(code).strip(), str(action).strip().lower()
+        if not text.isdigit():
+            raise InventoryError(f"{name}: {XID_ACTIONS_VAR}: {text!r} is not an Xid code (a whole number)")
+        if word not in XID_ACTIONS:
+            known = ", ".join(XID_ACTIONS)
+            raise InventoryError(f"{name}: {XID_ACTIONS_VAR}: Xid {text}: {word!r} is not one of {known}")
+        actions[int(text)] = word
+    return actions

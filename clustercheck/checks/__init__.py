@@ -2,11 +2,11 @@
 import order below is the report order: what the core stage reports per node, the cross-node consistency checks,
 then the checks each multi-node stage emits.
 
-The areas: connection, environment (python, torch, launch environment), gpu, gpuperf (each GPU measured), gpuburn
-(the GPUs under load, with --burn), pcie, fabric (RDMA), system (OS, memory, disk, time, names, firewall),
-collectives (node-local and across nodes, bandwidth), transport (what NCCL/gloo really used), consistency, network,
-data (shared directory, data paths), ddp (with the checkpoint round trip), lightning, and baseline (this run
-against an earlier report, with --baseline).
+The areas: connection, environment (python, torch, launch environment), gpu, xid (the kernel's Xid lines), gpuperf
+(each GPU measured), gpuburn (the GPUs under load, with --burn), pcie, fabric (RDMA), system (OS, memory, disk, time,
+names, firewall), collectives (node-local and across nodes, bandwidth), transport (what NCCL/gloo really used),
+consistency, network, data (shared directory, data paths), ddp (with the checkpoint round trip), lightning, and
+baseline (this run against an earlier report, with --baseline).
 """
 
 # isort: off
@@ -14,6 +14,7 @@ from clustercheck.checks import connection  # noqa: F401
 from clustercheck.checks import environment  # noqa: F401
 from clustercheck.checks import container  # noqa: F401
 from clustercheck.checks import gpu  # noqa: F401
+from clustercheck.checks import xid  # noqa: F401
 from clustercheck.checks import gpuperf  # noqa: F401
 from clustercheck.checks import gpuburn  # noqa: F401
 from clustercheck.checks import pcie  # noqa: F401

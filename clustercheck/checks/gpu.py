@@ -4,9 +4,7 @@ checks SKIP on a node without a GPU unless the inventory says GPUs are expected 
 from __future__ import annotations
 
 from clustercheck import expected as expected_values
-from clustercheck.checks import xid_catalog
 from clustercheck.checks.registry import Finding, fail, node_check, passed, skip, warn
-from clustercheck.facts import parse
 from clustercheck.facts.model import COULD_NOT_COLLECT, Gpu, GpuProcess, NodeFacts
 
 
@@ -126,59 +124,6 @@ def gpu_ecc(facts: NodeFacts) -> Finding:
     if all(n is None for n in counts.values()):
         return passed("ECC not reported (off or not supported)", uncorrected=counts)
     return passed("no uncorrectable ECC errors", uncorrected=counts)
-
-
-@node_check(
-    "gpu.xid",
-    proves="no NVIDIA Xid error since boot calls for a GPU reset, a reboot or an inspection: each Xid of the kernel "
-    "log (journalctl -k -b, else dmesg) judged by NVIDIA's Xid catalog (its meaning, cause and action: FAIL for the "
-    "hardware's and the GPU firmware's, WARN for the application's and for a code the catalog does not list)",
-    fix="Do what the message says for each Xid (NVIDIA's Xid catalog: "
-    f"{xid_catalog.CATALOG_URL}); a GPU reset or a reboot needs the node drained first.",
-    needs_gpu=True,
-)
-def gpu_xid(facts: NodeFacts) -> Finding:
-    log = facts.xids
-    if log is None:
-        return warn(
-            f"Xid lines: {COULD_NOT_COLLECT} ({facts.why_missing('xids')})",
-            "Run clustercheck as a user that can read the kernel log (root, or the adm/systemd-journal group).",
-        )
-    xids = parse.parse_xids("\n".join(log.lines))
-    if not xids:
-        return passed(f"no Xid since boot ({log.source}, {log.read} line(s) read)", source=log.source)
-    return judge_xids(xids, log.source)
-
-
-def judge_xids(xids: list[dict], source: str, when: str = "since boot") -> Finding:
-    """Each Xid code of XIDS (parse.parse_xids, logged WHEN) by the catalog: a FAIL naming the action when one calls
-    for taking the GPU or the node out of service, else a WARN."""
-    codes: dict[int, list[dict]] = {}
-    for xid in xids:
-        codes.setdefault(xid["xid"], []).append(xid)
-    parts, judged, serious = [], {}, []
-    for code, seen in sorted(codes.items()):
-        entry = xid_catalog.lookup(code)
-        gpus = ", ".join(sorted({x["pci"] for x in seen}))
-        times = f"{len(seen)} time(s) on {gpus}"
-        if entry is None:
-            parts.append(f"Xid {code} ({times}): not in clustercheck's copy of NVIDIA's Xid catalog, look it up there")
-            judged[code] = {"count": len(seen), "gpus": gpus, "known": False}
-            continue
-        what = f"Xid {code} ({entry.meaning}; cause: {entry.cause}) {times}"
-        parts.append(f"{what}: {xid_catalog.ACTION_WORDS[entry.action]}")
-        judged[code] = {"count": len(seen), "gpus": gpus, "cause": entry.cause, "action": entry.action}
-        if entry.takes_out:
-            serious.append(entry)
-    data = {"xids": judged, "source": source, "last": xids[-1]["line"], "catalog": xid_catalog.CATALOG_VERSION}
-    message = f"{len(xids)} Xid error(s) {when} ({source}): " + "; ".join(parts)
-    if serious:
-        action = xid_catalog.strongest([e.action for e in serious])
-        named = ", ".join(str(e.code) for e in serious if e.action == action)
-        fix = f"Xid {named}: {xid_catalog.ACTION_WORDS[action]} (NVIDIA's Xid catalog, {xid_catalog.CATALOG_URL})."
-        return fail(message, fix, **data)
-    fix = f"No Xid here calls for taking the GPU out; NVIDIA's Xid catalog: {xid_catalog.CATALOG_URL}."
-    return warn(message, fix, **data)
 
 
 @node_check(

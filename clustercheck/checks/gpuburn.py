@@ -12,8 +12,8 @@ from statistics import median
 from typing import Any
 
 from clustercheck.checks import xid_catalog
-from clustercheck.checks.gpu import judge_xids
 from clustercheck.checks.registry import Finding, fail, node_check, passed, skip, unanswered, warn
+from clustercheck.checks.xid import judge_xids
 from clustercheck.facts import parse
 from clustercheck.facts.burn import GpuBurn, Sample, reasons
 from clustercheck.facts.model import NodeFacts

@@ -107,10 +107,12 @@ class NvidiaSmi:
 
 @dataclass(frozen=True)
 class XidLog:
-    """The NVIDIA driver's Xid lines since boot, as the collector found them on the node."""
+    """The NVIDIA driver's Xid lines since boot, as the collector found them on the node, with the lines that say
+    from when an Xid counts (the driver's load, its line naming a GPU's UUID, a GPU reset's acknowledgement:
+    facts/xidlog.py)."""
 
     source: str  # the program that answered: journalctl -k -b, or dmesg
-    lines: list[str]  # only the Xid lines (the first and last ones when there were very many)
+    lines: list[str]  # only those lines (the first and last ones when there were very many)
     read: int  # how many lines of the kernel log were read
 
 
@@ -497,7 +499,7 @@ class NodeFacts:
     smi: NvidiaSmi | None = None  # nvidia-smi -q; None when nvidia-smi is not there or failed
     smi_error: str | None = None  # why nvidia-smi gave nothing (not found, or its last line)
     kernel_log: str | None = None  # the last 24 hours (journalctl -k), else dmesg
-    xids: XidLog | None = None  # the driver's Xid lines since boot
+    xids: XidLog | None = None  # the driver's Xid lines since boot, and those that mark its loads and GPU resets
     fabricmanager: str | None = None  # `systemctl is-active nvidia-fabricmanager`
     nvswitches: int | None = fact(node.nvswitches, count)
     time: TimeSync | None = None

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from clustercheck.facts.model import Gpu, GpuProcess, NvidiaSmi
+from clustercheck.facts.xidlog import logged_at
 
 # Throttle reasons that say the hardware protects itself; the others (Idle, application clocks,
 # power cap under load, sync boost) are normal operation.
@@ -194,9 +195,9 @@ def _matching_lines(text: str, pattern: re.Pattern[str]) -> list[tuple[re.Match[
 
 
 def parse_xids(kernel_log: str) -> list[dict[str, Any]]:
-    """NVRM Xid lines of the kernel log -> [{pci, xid, line}]."""
+    """NVRM Xid lines of the kernel log -> [{pci, xid, line, at (where in the log), time (as the log wrote it)}]."""
     return [
-        {"pci": match["pci"], "xid": int(match["xid"]), "line": line}
+        {"pci": match["pci"], "xid": int(match["xid"]), "line": line, "at": match.start(), "time": logged_at(line)}
         for match, line in _matching_lines(kernel_log, XID_RE)
     ]
 

@@ -41,18 +41,28 @@ COMMANDS = {
 }
 
 XID_MARK = "NVRM: Xid"
-KERNEL_LOGS = (["journalctl", "-k", "-b", "--no-pager", "-q", "-o", "short-iso"], ["dmesg"])
+# Besides the Xid lines, those that say from when an Xid counts (clustercheck/facts/xidlog.py): the driver's load,
+# its line naming a GPU's UUID, and a GPU reset's acknowledgement (NVIDIA's NVSentinel writes it with logger).
+TIME_MARKS = ("NVRM: loading NVIDIA UNIX", "GPU reset executed: ")  # kept however many Xid lines there are
+XID_MARKS = (XID_MARK, "NVRM: GPU at PCI:", *TIME_MARKS)
+RESET_TAG = "nvsentinel-gpu-reset"  # the syslog identifier of those acknowledgements
+# journalctl's own -k is the match _TRANSPORT=kernel (and -b); "+" adds the acknowledgements, which are not the
+# kernel's. SOURCE names what answered as the reports have always named it.
+JOURNAL_MATCH = ["_TRANSPORT=kernel", "+", "SYSLOG_IDENTIFIER=" + RESET_TAG]
+KERNEL_LOGS = (["journalctl", "-b", "--no-pager", "-q", "-o", "short-iso", *JOURNAL_MATCH], ["dmesg"])
+SOURCES = {"journalctl": "journalctl -k -b", "dmesg": "dmesg"}
 
 
 def xid_lines(timeout):
-    """The NVIDIA driver's Xid lines since this boot: journalctl -k -b read whole on the node (a long-running node's
-    log is larger than what a probe sends back), else dmesg (the kernel's ring buffer); the program that answered
-    is named. {"error": ...} when neither could be read."""
+    """The NVIDIA driver's Xid lines since this boot, and the lines that mark the driver's load and GPU resets
+    (XID_MARKS): journalctl's kernel messages of this boot read whole on the node (a long-running node's log is
+    larger than what a probe sends back), else dmesg (the kernel's ring buffer); the program that answered is
+    named. {"error": ...} when neither could be read."""
     errors = []
     for command in KERNEL_LOGS:
-        answer = matching_lines(command, XID_MARK, timeout)
+        answer = matching_lines(command, XID_MARKS, timeout, always=TIME_MARKS)
         if answer.get("rc") == 0 and answer.get("read"):
-            answer["source"] = " ".join(command[:3] if command[0] == "journalctl" else command)
+            answer["source"] = SOURCES.get(command[0]) or " ".join(command)
             return answer
         errors.append(answer.get("error") or (answer.get("err") or "").strip() or f"{command[0]}: nothing read")
     return {"error": "; ".join(errors)}

@@ -34,17 +34,21 @@ def run(command, timeout=PROBE_TIMEOUT):
     return {"rc": proc.returncode, "out": proc.stdout[-OUTPUT_LIMIT:], "err": proc.stderr[-2000:]}
 
 
-def matching_lines(command, needle, timeout=PROBE_TIMEOUT, keep=400):
-    """The lines of COMMAND's output that hold NEEDLE (the first and the last KEEP/2 of them when there are more),
-    with how many lines it printed in all: a whole log searched on the node, however long, and only what matters
-    sent back. Never raises."""
+def matching_lines(command, needle, timeout=PROBE_TIMEOUT, keep=400, always=()):
+    """The lines of COMMAND's output that hold NEEDLE (a string, or a tuple of strings: any of them), the first and
+    the last KEEP/2 of them when there are more (a line holding one of ALWAYS is kept wherever it is), with how many
+    lines it printed in all: a whole log searched on the node, however long, and only what matters sent back. Never
+    raises."""
     proc = _completed(command, timeout)
     if isinstance(proc, dict):
         return proc
     lines = proc.stdout.splitlines()
-    found = [line for line in lines if needle in line]
+    needles = (needle,) if isinstance(needle, str) else tuple(needle)
+    found = [line for line in lines if any(n in line for n in needles)]
     if len(found) > keep:
-        found = found[: keep // 2] + found[-(keep - keep // 2) :]
+        kept = set(range(keep // 2)) | set(range(len(found) - (keep - keep // 2), len(found)))
+        kept |= {i for i, line in enumerate(found) if any(n in line for n in always)}
+        found = [line for i, line in enumerate(found) if i in kept]
     return {"rc": proc.returncode, "lines": found, "read": len(lines), "err": proc.stderr[-2000:]}
 
 
