@@ -188,7 +188,7 @@ def load(torch, device, n: int, seconds: float, entry: dict, began: float | None
         entry["load_hash"] = digest(torch, first)
         entry["load_began"] = round(time.monotonic() - began, 2)
         entry["phase"] = "load"
-        iterations, checks, mismatches = _multiply(torch, a, b, out, first, seconds, sync, entry)
+        _, checks, mismatches = _multiply(torch, a, b, out, first, seconds, sync, entry)
         entry["load_ended"] = round(time.monotonic() - began, 2)
         entry["load_checks"], entry["load_mismatches"] = checks, mismatches
         entry["phase"] = "fixed computation after the load"

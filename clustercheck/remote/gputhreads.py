@@ -15,7 +15,7 @@ import os
 import sys
 import threading
 import time
-from typing import Callable, Dict, List, Tuple
+from collections.abc import Callable
 
 DONE = "done"
 
@@ -38,7 +38,7 @@ def _guarded(work: Callable[[int, dict], None], index: int, entry: dict) -> None
 
 def run_each(
     count: int, work: Callable[[int, dict], None], deadline: float, clock: Callable[[], float] = time.monotonic
-) -> Tuple[Dict[int, dict], List[int]]:
+) -> tuple[dict[int, dict], list[int]]:
     """WORK(index, entry) for every GPU index below COUNT, each in its own thread, all at once; waits at most
     DEADLINE seconds for all of them. Returns each GPU's entry (a copy for a thread still running, so that what it
     writes later does not change the answer) and the indexes whose thread had not finished: their entries say
@@ -62,7 +62,7 @@ def run_each(
     return answer, hung
 
 
-def leave(text: str, hung: List[int]) -> int:
+def leave(text: str, hung: list[int]) -> int:
     """TEXT printed as the answer; with a thread still stuck in the driver (HUNG), the process leaves at once, since
     the interpreter's exit would wait on CUDA's teardown behind that thread."""
     print(text, flush=True)
