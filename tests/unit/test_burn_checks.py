@@ -217,8 +217,7 @@ def test_a_gpu_whose_fixed_result_differs_from_its_peers_is_a_fail():
     found = judged("gpu.burn.sdc", raw)
     assert found.status is Status.FAIL
     assert found.message == (
-        "wrong results (silent data corruption): GPU 1 (00000000:19:00.0): its fixed result differs from its 3 "
-        "peer(s)'"
+        "wrong results (silent data corruption): GPU 1 (00000000:19:00.0): its fixed result differs from its 3 peer(s)'"
     )
     assert "Take the GPU out of service" in registry.get("gpu.burn.sdc").result("n1", found).remediation
 

@@ -43,7 +43,8 @@ def test_a_gpu_whose_load_began_late_is_judged_from_its_own_start_not_the_progra
     raw = raw_with(lambda t, i: IDLE if i == 1 and t <= 30 else {}, {1: 35.0})
     found = judged("gpu.burn.clocks", raw)
     assert found.status is Status.PASS, found.message
-    assert judged("gpu.burn.throttle", raw).data["gpus"][BUS[1]]["samples_under_load"] == 5  # 50 to 90 s: 35 s + 10 s to settle, to 95 s
+    under_load = judged("gpu.burn.throttle", raw).data["gpus"][BUS[1]]["samples_under_load"]
+    assert under_load == 5  # 50 to 90 s: from 35 s + 10 s to settle, to 95 s
 
 
 def test_hw_slowdown_before_a_gpu_s_load_is_not_judged():

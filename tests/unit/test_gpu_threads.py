@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import threading
 import time
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -180,4 +179,3 @@ def test_the_programs_leave_without_waiting_for_a_hung_thread(capsys, monkeypatc
     assert gputhreads.leave("{}", []) == 0 and left == []
     gputhreads.leave('{"gpus": []}', [3])
     assert left == [0] and capsys.readouterr().out.splitlines()[-1] == '{"gpus": []}'
-
