@@ -409,6 +409,9 @@ class GpuFigures:
     h2d_gbps: float | None  # host to device over pinned memory, GB/s, each byte once
     d2h_gbps: float | None
     error: str | None = None  # why a figure is missing (out of memory, a CUDA error)
+    medians: dict[str, float] = field(default_factory=dict)  # report name -> the median repeat's figure
+    phase: str | None = None  # what it was doing when it failed or hung
+    hung: bool = False  # its thread had not finished by gpubench's deadline
 
     @property
     def label(self) -> str:
@@ -416,7 +419,7 @@ class GpuFigures:
         return f"GPU {self.index}" + (f" ({self.bus_id})" if self.bus_id else "")
 
     def figure(self, name: str) -> float | None:
-        """A figure by its report name (matmul_bf16_tflops, memory_gbps, h2d_gbps, d2h_gbps)."""
+        """A figure by its report name (matmul_bf16_tflops, memory_gbps, h2d_gbps, d2h_gbps): the best repeat's."""
         if name.startswith("matmul_"):
             return self.matmul_tflops.get(name.split("_")[1])
         return getattr(self, name)
@@ -427,6 +430,9 @@ class GpuFigures:
             return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
         matmul = {k: float(v) for k, v in (entry.get("matmul_tflops") or {}).items() if number(v) is not None}
+        medians = {f"matmul_{k}_tflops": v for k, v in (entry.get("matmul_tflops_median") or {}).items()}
+        medians |= {n: entry[f"{n}_median"] for n in ("memory_gbps", "h2d_gbps", "d2h_gbps") if f"{n}_median" in entry}
+        medians = {k: float(v) for k, v in medians.items() if number(v) is not None}
         return cls(
             int(entry["index"]),
             entry.get("bus_id"),
@@ -436,6 +442,9 @@ class GpuFigures:
             number(entry.get("h2d_gbps")),
             number(entry.get("d2h_gbps")),
             entry.get("error"),
+            medians,
+            entry.get("phase"),
+            bool(entry.get("hung")),
         )
 
 
@@ -447,6 +456,8 @@ class GpuBench:
     problem: str | None = None  # why nothing was measured (torch sees no CUDA GPU, torch does not import)
     failure: str | None = None  # the program ran and gave no figures: why (its exit, its errors, its timeout)
     copy_counts: str | None = None  # how memory_gbps counts a copy's bytes ("read+written")
+    tf32_overrides: dict[str, str | None] = field(default_factory=dict)  # the node's TF32 override variables
+    tf32_api: str | None = None  # how gpubench switched TF32 (torch's fp32_precision, or allow_tf32)
 
     @classmethod
     def from_answer(cls, answer: dict[str, Any]) -> GpuBench:
@@ -456,7 +467,8 @@ class GpuBench:
         gpus = tuple(GpuFigures.from_answer(g) for g in answer.get("gpus") or [])
         if not gpus:
             return cls(problem="torch found no GPU to measure")
-        return cls(gpus, copy_counts=answer.get("copy_counts"))
+        tf32 = {"tf32_overrides": answer.get("tf32_overrides") or {}, "tf32_api": answer.get("tf32_api")}
+        return cls(gpus, copy_counts=answer.get("copy_counts"), **tf32)
 
 
 @dataclass(frozen=True)

@@ -52,7 +52,8 @@ DTYPES = ("bf16", "tf32", "fp32")
 # The variables that switch TF32 underneath torch's own setting: NVIDIA_TF32_OVERRIDE=0 turns TF32 off in cuBLAS and
 # cuDNN whatever the program asks (NVIDIA's cuBLAS documentation, "NVIDIA_TF32_OVERRIDE"), so "tf32" measures plain
 # float32; TORCH_ALLOW_TF32_CUBLAS_OVERRIDE=1 makes torch's cuBLAS calls use TF32 even where float32 was asked for
-# (torch's CUDA semantics notes, "TF32 on Ampere (and later) devices"), so "fp32" measures TF32.
+# (torch's "CUDA Environment Variables" page: "forces TF32 enablement, overrides set_float32_matmul_precision"), so
+# "fp32" measures TF32.
 TF32_OVERRIDES = ("NVIDIA_TF32_OVERRIDE", "TORCH_ALLOW_TF32_CUBLAS_OVERRIDE")
 PHASE_WAIT = 30.0  # seconds a GPU waits at a phase's start for the others (a phase takes a second or two)
 DEADLINE = 90.0  # seconds the program waits for every GPU: under the controller's 120 s (command_timeout)
