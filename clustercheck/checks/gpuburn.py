@@ -109,11 +109,14 @@ def _sampled(burn: GpuBurn) -> Finding | None:
 
 @node_check(
     "gpu.burn.load",
-    proves="with run --burn: every GPU ran dense bf16 multiplies (all the node's GPUs at once) for the whole length "
-    "asked, at a sustained TFLOP/s within 85% of the node's other GPUs of its model",
-    fix="A GPU that failed under load: read its error, the kernel log (gpu.burn.xid) and nvidia-smi -q; a slow one: "
-    "its clocks and throttle reasons (gpu.burn.clocks, gpu.burn.throttle), its power cap (gpu.power_clocks), a "
-    "process sharing it (gpu.processes).",
+    proves="with run --burn: every GPU ran dense bf16 multiplies (all the node's GPUs at once, each on its own clock) "
+    "for the whole length asked, at a sustained TFLOP/s within 85% of the node's other GPUs of its model; a GPU that "
+    "failed or hung is named with what it was doing (FAIL), one another tenant held at the start (out of memory, "
+    "busy) with what holds it (WARN); a MIG instance's burn says it loaded that slice only",
+    fix="A GPU that failed or hung under load: read its error, the kernel log (gpu.burn.xid) and nvidia-smi -q; one "
+    "held at the start: stop or wait for the process named (gpu.processes), or find the container that holds its "
+    "memory; a slow one: its clocks and throttle reasons (gpu.burn.clocks, gpu.burn.throttle), its power cap "
+    "(gpu.power_clocks).",
     needs_gpu=True,
 )
 def gpu_burn_load(facts: NodeFacts) -> Finding:
@@ -197,9 +200,11 @@ def _mig_note(burn: GpuBurn) -> str:
 
 @node_check(
     "gpu.burn.throttle",
-    proves="with run --burn: no GPU's clocks were slowed under load by hardware protection (NVML's clocks-event "
-    "reasons HW slowdown, HW thermal slowdown, HW power brake: FAIL) or the driver's thermal slowdown (WARN), "
-    "sampled every second or so with nvidia-smi; the power cap is a loaded GPU's normal state and is not judged",
+    proves="with run --burn: no GPU's clocks were slowed under its own load by hardware protection (NVML's "
+    "clocks-event reasons HW thermal slowdown, HW power brake, and HW slowdown where it lasts: FAIL; a short HW "
+    "slowdown, which NVML also reports during a clock change, or the driver's thermal slowdown: WARN), sampled every "
+    "second or so with nvidia-smi; the power cap is a loaded GPU's normal state and is not judged; a GPU nvidia-smi "
+    "could not read in a sample is named (WARN)",
     fix="Thermal: check the GPU's cooling (fans, airflow, inlet temperature, a blocked heatsink: nvidia-smi -q -d "
     "TEMPERATURE); HW power brake: the server's power supplies and the external power-brake signal (the BMC's "
     "event log); HW slowdown without either: have the GPU and board serviced.",
@@ -381,9 +386,11 @@ def judge_xid(burn: GpuBurn) -> Finding:
 
 @node_check(
     "gpu.burn.sdc",
-    proves="with run --burn: every GPU computes the same bytes as the node's other GPUs of its model (one fixed, "
-    "seeded float32 computation with deterministic algorithms, before and after the load, compared by SHA-256), "
-    "and the same after the load as before; a GPU that differs computes wrongly (silent data corruption): FAIL",
+    proves="with run --burn: every GPU computes the same bytes as the node's other GPUs of its model (the load's own "
+    "bf16 product from a fixed seed, and one fixed float32 computation before and after the load, compared by "
+    "SHA-256), its load's product stays the same during the load (compared with its first every 10 s or so), and its "
+    "fixed result the same after the load as before; a GPU that differs computes wrongly (silent data corruption): "
+    "FAIL",
     fix="Take the GPU out of service now: drain the node, and have the GPU replaced (it returns wrong results "
     "without an error; run NVIDIA's field diagnostics or dcgmi diag -r 3 to confirm). Anything trained on it "
     "since it went bad is suspect.",

@@ -221,9 +221,20 @@ class Phases:
         if not self.apart or tf32 is None:
             yield
             return
-        with self.setting:
+        with self.holding(self.setting, "TF32 phase"):
             self.api = set_tf32(self.torch, tf32)
             yield
+
+    @contextlib.contextmanager
+    def holding(self, lock: threading.Lock, what: str):
+        """LOCK held for one GPU's turn, waited for at most the phase's wait: a GPU that hangs holding it (in its
+        host copy, its TF32 phase) fails the others' turn with a TimeoutError instead of hanging them too."""
+        if not lock.acquire(timeout=self.wait):
+            raise TimeoutError(f"another GPU's {what} did not end within {self.wait:g} s")
+        try:
+            yield
+        finally:
+            lock.release()
 
 
 def steps(torch, device, sizes: Sizes, phases: Phases, figures: dict) -> list:
@@ -243,7 +254,7 @@ def steps(torch, device, sizes: Sizes, phases: Phases, figures: dict) -> list:
         figures["memory_gbps"], figures["memory_gbps_median"] = rounded(best), rounded(middle)
 
     def host() -> None:
-        with phases.turn:
+        with phases.holding(phases.turn, "host copy"):
             h2d, d2h = host_gbps(torch, device, sizes)
         figures["h2d_gbps"], figures["h2d_gbps_median"] = rounded(h2d[0]), rounded(h2d[1])
         figures["d2h_gbps"], figures["d2h_gbps_median"] = rounded(d2h[0]), rounded(d2h[1])

@@ -114,6 +114,25 @@ def test_gpubench_s_phases_go_on_without_a_hung_gpu_and_run_the_tf32_phases_one_
         assert out[index]["done"] == ["bf16 multiply", "tf32 multiply", "fp32 multiply", "memory copy"]
 
 
+def test_a_gpu_that_hangs_in_its_host_copy_does_not_hang_the_others_waiting_for_their_turn():
+    phases = gpubench.Phases(fake_torch(fp32_precision="ieee"), 2, wait=0.2)
+    stuck = threading.Event()
+
+    def work(index: int, entry: dict) -> None:
+        entry["phase"] = "host copies"
+        if index == 0:
+            time.sleep(0.05)  # GPU 1 takes its turn first, and hangs in it
+        with phases.holding(phases.turn, "host copy"):
+            if index == 1:
+                stuck.wait(30)
+            entry["h2d_gbps"] = 55.0
+
+    out, hung = gputhreads.run_each(2, work, deadline=1.5)
+    stuck.set()
+    assert hung == [1]
+    assert out[0]["error"] == "TimeoutError: another GPU's host copy did not end within 0.2 s"
+
+
 def test_the_timer_gives_the_median_beside_the_best():
     torch = pytest.importorskip("torch")
     clock = iter([0.0, 1.0, 1.0, 4.0, 4.0, 6.0])  # three timed calls of 1, 3 and 2 s
