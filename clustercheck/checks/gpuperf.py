@@ -218,8 +218,6 @@ def _rows(gpus: tuple[GpuFigures, ...], figures: tuple[Figure, ...]) -> list[dic
         row.update({f"{f.name}_median": g.medians[f.name] for f in figures if f.name in g.medians})
         if g.error:
             row["error"] = g.error
-        if g.hung:
-            row["hung"], row["phase"] = True, g.phase
         rows.append(row)
     return rows
 
@@ -281,15 +279,13 @@ def _judge_node(bench: GpuBench | None, match: expected_values.Match, figures: t
     if figures == MEMORY:
         data["copy_counts"] = bench.copy_counts
     if figures == MATMUL:
-        data["tf32_overrides"], data["tf32_api"] = bench.tf32_overrides, bench.tf32_api
+        data["tf32_overrides"] = bench.tf32_overrides
     mig = {g.label: vars(share) for g in gpus if (share := mig_share(g.name, model))}
     if mig:
         data["mig"] = mig
     errors, slow = [], []
     for g in gpus:
-        if g.hung:
-            errors.append(f"{g.label}: did not finish ({g.phase or 'its phase unknown'}), hung")
-        elif g.error:
+        if g.error:
             errors.append(f"{g.label}: not measured: {g.error}")
         for f in figures:
             value = g.figure(f.name)

@@ -410,8 +410,6 @@ class GpuFigures:
     d2h_gbps: float | None
     error: str | None = None  # why a figure is missing (out of memory, a CUDA error)
     medians: dict[str, float] = field(default_factory=dict)  # report name -> the median repeat's figure
-    phase: str | None = None  # what it was doing when it failed or hung
-    hung: bool = False  # its thread had not finished by gpubench's deadline
 
     @property
     def label(self) -> str:
@@ -441,10 +439,8 @@ class GpuFigures:
             number(entry.get("memory_gbps")),
             number(entry.get("h2d_gbps")),
             number(entry.get("d2h_gbps")),
-            entry.get("error"),
+            entry.get("error") or (f"did not finish ({entry.get('phase')}), hung" if entry.get("hung") else None),
             medians,
-            entry.get("phase"),
-            bool(entry.get("hung")),
         )
 
 
@@ -457,7 +453,6 @@ class GpuBench:
     failure: str | None = None  # the program ran and gave no figures: why (its exit, its errors, its timeout)
     copy_counts: str | None = None  # how memory_gbps counts a copy's bytes ("read+written")
     tf32_overrides: dict[str, str | None] = field(default_factory=dict)  # the node's TF32 override variables
-    tf32_api: str | None = None  # how gpubench switched TF32 (torch's fp32_precision, or allow_tf32)
 
     @classmethod
     def from_answer(cls, answer: dict[str, Any]) -> GpuBench:
@@ -467,8 +462,7 @@ class GpuBench:
         gpus = tuple(GpuFigures.from_answer(g) for g in answer.get("gpus") or [])
         if not gpus:
             return cls(problem="torch found no GPU to measure")
-        tf32 = {"tf32_overrides": answer.get("tf32_overrides") or {}, "tf32_api": answer.get("tf32_api")}
-        return cls(gpus, copy_counts=answer.get("copy_counts"), **tf32)
+        return cls(gpus, copy_counts=answer.get("copy_counts"), tf32_overrides=answer.get("tf32_overrides") or {})
 
 
 @dataclass(frozen=True)
