@@ -46,7 +46,7 @@ import threading
 import time
 
 from .facts import xid_lines
-from .gpubench import bus_id, no_cuda
+from .gpubench import bus_id, no_cuda, set_tf32
 from .gputhreads import error_text, leave, run_each
 from .probing import run as run_command
 
@@ -234,11 +234,16 @@ def gpu_thread(torch, n: int, seconds: float, began: float, index: int, entry: d
 
 
 def deterministic(torch) -> None:
-    """The settings the fixed computation needs to give the same bytes every time: TF32 off, deterministic
-    algorithms (cuBLAS needs CUBLAS_WORKSPACE_CONFIG for them, set before CUDA starts)."""
+    """The settings the fixed computation needs to give the same bytes every time: TF32 off (torch's fp32_precision
+    where it has it, the older allow_tf32 flags before it: gpubench.set_tf32), deterministic algorithms (cuBLAS needs
+    CUBLAS_WORKSPACE_CONFIG for them, set before CUDA starts)."""
     os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-    torch.backends.cuda.matmul.allow_tf32 = False
-    torch.backends.cudnn.allow_tf32 = False
+    set_tf32(torch, False)
+    cudnn = torch.backends.cudnn
+    if hasattr(cudnn, "fp32_precision"):
+        cudnn.fp32_precision = "ieee"
+    else:
+        cudnn.allow_tf32 = False
     torch.use_deterministic_algorithms(True)
 
 
