@@ -5,10 +5,11 @@
     benchmarks/gpu_figures.py --cpu [--matmul-n 1024] [--copy-mib 64]   (the plumbing, on this machine's CPU)
 
 Per GPU, in alternating rounds (gpubench first, then torch, then the other way round), medians over the rounds:
-- the dense multiply: gpubench's `matmul_tflops` (best of its repeats, CUDA events) against
+- the dense multiply: gpubench's `matmul_tflops_median` (the median of its repeats, CUDA events: like for like with
+  torch's median; the best, which the checks judge, is the other figure gpubench gives) against
   `torch.utils.benchmark.Timer("torch.mm(a, b, out=out)").blocked_autorange()` on the same N x N bf16 matrices
   (its median time per call), both as 2 N^3 / seconds;
-- device memory bandwidth: gpubench's `memory_gbps` against a plain torch loop of `dst.copy_(src)` over the same
+- device memory bandwidth: gpubench's `memory_gbps_median` against a plain torch loop of `dst.copy_(src)` over the same
   number of bytes, timed with the wall clock around torch.cuda.synchronize(), both counting every byte read and
   written (gpubench's COPY_COUNTS).
 It prints each figure, the ratio gpubench / torch and whether it is within 5 %; exit 0 when every figure is, 1 when
@@ -62,9 +63,10 @@ def torch_copy_gbps(torch, device, mib: int, loops: int = 20) -> float:
 
 
 def gpubench_matmul(torch, device, sizes: gpubench.Sizes) -> float:
+    """gpubench's median multiply figure (the median of its repeats, as torch's Timer takes a median)."""
     if device.type == "cuda":
-        return gpubench.matmul_tflops(torch, device, "bf16", sizes)
-    return gpubench.matmul_tflops(torch, device, "fp32", sizes)  # a CPU has no fast bf16 multiply to compare
+        return gpubench.matmul_tflops(torch, device, "bf16", sizes)[1]
+    return gpubench.matmul_tflops(torch, device, "fp32", sizes)[1]  # a CPU has no fast bf16 multiply to compare
 
 
 def compare(torch, device, sizes: gpubench.Sizes, rounds: int) -> dict:
@@ -73,7 +75,7 @@ def compare(torch, device, sizes: gpubench.Sizes, rounds: int) -> dict:
     theirs = {"matmul_tflops": [], "memory_gbps": []}
     for round_ in range(rounds):
         pairs = [
-            (ours, lambda: (gpubench_matmul(torch, device, sizes), gpubench.memory_gbps(torch, device, sizes))),
+            (ours, lambda: (gpubench_matmul(torch, device, sizes), gpubench.memory_gbps(torch, device, sizes)[1])),
             (
                 theirs,
                 lambda: (

@@ -5,11 +5,20 @@ of the same model. A GPU well below is named by its index and bus id, with what 
 
 The figures: dense multiply throughput in TFLOP/s (bf16, tf32, fp32), device memory bandwidth in GB/s from a
 device-to-device copy counting every byte read and written (nvbandwidth counts a copy's bytes once: half of this),
-host-to-device and device-to-host GB/s over pinned memory, each byte once.
+host-to-device and device-to-host GB/s over pinned memory, each byte once. Each figure is gpubench's best of its
+repeats (what the GPU can do, which a datasheet floor and a peer comparison ask about; something else on the node
+only lowers a repeat), the median of the same repeats kept beside it in the data (`<figure>_median`).
+
+A MIG instance (CUDA shows one per process; torch names it "NVIDIA H100 80GB HBM3 MIG 1g.10gb") is judged as what
+it is: its multiply against its profile's share of the GPU's SMs, its memory copy against its share of the memory,
+its host copies against the node's other instances only (mig_share); a profile the table cannot place is judged
+against its peers only, and the message says so. The node's TF32 override variables, which change what "tf32" or
+"fp32" measures underneath torch, are recorded in gpu.perf.matmul's data, and a WARN names them where set.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, replace
 from statistics import median
 from typing import Any
@@ -115,6 +124,82 @@ HOST_FIX = (
 NOT_MEASURED = "the GPUs were not measured here (clustercheck run's core stage measures them)"
 
 CHECKS = {"gpu.perf.matmul": MATMUL, "gpu.perf.memory": MEMORY, "gpu.perf.host_copy": HOST}
+
+# NVIDIA's MIG user guide, "Supported MIG Profiles" (https://docs.nvidia.com/datacenter/tesla/mig-user-guide/
+# supported-mig-profiles.html): a profile Ng.Mgb holds N of the GPU's compute slices, its "Fraction of SMs" N/7 on the
+# GPUs of 7 instances (A100's MIG 1g.5gb: 1/7; H100's and H200's the same; the guide's "Supported GPUs" table gives 7
+# as the "Max Number of Instances" of A100, H100, H200, H20, B200 and GB200) and N/4 on A30 (MIG 1g.6gb: 1/4) and the
+# RTX PRO 6000 Blackwell; and M GB of the GPU's memory, its "Fraction of Memory" (H100's 1g.10gb: 1/8 of 80 GB),
+# whose memory controllers come with it. A compute instance Cc.Ng.Mgb runs on C of its N slices.
+MIG = re.compile(r"\bMIG\s+(?:(\d+)c\.)?(\d+)g\.(\d+)gb\b")
+MIG_SLICES = {"A30": 4, "RTX PRO 6000": 4, "RTX PRO 5000": 2}  # the guide's Max Number of Instances, else 7
+MIG_GUIDE = "NVIDIA's MIG user guide"
+# NVIDIA_TF32_OVERRIDE=0 keeps cuBLAS and cuDNN off TF32 whatever torch asks (NVIDIA's cuBLAS documentation), so
+# gpubench's "tf32" figure is a float32 one; TORCH_ALLOW_TF32_CUBLAS_OVERRIDE=1 has torch's cuBLAS calls use TF32
+# where float32 was asked (torch's "CUDA Environment Variables" page: "forces TF32 enablement"), so its "fp32"
+# figure is a TF32 one.
+TF32_OVERRIDDEN = {("NVIDIA_TF32_OVERRIDE", "0"): "tf32", ("TORCH_ALLOW_TF32_CUBLAS_OVERRIDE", "1"): "fp32"}
+TF32_FIX = (
+    "Unset the variable in the environment clustercheck's torch runs in (the node's shell profile, the container "
+    "image, the Slurm job's environment) to measure what the figure names, or read the figure as what it measured."
+)
+
+
+@dataclass(frozen=True)
+class MigShare:
+    """A MIG instance's share of its GPU: its profile, its fraction of the SMs, of the memory (None: unknown)."""
+
+    profile: str
+    slices: int
+    of: int
+    memory: float | None
+
+    @property
+    def words(self) -> str:
+        return f"a MIG {self.profile} instance, {self.slices}/{self.of} of the SMs"
+
+
+def mig_share(name: str | None, model: expected_values.Model | None) -> MigShare | None:
+    """The MIG instance torch names NAME, as MIG_GUIDE gives its share (None: a whole GPU)."""
+    found = MIG.search(name or "")
+    if not found:
+        return None
+    compute, slices, gigabytes = found.groups()
+    of = next((n for key, n in MIG_SLICES.items() if key in (name or "")), 7)
+    memory_gb = model.get("memory_gb") if model else None
+    memory = min(1.0, int(gigabytes) / memory_gb) if memory_gb else None
+    return MigShare(found.group(0).split(None, 1)[1], int(compute or slices), of, memory)
+
+
+def _expected(g: GpuFigures, f: Figure, model: expected_values.Model | None, skipped: set[str]) -> float | None:
+    """The figure G is judged against for F: the model's, or a MIG instance's share of it (None: not judged
+    against the datasheet; a figure the TF32 variables change, SKIPPED, is not)."""
+    want = model.get(f.expected) if model else None
+    if want is None or f.name in skipped:
+        return None
+    share = mig_share(g.name, model)
+    if share is None:
+        return want
+    if f in MATMUL:
+        return want * share.slices / share.of
+    if f in MEMORY and share.memory is not None:
+        return want * share.memory
+    return None  # host copies: the floor is the whole GPU's, an instance has its share of the copy engines
+
+
+def _overridden(bench: GpuBench, figures: tuple[Figure, ...]) -> tuple[set[str], list[str]]:
+    """The figures of FIGURES the node's TF32 override variables change, and the message's words for each."""
+    names, said = set(), []
+    for (variable, value), dtype in TF32_OVERRIDDEN.items():
+        if (bench.tf32_overrides.get(variable) or "").strip() == value and f"matmul_{dtype}_tflops" in (
+            f.name for f in figures
+        ):
+            names.add(f"matmul_{dtype}_tflops")
+            measured = "float32 without TF32" if dtype == "tf32" else "TF32"
+            said.append(f"{variable}={value} on the node: the {dtype} multiply measured {measured}, not judged")
+    return names, said
+
+
 CLUSTER = "gpu.perf.cluster"
 
 
@@ -130,6 +215,7 @@ def _rows(gpus: tuple[GpuFigures, ...], figures: tuple[Figure, ...]) -> list[dic
     for g in gpus:
         row: dict[str, Any] = {"index": g.index, "bus_id": g.bus_id, "name": g.name}
         row.update({f.name: g.figure(f.name) for f in figures})
+        row.update({f"{f.name}_median": g.medians[f.name] for f in figures if f.name in g.medians})
         if g.error:
             row["error"] = g.error
         rows.append(row)
@@ -181,16 +267,22 @@ def _judge_node(bench: GpuBench | None, match: expected_values.Match, figures: t
         return none
     model = match.model
     gpus = list(bench.gpus)
-    expected = {f.name: model.get(f.expected) if model else None for f in figures}
+    skipped, overridden = _overridden(bench, figures)
     medians = {f.name: _peer_medians(gpus, f) for f in figures}
     data: dict[str, Any] = {
         "gpus": _rows(bench.gpus, figures),
         "units": units(figures),
-        "expected": {f.expected: expected[f.name] for f in figures},
+        "expected": {f.expected: model.get(f.expected) if model else None for f in figures},
         "node_median": {f.name: {str(k): round(m, 2) for k, (m, _) in medians[f.name].items()} for f in figures},
+        "judged": "the best of gpubench's repeats (the median beside it: <figure>_median)",
     }
     if figures == MEMORY:
         data["copy_counts"] = bench.copy_counts
+    if figures == MATMUL:
+        data["tf32_overrides"] = bench.tf32_overrides
+    mig = {g.label: vars(share) for g in gpus if (share := mig_share(g.name, model))}
+    if mig:
+        data["mig"] = mig
     errors, slow = [], []
     for g in gpus:
         if g.error:
@@ -199,22 +291,52 @@ def _judge_node(bench: GpuBench | None, match: expected_values.Match, figures: t
             value = g.figure(f.name)
             if value is None:
                 continue
-            want = expected[f.name]
-            if want is not None and value < f.share * want:
-                share = f"under {f.share:.0%} of " if f.share < 1 else "under "
-                slow.append(f"{g.label}: {f.words} {f.shown(value)}, {share}{model.name}'s {f.shown(want)}")
-            peers = medians[f.name].get(g.name)
-            if peers and value < PEER_SHARE * peers[0]:
-                slow.append(
-                    f"{g.label}: {f.words} {f.shown(value)}, {value / peers[0]:.0%} of the median "
-                    f"{f.shown(peers[0])} of this node's {peers[1]} {g.name or 'GPU'}s"
-                )
-    how = _judged_how(match, figures)
+            slow += _below(g, f, value, _expected(g, f, model, skipped), model, medians[f.name].get(g.name))
+    how = _judged_how(match, figures) + _mig_how(mig, figures)
     if errors and not all("out of memory" in e.lower() for e in errors):
-        return fail("; ".join(errors + slow) + f" ({how})", **data)
+        return fail("; ".join(errors + slow + overridden) + f" ({how})", **data)
+    if overridden:
+        return warn("; ".join(errors + slow + overridden) + f" ({how})", TF32_FIX, **data)
     if errors or slow:
         return warn("; ".join(errors + slow) + f" ({how})", **data)
     return passed(f"{len(gpus)} GPU(s): {_summary(gpus, figures)} ({how})", **data)
+
+
+def _below(
+    g: GpuFigures,
+    f: Figure,
+    value: float,
+    want: float | None,
+    model: expected_values.Model | None,
+    peers: tuple[float, int] | None,
+) -> list[str]:
+    """What is slow about G's figure F (VALUE): under its share of WANT (the model's, or a MIG instance's share of
+    it), under PEER_SHARE of its peers' median (PEERS)."""
+    slow = []
+    if want is not None and value < f.share * want:
+        share = f"under {f.share:.0%} of " if f.share < 1 else "under "
+        mig = mig_share(g.name, model)
+        whose = f"{f.shown(want)} ({mig.words} of {model.name})" if mig else f"{model.name}'s {f.shown(want)}"
+        slow.append(f"{g.label}: {f.words} {f.shown(value)}, {share}{whose}")
+    if peers and value < PEER_SHARE * peers[0]:
+        slow.append(
+            f"{g.label}: {f.words} {f.shown(value)}, {value / peers[0]:.0%} of the median "
+            f"{f.shown(peers[0])} of this node's {peers[1]} {g.name or 'GPU'}s"
+        )
+    return slow
+
+
+def _mig_how(mig: dict[str, dict], figures: tuple[Figure, ...]) -> str:
+    """The message's words for MIG instances: how they were judged."""
+    if not mig:
+        return ""
+    profiles = ", ".join(sorted({m["profile"] for m in mig.values()}))
+    if figures == HOST:
+        return (
+            f"; MIG instance(s) {profiles}: judged against the node's other instances only, the host copy floor "
+            f"being the whole GPU's ({MIG_GUIDE}: an instance has its share of the copy engines)"
+        )
+    return f"; MIG instance(s) {profiles} judged against their profile's share of the GPU ({MIG_GUIDE})"
 
 
 def _judged_how(match: expected_values.Match, figures: tuple[Figure, ...]) -> str:

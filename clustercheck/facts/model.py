@@ -411,6 +411,7 @@ class GpuFigures:
     h2d_gbps: float | None  # host to device over pinned memory, GB/s, each byte once
     d2h_gbps: float | None
     error: str | None = None  # why a figure is missing (out of memory, a CUDA error)
+    medians: dict[str, float] = field(default_factory=dict)  # report name -> the median repeat's figure
 
     @property
     def label(self) -> str:
@@ -418,7 +419,7 @@ class GpuFigures:
         return f"GPU {self.index}" + (f" ({self.bus_id})" if self.bus_id else "")
 
     def figure(self, name: str) -> float | None:
-        """A figure by its report name (matmul_bf16_tflops, memory_gbps, h2d_gbps, d2h_gbps)."""
+        """A figure by its report name (matmul_bf16_tflops, memory_gbps, h2d_gbps, d2h_gbps): the best repeat's."""
         if name.startswith("matmul_"):
             return self.matmul_tflops.get(name.split("_")[1])
         return getattr(self, name)
@@ -429,6 +430,9 @@ class GpuFigures:
             return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
         matmul = {k: float(v) for k, v in (entry.get("matmul_tflops") or {}).items() if number(v) is not None}
+        medians = {f"matmul_{k}_tflops": v for k, v in (entry.get("matmul_tflops_median") or {}).items()}
+        medians |= {n: entry[f"{n}_median"] for n in ("memory_gbps", "h2d_gbps", "d2h_gbps") if f"{n}_median" in entry}
+        medians = {k: float(v) for k, v in medians.items() if number(v) is not None}
         return cls(
             int(entry["index"]),
             entry.get("bus_id"),
@@ -437,7 +441,8 @@ class GpuFigures:
             number(entry.get("memory_gbps")),
             number(entry.get("h2d_gbps")),
             number(entry.get("d2h_gbps")),
-            entry.get("error"),
+            entry.get("error") or (f"did not finish ({entry.get('phase')}), hung" if entry.get("hung") else None),
+            medians,
         )
 
 
@@ -449,6 +454,7 @@ class GpuBench:
     problem: str | None = None  # why nothing was measured (torch sees no CUDA GPU, torch does not import)
     failure: str | None = None  # the program ran and gave no figures: why (its exit, its errors, its timeout)
     copy_counts: str | None = None  # how memory_gbps counts a copy's bytes ("read+written")
+    tf32_overrides: dict[str, str | None] = field(default_factory=dict)  # the node's TF32 override variables
 
     @classmethod
     def from_answer(cls, answer: dict[str, Any]) -> GpuBench:
@@ -458,7 +464,7 @@ class GpuBench:
         gpus = tuple(GpuFigures.from_answer(g) for g in answer.get("gpus") or [])
         if not gpus:
             return cls(problem="torch found no GPU to measure")
-        return cls(gpus, copy_counts=answer.get("copy_counts"))
+        return cls(gpus, copy_counts=answer.get("copy_counts"), tf32_overrides=answer.get("tf32_overrides") or {})
 
 
 @dataclass(frozen=True)

@@ -67,6 +67,9 @@ def test_every_figure_comes_out_in_the_shape_the_checks_read():
         assert all(value > 0 for value in entry["matmul_tflops"].values()), entry
         assert entry["memory_gbps"] > 0 and entry["h2d_gbps"] > 0 and entry["d2h_gbps"] > 0, entry
         assert "error" not in entry
+        # the median repeat beside the best: never faster than the best
+        assert all(entry["matmul_tflops_median"][d] <= entry["matmul_tflops"][d] for d in entry["matmul_tflops"])
+        assert 0 < entry["memory_gbps_median"] <= entry["memory_gbps"] and entry["d2h_gbps_median"] <= entry["d2h_gbps"]
     bench = GpuBench.from_answer({"cuda": True, "copy_counts": gpubench.COPY_COUNTS, "gpus": list(out.values())})
     assert [g.figure("matmul_fp32_tflops") for g in bench.gpus] == [e["matmul_tflops"]["fp32"] for e in out.values()]
     assert bench.gpus[1].figure("memory_gbps") == out[1]["memory_gbps"]

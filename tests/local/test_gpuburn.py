@@ -88,8 +88,10 @@ def test_every_device_runs_the_load_and_gives_the_same_fixed_result():
     found = checks.judge_sdc(burn)
     assert found.status is Status.PASS, found.message
     assert found.message == (
-        "2 GPU(s) gave the same result before and after the load, 2 compared with their peers of the same model"
+        "2 GPU(s) gave the same result before and after the load, the load's product alike in 2 check(s) during it, "
+        "2 compared with their peers of the same model"
     )
+    assert out[0]["load_hash"] == out[1]["load_hash"] and out[0]["load_mismatches"] == 0  # one seed, one product
 
 
 def test_a_device_that_fails_has_its_error_and_the_others_go_on():

@@ -62,9 +62,15 @@ def test_the_older_throttle_reason_field_names_are_read_under_the_new_ones():
 def test_the_recorded_gtx1080_bitmask_names_every_reason_nvml_defines():
     header, mask = GTX1080.read_text().split()
     assert header == "clocks_throttle_reasons.supported"
-    assert burn.reasons(burn.value(mask)) == tuple(burn.REASONS.values())
+    assert burn.reasons(burn.value(mask)) == tuple(burn.REASONS.values())[:9]  # the GTX 1080's driver: 0x1 to 0x100
     assert burn.reasons(0x84) == ("sw_power_cap", "hw_power_brake_slowdown")
-    assert burn.reasons(0x200) == ("0x200",)  # a bit NVML does not name here: by its value
+    assert burn.reasons(0x1000) == ("0x1000",)  # a bit NVML does not name: by its value
+
+
+def test_nvml_s_newer_reasons_board_limit_and_reliability_are_named():
+    """NVML's nvmlClocksEventReasonBoardLimit (0x200) and nvmlClocksEventReasonReliability (0x400); before, the
+    burn's data said "0x200"."""
+    assert burn.reasons(0x604) == ("sw_power_cap", "board_limit", "reliability")
 
 
 @pytest.mark.parametrize("text", ["[N/A]", "[Not Supported]", "N/A", "", "[Unknown Error]"])
@@ -129,7 +135,8 @@ def test_healthy_gpus_under_load_pass_every_check(check):
 def test_the_load_s_figures_are_said():
     found = judged("gpu.burn.load", answer())
     assert found.message == "4 GPU(s) under load for 60 s: bf16 multiply 650, 650, 650, 650 TFLOP/s"
-    assert judged("gpu.burn.throttle", answer()).message == "no protective slowdown in 28 sample(s), up to 59 C"
+    throttle = judged("gpu.burn.throttle", answer()).message
+    assert throttle == "no protective slowdown in 24 sample(s) under load, up to 59 C"  # t=0 is before the load
 
 
 def test_a_thermal_slowdown_under_load_is_a_fail_naming_the_gpu_and_its_reason():
@@ -140,8 +147,8 @@ def test_a_thermal_slowdown_under_load_is_a_fail_naming_the_gpu_and_its_reason()
     found = judged("gpu.burn.throttle", answer(lines=lines))
     assert found.status is Status.FAIL
     assert found.message == (
-        "slowed by hardware protection under load: GPU 2 (00000000:1A:00.0): hw_thermal_slowdown in 4 of 7 samples "
-        "(up to 88 C)"
+        "slowed by hardware protection under load: GPU 2 (00000000:1A:00.0): hw_thermal_slowdown in 4 of 6 samples "
+        "under load (up to 88 C)"
     )
     assert found.data["gpus"]["00000000:1A:00.0"]["reasons"] == ["hw_thermal_slowdown"]
     assert "cooling" in registry.get("gpu.burn.throttle").result("n1", found).remediation
@@ -154,7 +161,7 @@ def test_the_driver_s_thermal_slowdown_is_a_warn_and_the_power_cap_is_not_judged
 
     found = judged("gpu.burn.throttle", answer(gpus=2, lines=lines))
     assert found.status is Status.WARN
-    assert "GPU 0 (00000000:18:00.0): sw_thermal_slowdown in 7 of 7 samples" in found.message
+    assert "GPU 0 (00000000:18:00.0): sw_thermal_slowdown in 6 of 6 samples" in found.message
     assert "GPU 1" not in found.message and found.data["gpus"]["00000000:19:00.0"]["reasons"] == ["sw_power_cap"]
 
 
@@ -210,7 +217,7 @@ def test_a_gpu_whose_fixed_result_differs_from_its_peers_is_a_fail():
     found = judged("gpu.burn.sdc", raw)
     assert found.status is Status.FAIL
     assert found.message == (
-        "wrong results (silent data corruption): GPU 1 (00000000:19:00.0): its result differs from its 3 peer(s)'"
+        "wrong results (silent data corruption): GPU 1 (00000000:19:00.0): its fixed result differs from its 3 peer(s)'"
     )
     assert "Take the GPU out of service" in registry.get("gpu.burn.sdc").result("n1", found).remediation
 
@@ -219,7 +226,7 @@ def test_a_gpu_whose_result_changes_under_load_is_a_fail_even_alone():
     raw = answer(gpus=1)
     raw["gpus"][0]["hash_after"] = "c" * 64
     found = judged("gpu.burn.sdc", raw)
-    assert found.status is Status.FAIL and "after the load its result differs from its own before it" in found.message
+    assert found.status is Status.FAIL and "after the load its fixed result differs" in found.message
 
 
 def test_two_gpus_that_disagree_are_both_named_since_neither_is_the_majority():

@@ -97,11 +97,11 @@ def test_a_model_without_the_figure_is_judged_against_the_node_only_and_says_so(
 
 
 def test_a_model_whose_file_gives_no_such_figure_says_it_has_no_expected_value():
-    h200 = expected.shipped().match(["NVIDIA H200"])
-    found = gpuperf.judge_node(bench(gpu(0, name="NVIDIA H200"), gpu(1, name="NVIDIA H200")), h200, gpuperf.HOST)
+    l40s = expected.shipped().match(["NVIDIA L40S"])
+    found = gpuperf.judge_node(bench(gpu(0, name="NVIDIA L40S"), gpu(1, name="NVIDIA L40S")), l40s, gpuperf.HOST)
     assert found.status is Status.PASS
     assert found.message.endswith(
-        "(expected values of H200 SXM in clustercheck/expected/h200-sxm.yml, which give no host_copy_gbps: judged "
+        "(expected values of L40S in clustercheck/expected/l40s.yml, which give no host_copy_gbps: judged "
         "against the node's other GPUs only)"
     )
     assert found.data["expected"] == {"host_copy_gbps": None}

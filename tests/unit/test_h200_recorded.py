@@ -73,3 +73,31 @@ def test_ddp_on_one_h200_equals_single_process_training():
     assert "DDP on 1 ranks (nccl, float32), 20 steps matches single-process training: max param diff 0" in (
         result.message
     )
+
+
+def test_the_h200_s_figures_are_judged_against_its_own_datasheet_not_against_peers_it_does_not_have():
+    """The recorded one-GPU H200 with gpubench's figures (in the program's shape, at the levels measured on lent
+    H200s: bf16 about 780 TFLOP/s, a copy about 4.3 TB/s): before, h200-sxm.yml gave no such figure and the checks
+    PASSed 'judged against the node's other GPUs only', on a node with no other GPU."""
+    from clustercheck.facts.model import GpuBench
+
+    facts = collect.build(
+        Node(name="localhost", address="localhost", connection="local"),
+        record("facts-h200-vm.json"),
+        python="/opt/torch/.venv/bin/python3",
+        python_source="the python running clustercheck",
+        cluster_size=1,
+    )
+    entry = {"index": 0, "bus_id": facts.smi.gpus[0].bus_id, "name": "NVIDIA H200", "memory_gbps": 4300.0}
+    entry |= {"matmul_tflops": {"bf16": 780.0, "tf32": 380.0, "fp32": 50.0}, "h2d_gbps": 55.0, "d2h_gbps": 55.0}
+    facts.gpu_bench = GpuBench.from_answer({"cuda": True, "copy_counts": "read+written", "gpus": [entry]})
+    results = {r.name: r for r in registry.run_node_checks(facts)}
+    for name in ("gpu.perf.matmul", "gpu.perf.memory", "gpu.perf.host_copy"):
+        assert results[name].status is Status.PASS, results[name].message
+        assert "expected values of H200 SXM" in results[name].message
+        assert "judged against the node's other GPUs only" not in results[name].message
+    facts.gpu_bench = GpuBench.from_answer(
+        {"cuda": True, "copy_counts": "read+written", "gpus": [entry | {"memory_gbps": 2000.0}]}
+    )
+    slow = {r.name: r for r in registry.run_node_checks(facts)}["gpu.perf.memory"]
+    assert slow.status is Status.WARN and "under 60% of H200 SXM's 4800 GB/s" in slow.message
