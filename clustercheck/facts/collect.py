@@ -74,6 +74,10 @@ def build(
     if smi.get("rc") == 0 and smi.get("out"):
         facts.smi = parse.parse_nvidia_smi_q(smi["out"])
         _owners(facts.smi, raw.get("gpu_processes"))
+        listed = smi.get("list") if isinstance(smi.get("list"), dict) else {}
+        parse.add_mig_devices(facts.smi, parse.parse_nvidia_smi_list(listed.get("out") or ""))
+        if smi.get("gpu_errors"):  # GPUs whose own nvidia-smi -q -i INDEX failed (the others answered)
+            missing["smi_gpus"] = "; ".join(f"GPU {i}: {why}" for i, why in smi["gpu_errors"].items())
     else:
         facts.smi_error = smi.get("error") or _last_line(smi) or COULD_NOT_COLLECT
         missing["smi"] = facts.smi_error

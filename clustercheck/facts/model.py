@@ -13,6 +13,7 @@ the node side and the recorded outputs.
 from __future__ import annotations
 
 import re
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from ipaddress import IPv4Interface, IPv6Interface
@@ -96,6 +97,41 @@ class Gpu:
     app_clocks_mhz: dict[str, int] = field(default_factory=dict)  # Applications Clocks (Graphics, Memory)
     app_clocks_default_mhz: dict[str, int] = field(default_factory=dict)
     memory_total_mib: int | None = None  # "FB Memory Usage/Total"
+    memory_used_mib: int | None = None  # "FB Memory Usage/Used" (newer drivers print what they reserve apart)
+    mig_mode: str | None = None  # "MIG Mode/Current": Enabled, Disabled, N/A (a GPU without MIG)
+    mig_pending: str | None = None  # "MIG Mode/Pending": the mode a GPU reset will apply
+    mig_devices: list[MigDevice] = field(default_factory=list)  # nvidia-smi -L's MIG lines under this GPU
+
+    @property
+    def mig(self) -> bool:
+        return self.mig_mode == "Enabled"
+
+    @property
+    def mig_instances(self) -> str:
+        """'7 MIG device(s): 7 x 1g.12gb', as nvidia-smi -L lists them under this GPU."""
+        if not self.mig_devices:
+            return "no MIG device listed"
+        profiles = Counter(d.profile for d in self.mig_devices)
+        shown = ", ".join(f"{n} x {profile}" for profile, n in sorted(profiles.items()))
+        return f"{len(self.mig_devices)} MIG device(s): {shown}"
+
+    @property
+    def unaccounted_mib(self) -> int | None:
+        """GPU memory in use beyond what the listed processes hold (what a process nvidia-smi cannot see holds:
+        another container's, another PID namespace's); None when a process's share is not reported."""
+        held = [p.used_mib for p in self.processes]
+        if self.memory_used_mib is None or None in held:
+            return None
+        return self.memory_used_mib - sum(held)  # type: ignore[arg-type]
+
+
+@dataclass(frozen=True)
+class MigDevice:
+    """A MIG device as `nvidia-smi -L` names it: '  MIG 1g.10gb     Device  0: (UUID: MIG-...)'."""
+
+    profile: str  # "1g.10gb": compute slices and memory
+    index: int
+    uuid: str | None = None
 
 
 @dataclass
