@@ -88,24 +88,25 @@ def nvidia_smi_q(timeout):
         thread.start()
     for thread in threads:
         thread.join(max(0.0, started + timeout - time.monotonic()))
-    parts, errors = [], {}
+    outputs, errors = [], {}
     for index in indices:
         answer = answers.get(index) or {"error": f"nvidia-smi -q -i {index} gave no answer within {timeout:g} s"}
         out = answer.get("out") or ""
-        if answer.get("rc") != 0 or not SMI_GPU.search(out):
+        if answer.get("rc") == 0 and SMI_GPU.search(out):
+            outputs.append(out)
+        else:
             errors[index] = answer.get("error") or (answer.get("err") or out).strip()[-300:] or "no output"
-            continue
-        parts.append(out if not parts else out[SMI_GPU.search(out).start() :])
-    if not parts:
+    if not outputs:
         return {"rc": 1, "out": "", "err": "; ".join(f"GPU {i}: {e}" for i, e in errors.items()), "list": listed}
-    return {
-        "rc": 0,
-        "out": "".join(p if p.endswith("\n") else p + "\n" for p in parts),
-        "err": "",
-        "list": listed,
-        "gpu_errors": errors,
-        "seconds": round(time.monotonic() - started, 3),
-    }
+    seconds = round(time.monotonic() - started, 3)
+    return {"rc": 0, "out": joined_smi_q(outputs), "err": "", "list": listed, "gpu_errors": errors, "seconds": seconds}
+
+
+def joined_smi_q(outputs):
+    """Per-GPU `nvidia-smi -q -i N` outputs as one `nvidia-smi -q`: the first whole (its header names the driver and
+    CUDA), each other from its GPU line on."""
+    parts = [out if not number else out[SMI_GPU.search(out).start() :] for number, out in enumerate(outputs)]
+    return "".join(part if part.endswith("\n") else part + "\n" for part in parts)
 
 
 COMMANDS["nvidia_smi_q"] = nvidia_smi_q
