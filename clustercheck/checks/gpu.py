@@ -31,6 +31,16 @@ def gpu_count(facts: NodeFacts) -> Finding:
         )
     found = len(smi.gpus)
     names = sorted({g.name or "?" for g in smi.gpus})
+    unread = facts.missing.get("smi_gpus")  # nvidia-smi -q -i INDEX failed for these GPUs, the others answered
+    if unread:
+        return fail(
+            f"{found} GPU(s) read, nvidia-smi -q failed for the others: {unread}",
+            "A GPU that nvidia-smi cannot read alone is hung or has fallen off the bus: check the kernel log (Xid 79) "
+            "and nvidia-smi -q -i INDEX; drain the node and reset the GPU or reboot.",
+            expected=expected,
+            found=found,
+            unread=unread,
+        )
     match = facts.expected
     model = match.model
     data = {"expected": expected, "found": found, "names": names, "model": model.name if model else None}

@@ -239,3 +239,14 @@ def test_a_gpu_whose_own_call_fails_is_named_and_without_a_list_plain_q_answers(
     (tmp_path / "list.txt").write_text("")  # -L names no GPU: plain -q, which the fake refuses
     answer = node.nvidia_smi_q(10.0)
     assert answer["rc"] == 2 and "unexpected: -q" in answer["err"]
+
+
+def test_a_gpu_whose_own_nvidia_smi_q_failed_fails_gpu_count_by_name():
+    """The collector's answer when GPU 1's `nvidia-smi -q -i 1` timed out and GPU 0 (the H200 record) answered."""
+    answer = {"rc": 0, "out": H200, "gpu_errors": {"1": "nvidia-smi timed out after 10 s"}}
+    raw = {"python": {"version": "3.11.2"}, "torch": dict(TORCH_CPU), "commands": {"nvidia_smi_q": answer}}
+    facts = collect.build(Node(name="gpu1", address="gpu1"), raw, python="/usr/bin/python3", python_source="test")
+    result = {r.name: r for r in registry.run_node_checks(facts)}["gpu.count"]
+    assert result.status is Status.FAIL
+    assert "nvidia-smi -q failed for the others: GPU 1: nvidia-smi timed out after 10 s" in result.message
+    assert "Xid 79" in result.remediation
