@@ -116,7 +116,7 @@ PERSISTENCE_URL = "https://docs.nvidia.com/deploy/driver-persistence/persistence
     "gpu.persistence",
     proves="persistence mode is on for every GPU (nvidia-smi -q's Persistence Mode): without it the driver unloads "
     "a GPU's state whenever no client holds it, and every job, nvidia-smi call and health probe initialises the "
-    "GPU again, seconds per GPU (NVIDIA's Driver Persistence guide)",
+    "GPU again (NVIDIA's Driver Persistence guide)",
     fix="Run nvidia-persistenced with persistence mode on, at every boot, as NVIDIA recommends (Driver Persistence, "
     f"{PERSISTENCE_URL}): the setup playbook's nvidia_driver role does it (Ubuntu's packaged unit runs "
     "--no-persistence-mode, so `systemctl start nvidia-persistenced` alone leaves it off). `nvidia-smi -pm 1` (as "
@@ -277,7 +277,7 @@ def gpu_processes(facts: NodeFacts) -> Finding:
     data = {"processes": [_process_data(g, p) for g, p in busy], "hidden_mib": hidden, "slurm_job": facts.slurm_job}
     named = [_held(g, p) for g, p in busy] + [
         f"another container or PID namespace holds {mib / 1024:.1f} GiB on GPU {bus} (nvidia-smi lists "
-        + ("no process there" if not any(gpu.bus_id == bus for gpu, _ in busy) else "less held by its processes")
+        + ("no process there" if not any(gpu.bus_id == bus for gpu, _ in busy) else "processes holding less")
         + ")"
         for bus, mib in hidden.items()
     ]

@@ -101,7 +101,7 @@ def test_idle_gpus_and_a_process_holding_its_memory_are_not_taken_for_hidden_mem
     # and the hidden share is the used memory less what the listed process holds
     gpu = parse.parse_nvidia_smi_q(edited(A10G, "Used", "30000 MiB")).gpus[0]
     assert gpu.unaccounted_mib == 30000 - 8716
-    assert "holds 20.8 GiB on GPU 00000000:00:1E.0 (nvidia-smi lists less held by its processes)" in (
+    assert "holds 20.8 GiB on GPU 00000000:00:1E.0 (nvidia-smi lists processes holding less)" in (
         judged(edited(A10G, "Used", "30000 MiB"))["gpu.processes"].message
     )
 
