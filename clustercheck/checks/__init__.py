@@ -14,6 +14,7 @@ from clustercheck.checks import connection  # noqa: F401
 from clustercheck.checks import environment  # noqa: F401
 from clustercheck.checks import container  # noqa: F401
 from clustercheck.checks import gpu  # noqa: F401
+from clustercheck.checks import gpu_mig  # noqa: F401
 from clustercheck.checks import xid  # noqa: F401
 from clustercheck.checks import gpuperf  # noqa: F401
 from clustercheck.checks import gpuburn  # noqa: F401

@@ -70,13 +70,7 @@ def build(
             Package(name, info.get("version"), info.get("error"), tuple(info.get("requires_torch") or ()))
         )
 
-    smi = command("nvidia_smi_q")
-    if smi.get("rc") == 0 and smi.get("out"):
-        facts.smi = parse.parse_nvidia_smi_q(smi["out"])
-        _owners(facts.smi, raw.get("gpu_processes"))
-    else:
-        facts.smi_error = smi.get("error") or _last_line(smi) or COULD_NOT_COLLECT
-        missing["smi"] = facts.smi_error
+    _smi(facts, command("nvidia_smi_q"))
 
     log = command("kernel_log")
     if log.get("rc") != 0 or not log.get("out"):
@@ -160,6 +154,21 @@ def _xids(answer: dict[str, Any], missing: dict[str, str]) -> XidLog | None:
         return XidLog(str(answer["source"]), [str(line) for line in answer["lines"]], int(answer.get("read") or 0))
     missing["xids"] = str(answer.get("error") or COULD_NOT_COLLECT)
     return None
+
+
+def _smi(facts: NodeFacts, smi: dict[str, Any]) -> None:
+    """nvidia-smi -q as the collector read it GPU by GPU (nvidia_smi_q on the node), with who runs each process and
+    the MIG devices nvidia-smi -L listed; a GPU whose own call failed is named in `missing`."""
+    if smi.get("rc") != 0 or not smi.get("out"):
+        facts.smi_error = smi.get("error") or _last_line(smi) or COULD_NOT_COLLECT
+        facts.missing["smi"] = facts.smi_error
+        return
+    facts.smi = parse.parse_nvidia_smi_q(smi["out"])
+    _owners(facts.smi, facts.raw.get("gpu_processes"))
+    listed = smi.get("list") if isinstance(smi.get("list"), dict) else {}
+    parse.add_mig_devices(facts.smi, parse.parse_nvidia_smi_list(listed.get("out") or ""))
+    if isinstance(smi.get("gpu_errors"), dict) and smi["gpu_errors"]:
+        facts.missing["smi_gpus"] = "; ".join(f"GPU {i}: {why}" for i, why in smi["gpu_errors"].items())
 
 
 def _owners(smi: NvidiaSmi, owners: Any) -> None:

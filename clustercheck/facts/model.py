@@ -20,6 +20,7 @@ from typing import Any
 
 from clustercheck import expected as expected_values
 from clustercheck.facts.burn import GpuBurn
+from clustercheck.facts.smi import Gpu, GpuProcess, MigDevice, NvidiaSmi  # noqa: F401 (NodeFacts.smi's records)
 from clustercheck.inventory import Node
 from clustercheck.remote import facts as node
 from clustercheck.remote.probing import HUNG  # noqa: F401 (how a probe the collector gave up on begins its error)
@@ -48,61 +49,6 @@ class Fact:
 def fact(probe: Callable[[], Any], parse: Callable[[Any], Any]) -> Any:
     """A NodeFacts field filled from PROBE's value by PARSE; None (and why, in `missing`) when it failed."""
     return field(default=None, metadata={"fact": Fact(probe, parse)})
-
-
-@dataclass
-class GpuProcess:
-    """A process on a GPU: what nvidia-smi -q's Processes section says of it, and who runs it (the collector reads
-    /proc/PID/status on the node; None when it could not, with why in `unseen`)."""
-
-    pid: int
-    type: str | None = None  # C (compute), G (graphics), C+G
-    name: str | None = None  # nvidia-smi's, else /proc/PID/status's Name
-    used_mib: int | None = None  # "Used GPU Memory"
-    user: str | None = None
-    command: str | None = None
-    unseen: str | None = None  # why the owner is not known
-
-    @property
-    def described(self) -> str:
-        """'pid 917 python (user alice)', as the checks name a process."""
-        who = f"user {self.user}" if self.user else f"user unknown: {self.unseen or 'not read'}"
-        return f"pid {self.pid} {self.name or '(no name)'} ({who})"
-
-
-# nvidia-smi -q, parsed (parse.parse_nvidia_smi_q)
-@dataclass
-class Gpu:
-    bus_id: str
-    name: str | None = None
-    persistence: str | None = None  # "Enabled" / "Disabled"
-    ecc_uncorrected: int | None = None  # volatile uncorrectable errors since the driver loaded
-    throttle_active: list[str] = field(default_factory=list)  # hardware-protection reasons only
-    fabric_state: str | None = None  # "Completed" on a healthy NVSwitch board
-    fabric_status: str | None = None
-    processes: list[GpuProcess] = field(default_factory=list)
-    uuid: str | None = None
-    serial: str | None = None
-    vbios: str | None = None
-    pcie_gen: int | None = None  # current PCIe link generation (GPUs lower it at idle to save power)
-    pcie_gen_max: int | None = None  # what GPU and host both support ("Max", or "Host Max"/"Device Max")
-    pcie_width: int | None = None  # current link width (lanes)
-    pcie_width_max: int | None = None
-    remap_pending: bool | None = None  # "Remapped Rows/Pending": a GPU reset applies the remap
-    remap_failure: bool | None = None  # "Remapping Failure Occurred": the GPU ran out of spare rows
-    remapped_uncorrectable: int | None = None
-    power_limit_w: float | None = None  # the enforced power cap
-    power_default_w: float | None = None  # the board's default power limit
-    app_clocks_mhz: dict[str, int] = field(default_factory=dict)  # Applications Clocks (Graphics, Memory)
-    app_clocks_default_mhz: dict[str, int] = field(default_factory=dict)
-    memory_total_mib: int | None = None  # "FB Memory Usage/Total"
-
-
-@dataclass
-class NvidiaSmi:
-    driver: str | None = None
-    cuda: str | None = None
-    gpus: list[Gpu] = field(default_factory=list)
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ import shlex
 from dataclasses import dataclass
 from typing import Any
 
-from clustercheck.facts.model import Gpu, GpuProcess, NvidiaSmi
+from clustercheck.facts.model import Gpu, GpuProcess, MigDevice, NvidiaSmi
 from clustercheck.facts.xidlog import logged_at
 
 # Throttle reasons that say the hardware protects itself; the others (Idle, application clocks,
@@ -73,6 +73,33 @@ def parse_nvidia_smi_q(text: str) -> NvidiaSmi:
 PROCESS_FIELDS = ("Process ID", "Type", "Name", "Used GPU Memory")
 
 
+SMI_LIST_GPU = re.compile(r"^GPU (?P<index>\d+): (?P<name>.*?)(?: \(UUID: (?P<uuid>[^)]+)\))?$")
+SMI_LIST_MIG = re.compile(r"^\s+MIG (?P<profile>\S+)\s+Device\s+(?P<index>\d+):(?: \(UUID: (?P<uuid>[^)]+)\))?")
+
+
+def parse_nvidia_smi_list(text: str) -> dict[int, tuple[str | None, list[MigDevice]]]:
+    """`nvidia-smi -L` -> {GPU index: (its UUID, the MIG devices listed under it)}: where MIG is on, each GPU's
+    line is followed by one line per MIG device ('  MIG 1g.10gb     Device  0: (UUID: MIG-...)')."""
+    gpus: dict[int, tuple[str | None, list[MigDevice]]] = {}
+    current: list[MigDevice] | None = None
+    for line in text.splitlines():
+        gpu = SMI_LIST_GPU.match(line)
+        mig = SMI_LIST_MIG.match(line)
+        if gpu:
+            current = []
+            gpus[int(gpu["index"])] = (gpu["uuid"], current)
+        elif mig and current is not None:
+            current.append(MigDevice(mig["profile"], int(mig["index"]), mig["uuid"]))
+    return gpus
+
+
+def add_mig_devices(smi: NvidiaSmi, listed: dict[int, tuple[str | None, list[MigDevice]]]) -> None:
+    """The MIG devices `nvidia-smi -L` lists (parse_nvidia_smi_list) onto SMI's GPUs, matched by UUID."""
+    by_uuid = {uuid: devices for uuid, devices in listed.values() if uuid}
+    for gpu in smi.gpus:
+        gpu.mig_devices = list(by_uuid.get(gpu.uuid or "", []))
+
+
 def _process(fields: dict[str, str]) -> GpuProcess:
     """One process of a GPU's Processes section (its pid is a number)."""
     return GpuProcess(
@@ -91,22 +118,11 @@ def _gpu_from_fields(bus_id: str, fields: dict[str, str], processes: list[GpuPro
             reason = path.rsplit("/", 1)[-1]
             if reason in BAD_THROTTLE:
                 throttle.append(reason)
-    uncorrected = None
-    counts = [
-        _int(v)
-        for p, v in fields.items()
-        if p.startswith("ECC Errors/Volatile/")
-        and ("Uncorrectable" in p or p.startswith("ECC Errors/Volatile/Double Bit"))
-        and not p.endswith("Parity")
-    ]
-    known = [c for c in counts if c is not None]
-    if known:
-        uncorrected = sum(known)
     return Gpu(
         bus_id=bus_id,
         name=fields.get("Product Name"),
         persistence=fields.get("Persistence Mode"),
-        ecc_uncorrected=uncorrected,
+        ecc_uncorrected=_uncorrectable(fields),
         throttle_active=sorted(set(throttle)),
         fabric_state=fields.get("Fabric/State"),
         fabric_status=fields.get("Fabric/Status"),
@@ -126,7 +142,31 @@ def _gpu_from_fields(bus_id: str, fields: dict[str, str], processes: list[GpuPro
         app_clocks_mhz=_clocks(fields, "Applications Clocks"),
         app_clocks_default_mhz=_clocks(fields, "Default Applications Clocks"),
         memory_total_mib=_mib(fields.get("FB Memory Usage/Total")),
+        memory_used_mib=_mib(fields.get("FB Memory Usage/Used")),
+        mig_mode=_known(fields.get("MIG Mode/Current")),
+        mig_pending=_known(fields.get("MIG Mode/Pending")),
     )
+
+
+VOLATILE = "ECC Errors/Volatile/"
+
+
+def _uncorrectable(fields: dict[str, str]) -> int | None:
+    """The volatile uncorrectable ECC errors (since the driver loaded) of every memory nvidia-smi -q counts: DRAM
+    and SRAM on Ampere and later, where SRAM's are split into parity and SEC-DED errors, both uncorrectable (NVML's
+    nvmlEccSramErrorStatus_v1_t: volatileUncParity, volatileUncSecDed, "volatile uncorrectable parity/SEC-DED error
+    count", https://docs.nvidia.com/deploy/nvml-api/structnvmlEccSramErrorStatus__v1__t.html); older drivers print
+    one SRAM Uncorrectable count, and older GPUs a Double Bit section whose Total sums its memories. None when
+    nothing is reported (ECC off or not supported)."""
+    volatile = {p[len(VOLATILE) :]: _int(v) for p, v in fields.items() if p.startswith(VOLATILE)}
+    if "Double Bit/Total" in volatile:
+        counted = ["Double Bit/Total"]
+    else:
+        counted = [k for k in volatile if "Uncorrectable" in k or k.startswith("Double Bit/")]
+        if any(k.startswith("SRAM Uncorrectable ") for k in counted):  # the split counts, not a total beside them
+            counted = [k for k in counted if k != "SRAM Uncorrectable"]
+    known = [volatile[k] for k in counted if volatile[k] is not None]
+    return sum(known) if known else None  # type: ignore[arg-type]
 
 
 POWER_SECTIONS = ("Power Readings", "GPU Power Readings")  # the latter from driver 530 on

@@ -19,12 +19,13 @@ import shutil
 import socket
 import sys
 import tempfile
+import threading
+import time
 
 from .probing import PROBE_TIMEOUT, matching_lines, probe, read_text, run, run_all
 from .torchprobe import TorchProbe
 
 COMMANDS = {
-    "nvidia_smi_q": ["nvidia-smi", "-q"],
     "kernel_log": ["journalctl", "-k", "--since=-24h", "--no-pager", "-q", "-o", "short-iso"],
     "dmesg": ["dmesg"],
     "fabricmanager": ["systemctl", "is-active", "nvidia-fabricmanager"],
@@ -69,6 +70,56 @@ def xid_lines(timeout):
 
 
 COMMANDS["xids"] = xid_lines
+SMI_LIST = ["nvidia-smi", "-L"]
+SMI_INDEX = re.compile(r"^GPU (\d+):", re.M)  # nvidia-smi -L: "GPU 0: NVIDIA H200 (UUID: GPU-...)"
+SMI_GPU = re.compile(r"^GPU [0-9A-Fa-f]+:[0-9A-Fa-f]+:[0-9A-Fa-f]+\.[0-9A-Fa-f]+\s*$", re.M)  # nvidia-smi -q
+
+
+def nvidia_smi_q(timeout):
+    """`nvidia-smi -q` read GPU by GPU: `nvidia-smi -L` names the GPUs (and, where MIG is on, their MIG devices),
+    then `nvidia-smi -q -i INDEX` runs for every GPU at once, each kept whole within the probe's output limit (with
+    MIG on, eight GPUs' output passes it, and one `nvidia-smi -q` loses its head: the driver line and the first
+    GPUs). The answer is one `nvidia-smi -q` text, the first GPU's whole (driver and CUDA header) and each other's
+    from its GPU line on; a GPU whose own call failed is named in gpu_errors. Where -L names no GPU, plain
+    `nvidia-smi -q` answers (and says why)."""
+    started = time.monotonic()
+    listed = run(SMI_LIST, timeout)
+    indices = SMI_INDEX.findall(listed.get("out") or "") if listed.get("rc") == 0 else []
+    left = max(1.0, timeout - (time.monotonic() - started))
+    if not indices:
+        return {**run(["nvidia-smi", "-q"], left), "list": listed}
+    answers = {}
+
+    def one(index):
+        answers[index] = run(["nvidia-smi", "-q", "-i", index], left)
+
+    threads = [threading.Thread(target=one, args=(index,), daemon=True) for index in indices]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(max(0.0, started + timeout - time.monotonic()))
+    outputs, errors = [], {}
+    for index in indices:
+        answer = answers.get(index) or {"error": f"nvidia-smi -q -i {index} gave no answer within {timeout:g} s"}
+        out = answer.get("out") or ""
+        if answer.get("rc") == 0 and SMI_GPU.search(out):
+            outputs.append(out)
+        else:
+            errors[index] = answer.get("error") or (answer.get("err") or out).strip()[-300:] or "no output"
+    if not outputs:
+        return {"rc": 1, "out": "", "err": "; ".join(f"GPU {i}: {e}" for i, e in errors.items()), "list": listed}
+    seconds = round(time.monotonic() - started, 3)
+    return {"rc": 0, "out": joined_smi_q(outputs), "err": "", "list": listed, "gpu_errors": errors, "seconds": seconds}
+
+
+def joined_smi_q(outputs):
+    """Per-GPU `nvidia-smi -q -i N` outputs as one `nvidia-smi -q`: the first whole (its header names the driver and
+    CUDA), each other from its GPU line on."""
+    parts = [out if not number else out[SMI_GPU.search(out).start() :] for number, out in enumerate(outputs)]
+    return "".join(part if part.endswith("\n") else part + "\n" for part in parts)
+
+
+COMMANDS["nvidia_smi_q"] = nvidia_smi_q
 PROCESS_ID = re.compile(r"^\s*Process ID\s*:\s*(\d+)\s*$", re.M)  # nvidia-smi -q, section Processes
 PROCESSES_KEPT = 64
 
