@@ -34,6 +34,7 @@ PACKAGES_VAR = "python_env_packages"  # the user's pip packages (requirement spe
 EXPECT_TRANSPORT_VAR = "clustercheck_expect_transport"  # ib, roce or socket: what NCCL must use between nodes
 EXPECTED_FILE_VAR = "clustercheck_expected_file"  # the user's expected values per GPU model (like --expected)
 TRANSPORTS = ("ib", "roce", "socket")
+SETUP_GROUP = "gpu_nodes"  # the group site.yml's plays set up (playbooks/nodes.yml)
 READ_VARS = (
     "ansible_host",
     "ansible_port",
@@ -76,6 +77,7 @@ class Node:
     expect_transport: str | None = None  # clustercheck_expect_transport
     expected_file: str | None = None  # clustercheck_expected_file
     ssh_options: dict[str, str] = field(default_factory=dict)  # -o Key=Value from ansible_ssh_*_args
+    firewall_role: bool = False  # site.yml's firewall role manages ufw here (firewall_managed)
 
     @property
     def is_local(self) -> bool:
@@ -195,7 +197,18 @@ def from_ansible_list(data: dict[str, Any], limit: str | None = None) -> list[No
         if name not in ordered:
             ordered.append(name)
     selected = _match(ordered, groups, limit)
-    return [node_from_vars(name, hostvars.get(name, {})) for name in selected]
+    nodes = [node_from_vars(name, hostvars.get(name, {})) for name in selected]
+    for node in nodes:
+        node.firewall_role = firewall_managed(node.name, groups, hostvars.get(node.name, {}))
+    return nodes
+
+
+def firewall_managed(name: str, groups: dict[str, list[str]], hostvars: dict[str, Any]) -> bool:
+    """Whether site.yml's firewall role manages NAME's firewall: the node is in SETUP_GROUP, the group site.yml
+    sets up (playbooks/nodes.yml), and firewall_enabled (the role's switch, true by default) is not false."""
+    enabled = hostvars.get("firewall_enabled", True)
+    off = enabled is False or str(enabled).strip().lower() in ("false", "no", "0", "off")
+    return name in groups.get(SETUP_GROUP, []) and not off
 
 
 def _group_hosts(data: dict[str, Any]) -> dict[str, list[str]]:
