@@ -9,6 +9,10 @@ import time
 
 OUTPUT_LIMIT = 200_000
 FILE_LIMIT = 64_000
+# The first lines of every program run on a node with `python -c`: -c puts the working directory first on sys.path
+# (as ""), where a user's file (cuda.py, json.py) would shadow a module the program or torch imports; taken off
+# before anything is imported, as `python -P` does from 3.11 on.
+NO_WORKING_DIRECTORY = 'import sys\nif sys.path[:1] == [""]:\n    del sys.path[0]\n'
 PROBE_TIMEOUT = 20.0  # seconds each probe command may take, unless --probe-timeout says otherwise
 HUNG_SLACK = 1.0  # seconds past TIMEOUT run_all waits for a probe before it gives it up as hung
 HUNG = "hung: "  # how a probe given up as hung begins its error (the control side reads it: checks/registry.py)

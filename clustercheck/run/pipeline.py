@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
-from clustercheck.checks import baseline, connection, registry, setup_roles
+from clustercheck.checks import baseline, connection, registry, setup_roles, torchinstall
 from clustercheck.config import RunConfig
 from clustercheck.facts import parse
 from clustercheck.facts.model import NodeFacts
@@ -97,6 +97,8 @@ class Pipeline:
                 results += self._results.get(node.name, []) + self._session(node)
             results += cluster + later
             results += self._baseline(results)
+            torches = {name: facts.torch.version if facts.torch else None for name, facts in self._facts.items()}
+            results = torchinstall.with_pinned_torch(results, torches)
             results = setup_roles.with_fix_commands(results, self.config.inventory)
         except KeyboardInterrupt as exc:  # Ctrl-C or SIGTERM: kill what we started everywhere, then say where not
             raise Interrupted(self.abort()) from exc
