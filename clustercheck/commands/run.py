@@ -131,9 +131,9 @@ class NetworkRounds(click.ParamType):
 @click.option(
     "--master-port",
     type=click.IntRange(1024, 65535),
-    default=29500,
-    show_default=True,
-    help="Rendezvous port of the torch jobs, on the first node's cluster address (loopback for the node-local job).",
+    default=None,
+    help="Rendezvous port of the torch jobs, on the first node's cluster address (loopback for the node-local job). "
+    "Default: 29500; on one node, a free port of its own.",
 )
 @click.option(
     "--network-rounds",

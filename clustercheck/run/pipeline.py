@@ -141,6 +141,10 @@ class Pipeline:
             else None
         )
         self._members = members
+        if len(members) == 1 and not self.config.master_port_given:  # alone: no other run's port to collide with
+            port = core.local_port(members[0].transport, members[0].facts.python)
+            self.config = replace(self.config, master_port=port)
+            self.ctx = replace(self.ctx, config=self.config)
         no_torch = [m.name for m in members if m.facts.torch_problem]
         results: list[CheckResult] = []
         ctx = self.ctx
