@@ -741,3 +741,25 @@ def test_a_one_node_run_without_master_port_meets_on_a_free_port_of_the_node(tmp
         alone.run(tmp_path / str(given), master_port_given=given)
         (mesh,) = [c for c in alone.transports["node1"].commands if c[2:4] == ["netprobe", "mesh"]]
         assert mesh[mesh.index("--port") + 1] == port
+
+
+def test_a_burn_asked_for_on_nodes_without_a_gpu_says_nothing_was_burned_and_is_not_ready(tmp_path):
+    """--burn on nodes without GPUs: one line says nothing was burned (not only six gpu.burn.* SKIPs among the
+    others), and the verdict is not READY as if the GPUs had been burned; the same for --dcgm-level."""
+    from clustercheck.report import Report
+
+    outcome = Cluster().run(tmp_path, burn_seconds=30.0, dcgm_level=2)
+    (done,) = [r for r in outcome.results if r.name == "options.done"]
+    assert done.status is Status.WARN
+    assert "--burn 30s: no GPU on any node, nothing was burned" in done.message
+    assert "--dcgm-level 2: no GPU on any node, no DCGM diagnostic ran" in done.message
+
+    def judged(results):  # the fake nodes are this machine, whose hostname resolves to loopback: left out
+        return Report([r for r in results if r.name != "hostname.resolve"], list(NAMES)).verdict
+
+    verdict = judged(outcome.results)
+    assert verdict.startswith("NOT VERIFIED as asked: --burn 30s: no GPU on any node, nothing was burned")
+    assert "READY" not in verdict.split("(otherwise")[0]
+    plain = Cluster().run(tmp_path / "plain")
+    (none,) = [r for r in plain.results if r.name == "options.done"]
+    assert none.status is Status.SKIP and judged(plain.results).startswith("READY")
