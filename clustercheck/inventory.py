@@ -147,6 +147,8 @@ def parse_host_list(spec: str) -> list[Node]:
             raise InventoryError(f"--hosts: no host name in {item!r}")
         local = host in LOCAL_NAMES and port is None and user is None
         nodes.append(Node(name=host, address=host, port=port, user=user, connection="local" if local else "ssh"))
+    if not nodes:  # only commas and spaces: a list that names nothing is a mistake, not a filter that matched none
+        raise InventoryError(f"--hosts {spec.strip()!r} names no host (a comma-separated list: node1,node2)")
     names = [n.name for n in nodes]
     duplicates = sorted({n for n in names if names.count(n) > 1})
     if duplicates:
