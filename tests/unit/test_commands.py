@@ -54,6 +54,19 @@ def test_a_format_that_contradicts_the_extension_is_a_usage_error(output, fmt):
         delivery.output_format(fmt, True, output)
 
 
+@pytest.mark.parametrize("output", ["r.csv", "out/report.html"])
+def test_an_extension_no_format_has_is_refused_without_format(output):
+    with pytest.raises(UsageError, match=rf"^-o {output}: clustercheck writes no \.\w+ report: name the file .json"):
+        delivery.output_format("text", False, output)
+    assert delivery.output_format("json", True, output) == "json"  # --format says what the file holds
+
+
+def test_a_csv_file_is_refused_before_anything_runs(tmp_path):
+    result = invoke("run", "--hosts", "localhost", "-o", str(tmp_path / "r.csv"))
+    refused(result, "clustercheck writes no .csv report")
+    assert not (tmp_path / "r.csv").exists()
+
+
 def test_text_in_a_json_file_is_refused_before_anything_runs(tmp_path):
     result = invoke("run", "--hosts", "localhost", "--format", "text", "-o", str(tmp_path / "r.json"))
     refused(result, "holds the json report, not --format text")
