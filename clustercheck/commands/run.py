@@ -13,7 +13,7 @@ from clustercheck.commands import options
 from clustercheck.commands.common import say
 from clustercheck.remote.netprobe import DEFAULT_ROUNDS, parse_rounds
 from clustercheck.run.verify import RunRequest, SlurmRun, run
-from clustercheck.selection import DISTRIBUTED, STAGES
+from clustercheck.selection import STAGES
 
 
 class NetworkRounds(click.ParamType):
@@ -148,7 +148,7 @@ class NetworkRounds(click.ParamType):
 @click.option(
     "--skip",
     multiple=True,
-    help=f"Skip a stage ({', '.join(DISTRIBUTED)}) or the checks whose name matches this glob, "
+    help=f"Skip a stage ({', '.join(s for s in STAGES if s != 'core')}) or the checks whose name matches this glob, "
     "e.g. 'local.*' (repeatable).",
 )
 @click.option(
