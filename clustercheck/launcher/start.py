@@ -83,6 +83,7 @@ def launch(request: LaunchRequest, echo: Echo, say: Echo) -> int:
             "the login node instead (clustercheck launch --slurm --nodes N --detach -- ...)"
         )
     nodes, ssh, connect = _nodes(r, inside)
+    _check_script(user_command, r, nodes)
     wanted = len(nodes) - r.spare
     if wanted < 1:
         raise UsageError(
@@ -114,6 +115,22 @@ def launch(request: LaunchRequest, echo: Echo, say: Echo) -> int:
     leave_out = leftout.handler(inside, options.run_dir, say) if inside and r.spare else None
     job = session.Launch(nodes, options, Fanout(connect), echo=echo, say=say, leave_out=leave_out)
     return _run(job, r, echo, say)
+
+
+def _check_script(user_command: launch_command.UserCommand, r: LaunchRequest, nodes: list[Node]) -> None:
+    """The script checked here before anything runs, where this machine holds the copy the job runs: the --sync
+    directory, or this directory (--chdir's) when every node is this machine. A missing script is a usage error,
+    one that does not compile a job not started."""
+    if r.sync:
+        base = r.sync
+    elif nodes and all(n.is_local for n in nodes):
+        base = r.chdir or str(Path.cwd())
+    else:
+        return  # the nodes' own copy runs (the same-code check compares them), not this machine's
+    found = launch_command.script_problem(user_command, str(Path(base).expanduser().resolve()))
+    if found is not None:
+        why, missing = found
+        raise UsageError(why, ExitCode.USAGE_ERROR if missing else ExitCode.NOT_STARTED)
 
 
 def _batch(r: LaunchRequest, say: Echo, echo: Echo) -> int:

@@ -212,3 +212,27 @@ def test_a_batch_launch_with_spares_asks_slurm_for_them_too_and_the_launch_insid
     assert "#SBATCH --nodelist=node[1-3]\n" in listed.stdout and "--nodes" not in listed.stdout, listed.stdout
     refused(invoke("launch", "--hosts", "localhost", "--spare", "1", "--", "train.py"), "--spare: only with --slurm")
     assert len(invoke("launch", "--hosts", "localhost", "--spare", "1", "--", "train.py").output.splitlines()) == 1
+
+
+def test_a_local_script_that_is_missing_or_does_not_compile_is_refused_before_anything_runs(tmp_path, monkeypatch):
+    """launch on this machine (localhost): the script is read here at once, not on every node after the preflight
+    and torchrun's start; a missing one is a usage error, one that does not compile a job not started."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "syntax_error.py").write_text("def f(:\n    pass\n")
+    (tmp_path / "train.txt").write_text("not python")
+    missing = invoke("launch", "--hosts", "localhost", "--", "nothere.py")
+    assert missing.exit_code == ExitCode.USAGE_ERROR and f"nothere.py: no such file (in {tmp_path.resolve()})" in (
+        missing.output
+    )
+    broken = invoke("launch", "--hosts", "localhost", "--", "syntax_error.py", "--epochs", "3")
+    assert broken.exit_code == ExitCode.NOT_STARTED
+    assert "syntax_error.py:1: SyntaxError: invalid syntax" in broken.output
+    assert not list(tmp_path.glob("clustercheck-runs/*"))  # nothing ran, no run directory made
+
+
+def test_a_module_or_a_remote_nodes_script_is_not_read_here():
+    from clustercheck.launcher.command import parse, script_problem
+
+    assert script_problem(parse(["-m", "pkg.train"]), "/nonexistent") is None
+    assert script_problem(parse(["nothere.py"]), "/nonexistent")[1] is True
+    assert script_problem(parse(["./run.sh"]), "/nonexistent") is None  # no .py: torchrun's to run
