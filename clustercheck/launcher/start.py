@@ -5,13 +5,14 @@ anything starts, then the Launch's steps (session.py) in the foreground or detac
 
 from __future__ import annotations
 
+import socket
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from clustercheck import hosts
-from clustercheck.config import make_run_dir
+from clustercheck.config import DEFAULT_MASTER_PORT, make_run_dir
 from clustercheck.container import Container
 from clustercheck.exitcodes import ExitCode, UsageError
 from clustercheck.hosts import SshOptions
@@ -43,7 +44,7 @@ class LaunchRequest:
     request: Request = field(default_factory=Request)  # with --slurm outside an allocation: the batch job's nodes
     dry_run: bool = False
     nproc_per_node: int | None = None
-    master_port: int = 29500
+    master_port: int | None = None  # --master-port; None: 29500, or a free port when the job runs on this machine alone
     env: tuple[str, ...] = ()
     sync: str | None = None
     chdir: str | None = None
@@ -103,7 +104,7 @@ def launch(request: LaunchRequest, echo: Echo, say: Echo) -> int:
         python=r.python,
         container=r.container,
         nproc_per_node=r.nproc_per_node,
-        master_port=r.master_port,
+        master_port=_master_port(r.master_port, nodes[:wanted]),
         env=user_env,
         sync=Path(r.sync) if r.sync else None,
         chdir=r.chdir,
@@ -115,6 +116,18 @@ def launch(request: LaunchRequest, echo: Echo, say: Echo) -> int:
     leave_out = leftout.handler(inside, options.run_dir, say) if inside and r.spare else None
     job = session.Launch(nodes, options, Fanout(connect), echo=echo, say=say, leave_out=leave_out)
     return _run(job, r, echo, say)
+
+
+def _master_port(given: int | None, nodes: list[Node]) -> int:
+    """GIVEN, or for a job on this machine alone a free port of its own (another run, a clustercheck run among them,
+    may hold torchrun's default 29500 here), else 29500."""
+    if given is not None:
+        return given
+    if len(nodes) == 1 and nodes[0].is_local:
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            return probe.getsockname()[1]
+    return DEFAULT_MASTER_PORT
 
 
 def _check_script(user_command: launch_command.UserCommand, r: LaunchRequest, nodes: list[Node]) -> None:

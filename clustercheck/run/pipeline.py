@@ -141,7 +141,7 @@ class Pipeline:
             else None
         )
         self._members = members
-        if len(members) == 1 and not self.config.master_port_given:  # alone: no other run's port to collide with
+        if len(members) == 1 and self._later and not self.config.master_port_given:  # alone: a port of its own
             port = core.local_port(members[0].transport, members[0].facts.python)
             self.config = replace(self.config, master_port=port)
             self.ctx = replace(self.ctx, config=self.config)

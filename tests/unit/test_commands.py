@@ -236,3 +236,19 @@ def test_a_module_or_a_remote_nodes_script_is_not_read_here():
     assert script_problem(parse(["-m", "pkg.train"]), "/nonexistent") is None
     assert script_problem(parse(["nothere.py"]), "/nonexistent")[1] is True
     assert script_problem(parse(["./run.sh"]), "/nonexistent") is None  # no .py: torchrun's to run
+
+
+def test_a_launch_on_this_machine_alone_takes_a_free_port_unless_one_is_given():
+    import socket
+
+    from clustercheck.inventory import Node
+    from clustercheck.launcher.start import _master_port
+
+    local = Node("localhost", "localhost", connection="local")
+    with socket.socket() as held:  # torchrun's default taken, as another run here would
+        held.bind(("127.0.0.1", 0))
+        chosen = _master_port(None, [local])
+        assert chosen != 29500 and chosen != held.getsockname()[1]
+    assert _master_port(None, [Node("node1", "10.0.0.1")]) == 29500  # other machines: torchrun's default
+    assert _master_port(None, [local, Node("node1", "10.0.0.1")]) == 29500
+    assert _master_port(29611, [local]) == 29611
