@@ -84,7 +84,6 @@ def launch(request: LaunchRequest, echo: Echo, say: Echo) -> int:
             "the login node instead (clustercheck launch --slurm --nodes N --detach -- ...)"
         )
     nodes, ssh, connect = _nodes(r, inside)
-    _check_script(user_command, r, nodes)
     wanted = len(nodes) - r.spare
     if wanted < 1:
         raise UsageError(
@@ -97,6 +96,7 @@ def launch(request: LaunchRequest, echo: Echo, say: Echo) -> int:
             codesync.sync_script(Path(r.sync), user_command.script)
     except LaunchError as exc:
         raise UsageError(str(exc)) from exc
+    _check_script(user_command, r, nodes)
     options = LaunchOptions(
         command=user_command,
         run_dir=make_run_dir(r.run_dir, "launch-%Y%m%d-%H%M%S"),
