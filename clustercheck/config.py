@@ -17,6 +17,8 @@ from clustercheck.remote.netprobe import DEFAULT_ROUNDS
 from clustercheck.selection import Selection
 from clustercheck.transport.params import SshSettings
 
+DEFAULT_MASTER_PORT = 29500  # torchrun's own default
+
 
 @dataclass(frozen=True)
 class RunConfig:
@@ -28,7 +30,8 @@ class RunConfig:
     command_timeout: float = 120.0  # the facts collector
     job_timeout: float = 300.0  # each torch job (node-local collectives, collectives, DDP)
     nproc_per_node: int | None = None
-    master_port: int = 29500
+    master_port: int = DEFAULT_MASTER_PORT
+    master_port_given: bool = True  # False: --master-port not given, so a one-node run takes a free port instead
     ssh: SshSettings = field(default_factory=SshSettings)
     clock_bound: float = DEFAULT_MAX_CLOCK_OFFSET
     min_busbw: str | None = None  # --min-busbw, else the inventory's clustercheck_min_busbw

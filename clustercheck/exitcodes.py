@@ -11,7 +11,8 @@ class ExitCode(IntEnum):
     INTERNAL_ERROR = 3  # a bug in clustercheck
     USAGE_ERROR = 4  # bad arguments, inventory or host-key error
     NO_HOSTS = 5  # no host matched
-    NOT_STARTED = 6  # launch did not start the job: preflight failed, a node not ready, or the code differs
+    NOT_STARTED = 6  # launch did not start the job: preflight failed, a node not ready, the code differs, or the
+    # script does not compile
 
 
 class UsageError(Exception):

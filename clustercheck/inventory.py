@@ -37,6 +37,7 @@ XID_ACTIONS_VAR = "clustercheck_xid_actions"  # the site's action per Xid code, 
 # What to do about an Xid, least to most (checks/xid_catalog.py words them; here since a site's setting names them).
 XID_ACTIONS = ("none", "restart_app", "update_swfw", "reset_gpu", "reboot", "contact_support", "drain_inspect")
 TRANSPORTS = ("ib", "roce", "socket")
+SETUP_GROUP = "gpu_nodes"  # the group site.yml's plays set up (playbooks/nodes.yml)
 READ_VARS = (
     "ansible_host",
     "ansible_port",
@@ -81,6 +82,7 @@ class Node:
     expected_file: str | None = None  # clustercheck_expected_file
     xid_actions: dict[int, str] = field(default_factory=dict)  # clustercheck_xid_actions: {code: action}
     ssh_options: dict[str, str] = field(default_factory=dict)  # -o Key=Value from ansible_ssh_*_args
+    firewall_role: bool = False  # site.yml's firewall role manages ufw here (firewall_managed)
 
     @property
     def is_local(self) -> bool:
@@ -150,6 +152,8 @@ def parse_host_list(spec: str) -> list[Node]:
             raise InventoryError(f"--hosts: no host name in {item!r}")
         local = host in LOCAL_NAMES and port is None and user is None
         nodes.append(Node(name=host, address=host, port=port, user=user, connection="local" if local else "ssh"))
+    if not nodes:  # only commas and spaces: a list that names nothing is a mistake, not a filter that matched none
+        raise InventoryError(f"--hosts {spec.strip()!r} names no host (a comma-separated list: node1,node2)")
     names = [n.name for n in nodes]
     duplicates = sorted({n for n in names if names.count(n) > 1})
     if duplicates:
@@ -200,7 +204,18 @@ def from_ansible_list(data: dict[str, Any], limit: str | None = None) -> list[No
         if name not in ordered:
             ordered.append(name)
     selected = _match(ordered, groups, limit)
-    return [node_from_vars(name, hostvars.get(name, {})) for name in selected]
+    nodes = [node_from_vars(name, hostvars.get(name, {})) for name in selected]
+    for node in nodes:
+        node.firewall_role = firewall_managed(node.name, groups, hostvars.get(node.name, {}))
+    return nodes
+
+
+def firewall_managed(name: str, groups: dict[str, list[str]], hostvars: dict[str, Any]) -> bool:
+    """Whether site.yml's firewall role manages NAME's firewall: the node is in SETUP_GROUP, the group site.yml
+    sets up (playbooks/nodes.yml), and firewall_enabled (the role's switch, true by default) is not false."""
+    enabled = hostvars.get("firewall_enabled", True)
+    off = enabled is False or str(enabled).strip().lower() in ("false", "no", "0", "off")
+    return name in groups.get(SETUP_GROUP, []) and not off
 
 
 def _group_hosts(data: dict[str, Any]) -> dict[str, list[str]]:

@@ -7,6 +7,7 @@ import re
 import time
 from dataclasses import dataclass
 
+from clustercheck.checks import torchinstall
 from clustercheck.checks.registry import Finding, fail, node_check, passed, skip, warn
 from clustercheck.facts import parse
 from clustercheck.facts.model import NodeFacts
@@ -69,13 +70,12 @@ def torch_import(facts: NodeFacts) -> Finding:
         return skip(f"no python in image {facts.image.image} could be run (container.* says why)")
     if problem or facts.torch is None:
         python = facts.python_missing or facts.environment
-        return fail(
-            f"torch does not import with {python}: {problem}",
-            f"Install PyTorch into that environment ({facts.torch_python} -m pip install torch), or point "
-            "clustercheck_python / --python at the environment that has it.",
-            python=facts.torch_python,
-            error=problem,
+        if facts.python_missing or (facts.image is not None and facts.image.problem):
+            return fail(f"torch does not import with {python}: {problem}", python=facts.torch_python, error=problem)
+        message, fix, cause = torchinstall.import_failure(
+            python, facts.torch_python, str(problem), facts.raw.get("torch")
         )
+        return fail(message, fix, python=facts.torch_python, **cause)
     torch = facts.torch
     versions = {p.name: p.version for p in facts.imports}
     broken = [p for p in facts.imports if p.error]

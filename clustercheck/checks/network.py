@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import ipaddress
+import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -152,7 +153,14 @@ def evaluate(
 
 def _holders_text(state: dict) -> str:
     holders = state.get("holders") or []
-    return ", ".join(f"pid {h['pid']} ({h['command']})" if h.get("pid") else h["command"] for h in holders)
+    return ", ".join(
+        f"another clustercheck run ({own_job(h['clustercheck'])})"
+        if isinstance(h.get("clustercheck"), dict)
+        else f"pid {h['pid']} ({h['command']})"
+        if h.get("pid")
+        else h["command"]
+        for h in holders
+    )
 
 
 def master_port_check(record: dict | None, master: str, port: int) -> CheckResult:
@@ -175,6 +183,17 @@ def master_port_check(record: dict | None, master: str, port: int) -> CheckResul
         )
     state = state or {"error": "not probed"}
     holders = state.get("holders") or []
+    data = {"port": port, "error": state.get("error"), "holders": holders}
+    job = next((h["clustercheck"] for h in holders if isinstance(h.get("clustercheck"), dict)), None)
+    if job is not None:  # a live clustercheck job, not a stale process: the startup sweep stops ended runs' own
+        return emit(
+            "network.master_port",
+            Status.FAIL,
+            f"{master}: another clustercheck run ({own_job(job)}) holds port {port}",
+            host=master,
+            remediation=f"Wait for that run to end, or use --master-port with another port (not {port}).",
+            data={**data, "clustercheck": job},
+        )
     held = _holders_text(state)
     pids = " ".join(str(h["pid"]) for h in holders if h.get("pid"))
     return emit(
@@ -184,8 +203,17 @@ def master_port_check(record: dict | None, master: str, port: int) -> CheckResul
         host=master,
         remediation=(f"Stop the stale process (kill {pids}) or " if pids else "Free the port or ")
         + "choose another port with --master-port.",
-        data={"port": port, "error": state.get("error"), "holders": holders},
+        data=data,
     )
+
+
+def own_job(job: dict) -> str:
+    """A clustercheck run's process, as its markers tell (remote/probing.run_of): "started 2026-11-28 16:20:05 UTC
+    by alice, run 3f2a9c"."""
+    started = job.get("started")
+    when = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(started)) if isinstance(started, int) else None
+    said = [f"started {when}" if when else "", f"by {job['user']}" if job.get("user") else ""]
+    return " ".join(filter(None, said)) + f"{', ' if any(said) else ''}run {job.get('run')}"
 
 
 def probe_checks(

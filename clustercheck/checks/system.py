@@ -179,7 +179,8 @@ def hostname_resolve(facts: NodeFacts) -> Finding:
 
 @node_check(
     "firewall",
-    proves="a firewall is active on the node (ufw, nftables or iptables)",
+    proves="incoming traffic is filtered on the node: ufw is active, or an nftables or iptables input hook drops or "
+    "rejects what its rules do not let in (Docker's or Kubernetes' NAT and FORWARD rules alone filter nothing)",
     fix="Enable a firewall that allows the cluster network only (the setup playbook's firewall role).",
 )
 def firewall(facts: NodeFacts) -> Finding:
@@ -190,9 +191,18 @@ def firewall(facts: NodeFacts) -> Finding:
             "Run clustercheck as root (ansible_user=root or a user with sudo) to see the firewall.",
         )
     data = dict(state.__dict__)
-    if not state.active:
-        return warn("no firewall is active: every port is open to every network", **data)
-    return passed(f"{state.tool} active ({state.rules} rule(s))", **data)
+    if state.active:
+        return passed(f"incoming traffic is filtered: {state.filter or state.tool}", **data)
+    seen = f" ({state.seen})" if state.seen else ""
+    message = f"no input filter{seen}: every port is open to every network"
+    if facts.node.firewall_role:  # the inventory has site.yml's firewall role set it up: it is not there
+        return fail(
+            f"{message}, though site.yml's firewall role manages this node's firewall",
+            "Run the firewall role again (ansible-playbook site.yml --tags firewall), or find what disabled ufw.",
+            managed=True,
+            **data,
+        )
+    return warn(message, managed=False, **data)
 
 
 # The base role's values (roles/base/defaults/main.yml, base_sysctl; a test keeps them equal), enough for a few

@@ -43,9 +43,9 @@ OUTSIDE = frozenset({"hosts", "limit", "use_slurm", *options.SLURM_REQUEST, "dry
 @click.option(
     "--master-port",
     type=click.IntRange(1024, 65535),
-    default=29500,
-    show_default=True,
-    help="torchrun's --master-port on the first node (the c10d rendezvous endpoint's port in an elastic job).",
+    default=None,
+    help="torchrun's --master-port on the first node (the c10d rendezvous endpoint's port in an elastic job). "
+    "Default: 29500; a job on this machine alone (--hosts localhost), a free port.",
 )
 @click.option("--env", "env", multiple=True, metavar="K=V", help="Environment variable for every rank (repeatable).")
 @click.option(

@@ -13,7 +13,7 @@ from clustercheck.commands import options
 from clustercheck.commands.common import say
 from clustercheck.remote.netprobe import DEFAULT_ROUNDS, parse_rounds
 from clustercheck.run.verify import RunRequest, SlurmRun, run
-from clustercheck.selection import DISTRIBUTED, STAGES
+from clustercheck.selection import STAGES
 
 
 class NetworkRounds(click.ParamType):
@@ -131,9 +131,9 @@ class NetworkRounds(click.ParamType):
 @click.option(
     "--master-port",
     type=click.IntRange(1024, 65535),
-    default=29500,
-    show_default=True,
-    help="Rendezvous port of the torch jobs, on the first node's cluster address (loopback for the node-local job).",
+    default=None,
+    help="Rendezvous port of the torch jobs, on the first node's cluster address (loopback for the node-local job). "
+    "Default: 29500; on one node, a free port of its own.",
 )
 @click.option(
     "--network-rounds",
@@ -148,7 +148,7 @@ class NetworkRounds(click.ParamType):
 @click.option(
     "--skip",
     multiple=True,
-    help=f"Skip a stage ({', '.join(DISTRIBUTED)}) or the checks whose name matches this glob, "
+    help=f"Skip a stage ({', '.join(s for s in STAGES if s != 'core')}) or the checks whose name matches this glob, "
     "e.g. 'local.*' (repeatable).",
 )
 @click.option(

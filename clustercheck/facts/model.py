@@ -167,9 +167,11 @@ class TimeSync:
 @dataclass(frozen=True)
 class Firewall:
     collected: bool
-    active: bool
-    tool: str | None
+    active: bool  # incoming traffic is filtered: a packet no rule lets in is dropped (facts/firewall.py)
+    tool: str | None  # what filters it: ufw, nftables or iptables
     rules: int
+    filter: str | None = None  # what filters it, in words ("nftables chain input of table inet filter: ...")
+    seen: str | None = None  # rules there are that filter nothing incoming ("nftables: 23 rule(s), Docker's, ...")
 
 
 @dataclass(frozen=True)

@@ -318,34 +318,11 @@ def pick_interface(
 
 
 def firewall_state(ufw: dict[str, Any], nft: dict[str, Any], iptables: dict[str, Any]) -> dict[str, Any]:
-    """Which firewall is active, from `ufw status`, `nft list ruleset` and `iptables -S` (each may be missing)."""
-    state: dict[str, Any] = {"collected": False, "active": False, "tool": None, "rules": 0}
-    if "out" in ufw and ufw.get("rc") == 0:
-        state["collected"] = True
-        if "Status: active" in ufw["out"]:
-            rules = [ln for ln in ufw["out"].splitlines() if re.search(r"\b(ALLOW|DENY|REJECT|LIMIT)\b", ln)]
-            return {"collected": True, "active": True, "tool": "ufw", "rules": len(rules)}
-    if "out" in nft and nft.get("rc") == 0:
-        state["collected"] = True
-        rules = [
-            ln
-            for ln in nft["out"].splitlines()
-            if ln.strip() and not ln.strip().startswith(("table", "chain", "}", "type"))
-        ]
-        policy_drop = "policy drop" in nft["out"]
-        if rules or policy_drop:
-            return {"collected": True, "active": True, "tool": "nftables", "rules": len(rules)}
-    if "out" in iptables and iptables.get("rc") == 0:
-        state["collected"] = True
-        rules = [ln for ln in iptables["out"].splitlines() if ln.startswith("-A")]
-        drop_policy = any(
-            ln.startswith("-P") and ln.split()[-1] in ("DROP", "REJECT") for ln in iptables["out"].splitlines()
-        )
-        if rules or drop_policy:
-            return {"collected": True, "active": True, "tool": "iptables", "rules": len(rules)}
-    if all("not found" in str(tool.get("error", "")) for tool in (ufw, nft, iptables)):
-        state["collected"] = True  # no firewall tool installed: nothing filters
-    return state
+    """Whether incoming traffic is filtered, and by what, from `ufw status`, `nft list ruleset` and `iptables -S`
+    (each may be missing): read in facts/firewall.py, which walks the input hook's rules."""
+    from clustercheck.facts import firewall
+
+    return firewall.firewall_state(ufw, nft, iptables)
 
 
 ENV_LINE = re.compile(r"^\s*(?:export\s+)?(?P<name>[A-Za-z_][A-Za-z0-9_]*)=(?P<value>.*?)\s*$")

@@ -124,6 +124,31 @@ def parse(argv: list[str] | tuple[str, ...]) -> UserCommand:
     return UserCommand(tuple(options), argv[i], tuple(argv[i + 1 :]))
 
 
+def script_problem(command: UserCommand, base: str) -> tuple[str, bool] | None:
+    """What is wrong with COMMAND's script, read on this machine where the job will find it (BASE: the directory a
+    relative path is taken from): (why, whether it is missing, not broken), or None for a script that compiles, a
+    module (-m, --no-python) or a file that is no .py. Found here in a moment, not on every node after the
+    preflight and torchrun's start."""
+    if command.is_module or not command.script.endswith(".py"):
+        return None
+    path = posixpath.join(base, posixpath.expanduser(command.script))
+    try:
+        with open(path, "rb") as fh:
+            source = fh.read()
+    except FileNotFoundError:
+        return f"{command.script}: no such file (in {base})", True
+    except OSError as exc:
+        return f"{command.script}: cannot be read ({exc.strerror or exc})", True
+    try:
+        compile(source, command.script, "exec", dont_inherit=True)
+    except SyntaxError as exc:
+        where = f"{exc.filename or command.script}:{exc.lineno}" if exc.lineno else command.script
+        return f"{where}: {type(exc).__name__}: {exc.msg}: every rank would fail on it; fix it first", False
+    except ValueError as exc:  # source with null bytes
+        return f"{command.script}: not Python source ({exc})", False
+    return None
+
+
 def parse_env(pairs: list[str] | tuple[str, ...]) -> dict[str, str]:
     """--env K=V (repeatable) -> {K: V}."""
     env = {}

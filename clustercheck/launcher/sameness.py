@@ -25,6 +25,7 @@ import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
+from clustercheck.remote.probing import NO_WORKING_DIRECTORY
 from clustercheck.stages import nodeprogram
 
 MAX_FILES = 5000
@@ -208,7 +209,8 @@ def _program() -> str:
     """The node-side program: the code's definition above, the constants it reads, then _MAIN."""
     constants = "".join(f"{name} = {globals()[name]!r}\n" for name in ("SKIP_DIRS", "SKIP_SUFFIXES", "KEPT_LAUNCHES"))
     functions = "\n\n".join(inspect.getsource(f) for f in (gitignore_rules, gitignored, code_files))
-    return f"from __future__ import annotations\nimport fnmatch, os\n{constants}\n\n{functions}\n{_MAIN}"
+    head = f"from __future__ import annotations\n{NO_WORKING_DIRECTORY}import fnmatch, os\n"
+    return f"{head}{constants}\n\n{functions}\n{_MAIN}"
 
 
 @dataclass(frozen=True)

@@ -6,13 +6,14 @@ anything starts, then the Launch's steps (session.py) in the foreground or detac
 from __future__ import annotations
 
 import shutil
+import socket
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from clustercheck import hosts
-from clustercheck.config import make_run_dir
+from clustercheck.config import DEFAULT_MASTER_PORT, make_run_dir
 from clustercheck.container import Container
 from clustercheck.exitcodes import ExitCode, UsageError
 from clustercheck.hosts import SshOptions
@@ -44,7 +45,7 @@ class LaunchRequest:
     request: Request = field(default_factory=Request)  # with --slurm outside an allocation: the batch job's nodes
     dry_run: bool = False
     nproc_per_node: int | None = None
-    master_port: int = 29500
+    master_port: int | None = None  # --master-port; None: 29500, or a free port when the job runs on this machine alone
     env: tuple[str, ...] = ()
     sync: str | None = None
     chdir: str | None = None
@@ -91,6 +92,7 @@ def launch(request: LaunchRequest, echo: Echo, say: Echo) -> int:
             codesync.sync_script(Path(r.sync), user_command.script)
     except LaunchError as exc:
         raise UsageError(str(exc)) from exc
+    _check_script(user_command, r, nodes)
     options = LaunchOptions(
         command=user_command,
         run_dir=make_run_dir(r.run_dir, "launch-%Y%m%d-%H%M%S"),
@@ -98,7 +100,7 @@ def launch(request: LaunchRequest, echo: Echo, say: Echo) -> int:
         python=r.python,
         container=r.container,
         nproc_per_node=r.nproc_per_node,
-        master_port=r.master_port,
+        master_port=_master_port(r.master_port, nodes[:wanted]),
         env=user_env,
         sync=Path(r.sync) if r.sync else None,
         chdir=r.chdir,
@@ -131,6 +133,34 @@ def _wanted(r: LaunchRequest, inside: str | None, names: list[str], say: Echo) -
         missing = spares.unavailable(nodes, allocation.partition(), names) if nodes is not None else why or "?"
         say(spares.shortfall(count, wanted, r.spare, missing))
     return wanted
+
+
+def _master_port(given: int | None, nodes: list[Node]) -> int:
+    """GIVEN, or for a job on this machine alone a free port of its own (another run, a clustercheck run among them,
+    may hold torchrun's default 29500 here), else 29500."""
+    if given is not None:
+        return given
+    if len(nodes) == 1 and nodes[0].is_local:
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            return probe.getsockname()[1]
+    return DEFAULT_MASTER_PORT
+
+
+def _check_script(user_command: launch_command.UserCommand, r: LaunchRequest, nodes: list[Node]) -> None:
+    """The script checked here before anything runs, where this machine holds the copy the job runs: the --sync
+    directory, or this directory (--chdir's) when every node is this machine. A missing script is a usage error,
+    one that does not compile a job not started."""
+    if r.sync:
+        base = r.sync
+    elif nodes and all(n.is_local for n in nodes):
+        base = r.chdir or str(Path.cwd())
+    else:
+        return  # the nodes' own copy runs (the same-code check compares them), not this machine's
+    found = launch_command.script_problem(user_command, str(Path(base).expanduser().resolve()))
+    if found is not None:
+        why, missing = found
+        raise UsageError(why, ExitCode.USAGE_ERROR if missing else ExitCode.NOT_STARTED)
 
 
 def _batch(r: LaunchRequest, say: Echo, echo: Echo) -> int:

@@ -9,6 +9,8 @@ import socket
 import struct
 import subprocess
 
+from .probing import run_of
+
 SIOCGIFADDR = 0x8915
 
 
@@ -26,7 +28,8 @@ def listening_inodes(proc_net_tcp: str, port: int) -> set[str]:
 
 
 def port_holders(port: int, proc: str = "/proc") -> list[dict]:
-    """The processes with a socket listening on PORT: [{pid, command}]; empty when none can be seen."""
+    """The processes with a socket listening on PORT: [{pid, command, and for a clustercheck run's process
+    "clustercheck": probing.run_of's}]; empty when none can be seen."""
     inodes: set[str] = set()
     for table in ("tcp", "tcp6"):
         try:
@@ -48,7 +51,11 @@ def port_holders(port: int, proc: str = "/proc") -> list[dict]:
                 if os.readlink(f"{proc}/{pid}/fd/{fd}") in targets:
                     with open(f"{proc}/{pid}/cmdline", "rb") as fh:
                         command = fh.read().replace(b"\0", b" ").decode(errors="replace").strip()
-                    holders.append({"pid": int(pid), "command": command})
+                    holder = {"pid": int(pid), "command": command}
+                    job = run_of(pid, proc)
+                    if job is not None:
+                        holder["clustercheck"] = job  # another clustercheck run's process
+                    holders.append(holder)
                     break
             except OSError:
                 continue

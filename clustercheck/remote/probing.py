@@ -2,13 +2,24 @@
 every command at once each in a thread of its own, a file read within a limit, and a probe that records its error
 instead of raising (the control side reports "could not collect")."""
 
+import os
 import shutil
 import subprocess
 import threading
 import time
 
+# Every process a clustercheck run starts on a node carries RUN_MARKER=<run id> in its environment, and UNTIL_MARKER=
+# <deadline, epoch seconds> (the controller's transport sets both, transport/__init__.py imports them from here): the
+# startup sweep stops what an ended run left by them, and a port's or a GPU's holder is recognised as a clustercheck
+# job by them (run_of).
+RUN_MARKER = "CLUSTERCHECK_RUN"
+UNTIL_MARKER = "CLUSTERCHECK_UNTIL"
 OUTPUT_LIMIT = 200_000
 FILE_LIMIT = 64_000
+# The first lines of every program run on a node with `python -c`: -c puts the working directory first on sys.path
+# (as ""), where a user's file (cuda.py, json.py) would shadow a module the program or torch imports; taken off
+# before anything is imported, as `python -P` does from 3.11 on.
+NO_WORKING_DIRECTORY = 'import sys\nif sys.path[:1] == [""]:\n    del sys.path[0]\n'
 PROBE_TIMEOUT = 20.0  # seconds each probe command may take, unless --probe-timeout says otherwise
 HUNG_SLACK = 1.0  # seconds past TIMEOUT run_all waits for a probe before it gives it up as hung
 HUNG = "hung: "  # how a probe given up as hung begins its error (the control side reads it: checks/registry.py)
@@ -99,3 +110,38 @@ def hung(name, command, timeout):
     """The error of probe NAME (COMMAND: an argv or a function) given up after TIMEOUT seconds."""
     what = " ".join(command) if isinstance(command, (list, tuple)) else name
     return {"error": f"{HUNG}{what} gave no answer within {timeout:g} s"}
+
+
+def run_of(pid, proc="/proc"):
+    """The clustercheck run process PID belongs to, by the markers in its environment: {"run", "until" (None
+    without a deadline), "user", "started" (epoch seconds)}; None for a process of no run, or one whose
+    environment this user cannot read (another user's, without root)."""
+    try:
+        with open(f"{proc}/{pid}/environ", "rb") as fh:
+            environ = dict(
+                entry.split("=", 1) for entry in fh.read().decode(errors="replace").split("\0") if "=" in entry
+            )
+    except OSError:
+        return None
+    if not environ.get(RUN_MARKER):
+        return None
+    found = {"run": environ[RUN_MARKER], "until": None, "user": None, "started": None}
+    if environ.get(UNTIL_MARKER, "").isdigit():
+        found["until"] = int(environ[UNTIL_MARKER])
+    try:
+        import pwd
+
+        with open(f"{proc}/{pid}/status") as fh:
+            uid = next(int(line.split()[1]) for line in fh if line.startswith("Uid:"))
+        found["user"] = pwd.getpwuid(uid).pw_name
+    except (OSError, StopIteration, KeyError, ValueError):
+        pass
+    try:
+        with open(f"{proc}/{pid}/stat") as fh:
+            ticks = int(fh.read().rsplit(")", 1)[1].split()[19])  # field 22, starttime: clock ticks after boot
+        with open(f"{proc}/stat") as fh:
+            boot = next(int(line.split()[1]) for line in fh if line.startswith("btime "))
+        found["started"] = boot + ticks // os.sysconf("SC_CLK_TCK")
+    except (OSError, StopIteration, ValueError, IndexError):
+        pass
+    return found

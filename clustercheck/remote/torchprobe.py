@@ -14,17 +14,43 @@ import sys
 import tempfile
 import time
 
-from .probing import probe, read_text
+from .probing import NO_WORKING_DIRECTORY, probe, read_text
 
 # What only an import can tell, in a child process beside the other probes: whether torch imports, what it finds
 # on this machine (CUDA devices; NCCL and cuDNN as loaded), which distributed backends it was built with, and
 # whether each package users' jobs import beside torch imports (a torchvision built for another torch fails here).
 # Versions come from the packages' metadata, read without an import (torch_metadata, package_metadata).
 # argv: "torch" or "no-torch" (import torch or not), then a JSON object mapping each distribution to its modules.
-IMPORT_PROBE = r"""
-import importlib, json, sys
+# Run with `python -c`, without the working directory on sys.path (NO_WORKING_DIRECTORY: a user's cuda.py there would
+# shadow a module torch imports; torch's own jobs run from the bundle, whose directory is sys.path[0] instead). An
+# import that fails names a file it went through that no installed location holds (PYTHONPATH's, say): a local file
+# shadowing a module.
+IMPORT_PROBE = (
+    NO_WORKING_DIRECTORY
+    + r"""
+import importlib, json
 facts = {}
+
+
+def shadowing(exc, before):
+    import importlib.util, os, site, sysconfig, traceback
+    paths = sysconfig.get_paths()
+    installed = [paths.get(k) for k in ("stdlib", "platstdlib", "purelib", "platlib")]
+    installed += list(getattr(site, "getsitepackages", lambda: [])()) + [site.getusersitepackages()]
+    torch_home = getattr(importlib.util.find_spec("torch"), "submodule_search_locations", None) or []
+    installed = [os.path.realpath(p) + os.sep for p in [*installed, *torch_home] if p]  # torch's own: a source build
+    files = [frame.filename for frame in traceback.extract_tb(exc.__traceback__)]
+    modules = {os.path.realpath(getattr(m, "__file__", None) or ""): n for n, m in list(sys.modules.items())}
+    files += [getattr(sys.modules[n], "__file__", None) or "" for n in list(sys.modules) if n not in before]
+    for path in map(os.path.realpath, files):
+        if os.path.isfile(path) and not any(path.startswith(p) for p in installed):
+            name = modules.get(path) or os.path.splitext(os.path.basename(path))[0]
+            return {"module": name, "file": path}
+    return None
+
+
 if sys.argv[1] == "torch":
+    before = set(sys.modules)
     try:
         import torch
         facts["version"] = torch.__version__
@@ -44,6 +70,10 @@ if sys.argv[1] == "torch":
         facts["nccl_backend"] = bool(torch.distributed.is_available() and torch.distributed.is_nccl_available())
     except Exception as exc:
         facts["error"] = f"{type(exc).__name__}: {exc}"
+        try:
+            facts["shadow"] = shadowing(exc, before)
+        except Exception:
+            pass
 errors = {}
 for name, modules in json.loads(sys.argv[2]).items():
     for module in modules[:3]:
@@ -55,6 +85,7 @@ for name, modules in json.loads(sys.argv[2]).items():
 facts["import_errors"] = errors
 print(json.dumps(facts))
 """
+)
 TORCH_VERSION_FILE = re.compile(r"""^(__version__|cuda)\b[^=]*=\s*(?:'([^']*)'|"([^"]*)"|None)\s*$""", re.M)
 
 
@@ -178,7 +209,9 @@ class TorchProbe:
         if self.versions is None:
             facts = {"error": "ModuleNotFoundError: No module named 'torch'"}  # what the import says
         elif "error" in imported:
-            facts = {"error": imported["error"]}
+            facts = {"error": imported["error"], "installed": self.versions}  # torch is there, and fails to import
+            if imported.get("shadow"):
+                facts["shadow"] = imported["shadow"]
         else:
             facts = {k: v for k, v in imported.items() if k != "import_errors"}
             if "error" not in self.versions:

@@ -112,7 +112,8 @@ def _names(stages: list[StageSummary | str]) -> str:
 
 
 def verdict(report: Report) -> str:
-    """One line: NOT READY with the failures; READY for multi-node PyTorch when the multi-node stages proved it
+    """One line: NOT READY with the failures; NOT VERIFIED as asked when an option's work was done on no node
+    (--burn on nodes without GPUs), naming it; READY for multi-node PyTorch when the multi-node stages proved it
     across more than one node, and on one node what they proved there (multi-node is not proven by one node);
     else what passed and what was not verified."""
     results = report.results
@@ -121,6 +122,13 @@ def verdict(report: Report) -> str:
         bad = sum(1 for r in results if r.status.is_problem)
         return f"NOT READY: {bad} check(s) failed"
     warnings = " (with warnings)" if status is Status.WARN else ""
+    undone = [line for r in results if r.name == "options.done" for line in r.data.get("undone") or ()]
+    if undone:  # asked for, done nowhere: not a READY that reads as if it had been done (checks/requests.py)
+        return f"NOT VERIFIED as asked: {'; '.join(undone)} (otherwise: {_verdict(report, results, warnings)})"
+    return _verdict(report, results, warnings)
+
+
+def _verdict(report: Report, results: list[CheckResult], warnings: str) -> str:
     stages = report.stages
     missing = unverified(stages)
     if not missing and len(report.hosts) > 1:

@@ -15,6 +15,7 @@ from clustercheck.model import CheckResult
 from clustercheck.report import Report, render, write_atomic
 
 EXTENSIONS = {".json": "json", ".xml": "junit", ".md": "markdown", ".prom": "prometheus"}
+TEXT_NAMES = ("", ".txt", ".log", ".out")  # suffixes a text report may have: the table people read
 RUN_FILES = {"json": "report.json", "junit": "report.xml"}  # kept in the run directory
 
 
@@ -41,8 +42,16 @@ def build(
 
 def output_format(fmt: str, given: bool, output: str | None) -> str:
     """The format the report is delivered in: FMT when the user GAVE it (--format), else the one OUTPUT's extension
-    names (-o report.json: json), else FMT (text). A --format that contradicts the extension is a UsageError."""
-    named = EXTENSIONS.get(Path(output).suffix.lower()) if output else None
+    names (-o report.json: json), else FMT (text). A --format that contradicts the extension is a UsageError, and
+    so is an extension no format has (-o r.csv) without --format: the text table in a .csv is no CSV."""
+    suffix = Path(output).suffix.lower() if output else ""
+    named = EXTENSIONS.get(suffix)
+    if output and named is None and suffix not in TEXT_NAMES and not given:
+        known = ", ".join(f"{s} ({f})" for s, f in EXTENSIONS.items())
+        raise UsageError(
+            f"-o {output}: clustercheck writes no {suffix} report: name the file {known} or .txt (text), or give "
+            "--format"
+        )
     if named is None or named == fmt:
         return fmt
     if given:

@@ -217,15 +217,18 @@ WORDS = re.compile(r"\s*\S+\s*")
 _CONSOLE = Console(width=1 << 16, color_system=None)
 
 
-def result_lines(results: list[CheckResult]) -> list[str]:
-    """One line per result, in the order given: `STATUS  check  message` (node-health's output, which a health
-    program's log keeps line by line)."""
-    width = max((len(r.name) for r in results), default=0)
+def result_lines(results: list[CheckResult], hosts: list[str] | None = None) -> list[str]:
+    """One line per result that judged something, in the order given: `STATUS  check  message` (node-health's
+    output, which a health program's log keeps line by line); then the SKIPs folded into one line per reason, as
+    `run` shows them: `SKIP  29 skipped: no NVIDIA GPU on this node (none expected) (torch.*, gpu.*, ...)`."""
+    judged = [r for r in results if r.skip is None]
+    width = max((len(r.name) for r in judged), default=0)
     lines = []
-    for r in results:
+    for r in judged:
         message = r.message.removeprefix(f"{r.host}: ") if r.host else r.message
         lines.append(f"{r.status.value:<5} {r.name:<{width}}  {' '.join(message.split())}")
-    return lines
+    hosts = hosts if hosts is not None else sorted({r.host for r in results if r.host})
+    return lines + [f"{Status.SKIP.value:<5} {line}" for line in skipped_lines(results, hosts)]
 
 
 def fix_lines(results: list[CheckResult]) -> list[str]:

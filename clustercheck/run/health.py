@@ -92,7 +92,7 @@ def node_health(request: HealthRequest, echo: Callable[[str], None], say: Callab
         echo(report.render(document, "json"))
     else:
         judged = sorted(document.results, key=lambda r: report.SEVERITY[r.status])
-        for line in text.result_lines(judged):
+        for line in text.result_lines(judged, document.hosts):
             echo(line)
         for line in text.fix_lines(judged):
             echo(f"fix {line}")

@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
-from clustercheck.checks import baseline, connection, registry, setup_roles
+from clustercheck.checks import baseline, connection, registry, setup_roles, torchinstall
 from clustercheck.config import RunConfig
 from clustercheck.facts import parse
 from clustercheck.facts.model import NodeFacts
@@ -97,6 +97,8 @@ class Pipeline:
                 results += self._results.get(node.name, []) + self._session(node)
             results += cluster + later
             results += self._baseline(results)
+            torches = {name: facts.torch.version if facts.torch else None for name, facts in self._facts.items()}
+            results = torchinstall.with_pinned_torch(results, torches)
             results = setup_roles.with_fix_commands(results, self.config.inventory)
         except KeyboardInterrupt as exc:  # Ctrl-C or SIGTERM: kill what we started everywhere, then say where not
             raise Interrupted(self.abort()) from exc
@@ -139,6 +141,10 @@ class Pipeline:
             else None
         )
         self._members = members
+        if len(members) == 1 and self._later and not self.config.master_port_given:  # alone: a port of its own
+            port = core.local_port(members[0].transport, members[0].facts.python)
+            self.config = replace(self.config, master_port=port)
+            self.ctx = replace(self.ctx, config=self.config)
         no_torch = [m.name for m in members if m.facts.torch_problem]
         results: list[CheckResult] = []
         ctx = self.ctx

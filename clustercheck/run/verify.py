@@ -20,7 +20,7 @@ from clustercheck import catalog, expected, hosts, inventory, selection
 from clustercheck.checks.baseline import Baseline
 from clustercheck.checks.collectives import ThresholdError, parse_min_busbw
 from clustercheck.checks.consistency import DEFAULT_MAX_CLOCK_OFFSET
-from clustercheck.config import RunConfig, make_run_dir
+from clustercheck.config import DEFAULT_MASTER_PORT, RunConfig, make_run_dir
 from clustercheck.container import Container
 from clustercheck.exitcodes import ExitCode, UsageError
 from clustercheck.hosts import SshOptions
@@ -76,7 +76,7 @@ class RunRequest:
     expect_transport: str | None = None
     expected_file: str | None = None
     only: tuple[str, ...] = ()
-    master_port: int = 29500
+    master_port: int | None = None  # --master-port; None: 29500, or a free port on a one-node run
     network_rounds: int | None = DEFAULT_ROUNDS
     skip: tuple[str, ...] = ()
     max_clock_offset: float = DEFAULT_MAX_CLOCK_OFFSET
@@ -179,7 +179,8 @@ def _config(request: RunRequest, nodes: list[Node], ssh: SshSettings, selected: 
         job_timeout=request.timeout,
         stall_timeout=request.stall_timeout,
         nproc_per_node=request.nproc_per_node,
-        master_port=request.master_port,
+        master_port=request.master_port or DEFAULT_MASTER_PORT,
+        master_port_given=request.master_port is not None,
         network_rounds=request.network_rounds,
         ssh=ssh,
         clock_bound=request.max_clock_offset,

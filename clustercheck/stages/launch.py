@@ -15,9 +15,10 @@ import base64
 import json
 import shlex
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from clustercheck.container import Container
+from clustercheck.remote.probing import NO_WORKING_DIRECTORY
 from clustercheck.stages import bundle
 
 CPU_RANKS_PER_NODE = 2  # ranks on a node without GPUs, unless the user says otherwise
@@ -198,7 +199,7 @@ def plan(
     name to environment variables for that node only.
     """
     backend = backend or choose_backend([n.gpus for n in nodes])
-    return plan_torchrun(
+    launches = plan_torchrun(
         nodes,
         program=lambda node: [
             bundle.path(node.run_dir),
@@ -215,6 +216,18 @@ def plan(
         nproc_override=nproc_override,
         cpu_ranks=cpu_ranks,
     )
+    return [  # a container's torchrun works in the run directory already
+        each
+        if each.node.container
+        else replace(each, command=["sh", "-c", IN_RUN_DIR, "sh", each.node.run_dir, *each.command])
+        for each in launches
+    ]
+
+
+# sh -c IN_RUN_DIR sh DIRECTORY COMMAND...: COMMAND working in DIRECTORY. `python -m torch.distributed.run` puts its
+# working directory first on sys.path, where a user's cuda.py (in the directory clustercheck was started from, or
+# the home directory over SSH) would shadow a module torch imports; the run directory holds only the bundle.
+IN_RUN_DIR = 'cd "$1" || exit 125; shift; exec "$@"'
 
 
 def world_size(launches: list[NodeLaunch]) -> int:
@@ -237,7 +250,7 @@ def ranks_by_node(launches: list[NodeLaunch]) -> dict[str, list[int]]:
 # transfer to fetch them cost every node two more sessions and the controller more CPU.
 LOGS_LINE = "--- clustercheck: logs ---"
 _COLLECT = (
-    "import base64, glob, io, os, sys, tarfile\n"
+    NO_WORKING_DIRECTORY + "import base64, glob, io, os, sys, tarfile\n"
     "out = sys.argv[1]\n"
     "run_dir = os.path.dirname(out)\n"
     "parts = glob.glob(os.path.join(out, '*', 'rank-*.json'))\n"
@@ -267,7 +280,7 @@ def collect_command(python: str, run_dir: str, stage: str) -> list[str]:
 
 
 _PROGRESS = (
-    "import glob, json, os, sys, time\n"
+    NO_WORKING_DIRECTORY + "import glob, json, os, sys, time\n"
     "beats = {}\n"
     "for path in glob.glob(os.path.join(sys.argv[1], 'heartbeat', '*.json')):\n"
     "    try:\n"

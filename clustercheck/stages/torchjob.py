@@ -218,7 +218,7 @@ def tell(
             + "; every node's job was "
             f"stopped (waiting: {', '.join(sorted(timed_out)) or 'all nodes'})"
         )
-        outcome.data.update({"timed_out": True, "first_failed_node": None})
+        outcome.data.update({"timed_out": True, "first_failed_node": None, "job_timeout": config.job_timeout})
     elif missing:  # every torchrun ended well, yet some ranks' results did not come back: say whose, and why
         outcome.failure = "; ".join(
             f"no result from {name}'s rank(s) {', '.join(map(str, node_ranks))}"
@@ -275,6 +275,7 @@ def judged(results: list[CheckResult], outcome: JobOutcome) -> list[CheckResult]
         return results
     named = outcome.data.get("stalled_nodes") or [outcome.data.get("first_failed_node")]
     out = []
+    first: str | None = None  # the first check the job's failure failed: the fix is said there, once
     for r in results:
         if (
             r.host
@@ -298,10 +299,28 @@ def judged(results: list[CheckResult], outcome: JobOutcome) -> list[CheckResult]
                 Status.FAIL,
                 f"{where}{r.name} did not complete: {outcome.failure}",
                 host=r.host,
-                remediation="Look at the node's rank logs in the run directory (hosts/<node>/torch/ for the run's "
-                "torch job, hosts/<node>/local-collectives/ for a node-local job of its own); a killed rank or a node "
-                "that cannot reach the master are the usual causes.",
+                remediation=_job_fix(outcome, first),
                 data={**r.data, **outcome.data},
             )
+            first = first or r.name
         out.append(r)
     return out
+
+
+def _job_fix(outcome: JobOutcome, first: str | None) -> str:
+    """The fix of a check the job's failure failed: for a job stopped at its deadline, raise --timeout, said on the
+    first such check only (FIRST: its name; the others point there); else where to read why a rank died."""
+    if outcome.data.get("timed_out"):
+        if first is not None:
+            return f"The same job as {first}: see its fix."
+        seconds = outcome.data.get("job_timeout")
+        given = f" (it was {seconds:g} s)" if isinstance(seconds, (int, float)) else ""
+        return (
+            f"Raise --timeout{given}: the job was still running when its deadline stopped it, which says nothing "
+            "of the cluster; a slow first start (torch's import, NCCL's setup) takes tens of seconds."
+        )
+    return (
+        "Look at the node's rank logs in the run directory (hosts/<node>/torch/ for the run's torch job, "
+        "hosts/<node>/local-collectives/ for a node-local job of its own); a killed rank or a node that cannot reach "
+        "the master are the usual causes."
+    )

@@ -30,8 +30,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
-RUN_MARKER = "CLUSTERCHECK_RUN"
-UNTIL_MARKER = "CLUSTERCHECK_UNTIL"
+from clustercheck.remote.probing import RUN_MARKER, UNTIL_MARKER  # the node side reads them too: defined once
 
 # on_output(stream, text): "stdout" or "stderr" and the text as it arrives (not split into lines). A command run
 # with it streams its output there instead of keeping it, so a long job's output never piles up in memory.

@@ -12,6 +12,8 @@ import pytest
 import torch
 from harness import CLUSTERCHECK, RANK_0_WRITES, run_cli
 
+LOCALJOB = str(Path(__file__).parent / "localjob.py")  # a script that is there and compiles (launch reads it first)
+
 
 @pytest.mark.parametrize(
     ("args", "message"),
@@ -22,7 +24,7 @@ from harness import CLUSTERCHECK, RANK_0_WRITES, run_cli
         (["launch", "--hosts", "localhost", "--env", "X", "--", "t.py"], "--env X: expected NAME=VALUE"),
         (["launch", "--hosts", "nosuch/inventory.ini", "--", "t.py"], "no such inventory"),
         (["launch", "--hosts", "localhost", "--sync", "/usr", "--", "/etc/hostname"], "not inside --sync"),
-        (["launch", "--hosts", "localhost", "--run-dir", "/proc/nope", "--", "t.py"], "--run-dir /proc/nope: cannot"),
+        (["launch", "--hosts", "localhost", "--run-dir", "/proc/nope", "--", LOCALJOB], "--run-dir /proc/nope: cannot"),
         (["logs", "not-a-job"], "not-a-job: not a job id"),
         (["stop", "0123456789ab"], "no job 0123456789ab recorded on this machine"),
         (["launch", "--", "t.py"], "give the nodes: --hosts INVENTORY, or --slurm"),

@@ -24,3 +24,14 @@ def test_launch_usage_names_the_torchrun_command_line_not_a_job_id():
 
     assert usage("launch") == "Usage: clustercheck launch [OPTIONS] -- [TORCHRUN OPTIONS] SCRIPT [ARGS]..."
     assert usage("stop") == "Usage: clustercheck stop [OPTIONS] JOB"
+
+
+def test_run_help_lists_every_stage_skip_takes():
+    """--skip takes every stage but core (core collects the facts the others need), baseline included."""
+    from clustercheck.selection import STAGES, Selection
+
+    option = next(p for p in cli.commands["run"].params if p.name == "skip")
+    listed = option.help.split("(")[1].split(")")[0].split(", ")
+    assert listed == [s for s in STAGES if s != "core"] and "baseline" in listed
+    for stage in listed:
+        Selection(skip=(stage,))  # each one accepted

@@ -54,6 +54,19 @@ def test_a_format_that_contradicts_the_extension_is_a_usage_error(output, fmt):
         delivery.output_format(fmt, True, output)
 
 
+@pytest.mark.parametrize("output", ["r.csv", "out/report.html"])
+def test_an_extension_no_format_has_is_refused_without_format(output):
+    with pytest.raises(UsageError, match=rf"^-o {output}: clustercheck writes no \.\w+ report: name the file .json"):
+        delivery.output_format("text", False, output)
+    assert delivery.output_format("json", True, output) == "json"  # --format says what the file holds
+
+
+def test_a_csv_file_is_refused_before_anything_runs(tmp_path):
+    result = invoke("run", "--hosts", "localhost", "-o", str(tmp_path / "r.csv"))
+    refused(result, "clustercheck writes no .csv report")
+    assert not (tmp_path / "r.csv").exists()
+
+
 def test_text_in_a_json_file_is_refused_before_anything_runs(tmp_path):
     result = invoke("run", "--hosts", "localhost", "--format", "text", "-o", str(tmp_path / "r.json"))
     refused(result, "holds the json report, not --format text")
@@ -203,3 +216,43 @@ def test_a_batch_launch_with_spares_asks_slurm_for_them_too_and_the_launch_insid
     assert "#SBATCH --nodelist=node[1-3]\n" in listed.stdout and "--nodes" not in listed.stdout, listed.stdout
     refused(invoke("launch", "--hosts", "localhost", "--spare", "1", "--", "train.py"), "--spare: only with --slurm")
     assert len(invoke("launch", "--hosts", "localhost", "--spare", "1", "--", "train.py").output.splitlines()) == 1
+
+
+def test_a_local_script_that_is_missing_or_does_not_compile_is_refused_before_anything_runs(tmp_path, monkeypatch):
+    """launch on this machine (localhost): the script is read here at once, not on every node after the preflight
+    and torchrun's start; a missing one is a usage error, one that does not compile a job not started."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "syntax_error.py").write_text("def f(:\n    pass\n")
+    (tmp_path / "train.txt").write_text("not python")
+    missing = invoke("launch", "--hosts", "localhost", "--", "nothere.py")
+    assert missing.exit_code == ExitCode.USAGE_ERROR and f"nothere.py: no such file (in {tmp_path.resolve()})" in (
+        missing.output
+    )
+    broken = invoke("launch", "--hosts", "localhost", "--", "syntax_error.py", "--epochs", "3")
+    assert broken.exit_code == ExitCode.NOT_STARTED
+    assert "syntax_error.py:1: SyntaxError: invalid syntax" in broken.output
+    assert not list(tmp_path.glob("clustercheck-runs/*"))  # nothing ran, no run directory made
+
+
+def test_a_module_or_a_remote_nodes_script_is_not_read_here():
+    from clustercheck.launcher.command import parse, script_problem
+
+    assert script_problem(parse(["-m", "pkg.train"]), "/nonexistent") is None
+    assert script_problem(parse(["nothere.py"]), "/nonexistent")[1] is True
+    assert script_problem(parse(["./run.sh"]), "/nonexistent") is None  # no .py: torchrun's to run
+
+
+def test_a_launch_on_this_machine_alone_takes_a_free_port_unless_one_is_given():
+    import socket
+
+    from clustercheck.inventory import Node
+    from clustercheck.launcher.start import _master_port
+
+    local = Node("localhost", "localhost", connection="local")
+    with socket.socket() as held:  # torchrun's default taken, as another run here would
+        held.bind(("127.0.0.1", 0))
+        chosen = _master_port(None, [local])
+        assert chosen != 29500 and chosen != held.getsockname()[1]
+    assert _master_port(None, [Node("node1", "10.0.0.1")]) == 29500  # other machines: torchrun's default
+    assert _master_port(None, [local, Node("node1", "10.0.0.1")]) == 29500
+    assert _master_port(29611, [local]) == 29611

@@ -72,7 +72,7 @@ def test_the_torchrun_planner_puts_every_node_environment_variable_into_the_cont
     assert set(plan.env) <= passed
     own = launch.NodeSpec("n1", "10.0.0.1", 0, "/opt/env/bin/python", "/tmp/clustercheck-x")
     host = launch.plan([own], worker="ddp", stage="ddp", master_port=29500, interface="eth0")
-    assert host[0].command[0] == "/opt/env/bin/python"
+    assert host[0].command[5] == "/opt/env/bin/python"  # after the cd into the run directory (launch.IN_RUN_DIR)
 
 
 def test_what_docker_answered_on_a_node():

@@ -36,6 +36,8 @@ def test_an_equivalent_run_passes_with_the_documented_data():
     assert result.data["max_abs_param_diff"] < 1e-12
     assert result.data["scaling_efficiency"] > 0
     assert "all ranks bit-identical" in result.message
+    # The efficiency says what it is of: the rates it comes from, and this check's tiny model, not the user's.
+    assert "samples/s on 3 ranks vs" in result.message and "tiny model" in result.message
 
 
 def test_a_rank_with_another_learning_rate_is_named_with_the_step():

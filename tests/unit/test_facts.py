@@ -101,22 +101,6 @@ def test_cluster_interface_is_picked_by_name_cidr_address_then_route():
     assert facts.pick_interface(entries, route, None, None, "gpu01.example")[0] == "eth0"
 
 
-def test_firewall_state():
-    ufw = {"rc": 0, "out": "Status: active\n\nTo Action From\n22/tcp ALLOW 10.0.0.0/24\n"}
-    assert facts.firewall_state(ufw, {}, {})["tool"] == "ufw"
-    missing = {"error": "ufw not found"}
-    empty_nft = {"rc": 0, "out": ""}
-    assert facts.firewall_state(missing, empty_nft, missing) == {
-        "collected": True,
-        "active": False,
-        "tool": None,
-        "rules": 0,
-    }
-    assert facts.firewall_state(missing, missing, missing)["collected"]  # no tool at all: no firewall
-    denied = {"rc": 1, "out": "", "err": "netlink: Error: Operation not permitted"}
-    assert not facts.firewall_state(missing, denied, denied)["collected"]
-
-
 def test_torch_and_its_cuda_version_are_read_from_torch_version_py_without_an_import():
     from clustercheck.remote.torchprobe import parse_torch_version_file
 

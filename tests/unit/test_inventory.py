@@ -82,7 +82,7 @@ def test_host_list_forms():
     ]
 
 
-@pytest.mark.parametrize("spec", ["node1:99999", "@node1", "node1,node1", "node1:http"])
+@pytest.mark.parametrize("spec", ["node1:99999", "@node1", "node1,node1", "node1:http", ",", " , ,"])
 def test_bad_host_lists_are_errors(spec):
     with pytest.raises(InventoryError):
         parse_host_list(spec)

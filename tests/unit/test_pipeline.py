@@ -723,3 +723,43 @@ def test_baseline_checks_appear_only_with_a_baseline_and_compare_this_runs_figur
     assert by_key(network_only.results)[("baseline.ddp_step", None)].status is Status.SKIP  # not measured now
     skipped = Cluster().run(tmp_path / "third", baseline=given, selection=Selection(skip=("baseline",)))
     assert {r.status for r in skipped.results if r.name.startswith("baseline.")} == {Status.SKIP}
+
+
+def test_a_one_node_run_without_master_port_meets_on_a_free_port_of_the_node(tmp_path):
+    """Alone, a node has no peer that must agree on the port: without --master-port the run takes a free port of
+    the node's (another clustercheck run may hold 29500 there), which the network stage checks and the torch job
+    meets on; a port given is kept. (The recorded probe answers for 29500, so only the command is looked at.)"""
+
+    def free_port(transport, command, timeout):
+        if command[2:4] == ["netprobe", "free-port"]:
+            return CommandResult(0, "41234\n", "")
+        return None
+
+    for given, port in ((False, "41234"), (True, "29500")):
+        alone = Cluster(behaviour={n: free_port for n in NAMES})
+        alone.nodes = alone.nodes[:1]
+        alone.run(tmp_path / str(given), master_port_given=given)
+        (mesh,) = [c for c in alone.transports["node1"].commands if c[2:4] == ["netprobe", "mesh"]]
+        assert mesh[mesh.index("--port") + 1] == port
+
+
+def test_a_burn_asked_for_on_nodes_without_a_gpu_says_nothing_was_burned_and_is_not_ready(tmp_path):
+    """--burn on nodes without GPUs: one line says nothing was burned (not only six gpu.burn.* SKIPs among the
+    others), and the verdict is not READY as if the GPUs had been burned; the same for --dcgm-level."""
+    from clustercheck.report import Report
+
+    outcome = Cluster().run(tmp_path, burn_seconds=30.0, dcgm_level=2)
+    (done,) = [r for r in outcome.results if r.name == "options.done"]
+    assert done.status is Status.WARN
+    assert "--burn 30s: no GPU on any node, nothing was burned" in done.message
+    assert "--dcgm-level 2: no GPU on any node, no DCGM diagnostic ran" in done.message
+
+    def judged(results):  # the fake nodes are this machine, whose hostname resolves to loopback: left out
+        return Report([r for r in results if r.name != "hostname.resolve"], list(NAMES)).verdict
+
+    verdict = judged(outcome.results)
+    assert verdict.startswith("NOT VERIFIED as asked: --burn 30s: no GPU on any node, nothing was burned")
+    assert "READY" not in verdict.split("(otherwise")[0]
+    plain = Cluster().run(tmp_path / "plain")
+    (none,) = [r for r in plain.results if r.name == "options.done"]
+    assert none.status is Status.SKIP and judged(plain.results).startswith("READY")

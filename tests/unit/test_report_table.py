@@ -76,3 +76,21 @@ def test_the_status_is_coloured_in_a_terminal():
     text.print_table(results, Console(file=buffer, width=80, color_system="standard", force_terminal=True))
     row = next(line for line in buffer.getvalue().splitlines() if "shm.size" in line)
     assert "\x1b[1;31mFAIL\x1b[0m" in row  # bold red, as text.STYLES has it
+
+
+def test_node_health_lines_fold_the_skips_by_reason_as_run_does():
+    """node-health's text: a line per check that judged something, and the SKIPs in one line per reason (33 SKIP
+    lines one by one buried the three that mattered)."""
+    from clustercheck.checks import registry
+    from clustercheck.model import Status
+    from clustercheck.report import text
+
+    host = "gpunode1"
+    results = [registry.emit("firewall", Status.WARN, f"{host}: no input filter", host=host)]
+    results += [
+        registry.get(name).result(host, registry.skip("no NVIDIA GPU on this node (none expected)"))
+        for name in ("gpu.count", "gpu.ecc", "gpu.xid", "pcie.link")
+    ]
+    lines = text.result_lines(results, [host])
+    assert lines[0].startswith("WARN  firewall")
+    assert lines[1:] == ["SKIP  4 skipped: no NVIDIA GPU on this node (none expected) (gpu.*, pcie.link)"]

@@ -115,3 +115,22 @@ def test_only_plain_files_inside_the_target_are_kept_from_a_node_s_archive(tmp_p
     assert not (tmp_path / "run" / "outside.log").exists() and not (target / "tmp").exists()
     torchjob.keep_files((tmp_path / "logs.tgz").read_bytes()[:40], tmp_path / "cut")
     torchjob.keep_files(b"not an archive", tmp_path / "garbage")
+
+
+def test_a_job_stopped_at_its_deadline_says_raise_timeout_once_not_a_killed_rank_per_check():
+    """--timeout 2: every check of the job FAILs, the cause is the deadline, and the fix (raise --timeout) is said on
+    the first of them, the others pointing there; a job that failed otherwise keeps the fix about its ranks' logs."""
+    from clustercheck.checks import registry as checks
+    from clustercheck.model import Status
+    from clustercheck.stages.torchjob import JobOutcome, judged
+
+    names = ("allreduce", "allgather", "broadcast", "allreduce.bandwidth")
+    pending = [checks.emit(n, Status.SKIP, f"{n}: no record") for n in names]
+    stopped = JobOutcome(
+        [], 2, "gloo", "the torch job timed out after 2 s (--timeout)", {"timed_out": True, "job_timeout": 2.0}
+    )
+    fixes = [r.remediation for r in judged(pending, stopped)]
+    assert fixes[0].startswith("Raise --timeout (it was 2 s)")
+    assert all("--timeout" not in f and "killed rank" not in f and "allreduce" in f for f in fixes[1:])
+    crashed = JobOutcome([], 2, "gloo", "torchrun failed on node1 first (exit 1)", {"first_failed_node": None})
+    assert all("killed rank" in r.remediation for r in judged(pending, crashed))

@@ -26,6 +26,7 @@ def test_cpu_nodes_get_gloo_two_ranks_each_and_the_first_node_as_master():
     assert launch.world_size(plans) == 6
     second = plans[1]
     assert second.command == [
+        *("sh", "-c", launch.IN_RUN_DIR, "sh", "/tmp/cc-run/node2"),  # in the run directory: none of the user's files
         "/opt/venv/bin/python",
         "-m",
         "torch.distributed.run",
