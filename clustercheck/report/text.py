@@ -232,20 +232,23 @@ def result_lines(results: list[CheckResult], hosts: list[str] | None = None) -> 
 
 
 def fix_lines(results: list[CheckResult]) -> list[str]:
-    """The fixes of what warned or failed, in the order given: one line per check and fix, naming every host that
-    needs it (the same fix on every node is one line, not one per node)."""
-    hosts: dict[tuple[str, str], list[str]] = {}
+    """The fixes of what warned or failed, in the order given: one line per fix, naming every check that gives it and
+    every host that needs it (the same fix on every node, or of several checks, is one line, not one per node or
+    per check)."""
+    named: dict[str, tuple[list[str], list[str]]] = {}
     for r in results:
         if r.status in (Status.WARN, Status.FAIL, Status.ERROR) and r.remediation:
-            where = hosts.setdefault((r.name, r.remediation), [])
+            checks, where = named.setdefault(r.remediation, ([], []))
+            if r.name not in checks:
+                checks.append(r.name)
             if r.host and r.host not in where:
                 where.append(r.host)
     lines = []
-    for (name, fix), where in hosts.items():
+    for fix, (checks, where) in named.items():
         shown = ", ".join(where[:HOSTS_SHOWN]) + (
             f" and {len(where) - HOSTS_SHOWN} more" if len(where) > HOSTS_SHOWN else ""
         )
-        lines.append(f"{name}{' on ' + shown if where else ''}: {fix}")
+        lines.append(f"{', '.join(checks)}{' on ' + shown if where else ''}: {fix}")
     return lines
 
 

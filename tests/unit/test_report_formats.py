@@ -432,6 +432,18 @@ def test_the_same_fix_on_several_nodes_is_one_line_naming_them():
     assert stages.startswith("stages: core FAIL")
 
 
+def test_the_same_fix_of_several_checks_is_one_line_naming_them():
+    """Checks that share their fix (the node-local collectives, say) print it once, not one paragraph per check."""
+    fix = "Check the node's shared memory and gloo's interface."
+    results = [
+        CheckResult(name, Status.FAIL, "did not complete", host="node1", remediation=fix)
+        for name in ("local.allreduce", "local.allgather", "local.broadcast")
+    ]
+    results.append(CheckResult("local.allreduce", Status.FAIL, "did not complete", host="node2", remediation=fix))
+    fixes = [line for line in text_lines(Report(results, ["node1", "node2"])) if line.startswith("fix ")]
+    assert fixes == [f"fix local.allreduce, local.allgather, local.broadcast on node1, node2: {fix}"]
+
+
 def test_a_skipped_ddp_stage_is_named_in_the_verdict_with_the_option_that_skipped_it():
     from clustercheck.selection import Selection
 
