@@ -4,6 +4,7 @@ checks SKIP on a node without a GPU unless the inventory says GPUs are expected 
 from __future__ import annotations
 
 from clustercheck import expected as expected_values
+from clustercheck.checks.network import own_job
 from clustercheck.checks.registry import Finding, fail, node_check, passed, skip, warn
 from clustercheck.facts.model import COULD_NOT_COLLECT, Gpu, GpuProcess, NodeFacts
 
@@ -206,7 +207,8 @@ HIDDEN_MIB = 1024
     "pid, name, user and the GPU memory it holds (and its share of the GPU's); memory in use beyond what the listed "
     f"processes hold (over {HIDDEN_MIB} MiB: nvidia-smi lists no process of another container or PID namespace) "
     "is named as held by one; in node-health --slurm, either on a node where no Slurm job runs is a leftover "
-    "(FAIL: the node is drained), while a job runs it is the job's",
+    "(FAIL: the node is drained), while a job runs it is the job's; a rank of another clustercheck run is named as "
+    "that run (WARN: wait for it), never as a leftover",
     fix="Stop them before training or benchmarking (kill PID, as their user or root), or expect lower numbers; "
     "memory held by no listed process belongs to another container or PID namespace (the driver does not know PID "
     "namespaces): find it with nvidia-smi on the host or in a container run with --pid=host, or docker ps / "
@@ -215,11 +217,21 @@ HIDDEN_MIB = 1024
 )
 def gpu_processes(facts: NodeFacts) -> Finding:
     assert facts.smi is not None
-    busy = [(g, p) for g in facts.smi.gpus for p in g.processes]
+    every = [(g, p) for g in facts.smi.gpus for p in g.processes]
     hidden = {g.bus_id: g.unaccounted_mib for g in facts.smi.gpus if (g.unaccounted_mib or 0) > HIDDEN_MIB}
-    if not busy and not hidden:
+    if not every and not hidden:
         return passed("no process on the GPUs, and no memory in use beyond a few MiB")
-    data = {"processes": [_process_data(g, p) for g, p in busy], "hidden_mib": hidden, "slurm_job": facts.slurm_job}
+    data = {"processes": [_process_data(g, p) for g, p in every], "hidden_mib": hidden, "slurm_job": facts.slurm_job}
+    # A rank of another clustercheck run (its markers on the node) is a live job, never a stranger's leftover.
+    runs = sorted({own_job(p.clustercheck_run) for _, p in every if p.clustercheck_run})
+    busy = [(g, p) for g, p in every if not p.clustercheck_run]
+    if runs and not busy and not hidden:
+        return warn(
+            f"another clustercheck run ({'; '.join(runs)}) holds the GPUs: " + "; ".join(_held(g, p) for g, p in every),
+            "Wait for that run to end (clustercheck jobs lists the detached ones), or verify other nodes meanwhile: "
+            "figures measured beside it are shared with its ranks.",
+            **data,
+        )
     named = [_held(g, p) for g, p in busy] + [
         f"another container or PID namespace holds {mib / 1024:.1f} GiB on GPU {bus} (nvidia-smi lists "
         + ("no process there" if not any(gpu.bus_id == bus for gpu, _ in busy) else "processes holding less")

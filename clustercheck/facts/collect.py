@@ -184,6 +184,8 @@ def _owners(smi: NvidiaSmi, owners: Any) -> None:
                 process.user = str(owner.get("user") or owner.get("uid"))
                 process.name = process.name or owner.get("name") or None
                 process.command = owner.get("command") or None
+                run = owner.get("clustercheck_run")
+                process.clustercheck_run = run if isinstance(run, dict) else None
 
 
 def _why(value: Any) -> str:

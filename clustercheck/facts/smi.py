@@ -20,6 +20,7 @@ class GpuProcess:
     user: str | None = None
     command: str | None = None
     unseen: str | None = None  # why the owner is not known
+    clustercheck_run: dict | None = None  # a rank of a clustercheck run: its markers (remote/probing.run_of)
 
     @property
     def described(self) -> str:

@@ -22,7 +22,7 @@ import tempfile
 import threading
 import time
 
-from .probing import PROBE_TIMEOUT, matching_lines, probe, read_text, run, run_all
+from .probing import PROBE_TIMEOUT, matching_lines, probe, read_text, run, run_all, run_of
 from .torchprobe import TorchProbe
 
 COMMANDS = {
@@ -148,6 +148,9 @@ def gpu_process_owners(smi):
         entry = {"uid": uid, "user": user, "name": fields.get("Name", "").strip()}
         with contextlib.suppress(OSError):
             entry["command"] = read_text(f"/proc/{pid}/cmdline", 400).replace("\0", " ").strip()
+        job = run_of(pid)  # a rank of a clustercheck run (its markers), which is no stranger's process
+        if job is not None:
+            entry["clustercheck_run"] = job
         owners[pid] = entry
     return owners
 

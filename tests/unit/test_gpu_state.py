@@ -34,11 +34,15 @@ POD_TABLE = (DATA / "nvidia-smi-container-memory-no-process-pai-2001.txt").read_
 TORCH_CPU = {"version": "2.13.0+cpu", "cuda": None, "cuda_available": False, "device_count": 0, "gloo": True}
 
 
-def judged(smi: str, listed: str | None = None, slurm_job: bool | None = None) -> dict:
+def judged(smi: str, listed: str | None = None, slurm_job: bool | None = None, owners: dict | None = None) -> dict:
+    """The node checks on SMI (and nvidia-smi -L's LISTED), with the collector's reading of who runs each GPU
+    process (OWNERS: gpu_process_owners' answer) where given."""
     answer = {"rc": 0, "out": smi}
     if listed is not None:
         answer["list"] = {"rc": 0, "out": listed}
     raw = {"python": {"version": "3.11.2"}, "torch": dict(TORCH_CPU), "commands": {"nvidia_smi_q": answer}}
+    if owners is not None:
+        raw["gpu_processes"] = owners
     facts = collect.build(Node(name="gpu1", address="gpu1"), raw, python="/usr/bin/python3", python_source="test")
     facts.slurm_job = slurm_job
     return {r.name: r for r in registry.run_node_checks(facts)}
@@ -250,3 +254,32 @@ def test_a_gpu_whose_own_nvidia_smi_q_failed_fails_gpu_count_by_name():
     assert result.status is Status.FAIL
     assert "nvidia-smi -q failed for the others: GPU 1: nvidia-smi timed out after 10 s" in result.message
     assert "Xid 79" in result.remediation
+
+
+# Another clustercheck run's ranks on the GPUs
+
+
+def test_a_rank_of_another_clustercheck_run_is_named_as_that_run_not_a_stranger_s_leftover(tmp_path):
+    """The node side tells a process of a clustercheck run by its markers (the leftovers sweep's); gpu.processes then
+    names that run and says to wait, never to kill it, also under node-health --slurm with no Slurm job."""
+    import subprocess
+    import sys
+
+    env = {**os.environ, probing.RUN_MARKER: "3f2a9c", probing.UNTIL_MARKER: "4102444800"}
+    rank = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"], env=env)
+    try:
+        owners = node.gpu_process_owners({"out": f"        Process ID                        : {rank.pid}\n"})
+    finally:
+        rank.kill()
+        rank.wait()
+    job = owners[str(rank.pid)]["clustercheck_run"]
+    assert job["run"] == "3f2a9c" and job["until"] == 4102444800
+    pid = re.search(r"Process ID\s*: (\d+)", A10G)[1]
+    mine = {pid: {**owners[str(rank.pid)], "name": "python"}}
+    for slurm_job in (None, False):
+        result = judged(A10G, slurm_job=slurm_job, owners=mine)["gpu.processes"]
+        assert result.status is Status.WARN, result.message
+        assert "another clustercheck run" in result.message and "run 3f2a9c" in result.message
+        assert "kill" not in result.remediation and "Wait for that run" in result.remediation
+    stranger = {pid: {"uid": 1000, "user": "alice", "name": "python"}}
+    assert judged(A10G, slurm_job=False, owners=stranger)["gpu.processes"].status is Status.FAIL
