@@ -72,9 +72,9 @@ OUTSIDE = frozenset({"hosts", "limit", "use_slurm", *options.SLURM_REQUEST, "dry
     metavar="K",
     help="With --slurm: K spare nodes. The preflight runs on every node, a node failing a check of its own is left "
     "out (and drained in Slurm), and the job runs on the first healthy ones; the nodes not used are given back to "
-    "Slurm. Outside an allocation --nodes N is what the job runs on (the batch job asks N to N+K, so a drained node "
-    "costs a spare, not the job) and --nodelist lists every node; inside one, the job runs on its nodes less K (or "
-    "on --nodes N of them). Too few healthy nodes: nothing starts (exit 6).",
+    "Slurm. Outside an allocation --nodes N is what the job runs on (the batch job asks N+K, or N to N+K where "
+    "nodes are drained or down, so that they cost a spare, not the job) and --nodelist lists every node; inside "
+    "one, the job runs on its nodes less K (or on --nodes N of them). Too few healthy nodes: nothing starts (exit 6).",
 )
 @click.option(
     "--detach",

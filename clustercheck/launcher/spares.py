@@ -93,16 +93,37 @@ def problems_by_node(results: list[CheckResult], nodes: list[str]) -> dict[str, 
     return {name: [r for r in results if r.status.is_problem and r.host == name] for name in nodes}
 
 
+def in_partition(nodes: list[SlurmNode], partition: str | None) -> list[SlurmNode]:
+    """The nodes of PARTITION (every node when None: the default partition is not in a node's record)."""
+    return [n for n in nodes if partition is None or not n.partitions or partition in n.partitions]
+
+
 def unavailable(nodes: list[SlurmNode], partition: str | None, allocated: list[str]) -> list[SlurmNode]:
-    """The nodes of PARTITION (every partition's when None) Slurm could not give the job: drained, down, failing or
-    reserved (diagnose.DOWN_FLAGS), and not among the ALLOCATED."""
+    """The nodes of PARTITION Slurm cannot give a job: drained, down, failing or reserved (diagnose.DOWN_FLAGS), and
+    not among the ALLOCATED."""
     return [
         n
-        for n in nodes
-        if n.name not in allocated
-        and (partition is None or not n.partitions or partition in n.partitions)
-        and any(flag.startswith(DOWN_FLAGS) for flag in n.state)  # DRAIN: also DRAINED, DRAINING
+        for n in in_partition(nodes, partition)
+        if n.name not in allocated and any(flag.startswith(DOWN_FLAGS) for flag in n.state)  # DRAIN: DRAINED, ...
     ]
+
+
+def asked(wanted: int, spare: int, nodes: list[SlurmNode], partition: str | None) -> tuple[int, int | None, str]:
+    """What a batch job of WANTED nodes and SPARE spares asks Slurm for, its nodes (NODES: Slurm's) read first: N+K
+    exactly while the partition has that many usable nodes (a range would let Slurm start the job on N alone, with
+    no spare left to absorb a node the preflight fails); fewer usable, N to N+K (Slurm's own minimum and maximum),
+    so that a drained or down node costs a spare instead of the job's start. Returns (nodes, maximum or None, a line
+    naming the unusable nodes with Slurm's state and reason, or "")."""
+    missing = unavailable(nodes, partition, [])
+    usable = len(in_partition(nodes, partition)) - len(missing)
+    if usable >= wanted + spare:
+        return wanted + spare, None, ""
+    named = "; ".join(f"{n.name}: {shown(n)}" for n in missing)
+    where = f"partition {partition}" if partition else "the cluster"
+    said = f"{usable} usable node(s) in {where} for {wanted} and {spare} spare(s): {named or 'none unusable'}"
+    if usable < wanted:
+        said += f"; the job needs {wanted}, so it waits for Slurm"
+    return wanted, wanted + spare, said
 
 
 def shortfall(granted: int, wanted: int, spare: int, missing: list[SlurmNode] | str) -> str:

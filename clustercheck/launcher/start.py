@@ -176,11 +176,24 @@ def _batch(r: LaunchRequest, say: Echo, echo: Echo) -> int:
     inner = [*r.inner, "--", *r.job]  # --spare K among them: the launch inside leaves K of the job's nodes out
     request = r.request
     if r.request.nodes and r.spare:
-        # N to N+K nodes, Slurm's own range: a node already drained or down costs a spare, not the job's start. The
-        # launch inside is told N (--nodes inside an allocation with --spare): the rest of what it got are spares.
-        request = replace(r.request, nodes_max=r.request.nodes + r.spare)
+        # The launch inside is told N (--nodes inside an allocation with --spare): the rest it gets are spares.
+        request = _spare_request(r, say)
         inner = [*r.inner, f"--nodes={r.request.nodes}", "--", *r.job]
     return batchjob.submit(request, inner, run_dir, dry_run=r.dry_run, detach=r.detach, echo=echo, say=say)
+
+
+def _spare_request(r: LaunchRequest, say: Echo) -> Request:
+    """The batch job's nodes for --nodes N --spare K, Slurm's nodes read first (spares.asked): N+K, or N to N+K where
+    drained or down nodes leave fewer, those nodes said with Slurm's reason; N+K where they cannot be read."""
+    wanted, spare = r.request.nodes or 0, r.spare
+    nodes, why = update.all_nodes(shutil.which("scontrol") or "scontrol", DEADLINE)
+    if nodes is None:
+        say(f"--spare {spare}: Slurm's nodes could not be read ({why}): asking for {wanted + spare} nodes")
+        return replace(r.request, nodes=wanted + spare)
+    count, most, said = spares.asked(wanted, spare, nodes, r.request.partition)
+    if said:
+        say(f"--spare {spare}: {said}; asking Slurm for {count} to {most} nodes")
+    return replace(r.request, nodes=count, nodes_max=most)
 
 
 def _nodes(r: LaunchRequest, inside: str | None) -> tuple[list[Node], SshSettings, Factory]:

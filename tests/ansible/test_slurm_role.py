@@ -459,8 +459,9 @@ def test_launch_with_a_spare_leaves_a_failing_node_out_drains_it_and_gives_it_ba
 
 def test_a_batch_launch_with_a_spare_starts_while_an_administrator_has_a_node_drained_and_names_it(slurm_cluster):
     """`clustercheck launch --slurm --nodes=2 --spare 1` from the login node while node3 is drained by an
-    administrator: the batch job asks Slurm for two to three nodes, so it starts on node1 and node2 instead of
-    waiting for node3, and the launch inside says the spare it did not get, naming node3 with Slurm's reason."""
+    administrator: the launch reads Slurm's nodes first, names node3 with Slurm's reason and asks for two to three
+    nodes, so the job starts on node1 and node2 instead of waiting for node3; the launch inside says the spare it
+    did not get."""
     controller = slurm_cluster.nodes[0]
     put_launch_code(slurm_cluster, {"train_ddp.py": example_ddp_script()})
     on(controller, "scontrol update nodename=node3 state=drain reason='PSU swap, ticket 7'")
@@ -473,6 +474,11 @@ def test_a_batch_launch_with_a_spare_starts_while_an_administrator_has_a_node_dr
         assert proc.returncode == 0, output[-4000:]
         for rank, node in enumerate(["node1", "node2"]):
             assert f"{node}/{rank}: rank {rank} of world size 2 on {node}" in proc.stdout, output[-4000:]
+        first = re.search(r"^clustercheck: --spare 1: 2 usable node\(s\) in the cluster .*$", output, re.M)
+        assert first and "node3" in first[0] and "PSU swap, ticket 7" in first[0], output[-4000:]
+        assert "asking Slurm for 2 to 3 nodes" in first[0], output[-4000:]
+        script = on(controller, "cat /root/slurm-spare-drained/launch.sbatch").stdout
+        assert "#SBATCH --nodes=2-3\n" in script, script
         said = re.search(r"^clustercheck: Slurm granted 2 node\(s\) of the 2-3 asked: 0 of 1 spare.*$", output, re.M)
         assert said and "node3" in said[0] and "DRAIN" in said[0] and "PSU swap, ticket 7" in said[0], output[-4000:]
         assert "Traceback" not in output
@@ -484,8 +490,8 @@ def test_a_batch_launch_with_a_spare_starts_while_an_administrator_has_a_node_dr
 
 def test_a_batch_launch_with_a_spare_runs_on_the_nodes_asked_and_gives_the_unused_spare_back(slurm_cluster):
     """`clustercheck launch --slurm --nodes=2 --spare 1` from the login node, every node healthy: the batch job asks
-    two to three nodes and gets three, the launch inside it runs the job on the first two and says the third was a
-    spare not needed, and gives it back to Slurm (the batch node, node1, is one of the two kept)."""
+    three nodes, the launch inside it runs the job on the first two and says the third was a spare not needed, and
+    gives it back to Slurm (the batch node, node1, is one of the two kept)."""
     controller = slurm_cluster.nodes[0]
     put_launch_code(slurm_cluster, {"train_ddp.py": example_ddp_script()})
     proc = launch_on(
@@ -493,7 +499,7 @@ def test_a_batch_launch_with_a_spare_runs_on_the_nodes_asked_and_gives_the_unuse
     )
     output = proc.stdout + proc.stderr
     assert proc.returncode == 0, output[-4000:]
-    assert "#SBATCH --nodes=2-3\n" in on(controller, "cat /root/slurm-spare-batch/launch.sbatch").stdout
+    assert "#SBATCH --nodes=3\n" in on(controller, "cat /root/slurm-spare-batch/launch.sbatch").stdout
     for rank, node in enumerate(["node1", "node2"]):
         assert f"{node}/{rank}: rank {rank} of world size 2 on {node}" in proc.stdout, output[-4000:]
     assert "clustercheck:   left out node3: spare, not needed" in proc.stdout, output[-4000:]

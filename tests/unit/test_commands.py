@@ -209,9 +209,10 @@ def test_a_batch_launch_with_spares_asks_slurm_for_them_too_and_the_launch_insid
     run_dir = ["--dry-run", "--run-dir", str(tmp_path / "run")]
     counted = invoke("launch", "--slurm", "--nodes", "2", "--spare", "1", *run_dir, "--", "train.py")
     assert counted.exit_code == 0, counted.output
-    # Slurm's own range: a drained node costs a spare, not the job; the launch inside is told the job's N.
-    assert "#SBATCH --nodes=2-3\n" in counted.stdout, counted.stdout
+    # No Slurm here to read the partition from: N+K, said; the launch inside is told the job's N.
+    assert "#SBATCH --nodes=3\n" in counted.stdout, counted.stdout
     assert " --spare=1 --nodes=2 -- train.py\n" in counted.stdout, counted.stdout
+    assert "Slurm's nodes could not be read" in counted.stderr, counted.stderr
     listed = invoke("launch", "--slurm", "--nodelist", "node[1-3]", "--spare", "1", *run_dir, "--", "train.py")
     assert "#SBATCH --nodelist=node[1-3]\n" in listed.stdout and "--nodes" not in listed.stdout, listed.stdout
     refused(invoke("launch", "--hosts", "localhost", "--spare", "1", "--", "train.py"), "--spare: only with --slurm")

@@ -18,6 +18,7 @@ from clustercheck.model import CheckResult, Status
 from clustercheck.reach import Fanout
 from clustercheck.slurm import allocation, drain, parse, update
 from clustercheck.slurm.call import SlurmError
+from clustercheck.slurm.parse import SlurmNode
 from clustercheck.slurm.request import Request
 from clustercheck.transport import CommandResult
 
@@ -227,6 +228,26 @@ def test_a_batch_request_with_spares_asks_slurm_for_a_range_of_nodes():
     assert ranged.options() == ["--nodes=2-3", "--partition=gpu"]
     assert ranged.given == ["--nodes", "--partition"]
     assert Request(nodes=2).options() == ["--nodes=2"]
+
+
+def node(name: str, *state: str, reason: str | None = None) -> SlurmNode:
+    return SlurmNode(name, state or ("IDLE",), reason, ("gpu",))
+
+
+def test_a_batch_job_asks_n_plus_k_while_the_partition_has_them_and_a_range_when_nodes_are_drained():
+    """All usable: exactly N+K (a range would let Slurm start on N, leaving no spare for a node the preflight fails);
+    a node drained or down: N to N+K, Slurm's minimum and maximum, and the node named with Slurm's reason."""
+    healthy = [node("node1"), node("node2"), node("node3"), node("node4", reason=None)]
+    assert spares.asked(2, 1, healthy, "gpu") == (3, None, "")
+    drained = [node("node1"), node("node2"), node("node3", "IDLE", "DRAIN", reason="PSU swap, ticket 7")]
+    count, most, said = spares.asked(2, 1, drained, "gpu")
+    assert (count, most) == (2, 3)
+    assert "2 usable node(s) in partition gpu" in said and "node3" in said and "PSU swap, ticket 7" in said
+    down = [node("node1"), node("node2", "DOWN", "NOT_RESPONDING"), node("node3", "IDLE", "DRAIN", reason="x")]
+    count, most, said = spares.asked(2, 1, down, "gpu")
+    assert (count, most) == (2, 3) and "the job needs 2, so it waits for Slurm" in said
+    other = [node("node1"), node("node2"), SlurmNode("cpu1", ("IDLE", "DRAIN"), "x", ("cpu",))]
+    assert spares.asked(2, 0, other, "gpu") == (2, None, "")  # another partition's drain is not this job's
 
 
 def granted(monkeypatch, names: list[str], shown: str, partition: str = "gpu") -> list[str]:
