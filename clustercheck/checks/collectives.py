@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from clustercheck.checks.registry import declare, emit
+from clustercheck.checks.spread import Spread
 from clustercheck.facts.model import NodeFacts
 from clustercheck.model import CheckResult, Metric, Status
 
@@ -206,11 +207,23 @@ def size_text(n: int) -> str:
     return f"{n} B"
 
 
+def with_spread(row: dict) -> dict:
+    """A sweep's row with the spread of its busbw over the timed repetitions (the worker's rep_time_us, each the
+    slowest rank's mean time per call in it), in GB/s: `spread` {median, p25, p75, min, max, n}; as it was when
+    the worker timed no repetitions (an older worker)."""
+    times = [t for t in row.get("rep_time_us") or [] if isinstance(t, int | float) and t > 0]
+    if not times or not row.get("time_us"):
+        return row
+    scale = row["busbw_gbps"] * row["time_us"]  # busbw is inversely proportional to the time per call
+    return {**row, "spread": Spread.of([scale / t for t in times]).to_dict()}
+
+
 def peak(rows: list[dict]) -> dict:
     return max(rows, key=lambda row: row["busbw_gbps"])
 
 
 def _check(name: str, host: str | None, scope: str, rows: list[dict], ranks: int, backend, thresholds) -> CheckResult:
+    rows = [with_spread(r) for r in rows]
     best = peak(rows)
     status = thresholds.judge(best["busbw_gbps"])
     table = ", ".join(f"{size_text(r['bytes'])}: {r['busbw_gbps']:.3g}" for r in rows)

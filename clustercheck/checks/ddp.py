@@ -11,6 +11,7 @@ from collections import Counter
 from dataclasses import asdict, dataclass
 
 from clustercheck.checks.registry import declare, emit, get
+from clustercheck.checks.spread import Spread
 from clustercheck.model import CheckResult, Metric, Status
 
 NAME = "ddp_equivalence"
@@ -128,6 +129,13 @@ def against_reference(records: list[dict], rank0: dict, label: str, reference_na
     return problems, data
 
 
+def _step_spread(steps) -> dict:
+    """The DDP step time's median and spread over its timed steps (each the slowest rank's), in seconds, as the
+    report's check data holds it (`step_seconds`); nothing from a worker that did not time each step."""
+    spread = Spread.of([t for t in steps or [] if isinstance(t, int | float)])
+    return {"step_seconds": spread.to_dict()} if spread else {}
+
+
 PARAM_DIFF = Metric(
     "ddp_max_abs_param_diff",
     "",
@@ -169,6 +177,7 @@ def evaluate(records: list[dict], world_size: int) -> CheckResult:
         "global_batch": rank0.get("global_batch"),
         "reference_samples_per_s": ref_sps,
         "ddp_samples_per_s": ddp_sps,
+        **_step_spread(rank0["ddp"].get("step_seconds")),
         "scaling_efficiency": efficiency,
         "reference_losses": reference["losses"],
         "ddp_losses": rank0["losses"],

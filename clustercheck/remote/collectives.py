@@ -7,6 +7,9 @@ OUT_DIR/rank-<rank>.json, counting wrong elements like nccl-tests' #wrong.
 Then an all_reduce bandwidth sweep over message sizes by powers of two, with
 warm-up and timed iterations, in nccl-tests' terms: algbw = bytes / time and
 busbw = algbw * 2(n-1)/n, where time is the slowest rank's mean time per call.
+The timed calls are made in --repeats timed repetitions (each the slowest rank's
+mean time per call in it), so that the controller knows the figure's noise: the
+median and spread of the repetitions, which a baseline comparison allows for.
 On multi-GPU nodes of a multi-node job the same sweep also runs inside each
 node (a group of the node's local ranks), for intra-node bandwidth.
 """
@@ -80,26 +83,26 @@ def bus_factor(n: int) -> float:
     return 2 * (n - 1) / n if n > 1 else 1.0
 
 
-def sweep(torch, dist, device, sizes: list[int], warmup: int, iters: int, group=None) -> list[dict]:
-    """Time all_reduce (sum, float32) per size; every member of GROUP gets the same numbers."""
+def sweep(torch, dist, device, sizes: list[int], warmup: int, iters: int, group=None, repeats: int = 1) -> list[dict]:
+    """Time all_reduce (sum, float32) per size; every member of GROUP gets the same numbers. The ITERS timed calls
+    are made in REPEATS repetitions (ITERS rounded up to a multiple), each timed on its own (rep_time_us: the
+    slowest rank's mean time per call in it); time_us is the mean of all, nccl-tests' figure."""
     n = dist.get_world_size(group)
+    repeats = max(1, repeats)
+    per_repeat = max(1, -(-iters // repeats))
     results = []
     for step, size in enumerate(sizes, 1):
         progress(step, f"all_reduce sweep{'' if group is None else ' on the node'}, {size} bytes")
         tensor = torch.zeros(size // 4, dtype=torch.float32, device=device)  # sums stay finite over the calls
         for _ in range(warmup):
             dist.all_reduce(tensor, group=group)
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        dist.barrier(group=group)
-        started = time.perf_counter()
-        for _ in range(iters):
-            dist.all_reduce(tensor, group=group)
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        elapsed = torch.tensor([(time.perf_counter() - started) / iters], dtype=torch.float64, device=device)
+        times = []
+        for _ in range(repeats):
+            times.append(_timed(torch, dist, device, tensor, per_repeat, group))
+        elapsed = torch.tensor(times, dtype=torch.float64, device=device)
         dist.all_reduce(elapsed, op=dist.ReduceOp.MAX, group=group)  # the slowest rank sets the pace
-        seconds = float(elapsed.item())
+        reps = [float(t) for t in elapsed.tolist()]
+        seconds = sum(reps) / len(reps)
         algbw = size / seconds / 1e9 if seconds > 0 else 0.0
         results.append(
             {
@@ -107,10 +110,25 @@ def sweep(torch, dist, device, sizes: list[int], warmup: int, iters: int, group=
                 "time_us": round(seconds * 1e6, 3),
                 "algbw_gbps": algbw,
                 "busbw_gbps": algbw * bus_factor(n),
+                "rep_time_us": [round(t * 1e6, 3) for t in reps],
+                "calls_per_rep": per_repeat,
             }
         )
         del tensor
     return results
+
+
+def _timed(torch, dist, device, tensor, calls: int, group) -> float:
+    """This rank's mean seconds per all_reduce over CALLS calls, started together (a barrier)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    dist.barrier(group=group)
+    started = time.perf_counter()
+    for _ in range(calls):
+        dist.all_reduce(tensor, group=group)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return (time.perf_counter() - started) / calls
 
 
 def node_groups(torch, dist, device, node_key: int) -> tuple[list[list[int]], int]:
@@ -128,12 +146,14 @@ def run_bandwidth(torch, dist, device, args, local_world: int) -> dict:
     low, high = GPU_SIZES if device.type == "cuda" else CPU_SIZES
     sizes = sizes_between(args.min_bytes or low, args.max_bytes or high)
     warmup = args.warmup if args.warmup is not None else (5 if device.type == "cuda" else 2)
-    iters = args.iters if args.iters is not None else (20 if device.type == "cuda" else 5)
+    iters = args.iters if args.iters is not None else (20 if device.type == "cuda" else 10)
+    repeats = args.repeats
     result = {
         "sizes": sizes,
         "warmup": warmup,
         "iters": iters,
-        "world": sweep(torch, dist, device, sizes, warmup, iters),
+        "repeats": repeats,
+        "world": sweep(torch, dist, device, sizes, warmup, iters, repeats=repeats),
     }
     groups, mine = node_groups(torch, dist, device, node_key())
     intra = args.intra_node == "always" or (
@@ -143,7 +163,9 @@ def run_bandwidth(torch, dist, device, args, local_world: int) -> dict:
         result["intra_node"] = {
             "node_index": mine,
             "ranks": groups[mine],
-            "results": sweep(torch, dist, device, sizes, warmup, iters, group=node_group(dist, groups, mine)),
+            "results": sweep(
+                torch, dist, device, sizes, warmup, iters, group=node_group(dist, groups, mine), repeats=repeats
+            ),
         }
     return result
 
@@ -168,7 +190,10 @@ def parser() -> argparse.ArgumentParser:
     parser.add_argument("--min-bytes", type=int, default=None, help="smallest message (default 1 MiB GPU, 64 KiB CPU)")
     parser.add_argument("--max-bytes", type=int, default=None, help="largest message (default 1 GiB GPU, 4 MiB CPU)")
     parser.add_argument("--warmup", type=int, default=None, help="untimed calls per size (default 5 GPU, 2 CPU)")
-    parser.add_argument("--iters", type=int, default=None, help="timed calls per size (default 20 GPU, 5 CPU)")
+    parser.add_argument("--iters", type=int, default=None, help="timed calls per size (default 20 GPU, 10 CPU)")
+    parser.add_argument(
+        "--repeats", type=int, default=5, help="timed repetitions the calls are split into (their median and spread)"
+    )
     parser.add_argument(
         "--intra-node",
         choices=["auto", "always", "never"],

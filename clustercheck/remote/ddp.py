@@ -67,8 +67,8 @@ def accuracy(torch, model, x, y) -> float:
 def train(
     torch, model, loader, sampler, steps: int, lr: float, loss_scale_fn, sync, on_step=None, phase: str = "ddp"
 ) -> tuple[list, list, float]:
-    """K SGD steps over LOADER (epochs re-seeded); returns (global loss per step, param hash per step, seconds of
-    the steps after the first WARMUP_STEPS). ON_STEP(step, optimizer), when given, runs after every step (untimed);
+    """K SGD steps over LOADER (epochs re-seeded); returns (global loss per step, param hash per step, the seconds of
+    each step after the first WARMUP_STEPS). ON_STEP(step, optimizer), when given, runs after every step (untimed);
     PHASE names the heartbeat's phase. The first step is not timed: it pays once for what the process had not done
     yet (CUDA loads each kernel at its first launch, cuBLAS makes its handle), which the reference, trained first,
     would pay alone and the DDP run after it not at all."""
@@ -77,7 +77,7 @@ def train(
     step, epoch = 0, 0
     progress(step, phase)
     sync()
-    timed = 0.0
+    timed: list = []
     while step < steps:
         sampler.set_epoch(epoch)
         for xb, yb in loader:
@@ -90,7 +90,7 @@ def train(
             opt.step()
             sync()
             if step >= WARMUP_STEPS:
-                timed += time.perf_counter() - t0
+                timed.append(time.perf_counter() - t0)
             losses.append(loss_scale_fn(loss.detach()))
             hashes.append(param_hash(model.module if hasattr(model, "module") else model))
             step += 1
@@ -176,7 +176,7 @@ class Training:
         loader, sampler = self.loader(x, y, 1, 0)
         reference = self.model()
         args = self.args
-        losses, _, seconds = train(
+        losses, _, step_seconds = train(
             self.torch,
             reference,
             loader,
@@ -187,6 +187,7 @@ class Training:
             self.sync,
             phase="reference",
         )
+        seconds = sum(step_seconds)
         return reference, {
             "losses": losses,
             "seconds": seconds,
@@ -207,7 +208,7 @@ class Training:
         model = self.model()
         ddp = DistributedDataParallel(model, device_ids=[self.device.index] if self.device.type == "cuda" else None)
         checkpoint = Checkpoint(torch, args, self.rank, self.device)
-        losses, hashes, seconds = train(
+        losses, hashes, step_seconds = train(
             torch,
             ddp,
             loader,
@@ -218,15 +219,19 @@ class Training:
             self.sync,
             on_step=checkpoint.save_at_half_way(model),
         )
-        elapsed = torch.tensor([seconds], dtype=torch.float64, device=self.device)
+        # The slowest rank's time in all, and each step's slowest rank: the steps are the repetitions whose median
+        # and spread a baseline comparison allows for (checks/ddp.py).
+        elapsed = torch.tensor([sum(step_seconds), *step_seconds], dtype=torch.float64, device=self.device)
         dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
+        slowest = [float(t) for t in elapsed.tolist()]
         record.update(
             losses=losses,
             param_hashes=hashes,
             final_hash=hashes[-1] if hashes else param_hash(model),
             ddp={
-                "seconds": float(elapsed.item()),
-                "samples_per_s": samples_per_second(args, float(elapsed.item())),
+                "seconds": slowest[0],
+                "samples_per_s": samples_per_second(args, slowest[0]),
+                "step_seconds": slowest[1:],
             },
         )
         self.slices = (loader, sampler)
