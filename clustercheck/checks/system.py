@@ -180,7 +180,8 @@ def hostname_resolve(facts: NodeFacts) -> Finding:
 @node_check(
     "firewall",
     proves="incoming traffic is filtered on the node: ufw is active, or an nftables or iptables input hook drops or "
-    "rejects what its rules do not let in (Docker's or Kubernetes' NAT and FORWARD rules alone filter nothing)",
+    "rejects what its rules do not let in (Docker's or Kubernetes' NAT and FORWARD rules alone filter nothing); no "
+    "filter is a FAIL where site.yml's firewall role set the node up (its rules in ufw's rule file), else a WARN",
     fix="Enable a firewall that allows the cluster network only (the setup playbook's firewall role).",
 )
 def firewall(facts: NodeFacts) -> Finding:
@@ -195,9 +196,12 @@ def firewall(facts: NodeFacts) -> Finding:
         return passed(f"incoming traffic is filtered: {state.filter or state.tool}", **data)
     seen = f" ({state.seen})" if state.seen else ""
     message = f"no input filter{seen}: every port is open to every network"
-    if facts.node.firewall_role:  # the inventory has site.yml's firewall role set it up: it is not there
+    # The firewall role set this node up (the inventory gives it the role, and the node holds the role's rules in
+    # ufw's rule file), and nothing filters now: ufw was disabled since. A node the role never ran on only warns.
+    if facts.node.firewall_role and facts.firewall_role_rules:
         return fail(
-            f"{message}, though site.yml's firewall role manages this node's firewall",
+            f"{message}, though site.yml's firewall role set up this node's firewall (its rules are in ufw's "
+            "rule file, ufw is not active)",
             "Run the firewall role again (ansible-playbook site.yml --tags firewall), or find what disabled ufw.",
             managed=True,
             **data,

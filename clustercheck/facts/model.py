@@ -333,6 +333,12 @@ def count(value: Any) -> int | None:
     return value if isinstance(value, int) else None
 
 
+def truth(value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise TypeError(f"true or false was expected, not {type(value).__name__}")
+    return value
+
+
 def path(value: Any) -> str | None:
     return value if isinstance(value, str) else None
 
@@ -480,6 +486,7 @@ class NodeFacts:
     acs: dict[str, Any] = field(default_factory=dict)  # bridge BDF -> parse.parse_acs_control of its lspci -vvv
     virt: str | None = None  # systemd-detect-virt --vm: none, kvm, microsoft, ...
     dcgmi: str | None = fact(node.dcgmi, path)  # where dcgmi is installed
+    firewall_role_rules: bool | None = fact(node.firewall_role_rules, truth)  # the firewall role's rules in ufw
     dcgm: DcgmDiag | None = None  # set by the core stage when --dcgm-level asks for it
     gpu_bench: GpuBench | None = None  # set by the core stage when a gpu.* figure check is selected
     gpu_burn: GpuBurn | None = None  # set by the core stage with run --burn (facts/burn.py)

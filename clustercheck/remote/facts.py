@@ -413,6 +413,21 @@ def cmdline():
     return read_text("/proc/cmdline").strip()
 
 
+UFW_RULES = "/etc/ufw/user.rules"  # ufw's rules as `ufw allow` wrote them, kept while ufw is disabled
+ROLE_MARK = "clustercheck"  # site.yml's firewall role comments its rules so ('clustercheck SSH', ...)
+
+
+@fact("firewall_role_rules")
+def firewall_role_rules():
+    """Whether site.yml's firewall role left its rules in ufw's rule file: ufw keeps a rule's comment there, hex
+    encoded on its tuple line, also once ufw is disabled. False where there is no such file."""
+    try:
+        rules = read_text(UFW_RULES)
+    except FileNotFoundError:
+        return False
+    return ROLE_MARK in rules or ROLE_MARK.encode().hex() in rules
+
+
 @fact("dcgmi")
 def dcgmi():
     """Where dcgmi is installed; None when it is not."""

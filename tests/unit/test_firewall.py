@@ -27,10 +27,15 @@ def state(ufw=MISSING, nft=MISSING, iptables=MISSING) -> dict:
     return parse.firewall_state(ufw, nft, iptables)
 
 
-def firewall_result(node: Node, **commands):
+def firewall_result(node: Node, role_rules: bool = False, **commands):
+    """The firewall check on COMMANDS' answers; ROLE_RULES: whether the firewall role's rules are in ufw's file."""
     facts = collect.build(
         node,
-        {"python": {"version": "3.11.2"}, "commands": {k: v for k, v in commands.items()}},
+        {
+            "python": {"version": "3.11.2"},
+            "commands": {k: v for k, v in commands.items()},
+            "firewall_role_rules": role_rules,
+        },
         python="/usr/bin/python3",
         python_source="python3",
     )
@@ -97,9 +102,28 @@ def test_docker_only_fails_where_the_firewall_role_manages_the_node_and_warns_el
     plain = firewall_result(node, ufw={"rc": 0, "out": "Status: inactive\n"}, **commands)
     assert plain.status is Status.WARN
     assert "no input filter" in plain.message and "Docker" in plain.message
-    managed = firewall_result(replace(node, firewall_role=True), ufw={"rc": 0, "out": "Status: inactive\n"}, **commands)
+    inactive = {"rc": 0, "out": "Status: inactive\n"}
+    managed = firewall_result(replace(node, firewall_role=True), role_rules=True, ufw=inactive, **commands)
     assert managed.status is Status.FAIL
     assert "firewall role" in managed.message and "--tags firewall" in managed.remediation
+    # In the group site.yml sets up, but the role never ran there (no rules of its own in ufw's file): a WARN, not a
+    # FAIL for every node of an inventory verified before site.yml (or set up some other way).
+    never = firewall_result(replace(node, firewall_role=True), role_rules=False, ufw=inactive, **commands)
+    assert never.status is Status.WARN and "no input filter" in never.message
+
+
+def test_the_firewall_role_s_rules_are_found_in_ufw_s_rule_file_as_ufw_writes_comments(monkeypatch):
+    """ufw keeps a rule's comment hex-encoded on its tuple line (`comment=636c...`): the role's rules are found in the
+    file a converged test node holds, not in ufw's package default, and no file is no rule."""
+    from clustercheck.remote import facts as node_side
+
+    for name, found in (
+        ("ufw-user-rules-testcluster-debian12.rules", True),
+        ("ufw-user-rules-package-default-debian12.rules", False),
+        ("no-such-file.rules", False),
+    ):
+        monkeypatch.setattr(node_side, "UFW_RULES", str(DATA / name))
+        assert node_side.firewall_role_rules() is found, name
 
 
 def test_a_filtered_node_passes_naming_what_filters_it():
