@@ -73,7 +73,7 @@ def torch_import(facts: NodeFacts) -> Finding:
         if facts.python_missing or (facts.image is not None and facts.image.problem):
             return fail(f"torch does not import with {python}: {problem}", python=facts.torch_python, error=problem)
         message, fix, cause = torchinstall.import_failure(
-            python, facts.torch_python, str(problem), facts.raw.get("torch")
+            python, facts.torch_python, str(problem), facts.raw.get("torch"), facts.image.image if facts.image else None
         )
         return fail(message, fix, python=facts.torch_python, **cause)
     torch = facts.torch

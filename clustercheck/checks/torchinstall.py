@@ -42,19 +42,30 @@ def cause(raw: Any) -> dict[str, Any]:
     return {"cause": "unknown", "error": error}
 
 
-def missing_fix(python: str, version: str | None) -> str:
+def missing_fix(python: str, version: str | None, image: str | None = None) -> str:
+    """The fix for torch missing from PYTHON's environment, pinned to VERSION where the other nodes run one; in a
+    container IMAGE the install belongs in the image (a package installed into a running container dies with it)."""
     install = pinned_install(python, version) if version else pinned_install(python, "VERSION+VARIANT")
     where = "the build the other nodes run" if version else "the build your jobs need (VARIANT: cpu, or cuXYZ for CUDA)"
+    if image:
+        return (
+            f"Build an image FROM {image} with {where} installed (`RUN {install}`) and pass it to --container, or "
+            "pass an image that has PyTorch."
+        )
     return (
         f"Install {where} into that environment: `{install}` (the setup playbook's python_env role pins it), or "
         "point clustercheck_python / --python at the environment that has it."
     )
 
 
-def import_failure(environment: str, python: str, problem: str, raw: Any) -> tuple[str, str, dict[str, Any]]:
+def import_failure(
+    environment: str, python: str, problem: str, raw: Any, image: str | None = None
+) -> tuple[str, str, dict[str, Any]]:
     """torch.import's FAIL for a torch that does not import in ENVIRONMENT (its PYTHON runs the fix; PROBLEM: why,
-    as the facts say): its message, its fix and its data, by cause."""
+    as the facts say; IMAGE: the container image it ran in, if any): its message, its fix and its data, by cause."""
     found = cause(raw)
+    if image:
+        found["image"] = image
     if found["cause"] == "shadowed":
         module, path = found["module"], found["file"]
         return (
@@ -72,7 +83,7 @@ def import_failure(environment: str, python: str, problem: str, raw: Any) -> tup
             found,
         )
     if found["cause"] == "missing":
-        return f"torch is not installed for {environment}: {problem}", missing_fix(python, None), found
+        return f"torch is not installed for {environment}: {problem}", missing_fix(python, None, image), found
     return (
         f"torch does not import with {environment}: {problem}",
         "Run the import by hand to see the whole error "
@@ -96,5 +107,11 @@ def with_pinned_torch(results: list[CheckResult], versions: dict[str, str | None
             continue
         version = others.most_common(1)[0][0]
         python = str(result.data.get("python") or "python3")
-        out.append(replace(result, remediation=missing_fix(python, version), data={**result.data, "pin": version}))
+        out.append(
+            replace(
+                result,
+                remediation=missing_fix(python, version, result.data.get("image")),
+                data={**result.data, "pin": version},
+            )
+        )
     return out

@@ -82,10 +82,11 @@ def test_an_image_without_torch_is_named(memlock, tmp_path):
     assert checks["container.image"]["status"] == "PASS"
     torch = checks["torch.import"]
     assert torch["status"] == "FAIL"
-    assert torch["message"] == (
-        f"localhost: torch does not import with /usr/bin/python3 in image {base}: "
-        "ModuleNotFoundError: No module named 'torch'"
-    )
+    message = torch["message"]
+    assert message.startswith("localhost: torch is not installed")
+    assert f"/usr/bin/python3 in image {base}" in message and "No module named 'torch'" in message
+    assert torch["data"]["cause"] == "missing"
+    assert f"FROM {base}" in torch["remediation"] and "torch==" in torch["remediation"]
 
 
 def test_an_image_that_is_not_there_is_one_fail_with_its_fix(memlock, tmp_path):

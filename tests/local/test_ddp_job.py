@@ -128,8 +128,10 @@ def test_the_first_step_is_not_timed():
             time.sleep(0.5)
 
     model.register_forward_pre_hook(slow_first_launch)
-    losses, _, seconds = ddp_worker.train(torch, model, loader, sampler, args.steps, 0.1, float, lambda: None)
+    losses, _, step_seconds = ddp_worker.train(torch, model, loader, sampler, args.steps, 0.1, float, lambda: None)
     assert len(losses) == 5 and first
+    assert len(step_seconds) == 4  # one time per step after the first
+    seconds = sum(step_seconds)
     assert seconds < 0.5  # the sleep, timed, would be 0.5 s alone
     assert ddp_worker.samples_per_second(args, seconds) == 4 * 8 / seconds
     assert ddp_worker.samples_per_second(SimpleNamespace(steps=1, global_batch=8), seconds) is None

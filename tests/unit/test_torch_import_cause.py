@@ -96,3 +96,24 @@ def test_a_missing_torch_is_installed_as_the_build_the_other_nodes_run():
 
 def test_a_pypi_build_is_pinned_without_an_index():
     assert torchinstall.pinned_install("python3", "2.13.0") == "python3 -m pip install torch==2.13.0"
+
+
+def test_torch_missing_from_a_container_image_is_built_into_the_image():
+    """An install into a running container dies with it: the fix builds an image FROM the one that lacks torch."""
+    message, fix, found = torchinstall.import_failure(
+        "/usr/bin/python3 in image base:1",
+        "/usr/bin/python3",
+        "ModuleNotFoundError: No module named 'torch'",
+        {"error": "ModuleNotFoundError: No module named 'torch'"},
+        "base:1",
+    )
+    assert found == {"cause": "missing", "error": "ModuleNotFoundError: No module named 'torch'", "image": "base:1"}
+    assert "not installed" in message and "FROM base:1" in fix and "--container" in fix
+    missing = CheckResult(
+        "torch.import", Status.FAIL, message, "node2", fix, data={**found, "python": "/usr/bin/python3"}
+    )
+    (pinned,) = torchinstall.with_pinned_torch([missing], {"node1": "2.13.0+cpu", "node2": None})
+    assert (
+        "FROM base:1" in pinned.remediation
+        and "RUN /usr/bin/python3 -m pip install torch==2.13.0+cpu" in pinned.remediation
+    )
