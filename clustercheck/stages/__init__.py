@@ -1,6 +1,6 @@
 """The stages of `clustercheck run`, in the order clustercheck/selection.py declares them: core (per node), then
-the multi-node stages over every node at once. Each multi-node stage is one module, named as its stage, with one
-interface:
+the multi-node stages over every node at once. Each multi-node stage is one module, named as its stage and listed in
+MODULES at the end of this file, with one interface:
 
     NAME: str               the stage's name (--only/--skip take it)
     run(members, ctx) -> list[CheckResult]
@@ -18,7 +18,6 @@ pipeline (clustercheck/run/pipeline.py) reports them as SKIP, in the shape a run
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -27,7 +26,6 @@ from clustercheck.config import RunConfig
 from clustercheck.facts.model import NodeFacts
 from clustercheck.inventory import Node
 from clustercheck.reach import Reach
-from clustercheck.selection import DISTRIBUTED
 from clustercheck.transport import Transport
 
 if TYPE_CHECKING:
@@ -62,6 +60,14 @@ class Context:
     torch_job: SharedJob | None = None  # the run's one torch job, for the torch stages (stages/shared.py)
 
 
+# The multi-node stage modules, in the order they run (selection.DISTRIBUTED; a test keeps the two the same).
+# Imported here, after Context and Member, which they import from this package. Eager: together they add about
+# 15 ms to the command line's start (python -X importtime), which imports network and collectives already.
+from clustercheck.stages import collectives, data, ddp, lightning, network  # noqa: E402
+
+MODULES = (network, data, collectives, ddp, lightning)
+
+
 def modules() -> dict:
     """Stage name -> its module, for the multi-node stages."""
-    return {name: importlib.import_module(f"{__name__}.{name}") for name in DISTRIBUTED}
+    return {module.NAME: module for module in MODULES}

@@ -18,6 +18,21 @@ def test_every_multinode_stage_is_a_module_named_as_its_stage():
     assert all(name == module.NAME for name, module in modules.items())
 
 
+def test_the_stage_modules_are_listed_by_name_and_every_stage_module_is_listed():
+    """stages.MODULES names the multi-node stage modules (no import by computed name), in the declared order; a
+    module under clustercheck/stages/ with a stage's interface (NAME and run) is one of them."""
+    source = (Path(stages.__file__).parent / "__init__.py").read_text()
+    assert "importlib" not in source
+    assert [m.NAME for m in stages.MODULES] == list(DISTRIBUTED)
+    listed = {Path(m.__file__).stem for m in stages.MODULES}
+    shaped = {
+        path.stem
+        for path in Path(stages.__file__).parent.glob("*.py")
+        if "\nNAME = " in path.read_text() and "\ndef run(" in path.read_text()
+    }
+    assert shaped == listed == set(DISTRIBUTED)
+
+
 def test_every_check_belongs_to_a_declared_stage_and_every_stage_has_checks():
     assert {c.stage for c in checks.REGISTRY.values()} == set(STAGES)
 
