@@ -22,7 +22,7 @@ from clustercheck.launcher import batchjob, codesync, leftout, records, session,
 from clustercheck.launcher import command as launch_command
 from clustercheck.launcher.job import HostKeysRefused, LaunchOptions, NotStarted
 from clustercheck.reach import Fanout
-from clustercheck.slurm import allocation, srun, update
+from clustercheck.slurm import allocation, step, update
 from clustercheck.slurm.call import DEADLINE, SlurmError
 from clustercheck.slurm.request import Request
 from clustercheck.stages.launch import LaunchError
@@ -206,7 +206,7 @@ def _nodes(r: LaunchRequest, inside: str | None) -> tuple[list[Node], SshSetting
     if not inside:
         return nodes, ssh, factory.default(ssh)
     try:
-        return allocation.nodes(nodes, *allocation.current()), ssh, srun.factory(inside)
+        return allocation.nodes(nodes, *allocation.current()), ssh, step.factory(inside)
     except SlurmError as exc:
         raise UsageError(f"--slurm: {exc}") from exc
 

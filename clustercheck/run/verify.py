@@ -32,7 +32,7 @@ from clustercheck.report import Report, delivery, text
 from clustercheck.run import progress
 from clustercheck.run.pipeline import Outcome, Pipeline
 from clustercheck.selection import Selection, SelectionError
-from clustercheck.slurm import allocation, srun
+from clustercheck.slurm import allocation, step
 from clustercheck.slurm.call import SlurmError
 from clustercheck.slurm.request import Request
 from clustercheck.transport import factory
@@ -152,7 +152,7 @@ def _nodes(request: RunRequest, held: contextlib.ExitStack) -> tuple[list[Node],
             job, nodelist = held.enter_context(allocation.allocated(ask, request.slurm.wait))
         else:
             job, nodelist = allocation.current()
-        return allocation.nodes(nodes, job, nodelist), ssh, srun.factory(job)
+        return allocation.nodes(nodes, job, nodelist), ssh, step.factory(job)
     except allocation.NotGranted as exc:
         raise UsageError(f"--slurm: {exc}", ExitCode.NO_HOSTS) from exc
     except SlurmError as exc:

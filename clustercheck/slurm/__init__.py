@@ -14,7 +14,9 @@ Pure (no command run):
 Calling Slurm (every command through call.py's call(); a failed one said by CommandResult.cause, as on a node):
   call.py        the one way a Slurm command runs here, and SlurmError
   allocation.py  the allocation a command runs in, or asks for (salloc) and gives back, and its nodes
-  srun.py        a node of an allocation as a transport: its commands as job steps (run --slurm, launch inside one)
+  step.py        a job step on one node: srun's options by Slurm's version, its srun line, the node as scontrol
+                 shows it, and the factory of the transports that run commands as such steps (transport/srun.py;
+                 run --slurm, launch inside an allocation)
   jobs.py        a launch's batch job: submitted, followed, cancelled, listed
   update.py      node-health's scontrol on its own node: read, drained or resumed; squeue for the jobs on it
 """

@@ -1,6 +1,6 @@
 """Why srun could not run a step on a node, told from what srun printed and how Slurm shows the node (`scontrol show
 node`), with the fix that applies: nothing went over SSH, so SSH's advice (sshd, the SSH user and key) does not.
-Pure: the srun transport (srun.py) runs the commands.
+Pure: the srun transport (transport/srun.py) runs the commands.
 
 srun's words are Slurm's error strings (src/common/slurm_errno.c), as srun 22.05 prints them (recorded in
 tests/unit/data/slurm/): "Communication connection failure" when the node's slurmd does not answer (stopped, or its

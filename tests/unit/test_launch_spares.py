@@ -215,7 +215,7 @@ def test_spares_that_leave_no_node_for_the_job_are_a_usage_error_naming_the_numb
     monkeypatch.setenv("SLURM_JOB_NODELIST", "node[1-2]")
     nodes = [Node("node1", "10.0.0.1"), Node("node2", "10.0.0.2")]
     monkeypatch.setattr(start.allocation, "nodes", lambda given, job, nodelist: nodes)
-    monkeypatch.setattr(start.srun, "factory", lambda job: None)
+    monkeypatch.setattr(start.step, "factory", lambda job: None)
     with pytest.raises(start.UsageError, match=r"^--spare 2: Slurm job 42 has 2 node\(s\), which leaves 0 for the job"):
         start.launch(request(slurm=True, spare=2), print, print)
     with pytest.raises(start.UsageError, match=r"^--nnodes 2: the inventory has 1 node\(s\)"):
@@ -258,7 +258,7 @@ def granted(monkeypatch, names: list[str], shown: str, partition: str = "gpu") -
     monkeypatch.setenv("SLURM_JOB_PARTITION", partition)
     nodes = [Node(n, f"10.0.0.{i}") for i, n in enumerate(names, 1)]
     monkeypatch.setattr(start.allocation, "nodes", lambda given, job, nodelist: nodes)
-    monkeypatch.setattr(start.srun, "factory", lambda job: None)
+    monkeypatch.setattr(start.step, "factory", lambda job: None)
     monkeypatch.setattr(start.update, "call", lambda argv, timeout=0: CommandResult(0, shown, ""))
     built: list[LaunchOptions] = []
 
@@ -296,7 +296,7 @@ def test_fewer_nodes_than_the_job_runs_on_is_a_usage_error_inside_the_allocation
     monkeypatch.setenv("SLURM_JOB_ID", "42")
     monkeypatch.setenv("SLURM_JOB_NODELIST", "node1")
     monkeypatch.setattr(start.allocation, "nodes", lambda given, job, nodelist: [Node("node1", "10.0.0.1")])
-    monkeypatch.setattr(start.srun, "factory", lambda job: None)
+    monkeypatch.setattr(start.step, "factory", lambda job: None)
     with pytest.raises(start.UsageError, match=r"^--nodes 2: Slurm job 42 has 1 node\(s\)"):
         start.launch(request(slurm=True, spare=1, request=Request(nodes=2)), print, print)
 

@@ -165,7 +165,7 @@ SLURM_COMMANDS = ("salloc", "sbatch", "scancel", "scontrol", "sinfo", "squeue", 
 
 
 def test_slurm_is_called_from_the_slurm_package_only():
-    """Slurm's commands run through clustercheck/slurm (its call.py, and srun.py's steps): an argv that starts with
+    """Slurm's commands run through clustercheck/slurm (its call.py, and step.py's srun lines): an argv that starts with
     one of them appears nowhere else."""
     outside = []
     for path in PACKAGE.rglob("*.py"):

@@ -190,7 +190,7 @@ def test_the_slurm_version_is_read_from_what_srun_and_slurmd_print():
 
 
 def test_steps_share_the_allocation_with_overlap_from_slurm_20_11_on():
-    from clustercheck.slurm.srun import step_options
+    from clustercheck.slurm.step import step_options
 
     assert step_options((23, 11)) == ("--overlap",)
     assert step_options((19, 5)) == ()  # no --overlap before 20.11: steps shared the allocation by default
@@ -287,8 +287,8 @@ def test_the_connect_check_gives_slurms_fix_for_a_node_no_step_reached(monkeypat
     from clustercheck.reach import Fanout
     from clustercheck.run.pipeline import Pipeline
     from clustercheck.selection import Selection
-    from clustercheck.slurm import srun
-    from clustercheck.transport import CommandResult
+    from clustercheck.slurm import step
+    from clustercheck.transport import CommandResult, srun
 
     def call(argv, timeout=30.0):
         if argv[:2] == ["srun", "--version"]:
@@ -296,12 +296,12 @@ def test_the_connect_check_gives_slurms_fix_for_a_node_no_step_reached(monkeypat
         assert argv == ["scontrol", "show", "node", "node3"]
         return CommandResult(0, recorded("show-node-not-responding.txt"), "")
 
-    monkeypatch.setattr(srun, "call", call)
+    monkeypatch.setattr(step, "call", call)
     monkeypatch.setattr(srun.SrunTransport, "run", lambda self, *a, **k: CommandResult(233, "", stopped))
     monkeypatch.setattr(srun.SrunTransport, "cleanup", lambda self: None)
     stopped = recorded("srun-step-slurmd-stopped.txt")
     config = RunConfig(run_dir=tmp_path, selection=Selection(only=("core",)))
-    outcome = Pipeline([Node("node3", "node3")], config, Fanout(srun.factory("1"))).run()
+    outcome = Pipeline([Node("node3", "node3")], config, Fanout(step.factory("1"))).run()
     connect = next(r for r in outcome.results if r.name == "connect")
     assert connect.status is Status.FAIL
     assert connect.message.startswith("node3: no job step of Slurm job 1 ran there: srun: Task launch for StepId=1.1")

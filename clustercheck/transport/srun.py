@@ -5,7 +5,11 @@ The step runs the same node-side line as over SSH (transport.remote_command: the
 the node-side deadline), so cleanup, the stale sweep and the reports work the same. Files travel as base64 through
 the step's standard input and output. The srun client on this machine is killed at the command's deadline, and a
 step of its own then stops what the command left on the node (the run-marker sweep). A node where no step runs is
-named with what srun and Slurm say about it (diagnose.py), and Slurm's fix, not SSH's.
+named with what srun and Slurm say about it (slurm/diagnose.py), and Slurm's fix, not SSH's.
+
+This module is the transport; Slurm's side lives in slurm/step.py: the step's srun line (given to the transport as
+STEP, a shell line -> its argv), srun's options by version, and the factory that makes this transport for a job and
+names a node where no step ran. (transport does not import slurm: slurm imports transport's CommandResult.)
 """
 
 from __future__ import annotations
@@ -13,53 +17,32 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 
-from clustercheck.inventory import Node
-from clustercheck.slurm import diagnose, parse
-from clustercheck.slurm.call import SlurmError, call
 from clustercheck.transport import (
     CLEANUP_TIMEOUT,
     CommandResult,
     OutputSink,
     SessionQuirks,
-    Transport,
     TransportError,
     remote_command,
     sweep_script,
     workdir_for,
 )
-from clustercheck.transport.factory import Connected, Factory
 from clustercheck.transport.local import run_process
 
 STEP_SLACK = 10.0  # seconds a step may take beyond its command's deadline to start and report (srun's own work)
-CONNECT_TIMEOUT = 30.0  # the first step on a node: Slurm answers, the node runs it
 
 
 class SrunTransport:
     """One node of a Slurm allocation, reached with job steps from this machine."""
 
-    def __init__(self, host: str, run_id: str, job: str, step_options: tuple[str, ...] = ()) -> None:
+    def __init__(self, host: str, run_id: str, job: str, step: Callable[[str], list[str]]) -> None:
         self.host = host
         self.run_id = run_id
         self.job = job
         self.workdir = workdir_for(run_id)
         self.quirks = SessionQuirks()
         self.channel = "srun to it"
-        self._options = step_options
-
-    def _step(self, line: str) -> list[str]:
-        """The srun command line that runs the shell LINE on this node, as one task of a step of the job."""
-        return [
-            "srun",
-            f"--jobid={self.job}",
-            f"--nodelist={self.host}",
-            "--nodes=1",
-            "--ntasks=1",
-            *self._options,
-            "--quiet",
-            "/bin/sh",
-            "-c",
-            line,
-        ]
+        self._step = step  # a shell line -> the srun line that runs it on this node, as a step of JOB
 
     def _run_step(
         self,
@@ -101,39 +84,3 @@ class SrunTransport:
 
     def close(self) -> None:
         pass
-
-
-def step_options(version: tuple[int, int] | None) -> tuple[str, ...]:
-    """srun's options for clustercheck's steps, by Slurm's VERSION: steps share the allocation's resources with
-    the others running beside them (--overlap, from Slurm 20.11 on; before it, steps shared them by default)."""
-    return ("--overlap",) if version is None or version >= (20, 11) else ()
-
-
-def factory(job: str) -> Factory:
-    """Transports that reach the nodes of Slurm job JOB with its steps; SlurmError when srun cannot run here."""
-    options = step_options(parse.parse_version(call(["srun", "--version"]).stdout))
-
-    def connect(node: Node, run_id: str, register: Callable[[Transport], None]) -> Connected:
-        transport = SrunTransport(node.name, run_id, job, options)
-        register(transport)
-        answer = transport.run(["true"], timeout=CONNECT_TIMEOUT)
-        if not answer.ok:
-            refused = diagnose.step_refused(node.name, answer, shown_node(node.name))
-            raise TransportError(f"{node.name}: no job step of Slurm job {job} ran there: {refused.said}", refused.fix)
-        return Connected(transport, f"srun, a step of Slurm job {job}", {"job": job})
-
-    return connect
-
-
-def shown_node(name: str) -> parse.SlurmNode | str:
-    """Node NAME as Slurm shows it (scontrol show node), or why it could not be read."""
-    try:
-        answer = call(["scontrol", "show", "node", name])
-    except SlurmError as exc:
-        return str(exc)
-    if not answer.ok:
-        return f"scontrol show node {name}: {answer.cause()}"
-    try:
-        return parse.parse_show_node(answer.stdout, name)
-    except parse.ParseError as exc:
-        return f"scontrol show node {name}: {exc}"
