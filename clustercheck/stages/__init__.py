@@ -13,7 +13,7 @@ and a torch stage also
 
 Whether a stage needs torch and whether its failure stops the stages after it are declared with the stage
 (selection.DECLARED). The checks each stage emits are declared in the check registry under their stage; the
-pipeline (clustercheck/run/pipeline.py) reports them as SKIP, in the shape a run gives, when the stage does not run.
+pipeline (clustercheck/run/multinode.py) reports them as SKIP, in the shape a run gives, when the stage does not run.
 """
 
 from __future__ import annotations
