@@ -6,7 +6,7 @@ every call and answers from a script, so the code that reaches nodes is driven w
     node = FakeNode("node2", lambda node, command: ...)                     # an answer per command (None: success)
 
 A subclass with a node's whole behaviour overrides `answer` (test_pipeline's HealthyNode). A file that
-transport.put sends is kept in `files`, by path, and answered as written.
+transport.put sends is kept in `files`, by path, and answered as written (`keep`).
 """
 
 from __future__ import annotations
@@ -79,9 +79,6 @@ class FakeNode:
     def run(self, command, *, timeout, env=None, stdin=None, on_output=None) -> CommandResult:
         command = list(command)
         self.calls.append(Call(command, timeout, stdin, env))
-        if is_put(command):
-            self.files[command[4]] = base64.b64decode(stdin)
-            return CommandResult(0, "", "")
         answer = self.answer(command, timeout, stdin)
         if isinstance(answer, BaseException):
             raise answer
@@ -96,9 +93,19 @@ class FakeNode:
         return CommandResult(answer.exit_status, "", answer.stderr, answer.timed_out) if streamed else answer
 
     def answer(self, command: list[str], timeout: float, stdin: str | None) -> Answer:
-        """The answer to COMMAND: the script's (a success where it gives none)."""
-        answer = self.script(self, command) if callable(self.script) else self.script
+        """The answer to COMMAND: a scripted function's where it gives one; a file sent kept; else the scripted
+        answer (a success where there is none)."""
+        answer = self.script(self, command) if callable(self.script) else None
+        if answer is None and is_put(command):
+            return self.keep(command, stdin)
+        if answer is None and not callable(self.script):
+            answer = self.script
         return CommandResult(0, "", "") if answer is None else answer
+
+    def keep(self, command: list[str], stdin: str | None) -> CommandResult:
+        """A file sent as transport.put sends it (COMMAND: sh -c PUT sh PATH SHA256, STDIN: its base64), kept."""
+        self.files[command[4]] = base64.b64decode(stdin or "")
+        return CommandResult(0, "", "")
 
     def stop(self) -> None:
         self.stopped += 1
