@@ -62,9 +62,12 @@ class Skip:
         return cls(f"not selected ({options})", options)
 
 
-def skipped_message(name: str, reason: str) -> str:
-    """The message of check NAME that did not run, for REASON: the one place it is worded."""
-    return f"{name} skipped: {reason}"
+def skipped_message(name: str, reason: str, host: str | None = None, *, ran: bool = False) -> str:
+    """The message of check NAME skipped on HOST (None: the cluster) for REASON: the one place a SKIP is worded,
+    the host put in front once (REASON names neither, see Skip). A check that RAN and judged nothing says its
+    reason alone; one that did not run says `NAME skipped: REASON`."""
+    text = reason if ran else f"{name} skipped: {reason}"
+    return f"{host}: {text}" if host else text
 
 
 @dataclass(frozen=True)

@@ -164,11 +164,9 @@ def _unrelated(baseline: Baseline, nodes: Nodes) -> list[CheckResult]:
     """A baseline with no node in common: nothing is compared, and baseline.versions FAILs naming both sets."""
     why = "not compared: no node in common with the baseline"
     data = {"baseline": _source(baseline), **_node_data(nodes)}
-    results = [emit(f"baseline.{name}", Status.SKIP, f"baseline.{name}: {why}", data=data) for name in CLUSTER_FIGURES]
+    results = [emit(f"baseline.{name}", Status.SKIP, why, data=data) for name in CLUSTER_FIGURES]
     results += [
-        emit(f"baseline.{name}", Status.SKIP, f"{host}: {why}", host=host, data=data)
-        for name in NODE_FIGURES
-        for host in nodes.now
+        emit(f"baseline.{name}", Status.SKIP, why, host=host, data=data) for name in NODE_FIGURES for host in nodes.now
     ]
     results.append(
         emit(
@@ -226,9 +224,9 @@ def _figure_result(comparison: Comparison, baseline: Baseline, nodes: Nodes) -> 
     data = _data(comparison, baseline, nodes)
     if not comparison.changes:
         if comparison.not_compared:
-            return emit(name, Status.SKIP, f"{name}: {_not_compared(comparison, nodes)}", data=data)
+            return emit(name, Status.SKIP, _not_compared(comparison, nodes), data=data)
         if not comparison.not_in_baseline:
-            return emit(name, Status.SKIP, f"{name}: not measured in this run", data=data)
+            return emit(name, Status.SKIP, "not measured in this run", data=data)
         return emit(
             name,
             Status.PASS,

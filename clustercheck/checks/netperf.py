@@ -61,7 +61,7 @@ def perf_checks(records: dict[str, dict], measure: tuple[str, ...] = tuple(MEASU
     """network.rtt and network.throughput: nodes (every pair of theirs slow) and pairs far slower than the
     median, named with the numbers. A check whose measurement was not in MEASURE is SKIP (not measured)."""
     return [
-        r if MEASURED_BY[r.name] in measure else emit(r.name, Status.SKIP, f"{r.name}: not measured (not selected)")
+        r if MEASURED_BY[r.name] in measure else emit(r.name, Status.SKIP, "not measured (not selected)")
         for r in _perf_checks(records)
     ]
 

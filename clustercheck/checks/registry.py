@@ -19,9 +19,11 @@ the name, the stage, the host and the declared fix, and refuses a name nobody de
 measured values typed (`measures`, see model.Metric), which the metrics outputs render.
 
 A SKIP carries why as data (model.Skip), set here: a check that judged nothing says why in its own words (`skip`,
-the reason; the registry puts the host in front), a check that did not run at all is `not_run` (or `skipped`, in
-the shape a run gives) with the reason, or the options that left it out (Selection.why_not_*); its message is
-worded in one place (model.skipped_message). The reports read the reason and the options, never the message.
+or a stage's `emit(name, Status.SKIP, REASON, host=...)`), a check that did not run at all is `not_run` (or
+`skipped`, in the shape a run gives) with the reason, or the options that left it out (Selection.why_not_*). A
+reason names neither its host nor its check (model.Skip's rule): every SKIP's message is worded from it in one
+place (model.skipped_message, called by Check.result only), the host put in front there, once. The reports read
+the reason and the options, never the message.
 """
 
 from __future__ import annotations
@@ -102,14 +104,13 @@ class Check:
         """This check's result on HOST (None: the cluster): its name, its stage, the host, for a WARN, FAIL or
         ERROR whose finding gives no fix of its own the declared fix, and for a SKIP why (Skip). The message gets
         the host in front unless it is NAMED already (a stage's messages name their nodes themselves); a SKIP's
-        always does, as the registry words it from the reason."""
+        message is its reason, which names no host (model.Skip), worded by model.skipped_message with the host."""
         reason = None
-        text = finding.message
         if finding.status is Status.SKIP:
             reason = finding.skip or Skip(finding.message)
-            text = skipped_message(self.name, reason.reason) if finding.skip else finding.message
-            named = False
-        message = f"{host}: {text}" if host and not named else text
+            message = skipped_message(self.name, reason.reason, host, ran=finding.skip is None)
+        else:
+            message = f"{host}: {finding.message}" if host and not named else finding.message
         if finding.status in (Status.PASS, Status.SKIP):
             fix = finding.fix or ""
         else:
@@ -190,8 +191,9 @@ def get(name: str) -> Check:
 
 def result(name: str, host: str | None, finding: Finding) -> CheckResult:
     """The one way a stage's finding becomes a result: the declared check NAME's result on HOST (None: the
-    cluster), the message as the stage wrote it (it names its nodes), the declared fix where the finding gives
-    none. An undeclared NAME raises UndeclaredCheck."""
+    cluster), the message as the stage wrote it (it names its nodes; a SKIP's is its reason, which names neither
+    HOST nor NAME: the registry puts HOST in front), the declared fix where the finding gives none. An undeclared
+    NAME raises UndeclaredCheck."""
     return get(name).result(host, finding, named=True)
 
 

@@ -70,7 +70,7 @@ def judge(node: str, job: Job, left: Left, others: bool) -> list[CheckResult]:
     another job of the user runs here), and /dev/shm over SHM_USED_PERCENT used (a FAIL)."""
     results = []
     if job.uid == 0:
-        results.append(registry.emit(PROCESSES, Status.SKIP, f"{node}: job {job.id} ran as root", host=node))
+        results.append(registry.emit(PROCESSES, Status.SKIP, f"job {job.id} ran as root", host=node))
     elif not left.processes:
         results.append(registry.emit(PROCESSES, Status.PASS, f"{node}: nothing of {job.user}'s runs", host=node))
     elif others:

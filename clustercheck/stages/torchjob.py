@@ -288,7 +288,7 @@ def judged(results: list[CheckResult], outcome: JobOutcome) -> list[CheckResult]
             r = registry.emit(
                 r.name,
                 Status.SKIP,
-                f"{r.name} did not run to the end: {outcome.failure}",
+                f"did not run to the end: {outcome.failure}",
                 host=r.host,
                 data={**r.data, **outcome.data},
             )

@@ -243,8 +243,8 @@ def test_a_connection_without_an_ssh_banner_says_what_the_server_did_without_a_t
     """The real paramiko transport against a server on loopback that accepts the connection and then closes it,
     resets it, greets as another service would, or never speaks: each told as what happened, and only the silent
     one as a banner timeout."""
+    from clustercheck.transport.connection import Connection
     from clustercheck.transport.params import ConnectParams, Timeouts
-    from clustercheck.transport.ssh import Connection
 
     with socket.socket() as listener:
         listener.bind(("127.0.0.1", 0))

@@ -13,13 +13,14 @@ import time
 from pathlib import Path
 
 import pytest
+from fakes import FakeNode
 from test_pipeline import FIRST, first_answer
 
 from clustercheck.facts import parse
 from clustercheck.inventory import Node
 from clustercheck.model import Status
 from clustercheck.stages import bundle, core
-from clustercheck.transport import CommandResult, SessionQuirks, workdir_for
+from clustercheck.transport import CommandResult
 from clustercheck.transport.local import LocalTransport
 
 
@@ -45,43 +46,32 @@ def test_the_recorded_first_commands_are_read_line_by_line():
     assert cut.python_runs is None and cut.leftovers is None and cut.identity is None
 
 
-class Answering:
+def answering(output: str, status: int | None = 0) -> FakeNode:
     """A node whose first command prints OUTPUT (streamed, as every transport streams with on_output)."""
-
-    def __init__(self, output: str, status: int | None = 0) -> None:
-        self.host, self.run_id = "node1", "0123456789ab"
-        self.workdir = workdir_for(self.run_id)
-        self.quirks, self.channel = SessionQuirks(), "its SSH connection"
-        self.output, self.status = output, status
-        self.commands: list[list[str]] = []
-
-    def run(self, command, *, timeout, env=None, stdin=None, on_output=None) -> CommandResult:
-        self.commands.append(command)
-        time.sleep(0.01)
-        on_output("stdout", self.output)
-        return CommandResult(self.status, "", "" if self.status == 0 else "sh: killed", timed_out=self.status is None)
+    said = CommandResult(status, output, "" if status == 0 else "sh: killed", timed_out=status is None)
+    return FakeNode("node1", said, stream="whole", delay=0.01)
 
 
 NODE = Node(name="node1", address="10.0.0.1")
 
 
 def test_the_python_comes_from_the_command_line_the_inventory_the_node_or_the_default():
-    begun = core.start(NODE, Answering(first_answer("node1", python="/opt/env/bin/python")), "/opt/env/bin/python")
+    begun = core.start(NODE, answering(first_answer("node1", python="/opt/env/bin/python")), "/opt/env/bin/python")
     assert (begun.python, begun.source, begun.missing) == ("/opt/env/bin/python", "--python", None)
     from_inventory = Node(name="node1", address="10.0.0.1", python="/opt/env/bin/python")
-    begun = core.start(from_inventory, Answering(first_answer("node1", python="/opt/env/bin/python")))
+    begun = core.start(from_inventory, answering(first_answer("node1", python="/opt/env/bin/python")))
     assert begun.source == "clustercheck_python in the inventory"
-    begun = core.start(NODE, Answering(FIRST["node2"]))
+    begun = core.start(NODE, answering(FIRST["node2"]))
     assert (begun.python, begun.source) == ("/usr/bin/python3", core.RECORDED_PYTHON)
-    begun = core.start(NODE, Answering(FIRST["node1"]))
+    begun = core.start(NODE, answering(FIRST["node1"]))
     assert (begun.python, begun.source, begun.missing) == ("python3", "default", None)
     # A python that does not start is named, and python3 collects the facts without torch.
-    begun = core.start(NODE, Answering(FIRST["node1-missing-python"]), "/opt/none/bin/python")
+    begun = core.start(NODE, answering(FIRST["node1-missing-python"]), "/opt/none/bin/python")
     assert (begun.python, begun.source, begun.missing) == ("python3", "--python", "/opt/none/bin/python")
 
 
 def test_the_command_line_passes_the_asked_python_and_the_fallback_as_arguments_not_in_the_script():
-    node = Answering(FIRST["node1"])
+    node = answering(FIRST["node1"])
     core.start(NODE, node, "/opt/my env/bin/python; rm -rf /", sweep=True, timeout=12)
     ((command,),) = [node.commands]
     assert command[:2] == ["sh", "-c"] and "rm -rf /" not in command[2]
@@ -90,22 +80,22 @@ def test_the_command_line_passes_the_asked_python_and_the_fallback_as_arguments_
 
 
 def test_the_clock_offset_is_taken_when_the_clock_line_arrives():
-    begun = core.start(NODE, Answering(first_answer("node1")))
+    begun = core.start(NODE, answering(first_answer("node1")))
     assert abs(begun.clock_offset) < 0.5 and 0 < begun.clock_uncertainty < 0.5
     late = FIRST["node1"]  # recorded on 2026-11-26: a node whose clock reads that time is that far behind
-    assert core.start(NODE, Answering(late)).clock_offset < -60
+    assert core.start(NODE, answering(late)).clock_offset < -60
 
 
 def test_leftovers_of_an_earlier_run_are_named_and_a_failed_first_command_says_why():
-    begun = core.start(NODE, Answering(FIRST["node3"]), sweep=True)
+    begun = core.start(NODE, answering(FIRST["node3"]), sweep=True)
     result = core.leftovers(NODE, begun)
     assert result.status is Status.WARN
     assert result.message == (
         "node1: earlier run(s) deadbeef0001 left: stopped 1 process(es) left past their deadline: pid 746 (sleep 600); "
         "removed 1 work directory(ies): /tmp/clustercheck-deadbeef0001"
     )
-    assert core.leftovers(NODE, core.start(NODE, Answering(FIRST["node1"]), sweep=True)).status is Status.PASS
-    failed = core.start(NODE, Answering(FIRST["node1"][:60], status=None), "/opt/env/bin/python", sweep=True)
+    assert core.leftovers(NODE, core.start(NODE, answering(FIRST["node1"]), sweep=True)).status is Status.PASS
+    failed = core.start(NODE, answering(FIRST["node1"][:60], status=None), "/opt/env/bin/python", sweep=True)
     assert failed.error == "timed out" and failed.python == "/opt/env/bin/python" and failed.clock_offset is None
     assert core.leftovers(NODE, failed).message == "node1: could not look for them: timed out"
 
@@ -170,12 +160,12 @@ def test_a_bundle_that_arrives_altered_is_not_run_and_not_taken_as_there():
 
 
 def test_why_there_are_no_facts_is_said_one_way_for_every_user_of_the_first_command():
-    cut = core.start(NODE, Answering(FIRST["node1"][:60], status=None), sweep=True)
+    cut = core.start(NODE, answering(FIRST["node1"][:60], status=None), sweep=True)
     assert cut.facts_problem(120) == "the command ended before the collector started: timed out"
     facts = FIRST["node1"] + "--- facts\n"
-    hung = core.start(NODE, Answering(facts, status=None), collect=["105"], collect_timeout=120)
+    hung = core.start(NODE, answering(facts, status=None), collect=["105"], collect_timeout=120)
     assert hung.facts_problem(120) == "timed out after 120 s"
-    failed = core.start(NODE, Answering(facts + "Traceback ...\n", status=1), collect=["105"], collect_timeout=120)
+    failed = core.start(NODE, answering(facts + "Traceback ...\n", status=1), collect=["105"], collect_timeout=120)
     assert failed.facts_problem(120) == "exit 1: sh: killed"
-    good = core.start(NODE, Answering(facts + '{"collector": 1}\n'), collect=["105"], collect_timeout=120)
+    good = core.start(NODE, answering(facts + '{"collector": 1}\n'), collect=["105"], collect_timeout=120)
     assert good.facts_problem(120) is None and good.collected.raw == {"collector": 1}

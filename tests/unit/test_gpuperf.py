@@ -166,7 +166,7 @@ def test_figures_are_read_by_their_report_names():
 def test_the_core_stage_runs_gpubench_with_the_environments_python_and_keeps_its_answer(tmp_path):
     from types import SimpleNamespace
 
-    from test_nodeprogram import Scripted
+    from fakes import FakeNode
 
     from clustercheck.stages import bundle, core
     from clustercheck.transport import CommandResult
@@ -176,13 +176,13 @@ def test_the_core_stage_runs_gpubench_with_the_environments_python_and_keeps_its
     assert facts.torch_problem is None
     ctx = SimpleNamespace(config=SimpleNamespace(command_timeout=120.0, container=None))
     answer = json.dumps({"cuda": True, "copy_counts": "read+written", "gpus": [gpu(0), gpu(1)]})
-    node = Scripted(CommandResult(0, f"loading\n{answer}\n", ""), host="gpunode1")  # its own: the bundle goes once
+    node = FakeNode("gpunode1", CommandResult(0, f"loading\n{answer}\n", ""))  # its own: the bundle goes once
     measured = core.measure_gpus(facts, node, ctx, tmp_path)
-    assert node.commands[-1][:2] == (["/opt/env/bin/python", bundle.path(node.workdir), "gpubench"], 120.0)
+    assert node.sent[-1][:2] == (["/opt/env/bin/python", bundle.path(node.workdir), "gpubench"], 120.0)
     assert [g.label for g in measured.gpus] == ["GPU 0 (00000000:18:00.0)", "GPU 1 (00000000:19:00.0)"]
     assert (tmp_path / "gpubench.json").read_text() == f"loading\n{answer}\n"
     error = "Traceback ...\nRuntimeError: CUDA error: unspecified launch failure\n"
-    crashed = Scripted(CommandResult(1, "", error), host="gpunode2")
+    crashed = FakeNode("gpunode2", CommandResult(1, "", error))
     failed = gpuperf.judge_node(core.measure_gpus(facts, crashed, ctx, tmp_path), h100(), gpuperf.MATMUL)
     assert failed.status is Status.FAIL
     assert failed.message == (

@@ -373,24 +373,20 @@ def test_acs_redirection_above_the_gpus_is_named():
 
 
 def test_dcgm_verdicts_from_recorded_runs(tmp_path):
+    from fakes import FakeNode
+
     from clustercheck.stages import core
     from clustercheck.transport import CommandResult
 
-    class Dcgmi:
-        def __init__(self, out: str, status: int | None = 0, timed_out: bool = False):
-            self.result = CommandResult(status, out, "", timed_out=timed_out)
-            self.commands = []
-
-        def run(self, command, *, timeout, env=None, stdin=None):
-            self.commands.append((command, timeout))
-            return self.result
+    def dcgmi(out: str, status: int | None = 0, timed_out: bool = False) -> FakeNode:
+        return FakeNode("node1", CommandResult(status, out, "", timed_out=timed_out))
 
     passing = (DATA / "dcgm" / "diag-r3-dcgm-55.txt").read_text()
-    fake = Dcgmi(passing)
+    fake = dcgmi(passing)
     node = facts(smi=H800, dcgmi="/usr/bin/dcgmi")
     assert by_name(node)["gpu.dcgm"].status is Status.SKIP  # off unless asked for
     node.dcgm = core.dcgm_diag("/usr/bin/dcgmi", 3, fake, tmp_path)
-    assert fake.commands == [(["/usr/bin/dcgmi", "diag", "-r", "3"], 3600.0)]
+    assert [c[:2] for c in fake.calls] == [(["/usr/bin/dcgmi", "diag", "-r", "3"], 3600.0)]
     assert (tmp_path / "dcgm-diag.txt").read_text() == passing
     assert by_name(node)["gpu.dcgm"].message == "node1: DCGM level 3: 9 test(s) pass, 0 skipped"
     # Derived from go-dcgm issue 52's run by editing one row, as a failing test shows there.
@@ -399,11 +395,11 @@ def test_dcgm_verdicts_from_recorded_runs(tmp_path):
         .read_text()
         .replace("| Environment Variables     | Pass       ", "| Environment Variables     | Fail       ")
     )
-    node.dcgm = core.dcgm_diag("/usr/bin/dcgmi", 2, Dcgmi(failing), tmp_path)
+    node.dcgm = core.dcgm_diag("/usr/bin/dcgmi", 2, dcgmi(failing), tmp_path)
     result = by_name(node)["gpu.dcgm"]
     assert result.status is Status.FAIL and "Environment Variables: Fail" in result.message
     assert result.data["metadata"]["DCGM Version"] == "3.3.1"
-    node.dcgm = core.dcgm_diag("/usr/bin/dcgmi", 1, Dcgmi("", None, timed_out=True), tmp_path)
+    node.dcgm = core.dcgm_diag("/usr/bin/dcgmi", 1, dcgmi("", None, timed_out=True), tmp_path)
     assert "no verdict within 120 s" in by_name(node)["gpu.dcgm"].message
     info = parse.parse_dcgmi_diag((DATA / "dcgm" / "diag-r3-nccl-tests-264.txt").read_text())
     assert info["tests"][4] == {

@@ -3,13 +3,12 @@ the first failing node's status passed on, the other nodes stopped."""
 
 from __future__ import annotations
 
-import threading
-import time
 import types
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from fakes import FakeNode
 from test_checks import recorded_node
 from test_torchjob import KILLED, PEER
 
@@ -20,40 +19,14 @@ from clustercheck.launcher.job import LaunchOptions, NotStarted
 from clustercheck.reach import Fanout
 from clustercheck.run.pipeline import Outcome
 from clustercheck.stages import Member, runner
-from clustercheck.transport import CommandResult, SessionQuirks, TransportError, workdir_for
+from clustercheck.transport import CommandResult, TransportError, workdir_for
 
 
-class StreamingNode:
-    """Prints its tee-marked lines, then exits with STATUS, or (STATUS None) runs until stopped."""
-
-    def __init__(self, host: str, status: int | None, lines: list[str], after: float = 0.0) -> None:
-        self.host, self.run_id, self.workdir = host, "0123456789ab", workdir_for("0123456789ab")
-        self.quirks = SessionQuirks()
-        self.channel = "its SSH connection"
-        self.status, self.lines, self.after = status, lines, after
-        self.stopped = threading.Event()
-        self.cleaned = False
-        self.commands: list[list[str]] = []
-
-    def run(self, argv, *, timeout, env=None, stdin=None, on_output=None):
-        self.commands.append(list(argv))
-        for line in self.lines:
-            on_output("stdout", line + "\n")
-        if self.status is None:
-            self.stopped.wait(30)
-            return CommandResult(None, "", "")
-        time.sleep(self.after)
-        return CommandResult(self.status, "", "")
-
-    def stop(self):
-        self.stopped.set()
-
-    def cleanup(self):
-        self.stopped.set()
-        self.cleaned = True
-
-    def close(self):
-        pass
+def streaming_node(host: str, status: int | None, lines: list[str], after: float = 0.0) -> FakeNode:
+    """Prints its tee-marked lines, then exits with STATUS after AFTER seconds, or (STATUS None) runs until
+    stopped."""
+    said = CommandResult(status, "".join(line + "\n" for line in lines), "")
+    return FakeNode(host, said, stream="lines", delay=after, until_stopped=status is None)
 
 
 def no_connection(node, run_id, register):
@@ -84,16 +57,16 @@ def member(name, transport):
 def test_one_failing_node_stops_the_others_and_its_status_is_the_jobs(tmp_path, monkeypatch):
     monkeypatch.setattr(runner, "FAILURE_GRACE", 0.2)
     fakes = {
-        "node1": StreamingNode("node1", None, ["[default0]:step 1"]),
-        "node2": StreamingNode("node2", 3, ["[default0]:step 1", "[default0]:CUDA error: out of memory"]),
-        "node3": StreamingNode("node3", None, ["[default0]:step 1"]),
+        "node1": streaming_node("node1", None, ["[default0]:step 1"]),
+        "node2": streaming_node("node2", 3, ["[default0]:step 1", "[default0]:CUDA error: out of memory"]),
+        "node3": streaming_node("node3", None, ["[default0]:step 1"]),
     }
     job, echoed, _ = launch_on([member(n, t) for n, t in fakes.items()], tmp_path)
     finished = job.run_foreground()
     assert finished.status == 3
     assert finished.message.startswith("the job failed on node2 first (exit 3)")
     assert "node2/1: CUDA error: out of memory" in finished.message
-    assert fakes["node1"].stopped.is_set() and fakes["node3"].stopped.is_set()
+    assert fakes["node1"].halted.is_set() and fakes["node3"].halted.is_set()
     assert {"node1/0: step 1", "node2/1: step 1", "node3/2: step 1"} <= set(echoed)
     assert (tmp_path / "hosts" / "node2" / "output.log").read_text().endswith("node2/1: CUDA error: out of memory\n")
     assert "--node-rank=2" in (tmp_path / "hosts" / "node3" / "launch.command").read_text()
@@ -102,12 +75,12 @@ def test_one_failing_node_stops_the_others_and_its_status_is_the_jobs(tmp_path, 
 
 
 def test_every_node_completing_is_exit_0(tmp_path):
-    fakes = {n: StreamingNode(n, 0, ["[default0]:done"]) for n in ("node1", "node2")}
+    fakes = {n: streaming_node(n, 0, ["[default0]:done"]) for n in ("node1", "node2")}
     job, echoed, _ = launch_on([member(n, t) for n, t in fakes.items()], tmp_path)
     finished = job.run_foreground()
     assert finished.status == 0 and "completed on every node" in finished.message
     assert sorted(echoed) == ["node1/0: done", "node2/1: done"]
-    assert not any(f.stopped.is_set() for f in fakes.values())
+    assert not any(f.halted.is_set() for f in fakes.values())
 
 
 def unreachable(node, run_id, register):
@@ -164,8 +137,8 @@ def test_a_detached_job_on_the_control_machine_runs_where_the_script_was_compare
     """Without --chdir, the same-code check looks the script up in the current directory on the control machine
     (and in the home directory over SSH); the detached unit must start there too, not in $HOME."""
     monkeypatch.chdir(tmp_path)
-    local = StreamingNode("localhost", 0, [])
-    remote = StreamingNode("node2", 0, [])
+    local = streaming_node("localhost", 0, [])
+    remote = streaming_node("node2", 0, [])
     here = Member(Node("localhost", "127.0.0.1", connection="local"), local, member("n1", None).facts, "", "lo", "", 0)
     job, _, _ = launch_on([here, member("node2", remote)], tmp_path)
     job.job_id = "0123456789ab"
@@ -182,8 +155,8 @@ def test_a_failed_job_quotes_the_failing_ranks_own_error_not_torchruns_report(tm
     monkeypatch.setattr(runner, "FAILURE_GRACE", 0.2)
     recorded = Path(__file__).parent / "data" / "torchrun" / "ddp-rank3-raised-node2.log"
     fakes = {
-        "node1": StreamingNode("node1", None, ["[default0]:step 1"]),
-        "node2": StreamingNode("node2", 1, recorded.read_text().splitlines()),
+        "node1": streaming_node("node1", None, ["[default0]:step 1"]),
+        "node2": streaming_node("node2", 1, recorded.read_text().splitlines()),
     }
     job, _, _ = launch_on([member(n, t) for n, t in fakes.items()], tmp_path)
     finished = job.run_foreground()
@@ -199,15 +172,15 @@ def test_the_node_whose_rank_was_killed_is_named_even_when_a_peer_failed_earlier
     ended first, node2's rank was killed (real torchrun report lines, tests/unit/test_torchjob.py)."""
     monkeypatch.setattr(runner, "FAILURE_GRACE", 2.0)
     fakes = {
-        "node1": StreamingNode("node1", 1, PEER.splitlines()),
-        "node2": StreamingNode("node2", 1, KILLED.splitlines(), after=0.5),
-        "node3": StreamingNode("node3", None, ["[default0]:step 1"]),
+        "node1": streaming_node("node1", 1, PEER.splitlines()),
+        "node2": streaming_node("node2", 1, KILLED.splitlines(), after=0.5),
+        "node3": streaming_node("node3", None, ["[default0]:step 1"]),
     }
     job, _, _ = launch_on([member(n, t) for n, t in fakes.items()], tmp_path)
     finished = job.run_foreground()
     assert finished.message.startswith("the job failed on node2 first (exit 1)"), finished.message
     assert "Signal 9 (SIGKILL)" in finished.message
-    assert fakes["node3"].stopped.is_set()
+    assert fakes["node3"].halted.is_set()
     job.close()
 
 
@@ -220,7 +193,7 @@ def test_a_rank_failing_without_a_traceback_is_quoted_and_ranks_failing_alike_gi
     """The README's train_ddp.py --steps ten on two ranks: argparse's error, exit 2 (torchrun's own status: 1)."""
     monkeypatch.setattr(runner, "FAILURE_GRACE", 0.2)
     recorded = (TORCHRUN / "argparse-invalid-int-localhost.log").read_text().splitlines()
-    job, _, _ = launch_on([member("localhost", StreamingNode("localhost", 1, recorded))], tmp_path, ranks=2)
+    job, _, _ = launch_on([member("localhost", streaming_node("localhost", 1, recorded))], tmp_path, ranks=2)
     finished = job.run_foreground()
     assert finished.status == 2, finished.message
     assert (
@@ -236,7 +209,7 @@ def test_a_cuda_script_on_a_node_without_a_gpu_says_the_node_has_none_and_a_cpu_
     on torch._C._cuda_setDevice, and what clustercheck collected there (the recorded facts of the same machine)."""
     monkeypatch.setattr(runner, "FAILURE_GRACE", 0.2)
     recorded = (TORCHRUN / "cuda-script-cpu-torch-localhost.log").read_text().splitlines()
-    node = member("localhost", StreamingNode("localhost", 1, recorded))
+    node = member("localhost", streaming_node("localhost", 1, recorded))
     node = replace(node, facts=recorded_node("facts-debian12-localhost.json"))
     job, _, _ = launch_on([node], tmp_path, ranks=2)
     finished = job.run_foreground()
@@ -254,8 +227,8 @@ def test_a_rank_aborted_after_the_work_says_the_work_had_finished_and_what_is_kn
     node1 = (TORCHRUN / "abort-at-exit-node1.log").read_text().splitlines()
     waiting = node1[: next(i for i, line in enumerate(node1) if "waitForInput" in line)]
     fakes = {
-        "node1": StreamingNode("node1", None, waiting),
-        "node2": StreamingNode("node2", 1, (TORCHRUN / "abort-at-exit-node2.log").read_text().splitlines()),
+        "node1": streaming_node("node1", None, waiting),
+        "node2": streaming_node("node2", 1, (TORCHRUN / "abort-at-exit-node2.log").read_text().splitlines()),
     }
     job, _, _ = launch_on([member(n, t) for n, t in fakes.items()], tmp_path, ranks=3)
     finished = job.run_foreground()
@@ -266,15 +239,15 @@ def test_a_rank_aborted_after_the_work_says_the_work_had_finished_and_what_is_kn
         "had finished before rank 3 ended. Known of its last words: C++'s std::terminate with no exception in "
         "flight" in finished.message
     ), finished.message
-    assert fakes["node1"].stopped.is_set()
+    assert fakes["node1"].halted.is_set()
     job.close()
 
 
 def test_a_rank_killed_mid_job_is_not_said_to_have_finished_its_work(tmp_path, monkeypatch):
     monkeypatch.setattr(runner, "FAILURE_GRACE", 0.2)
     fakes = {
-        "node1": StreamingNode("node1", None, ["[default0]:step 1"]),
-        "node2": StreamingNode("node2", 1, KILLED.splitlines()),
+        "node1": streaming_node("node1", None, ["[default0]:step 1"]),
+        "node2": streaming_node("node2", 1, KILLED.splitlines()),
     }
     job, _, _ = launch_on([member(n, t) for n, t in fakes.items()], tmp_path)
     finished = job.run_foreground()
@@ -286,7 +259,7 @@ def test_a_rank_killed_mid_job_is_not_said_to_have_finished_its_work(tmp_path, m
 def test_torchs_compile_cache_goes_in_the_jobs_own_directory_on_each_node(tmp_path):
     """Not $TMPDIR/torchinductor_<user>, left by every job: in the launch's work directory (removed at its end), or
     a detached job's own directory, which outlives the launch; the user's --env still wins."""
-    fakes = {n: StreamingNode(n, 0, []) for n in ("node1", "node2")}
+    fakes = {n: streaming_node(n, 0, []) for n in ("node1", "node2")}
     job, _, _ = launch_on([member(n, t) for n, t in fakes.items()], tmp_path)
     assert {p.env["TORCHINDUCTOR_CACHE_DIR"] for p in job.plans} == {f"{workdir_for('0123456789ab')}/torchinductor"}
     options = LaunchOptions(command=command.parse(["train.py"]), run_dir=tmp_path, preflight=False, detach=True)

@@ -1,14 +1,13 @@
 """The one way a program runs on a node (stages/nodeprogram.py): its answer read from its last line, its output kept
-in the run directory, and its failure said one way, whatever the program; driven with a scripted transport."""
+in the run directory, and its failure said one way, whatever the program; driven with the fake node (fakes.py)."""
 
 from __future__ import annotations
 
-import base64
-
 import pytest
+from fakes import FakeNode
 
 from clustercheck.stages import bundle, nodeprogram
-from clustercheck.transport import PUT, CommandResult, SessionQuirks, TransportError, workdir_for
+from clustercheck.transport import CommandResult, TransportError
 
 # Four lines on standard error, the shape of a Python traceback's end: a failure quotes the last three.
 ERRORS = (
@@ -16,45 +15,24 @@ ERRORS = (
 )
 
 
-class Scripted:
-    """A node that answers every command with ANSWER (a CommandResult, or an exception it raises), and keeps what
-    it was sent."""
-
-    def __init__(self, answer, host: str = "node2") -> None:
-        self.host, self.run_id = host, "0a1b2c3d4e5f"
-        self.workdir = workdir_for(self.run_id)
-        self.quirks, self.channel = SessionQuirks(), "its SSH connection"
-        self.answer = answer
-        self.commands: list[tuple[list[str], float, str | None]] = []
-        self.files: dict[str, bytes] = {}
-
-    def run(self, command, *, timeout, env=None, stdin=None, on_output=None) -> CommandResult:
-        if command[:3] == ["sh", "-c", PUT]:  # the bundle, as transport.put sends it
-            self.files[command[4]] = base64.b64decode(stdin)
-            return CommandResult(0, "", "")
-        self.commands.append((list(command), timeout, stdin))
-        if isinstance(self.answer, BaseException):
-            raise self.answer
-        return self.answer
-
-
 def cause(result: CommandResult, timeout: float = 30) -> str:
-    return nodeprogram.call(Scripted(result), ["prog"], program="data paths", timeout=timeout).failure.cause
+    return nodeprogram.call(FakeNode("node2", result), ["prog"], program="data paths", timeout=timeout).failure.cause
 
 
 def test_the_answer_is_the_json_on_the_last_line_and_the_output_is_kept_beside_its_errors(tmp_path):
-    node = Scripted(CommandResult(0, 'starting\n{"paths": [], "host": "node2"}\n', "a warning\n"))
+    node = FakeNode("node2", CommandResult(0, 'starting\n{"paths": [], "host": "node2"}\n', "a warning\n"))
     kept = tmp_path / "data-paths.json"
     answer = nodeprogram.call(node, ["prog", "x"], program="data paths", timeout=12, stdin="in", kept=kept)
     assert answer.failure is None and answer.json() == {"paths": [], "host": "node2"}
-    assert node.commands == [(["prog", "x"], 12, "in")]
+    assert [c[:3] for c in node.sent] == [(["prog", "x"], 12, "in")]
     nodeprogram.call(node, ["prog", "y"], program="data paths", timeout=12, kept=kept)  # a second call appends
     assert kept.read_text() == 2 * 'starting\n{"paths": [], "host": "node2"}\n'
     assert (tmp_path / "data-paths.stderr").read_text() == "a warning\na warning\n"
 
 
 def test_a_failure_names_the_node_and_the_program_and_quotes_the_last_lines_of_its_errors():
-    answer = nodeprogram.call(Scripted(CommandResult(1, "", ERRORS)), ["prog"], program="data shared", timeout=30)
+    node = FakeNode("node2", CommandResult(1, "", ERRORS))
+    answer = nodeprogram.call(node, ["prog"], program="data shared", timeout=30)
     assert answer.value is None
     assert answer.failure.cause == 'exit 1: File "x.py", line 40, in shared | fh.write(token) | OSError: disk full'
     assert str(answer.failure) == f"node2: data shared: {answer.failure.cause}"
@@ -84,22 +62,22 @@ def test_a_program_that_ended_well_without_an_answer_quotes_its_last_line():
 
 def test_a_node_the_transport_cannot_reach_is_a_failure_not_an_exception():
     lost = TransportError("node2 (10.0.0.2:22): the connection was lost")
-    answer = nodeprogram.call(Scripted(lost), ["prog"], program="netprobe mesh", timeout=30)
+    answer = nodeprogram.call(FakeNode("node2", lost), ["prog"], program="netprobe mesh", timeout=30)
     assert str(answer.failure) == "node2: netprobe mesh: TransportError: node2 (10.0.0.2:22): the connection was lost"
 
 
 def test_a_bundle_program_goes_with_the_bundle_once_and_answers_of_its_own_kind():
-    node = Scripted(CommandResult(0, "41234\n", ""))
+    node = FakeNode("node2", CommandResult(0, "41234\n", ""))
     port = nodeprogram.bundled(node, "/opt/env/bin/python", "netprobe", "free-port", timeout=30, kind=int)
     assert port.value == 41234
     assert node.files == {bundle.path(node.workdir): bundle.bundle()}
     again = nodeprogram.bundled(node, "python3", "netprobe", "free-port", timeout=30, kind=int)
     assert again.value == 41234 and len(node.files) == 1  # uploaded once per node and run
-    assert [c[0] for c in node.commands] == [
+    assert [c.command for c in node.sent] == [
         ["/opt/env/bin/python", bundle.path(node.workdir), "netprobe", "free-port"],
         ["python3", bundle.path(node.workdir), "netprobe", "free-port"],
     ]
     wrong = nodeprogram.bundled(node, "python3", "netprobe", "free-port", timeout=30, name="netprobe free-port")
     assert str(wrong.failure) == "node2: netprobe free-port: its last line is not its answer: 41234"  # not an object
     boxed = nodeprogram.bundled(node, "python3", "lightning", "probe", timeout=30, wrap=lambda argv: ["box", *argv])
-    assert node.commands[-1][0][:2] == ["box", "python3"] and boxed.failure.program == "lightning"
+    assert node.sent[-1].command[:2] == ["box", "python3"] and boxed.failure.program == "lightning"

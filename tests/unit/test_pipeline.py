@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
+from fakes import FakeNode, is_put
 from harness import probe_records
 
 from clustercheck import reach
@@ -29,7 +30,7 @@ from clustercheck.reach import Fanout
 from clustercheck.run.pipeline import Pipeline
 from clustercheck.selection import STAGES, Selection
 from clustercheck.stages import bundle
-from clustercheck.transport import PUT, CommandResult, HostKeyError, SessionQuirks, TransportError, workdir_for
+from clustercheck.transport import CommandResult, HostKeyError, TransportError
 from clustercheck.transport.factory import Connected
 
 RECORDS = Path(__file__).parent / "records"
@@ -67,30 +68,18 @@ def first_answer(host: str, base: str = "node1", **lines: str) -> str:
     return "\n".join(out) + "\n"
 
 
-class FakeTransport:
-    """A node that answers like a healthy one; BEHAVIOUR(transport, command) may answer first (None: go on)."""
+class HealthyNode(FakeNode):
+    """A node that answers like a healthy one; BEHAVIOUR(transport, command) may answer first (None: go on). Its
+    output is streamed, as every transport does with on_output."""
 
     def __init__(self, host: str, run_id: str, behaviour=None) -> None:
-        self.host, self.run_id, self.workdir = host, run_id, workdir_for(run_id)
-        self.quirks = SessionQuirks()
-        self.channel = "its SSH connection"
+        super().__init__(host, run_id=run_id, stream="whole")
         self.behaviour = behaviour
-        self.commands: list[list[str]] = []
         self.parts: list[str] = []  # the parts of the run's torch job it was told to run
-        self.files: dict[str, bytes] = {}
-        self.stopped = self.cleaned = self.closed = 0
 
     @property
     def index(self) -> int:
         return NAMES.index(self.host)
-
-    def run(self, command, *, timeout, env=None, stdin=None, on_output=None) -> CommandResult:
-        self.commands.append(list(command))
-        answer = self.answer(list(command), timeout, stdin)
-        if on_output is not None and answer.stdout:  # streamed, as every transport does with on_output
-            on_output("stdout", answer.stdout)
-            return CommandResult(answer.exit_status, "", answer.stderr, answer.timed_out)
-        return answer
 
     def answer(self, command, timeout, stdin) -> CommandResult:
         if self.behaviour is not None:
@@ -98,9 +87,8 @@ class FakeTransport:
             if answer is not None:
                 return self.collecting(command, answer, timeout, stdin) if is_first(command) else answer
         text = " ".join(command)
-        if command[:3] == ["sh", "-c", PUT]:  # a file, as transport.put sends it
-            self.files[command[4]] = base64.b64decode(stdin)
-            return CommandResult(0, "", "")
+        if is_put(command):  # a file, as transport.put sends it
+            return self.keep(command, stdin)
         if is_first(command):
             return self.collecting(command, CommandResult(0, first_answer(self.host), ""), timeout, stdin)
         if len(command) > 2 and command[2] == "facts":
@@ -157,18 +145,6 @@ class FakeTransport:
             facts.timed_out,
         )
 
-    def stop(self) -> None:
-        self.stopped += 1
-
-    def cleanup(self) -> None:
-        self.cleaned += 1
-
-    def close(self) -> None:
-        self.closed += 1
-
-    def ran(self, word: str) -> bool:
-        return any(word in " ".join(c) for c in self.commands)
-
 
 class Cluster:
     """Three fake nodes; FAULTS maps a node to an exception its connection raises, BEHAVIOUR to its answers."""
@@ -176,13 +152,13 @@ class Cluster:
     def __init__(self, faults=None, behaviour=None) -> None:
         self.faults = faults or {}
         self.behaviour = behaviour or {}
-        self.transports: dict[str, FakeTransport] = {}
+        self.transports: dict[str, HealthyNode] = {}
         self.nodes = [Node(name=n, address=NETPROBE[n]["address"]) for n in NAMES]
 
     def factory(self, node: Node, run_id: str, register) -> Connected:
         if node.name in self.faults:
             raise self.faults[node.name]
-        transport = FakeTransport(node.name, run_id, self.behaviour.get(node.name))
+        transport = HealthyNode(node.name, run_id, self.behaviour.get(node.name))
         self.transports[node.name] = transport
         register(transport)
         return Connected(transport, "fake")

@@ -96,7 +96,7 @@ def test_a_known_hosts_path_that_cannot_be_read_is_one_line_naming_it(tmp_path):
 
 
 def test_a_private_key_is_read_once_per_run_and_left_to_paramiko_when_it_cannot_be_read_here(tmp_path):
-    from clustercheck.transport import ssh
+    from clustercheck.transport import connection as ssh
 
     for kind in ("ed25519", "rsa", "ecdsa"):
         path = tmp_path / f"id_{kind}"
