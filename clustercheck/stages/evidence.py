@@ -26,6 +26,7 @@ from pathlib import Path
 from clustercheck.checks import registry
 from clustercheck.facts.model import NodeFacts
 from clustercheck.model import CheckResult, Status
+from clustercheck.stages import nodeprogram
 from clustercheck.transport import CommandResult, Transport
 
 # The layout, in one place: hosts/<node>/DIRECTORY/ in the run directory, and the same name in the node's workdir.
@@ -122,7 +123,7 @@ def bug_report(transport: Transport, seconds: float = BUG_REPORT_SECONDS) -> Bug
     """nvidia-bug-report.sh on TRANSPORT's node, stopped after SECONDS (and the transport's deadline past it)."""
     where = f"{transport.workdir}/{DIRECTORY}"
     deadline = seconds + STOP_GRACE + 60  # the stop, and the report's way back
-    answer = transport.run(["sh", "-c", COLLECT, "sh", where, f"{seconds:g}"], timeout=deadline)
+    answer = nodeprogram.run(transport, ["sh", "-c", COLLECT, "sh", where, f"{seconds:g}"], timeout=deadline)
     return parse_collected(answer, seconds)
 
 

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from clustercheck.stages import bundle
-from clustercheck.transport import CommandResult, Transport, TransportError
+from clustercheck.transport import CommandResult, OutputSink, Transport, TransportError
 
 TAIL_LINES = 3  # lines of standard error a failure quotes
 LAST_LINE = 200  # characters of an answer's last line quoted when it is not JSON
@@ -134,6 +134,23 @@ def keep(result: CommandResult, path: Path) -> None:
         fh.write(result.stdout)
     with open(path.with_suffix(".stderr"), "a") as fh:
         fh.write(result.stderr)
+
+
+def run(
+    transport: Transport,
+    argv: list[str],
+    *,
+    timeout: float,
+    stdin: str | None = None,
+    env: dict[str, str] | None = None,
+    on_output: OutputSink | None = None,
+) -> CommandResult:
+    """ARGV on TRANSPORT's node within TIMEOUT seconds, its result as it came back: the one place outside
+    clustercheck/transport/ that runs a command on a node (tests/unit/test_remote_shape.py keeps it so). For a
+    command whose caller reads more than an answer (an exit status with a meaning of its own, streamed output); a
+    program with an answer goes through `call`. A transport that cannot run it raises, as the transport does."""
+    given = {"stdin": stdin, "env": env, "on_output": on_output}
+    return transport.run(argv, timeout=timeout, **{k: v for k, v in given.items() if v is not None})
 
 
 def call(
