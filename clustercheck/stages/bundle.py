@@ -80,6 +80,7 @@ def source(module: str) -> str:
     return NO_WORKING_DIRECTORY + resources.files("clustercheck.remote").joinpath(f"{module}.py").read_text()
 
 
+@functools.cache
 def script(name: str) -> str:
     """The text of the shell script remote/NAME.sh, as `sh -c` runs it on a node: for what must run where no Python
     is known yet (a detached job's unit, the jobs on a node)."""
