@@ -2,8 +2,11 @@
 output kept in the node's run directory, its answer the JSON on its last line, and its failure said one way.
 
 The programs are those of the node-side bundle (stages/bundle.py: `bundled`) and the short standard-library
-programs the controller sends with `python -c` (a torch job's heartbeats, the launcher's hashing of the script's
-directory: `call`). Each prints its answer as one JSON document on its last line and exits 0.
+programs of clustercheck/remote/ the controller sends with `python -c` (bundle.source: a torch job's heartbeats, the
+launcher's hashing of the script's directory: `call`). Each prints its answer as one JSON document on its last line
+and exits 0. A command whose caller reads its result itself (an exit status with a meaning of its own, streamed
+output) goes through `run`: outside clustercheck/transport/, this module is the only caller of a transport's `run`
+(docs/architecture.md, "Node-side code").
 
 A failure (`Failure`) names the node and the program, and says why in one line (`cause`): a timeout as a timeout
 with its deadline, otherwise the exit status (and the signal that ended the program, when one did) with the
