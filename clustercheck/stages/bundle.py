@@ -73,6 +73,7 @@ INSTALL = (
 )
 
 
+@functools.cache
 def source(module: str) -> str:
     """The text of MODULE (remote/MODULE.py), a program of the standard library alone, as `python -c` runs it on a
     node: without the working directory on sys.path (probing.NO_WORKING_DIRECTORY), so a user's file there never
