@@ -6,7 +6,7 @@ from __future__ import annotations
 from clustercheck.launcher import detached
 from clustercheck.launcher.job import NotStarted, work_dir
 from clustercheck.reach import Reach
-from clustercheck.stages import Member
+from clustercheck.stages import Member, nodeprogram
 from clustercheck.stages.launch import NodeLaunch
 
 
@@ -22,14 +22,14 @@ def start(
         m = by_name[p.node.name]
         archive_path = f"{m.transport.workdir.rstrip('/')}/{code}" if code else None
         argv = detached.start_command(job_id, p.command, p.env, work_dir(m.node, cwd), archive_path)
-        got = m.transport.run(argv, timeout=60)
+        got = nodeprogram.run(m.transport, argv, timeout=60)
         if not got.ok:
             problems.append(f"{m.name}: {detached.start_problem(got.exit_status, got.stderr or got.cause())}")
 
     reach.each(begin, plans, timeout=90, name=lambda p: p.node.name)
     if problems:
         reach.each(
-            lambda m: m.transport.run(detached.discard_command(job_id), timeout=60),
+            lambda m: nodeprogram.run(m.transport, detached.discard_command(job_id), timeout=60),
             members,
             timeout=90,
             name=lambda m: m.name,

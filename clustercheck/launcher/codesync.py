@@ -53,7 +53,9 @@ def upload(
         put(m.transport, data, f"{m.transport.workdir.rstrip('/')}/code.tgz")
         if not o.detach:
             target = f"{m.transport.workdir.rstrip('/')}/code"
-            got = m.transport.run(["sh", "-c", f"mkdir -p {target} && tar xzf {target}.tgz -C {target}"], timeout=300)
+            got = nodeprogram.run(
+                m.transport, ["sh", "-c", f"mkdir -p {target} && tar xzf {target}.tgz -C {target}"], timeout=300
+            )
             if not got.ok:
                 raise NotStarted(f"{m.name}: could not unpack the synced code: {got.cause()}")
 
@@ -115,7 +117,7 @@ class RunningRecords:
 
         def record(m: Member) -> None:
             argv, given = sameness.begin_command(m.facts.python, self.trees[m.name], job_id, in_unit)
-            if m.transport.run(argv, timeout=60, stdin=given).ok:
+            if nodeprogram.run(m.transport, argv, timeout=60, stdin=given).ok:
                 with self._lock:
                     self._recorded.append(m)
 
@@ -124,7 +126,7 @@ class RunningRecords:
     def end(self, job_id: str) -> None:
         def ended(m: Member) -> None:
             directory = self.trees[m.name].directory
-            m.transport.run(sameness.end_command(m.facts.python, directory, job_id), timeout=30)
+            nodeprogram.run(m.transport, sameness.end_command(m.facts.python, directory, job_id), timeout=30)
 
         self.reach.each(ended, self._recorded, timeout=45, name=lambda m: m.name)
         self._recorded = []

@@ -10,6 +10,7 @@ from clustercheck.inventory import Node
 from clustercheck.launcher import output
 from clustercheck.launcher.job import FOREVER, Echo, HostKeysRefused
 from clustercheck.reach import Reach
+from clustercheck.stages import nodeprogram
 from clustercheck.transport import CommandResult, HostKeyError, Transport, TransportError, new_run_id
 
 
@@ -53,7 +54,9 @@ class Connections:
         """ARGV(node name) on every reachable node at once."""
         reachable = [n for n in self.nodes if n.name in self.transports]
         answers = self.reach.each(
-            lambda n: self.transports[n.name].run(argv(n.name), timeout=timeout), reachable, name=lambda n: n.name
+            lambda n: nodeprogram.run(self.transports[n.name], argv(n.name), timeout=timeout),
+            reachable,
+            name=lambda n: n.name,
         )
         out = {}
         for i, node in enumerate(reachable):
@@ -77,7 +80,7 @@ class Connections:
                     for line in lines:
                         echo(line)
 
-            result = self.transports[node.name].run(argv, timeout=FOREVER, on_output=feed)
+            result = nodeprogram.run(self.transports[node.name], argv, timeout=FOREVER, on_output=feed)
             with lock:
                 for line in sink.flush():
                     echo(line)

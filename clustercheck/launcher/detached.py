@@ -5,7 +5,7 @@ output kept. Command lines and the parsing of their answers (pure logic, no I/O)
 On each node, as the SSH user: unit clustercheck-job-JOB.service (a system unit for root; a user unit otherwise,
 which needs lingering so it outlives the login), and $HOME/.local/state/clustercheck/jobs/JOB/ with output.log
 (torchrun's console: every rank's lines), exit-status (once torchrun ends on its own), stopped (once `stop`
-stopped it), command and started.
+stopped it), command and started. The scripts themselves are clustercheck/remote/job_*.sh.
 """
 
 from __future__ import annotations
@@ -14,82 +14,19 @@ import re
 import shlex
 from dataclasses import dataclass
 
+from clustercheck.stages import bundle
+
 UNIT_PREFIX = "clustercheck-job-"
 JOBS_DIR = '"$HOME/.local/state/clustercheck/jobs"'  # expanded by the node's shell
 JOB_ID = re.compile(r"^[0-9a-f]{12}$")
 STOP_TIMEOUT = 15  # seconds between SIGTERM and SIGKILL when a job is stopped
 
-# The user flag for systemctl/systemd-run, and the check that a user unit will outlive the login.
-_SCOPE = (
-    'uf=""; if [ "$(id -u)" != 0 ]; then uf=--user; '
-    'if [ "$(loginctl show-user "$(id -un)" -p Linger --value 2>/dev/null)" != yes ]; then '
-    'echo "$(id -un) has no lingering systemd user manager, so a detached job would end at logout: '
-    'run: sudo loginctl enable-linger $(id -un)" >&2; exit 3; fi; fi; '
-)
-
-REFUSED = 3  # the node lacks what a detached job needs; its one line on stderr says what (start_problem)
-
-# A detached job is a systemd unit: systemd must be PID 1 (what sd_booted() checks), not only installed.
-_SYSTEMD = (
-    "if [ ! -d /run/systemd/system ]; then "
-    'echo "systemd is not running as PID 1 here (PID 1 is $(cat /proc/1/comm 2>/dev/null || echo unknown)), and a '
-    'detached job runs as a systemd unit: launch without --detach, or on nodes booted with systemd" >&2; '
-    f"exit {REFUSED}; fi; "
-)
-
-# argv: JOB, working directory ("" for $HOME, "@code" for the synced copy), the code archive ("" for none), then
-# the command (env NAME=VALUE ... first). A wrapper in the unit records torchrun's exit status.
-_START = (
-    "set -e; "
-    + _SYSTEMD
-    + _SCOPE
-    + 'job=$1; cwd=$2; code=$3; shift 3; dir="$HOME/.local/state/clustercheck/jobs/$job"; mkdir -p "$dir"; '
-    'if [ -n "$code" ]; then mkdir -p "$dir/code"; tar xzf "$code" -C "$dir/code"; fi; '
-    'case "$cwd" in "") cwd=$HOME ;; @code) cwd="$dir/code" ;; "~/"*) cwd="$HOME/${cwd#"~/"}" ;; esac; '
-    'date +%s > "$dir/started"; printf "%s\\n" "$*" > "$dir/command"; : > "$dir/output.log"; '
-    'systemd-run $uf --quiet --collect --unit="clustercheck-job-$job" '
-    '--description="clustercheck launch job $job" --working-directory="$cwd" '
-    f"-p TimeoutStopSec={STOP_TIMEOUT} "
-    '-p "StandardOutput=append:$dir/output.log" -p "StandardError=append:$dir/output.log" '
-    '/bin/sh -c \'status=$1; shift; "$@"; echo $? > "$status"\' sh "$dir/exit-status" "$@" '
-    '|| { s=$?; rm -rf "$dir"; exit $s; }'  # a unit that never started leaves no job behind
-)
-
-# Every job directory on the node: "JOB ACTIVE-STATE EXIT-STATUS STARTED" per line ("-" when not known).
-_LIST = (
-    _SCOPE.replace("exit 3", "true") + f'for d in {JOBS_DIR}/*/; do [ -d "$d" ] || continue; j=$(basename "$d"); '
-    f's=$(systemctl $uf is-active "{UNIT_PREFIX}$j.service" 2>/dev/null || true); '
-    'e=$(cat "$d/exit-status" 2>/dev/null || true); t=$(cat "$d/started" 2>/dev/null || true); '
-    'echo "$j ${s:-unknown} ${e:--} ${t:--}"; done'
-)
-
+REFUSED = 3  # start: the node lacks what a detached job needs; its one line on stderr says what (start_problem)
 NO_JOB = 4  # logs and stop: the node has no such job (its directory is not there)
 
-_LOGS = (
-    f"dir={JOBS_DIR}/$1; "
-    f'if [ ! -d "$dir" ]; then echo "no job $1 here" >&2; exit {NO_JOB}; fi; '
-    'if [ "$2" = follow ]; then '
-    + _SCOPE.replace("exit 3", "true")
-    + f'pid=$(systemctl $uf show -p MainPID --value "{UNIT_PREFIX}$1.service" 2>/dev/null || echo 0); '
-    'if [ "${pid:-0}" != 0 ]; then exec tail -n +1 -F --pid="$pid" "$dir/output.log" 2>/dev/null; fi; fi; '
-    'cat "$dir/output.log"'
-)
-
-_STOP = (
-    _SCOPE.replace("exit 3", "true") + f'unit="{UNIT_PREFIX}$1.service"; '
-    f'if [ ! -d {JOBS_DIR}/"$1" ]; then echo "no job $1 here" >&2; exit {NO_JOB}; fi; '
-    'if systemctl $uf is-active --quiet "$unit"; then systemctl $uf stop "$unit"; '
-    f': > {JOBS_DIR}/"$1"/stopped; echo stopped; '
-    "else echo not-running; fi"
-)
-
-
-# A job that could not start on every node: stopped where it did start, and its job directory removed, so that
-# `jobs --all` does not list a job that never ran.
-_DISCARD = (
-    _SCOPE.replace("exit 3", "true") + f'systemctl $uf stop "{UNIT_PREFIX}$1.service" 2>/dev/null || true; '
-    f'rm -rf {JOBS_DIR}/"$1"'
-)
+# The scripts, run with `sh -c` on the node (shell: they run where the node's Python is not known), live under
+# clustercheck/remote/ (bundle.script): job_start.sh, job_list.sh, job_logs.sh, job_stop.sh, job_discard.sh. They
+# write UNIT_PREFIX, JOBS_DIR, STOP_TIMEOUT, REFUSED and NO_JOB as these say (tests/unit/test_remote_jobs.py).
 
 
 def unit(job: str) -> str:
@@ -100,7 +37,7 @@ def start_command(job: str, command: list[str], env: dict[str, str], cwd: str | 
     """The command that starts COMMAND as the job's unit on a node. CWD: the job's working directory (None: the
     home directory; "@code": the synced code); CODE: a tar.gz on the node to unpack into the job's code/."""
     assignments = [f"{k}={v}" for k, v in sorted(env.items())]
-    return ["sh", "-c", _START, "sh", job, cwd or "", code or "", "env", *assignments, *command]
+    return ["sh", "-c", bundle.script("job_start"), "sh", job, cwd or "", code or "", "env", *assignments, *command]
 
 
 def start_problem(exit_status: int | None, stderr: str) -> str:
@@ -115,19 +52,19 @@ def start_problem(exit_status: int | None, stderr: str) -> str:
 
 
 def discard_command(job: str) -> list[str]:
-    return ["sh", "-c", _DISCARD, "sh", job]
+    return ["sh", "-c", bundle.script("job_discard"), "sh", job]
 
 
 def list_command() -> list[str]:
-    return ["sh", "-c", _LIST]
+    return ["sh", "-c", bundle.script("job_list")]
 
 
 def logs_command(job: str, follow: bool) -> list[str]:
-    return ["sh", "-c", _LOGS, "sh", job, "follow" if follow else ""]
+    return ["sh", "-c", bundle.script("job_logs"), "sh", job, "follow" if follow else ""]
 
 
 def stop_command(job: str) -> list[str]:
-    return ["sh", "-c", _STOP, "sh", job]
+    return ["sh", "-c", bundle.script("job_stop"), "sh", job]
 
 
 def no_job(exit_status: int | None) -> bool:

@@ -1,5 +1,5 @@
 """The same code on every node: the script's directory hashed on each node, and the nodes compared (pure logic;
-the hashing runs on the node as a short program of the standard library, Python 3.8+).
+the hashing runs on the node as a short program of the standard library, Python 3.8+: remote/codetree.py).
 
 What counts as the code (`code_files`, the one definition: the hashing on the nodes and `--sync`'s archive both
 use it): every file under the script's directory but the directories in SKIP_DIRS (environments, version
@@ -18,199 +18,21 @@ directory, or add the data to the directory's .gitignore.
 
 from __future__ import annotations
 
-import fnmatch
-import inspect
 import json
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from clustercheck.remote.probing import NO_WORKING_DIRECTORY
-from clustercheck.stages import nodeprogram
+from clustercheck.remote.codetree import KEPT_LAUNCHES, SKIP_DIRS, SKIP_SUFFIXES, code_files
+from clustercheck.stages import bundle, nodeprogram
+
+__all__ = ["KEPT_LAUNCHES", "SKIP_DIRS", "SKIP_SUFFIXES", "code_files"]  # the node's definitions, read here too
 
 MAX_FILES = 5000
 MAX_BYTES = 512 * 1024 * 1024
 SHOWN = 3  # differing files named per node
-SKIP_DIRS = ("__pycache__", ".git", ".venv", "venv", "clustercheck-runs")
-SKIP_SUFFIXES = (".pyc",)
 EXCLUDED = "`.venv`, `venv`, `.git`, `__pycache__`, `*.pyc`, `clustercheck-runs`, the .gitignore's patterns"
-KEPT_LAUNCHES = 20  # launches remembered per directory on a node (their outputs are remembered beyond that)
-
-
-def gitignore_rules(top: str) -> list:
-    """The patterns of TOP/.gitignore as (negated, directories only, anchored, pattern), in order."""
-    rules = []
-    try:
-        with open(os.path.join(top, ".gitignore"), encoding="utf-8", errors="replace") as fh:
-            lines = fh.read().splitlines()
-    except OSError:
-        return rules
-    for line in lines:
-        line = line.rstrip()
-        if not line or line.startswith("#"):
-            continue
-        negated = line.startswith("!")
-        if negated:
-            line = line[1:]
-        directories_only = line.endswith("/")
-        line = line.rstrip("/")
-        if line.startswith("**/"):
-            line = line[3:]
-        anchored = "/" in line  # a slash at the start or in the middle: relative to the .gitignore's directory
-        if line:
-            rules.append((negated, directories_only, anchored, line.lstrip("/")))
-    return rules
-
-
-def gitignored(path: str, is_dir: bool, rules: list) -> bool:
-    """Whether PATH (relative, with /) is ignored by RULES: the last pattern that matches decides, as in git."""
-    ignored = False
-    for negated, directories_only, anchored, pattern in rules:
-        if directories_only and not is_dir:
-            continue
-        if fnmatch.fnmatchcase(path if anchored else path.rsplit("/", 1)[-1], pattern):
-            ignored = not negated
-    return ignored
-
-
-def code_files(top: str, skip_paths: tuple = ()) -> Iterator:
-    """(relative path, full path) of every file of the code under TOP, sorted; SKIP_PATHS are left out too."""
-    rules = gitignore_rules(top)
-    skipped = {os.path.realpath(p) for p in skip_paths}
-    for root, dirs, names in os.walk(top):
-        prefix = "" if root == top else os.path.relpath(root, top).replace(os.sep, "/") + "/"
-        dirs[:] = sorted(
-            d
-            for d in dirs
-            if d not in SKIP_DIRS
-            and not gitignored(prefix + d, True, rules)
-            and os.path.realpath(os.path.join(root, d)) not in skipped
-        )
-        for name in sorted(names):
-            full = os.path.join(root, name)
-            if name.endswith(SKIP_SUFFIXES) or gitignored(prefix + name, False, rules) or not os.path.isfile(full):
-                continue
-            if os.path.realpath(full) not in skipped:
-                yield prefix + name, full
-
-
-# argv: hash SCRIPT CWD MAX_FILES MAX_BYTES SKIP_PATHS(JSON) | begin DIRECTORY JOB DETACHED (stdin: the files
-# compared and the outputs left out, JSON) | end DIRECTORY JOB. hash prints one JSON document.
-_MAIN = r"""
-import hashlib, json, os, sys, tempfile, time
-
-STATE = os.path.expanduser("~/.local/state/clustercheck")
-
-
-def record_path(top):
-    return os.path.join(STATE, "code", hashlib.sha256(top.encode()).hexdigest()[:16] + ".json")
-
-
-def load(top):
-    try:
-        with open(record_path(top)) as fh:
-            record = json.load(fh)
-        if record.get("directory") == top:
-            return record
-    except (OSError, ValueError):
-        pass
-    return {"directory": top, "outputs": {}, "launches": []}
-
-
-def save(record):
-    path = record_path(record["directory"])
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    fd, partial = tempfile.mkstemp(dir=os.path.dirname(path))
-    with os.fdopen(fd, "w") as fh:
-        json.dump(record, fh)
-    os.replace(partial, path)
-
-
-def ended(launch, following):
-    # When the launch's job ended on this node: recorded by a foreground launch (one whose end was not recorded,
-    # its control machine gone, ended by the next launch); for a detached job, when it exited (exit-status) or
-    # was stopped (stopped), and a job directory removed leaves no window; a job still running runs until now.
-    if launch.get("ended"):
-        return launch["ended"]
-    if launch.get("detached"):
-        directory = os.path.join(STATE, "jobs", launch["job"])
-        if not os.path.isdir(directory):
-            return launch["started"]
-        for name in ("exit-status", "stopped"):
-            try:
-                return os.stat(os.path.join(directory, name)).st_mtime
-            except OSError:
-                pass
-        return time.time()
-    return following
-
-
-def hash_tree(script, cwd, max_files, max_bytes, skip_paths):
-    base = os.path.expanduser(cwd) if cwd else os.getcwd()
-    path = os.path.normpath(os.path.join(base, os.path.expanduser(script)))
-    if not os.path.isfile(path):
-        return {"script": path, "error": "no such file"}
-    top = os.path.dirname(path)
-    record = load(top)
-    runs = record["launches"]
-    nexts = [run["started"] for run in runs[1:]] + [time.time()]
-    # A file's mtime comes from the kernel's coarse clock, up to a tick behind time.time(): a little slack at the
-    # start; none at the end, where a file the user writes the moment after a job ended is code.
-    windows = [(run["started"] - 0.05, ended(run, following), set(run["files"])) for run, following in zip(runs, nexts)]
-    files, outputs, total = {}, {}, 0
-    for relative, full in code_files(top, tuple(skip_paths)):
-        mtime = os.stat(full).st_mtime
-        if record["outputs"].get(relative) == mtime or any(
-            start <= mtime <= end and relative not in code for start, end, code in windows
-        ):
-            outputs[relative] = mtime
-            continue
-        total += os.path.getsize(full)
-        if len(files) >= max_files or total > max_bytes:
-            return {"script": path, "error": "too large", "directory": top}
-        digest = hashlib.sha256()
-        try:
-            with open(full, "rb") as fh:
-                for block in iter(lambda: fh.read(1 << 20), b""):
-                    digest.update(block)
-        except OSError as exc:
-            return {"script": path, "error": "unreadable: %s" % exc}
-        files[relative] = digest.hexdigest()
-    return {"script": path, "directory": top, "files": files, "outputs": outputs}
-
-
-def begin(top, job, detached):
-    given = json.load(sys.stdin)
-    record = load(top)
-    record["outputs"] = given["outputs"]
-    launch = {"job": job, "started": time.time(), "ended": None, "detached": detached, "files": given["files"]}
-    record["launches"] = (record["launches"] + [launch])[-KEPT_LAUNCHES:]
-    save(record)
-
-
-def end(top, job):
-    record = load(top)
-    for launch in record["launches"]:
-        if launch["job"] == job and not launch.get("ended"):
-            launch["ended"] = time.time()
-    save(record)
-
-
-if sys.argv[1] == "hash":
-    print(json.dumps(hash_tree(sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5]), json.loads(sys.argv[6]))))
-elif sys.argv[1] == "begin":
-    begin(sys.argv[2], sys.argv[3], sys.argv[4] == "1")
-else:
-    end(sys.argv[2], sys.argv[3])
-"""
-
-
-def _program() -> str:
-    """The node-side program: the code's definition above, the constants it reads, then _MAIN."""
-    constants = "".join(f"{name} = {globals()[name]!r}\n" for name in ("SKIP_DIRS", "SKIP_SUFFIXES", "KEPT_LAUNCHES"))
-    functions = "\n\n".join(inspect.getsource(f) for f in (gitignore_rules, gitignored, code_files))
-    head = f"from __future__ import annotations\n{NO_WORKING_DIRECTORY}import fnmatch, os\n"
-    return f"{head}{constants}\n\n{functions}\n{_MAIN}"
+PROGRAM = "codetree"  # remote/codetree.py: the hashing and the launches' record on the node
 
 
 @dataclass(frozen=True)
@@ -226,18 +48,28 @@ class Tree:
 
 def command(python: str, script: str, cwd: str | None, skip_paths: tuple[str, ...] = ()) -> list[str]:
     """Hash the script's directory on a node; SKIP_PATHS: absolute paths left out (the launch's run directory)."""
-    return [python, "-c", _program(), "hash", script, cwd or "", str(MAX_FILES), str(MAX_BYTES), json.dumps(skip_paths)]
+    return [
+        python,
+        "-c",
+        bundle.source(PROGRAM),
+        "hash",
+        script,
+        cwd or "",
+        str(MAX_FILES),
+        str(MAX_BYTES),
+        json.dumps(skip_paths),
+    ]
 
 
 def begin_command(python: str, tree: Tree, job: str, detached: bool) -> tuple[list[str], str]:
     """(argv, stdin) recording on a node, just before JOB starts there, the code it runs and what was left out."""
     given = json.dumps({"files": sorted(tree.files), "outputs": tree.outputs})
-    return [python, "-c", _program(), "begin", tree.directory, job, "1" if detached else "0"], given
+    return [python, "-c", bundle.source(PROGRAM), "begin", tree.directory, job, "1" if detached else "0"], given
 
 
 def end_command(python: str, directory: str, job: str) -> list[str]:
     """Recording on a node that the foreground JOB from DIRECTORY ended."""
-    return [python, "-c", _program(), "end", directory, job]
+    return [python, "-c", bundle.source(PROGRAM), "end", directory, job]
 
 
 def parse(stdout: str) -> Tree:

@@ -16,6 +16,7 @@ import zipfile
 from importlib import resources
 from pathlib import Path
 
+from clustercheck.remote.probing import NO_WORKING_DIRECTORY
 from clustercheck.transport import (
     RECORD_UNTIL,
     UNTIL_MARKER,
@@ -70,6 +71,21 @@ INSTALL = (
     f'[ -z "${UNTIL_MARKER}" ] || sh -c {shlex.quote(RECORD_UNTIL)} sh "$d" "${UNTIL_MARKER}"; '
     f'{WRITE_CHECKED}; exec "$@"'
 )
+
+
+@functools.cache
+def source(module: str) -> str:
+    """The text of MODULE (remote/MODULE.py), a program of the standard library alone, as `python -c` runs it on a
+    node: without the working directory on sys.path (probing.NO_WORKING_DIRECTORY), so a user's file there never
+    shadows a module it imports. For the short programs that run without the bundle (nodeprogram.call)."""
+    return NO_WORKING_DIRECTORY + resources.files("clustercheck.remote").joinpath(f"{module}.py").read_text()
+
+
+@functools.cache
+def script(name: str) -> str:
+    """The text of the shell script remote/NAME.sh, as `sh -c` runs it on a node: for what must run where no Python
+    is known yet (a detached job's unit, the jobs on a node)."""
+    return resources.files("clustercheck.remote").joinpath(f"{name}.sh").read_text()
 
 
 def path(workdir: str) -> str:

@@ -26,6 +26,8 @@ from pathlib import Path
 from clustercheck.checks import registry
 from clustercheck.facts.model import NodeFacts
 from clustercheck.model import CheckResult, Status
+from clustercheck.remote.bugreport import STOP_GRACE
+from clustercheck.stages import bundle, nodeprogram
 from clustercheck.transport import CommandResult, Transport
 
 # The layout, in one place: hosts/<node>/DIRECTORY/ in the run directory, and the same name in the node's workdir.
@@ -35,21 +37,8 @@ KERNEL = "kernel-gpu.log"  # the kernel log's lines about the GPU (NVRM, Xid, nv
 BUG_REPORT = "nvidia-bug-report.log.gz"  # the script's report (nvidia-bug-report.log where it did not finish)
 BUG_REPORT_OUTPUT = "nvidia-bug-report.txt"  # what the script printed, and how it ended
 BUG_REPORT_SECONDS = 300.0  # NVIDIA's script takes a minute or two on a healthy 8-GPU node
-STOP_GRACE = 10  # seconds between timeout's TERM and its KILL
 TIMED_OUT = (124, 137)  # timeout's exit when it stopped the script (TERM, then KILL)
-
-# sh -c COLLECT sh DIR SECONDS: nvidia-bug-report.sh into DIR under `timeout`; on stdout "absent", or "rc=N" and,
-# where a report was written, "file NAME" and the file in base64; the script's own output on stderr.
-COLLECT = f"""d=$1; limit=$2
-b=$(command -v nvidia-bug-report.sh) || {{ echo absent; exit 0; }}
-mkdir -p "$d" && cd "$d" || exit 1
-s=; if [ "$(id -u)" != 0 ] && sudo -n true 2>/dev/null; then s="sudo -n"; fi
-$s timeout -k {STOP_GRACE} "$limit" "$b" --output-file "$d/nvidia-bug-report.log" >"$d/output" 2>&1 </dev/null
-echo "rc=$?"
-cat "$d/output" >&2
-for f in nvidia-bug-report.log.gz nvidia-bug-report.log; do
-  if [ -f "$f" ]; then echo "file $f"; $s cat "$f" | base64; exit 0; fi
-done"""
+PROGRAM = "bugreport"  # remote/bugreport.py: nvidia-bug-report.sh on the node, its report sent back
 
 
 @dataclass(frozen=True)
@@ -93,7 +82,7 @@ def gpu_lines(facts: NodeFacts) -> list[str]:
 
 
 def parse_collected(answer: CommandResult, seconds: float) -> BugReport:
-    """COLLECT's ANSWER (pure): the report it sent back, and how the script ended within SECONDS."""
+    """ANSWER, that of remote/bugreport.py (pure): the report it sent back, and how the script ended within SECONDS."""
     lines = answer.stdout.splitlines()
     if lines[:1] == ["absent"]:
         return BugReport("nvidia-bug-report.sh is not installed on the node")
@@ -118,11 +107,13 @@ def parse_collected(answer: CommandResult, seconds: float) -> BugReport:
     return BugReport(said, name if content else None, content, answer.stderr)
 
 
-def bug_report(transport: Transport, seconds: float = BUG_REPORT_SECONDS) -> BugReport:
-    """nvidia-bug-report.sh on TRANSPORT's node, stopped after SECONDS (and the transport's deadline past it)."""
+def bug_report(transport: Transport, python: str, seconds: float = BUG_REPORT_SECONDS) -> BugReport:
+    """nvidia-bug-report.sh on TRANSPORT's node, run by PYTHON (remote/bugreport.py), stopped after SECONDS (and the
+    transport's deadline past it)."""
     where = f"{transport.workdir}/{DIRECTORY}"
     deadline = seconds + STOP_GRACE + 60  # the stop, and the report's way back
-    answer = transport.run(["sh", "-c", COLLECT, "sh", where, f"{seconds:g}"], timeout=deadline)
+    argv = [python, "-c", bundle.source(PROGRAM), where, f"{seconds:g}"]
+    answer = nodeprogram.run(transport, argv, timeout=deadline)
     return parse_collected(answer, seconds)
 
 
@@ -138,7 +129,7 @@ def keep(facts: NodeFacts, transport: Transport, host_dir: Path, seconds: float 
         files.append(SMI)
     (target / KERNEL).write_text("".join(f"{line}\n" for line in gpu_lines(facts)))
     files.append(KERNEL)
-    report = bug_report(transport, seconds)
+    report = bug_report(transport, facts.python, seconds)
     if report.name:
         (target / report.name).write_bytes(report.content)
         files.append(report.name)

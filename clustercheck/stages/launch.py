@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from clustercheck.container import Container
-from clustercheck.remote.probing import NO_WORKING_DIRECTORY
+from clustercheck.remote.rankcollect import LOGS_LINE
 from clustercheck.stages import bundle
 
 CPU_RANKS_PER_NODE = 2  # ranks on a node without GPUs, unless the user says otherwise
@@ -244,60 +244,17 @@ def ranks_by_node(launches: list[NodeLaunch]) -> dict[str, list[int]]:
     return ranks
 
 
-# Prints every rank record of a stage, one JSON document per line, then, after LOGS_LINE, the stage's files as one
-# gzipped tar in base64: the rank records, the ranks' last heartbeats, torchrun's per-rank logs and the run's NCCL
-# logs (regular files only). One command per node brings all of it back: a second one to pack the files and a file
-# transfer to fetch them cost every node two more sessions and the controller more CPU.
-LOGS_LINE = "--- clustercheck: logs ---"
-_COLLECT = (
-    NO_WORKING_DIRECTORY + "import base64, glob, io, os, sys, tarfile\n"
-    "out = sys.argv[1]\n"
-    "run_dir = os.path.dirname(out)\n"
-    "parts = glob.glob(os.path.join(out, '*', 'rank-*.json'))\n"
-    "parts = [p for p in parts if os.path.basename(os.path.dirname(p)) != 'heartbeat']\n"
-    "for path in sorted(glob.glob(os.path.join(out, 'rank-*.json'))) + sorted(parts):\n"
-    "    with open(path) as fh:\n"
-    "        print(fh.read().strip())\n"
-    "keep = []\n"
-    "for top, dirs, files in os.walk(out):\n"
-    "    dirs.sort()\n"
-    "    keep += [os.path.join(top, name) for name in sorted(files)]\n"
-    "keep += sorted(glob.glob(os.path.join(run_dir, 'nccl-*.log')))\n"
-    "packed = io.BytesIO()\n"
-    "with tarfile.open(fileobj=packed, mode='w:gz') as tar:\n"
-    "    for path in keep:\n"
-    "        if os.path.isfile(path) and not os.path.islink(path):\n"
-    "            tar.add(path, os.path.relpath(path, run_dir), recursive=False)\n"
-    f"print({LOGS_LINE!r})\n"
-    "print(base64.b64encode(packed.getvalue()).decode())\n"
-)
-
-
 def collect_command(python: str, run_dir: str, stage: str) -> list[str]:
     """The command that prints the rank records a node's torchrun left in RUN_DIR/STAGE (and in its parts' own
-    directories, RUN_DIR/STAGE/<part>: remote/stages.py), and the stage's logs (parse_collected)."""
-    return [python, "-c", _COLLECT, output_dir(run_dir, stage)]
-
-
-_PROGRESS = (
-    NO_WORKING_DIRECTORY + "import glob, json, os, sys, time\n"
-    "beats = {}\n"
-    "for path in glob.glob(os.path.join(sys.argv[1], 'heartbeat', '*.json')):\n"
-    "    try:\n"
-    "        with open(path) as fh:\n"
-    "            beat = json.load(fh)\n"
-    "        beat['age'] = time.time() - os.stat(path).st_mtime\n"
-    "    except (OSError, ValueError):\n"
-    "        continue\n"
-    "    beats[os.path.basename(path)[5:-5]] = beat\n"
-    "print(json.dumps(beats))\n"
-)
+    directories, RUN_DIR/STAGE/<part>: remote/stages.py), and the stage's logs (parse_collected):
+    remote/rankcollect.py."""
+    return [python, "-c", bundle.source("rankcollect"), output_dir(run_dir, stage)]
 
 
 def progress_command(python: str, run_dir: str, stage: str) -> list[str]:
     """The command that prints every rank's heartbeat on a node: rank -> {step, phase, age in seconds}, the age
-    measured on the node's own clock (`heartbeats`)."""
-    return [python, "-c", _PROGRESS, output_dir(run_dir, stage)]
+    measured on the node's own clock (`heartbeats`): remote/heartbeats.py."""
+    return [python, "-c", bundle.source("heartbeats"), output_dir(run_dir, stage)]
 
 
 def heartbeats(answer: object) -> dict[str, dict] | None:

@@ -2,8 +2,11 @@
 output kept in the node's run directory, its answer the JSON on its last line, and its failure said one way.
 
 The programs are those of the node-side bundle (stages/bundle.py: `bundled`) and the short standard-library
-programs the controller sends with `python -c` (a torch job's heartbeats, the launcher's hashing of the script's
-directory: `call`). Each prints its answer as one JSON document on its last line and exits 0.
+programs of clustercheck/remote/ the controller sends with `python -c` (bundle.source: a torch job's heartbeats, the
+launcher's hashing of the script's directory: `call`). Each prints its answer as one JSON document on its last line
+and exits 0. A command whose caller reads its result itself (an exit status with a meaning of its own, streamed
+output) goes through `run`: outside clustercheck/transport/, this module is the only caller of a transport's `run`
+(docs/architecture.md, "Node-side code").
 
 A failure (`Failure`) names the node and the program, and says why in one line (`cause`): a timeout as a timeout
 with its deadline, otherwise the exit status (and the signal that ended the program, when one did) with the
@@ -22,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from clustercheck.stages import bundle
-from clustercheck.transport import CommandResult, Transport, TransportError
+from clustercheck.transport import CommandResult, OutputSink, Transport, TransportError
 
 TAIL_LINES = 3  # lines of standard error a failure quotes
 LAST_LINE = 200  # characters of an answer's last line quoted when it is not JSON
@@ -134,6 +137,23 @@ def keep(result: CommandResult, path: Path) -> None:
         fh.write(result.stdout)
     with open(path.with_suffix(".stderr"), "a") as fh:
         fh.write(result.stderr)
+
+
+def run(
+    transport: Transport,
+    argv: list[str],
+    *,
+    timeout: float,
+    stdin: str | None = None,
+    env: dict[str, str] | None = None,
+    on_output: OutputSink | None = None,
+) -> CommandResult:
+    """ARGV on TRANSPORT's node within TIMEOUT seconds, its result as it came back: the one place outside
+    clustercheck/transport/ that runs a command on a node (tests/unit/test_remote_shape.py keeps it so). For a
+    command whose caller reads more than an answer (an exit status with a meaning of its own, streamed output); a
+    program with an answer goes through `call`. A transport that cannot run it raises, as the transport does."""
+    given = {"stdin": stdin, "env": env, "on_output": on_output}
+    return transport.run(argv, timeout=timeout, **{k: v for k, v in given.items() if v is not None})
 
 
 def call(

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from clustercheck.checks import registry
 from clustercheck.model import CheckResult, Status
-from clustercheck.stages import Context, Member, bundle, launch, runner
+from clustercheck.stages import Context, Member, bundle, launch, nodeprogram, runner
 from clustercheck.transport import CommandResult, TransportError
 
 COLLECT_TIMEOUT = 60.0  # seconds a node gets to hand back its records, and its logs (at most the stall timeout)
@@ -165,7 +165,9 @@ def bring_back_one(m: Member, ran: runner.Ran, stage: str, ctx: Context) -> tupl
         return [], f"{m.transport.channel} does not answer"
     timeout = min(COLLECT_TIMEOUT, config.stall_timeout)
     try:
-        got = m.transport.run(launch.collect_command(m.facts.python, m.transport.workdir, stage), timeout=timeout)
+        got = nodeprogram.run(
+            m.transport, launch.collect_command(m.facts.python, m.transport.workdir, stage), timeout=timeout
+        )
     except (TransportError, OSError) as exc:
         return [], f"its results could not be collected: {exc}"
     if got.exit_status is None:

@@ -19,7 +19,7 @@ from clustercheck.inventory import Node
 from clustercheck.model import Status
 from clustercheck.remote import facts as node
 from clustercheck.remote.probing import matching_lines
-from clustercheck.stages import evidence
+from clustercheck.stages import bundle, evidence
 from clustercheck.transport import CommandResult
 from clustercheck.transport.local import LocalTransport
 
@@ -156,7 +156,7 @@ def test_a_run_keeps_the_evidence_of_the_node_whose_gpu_fails_and_its_failing_ch
     def failing_gpu(transport, command, timeout):
         if len(command) > 2 and command[2] == "facts":
             return CommandResult(0, json.dumps(facts), "")
-        if command[:3] == ["sh", "-c", evidence.COLLECT]:
+        if command[1:3] == ["-c", bundle.source(evidence.PROGRAM)]:
             return CommandResult(0, "absent\n", "")
         return None
 

@@ -1,0 +1,24 @@
+# A detached job's output on a node (launcher/detached.py: logs_command), run as `sh -c` with argv: JOB, and
+# "follow" to follow it while the job runs. Exit 4 (detached.NO_JOB): the node has no such job.
+# Shell, not Python: `clustercheck logs` runs it where the node's Python is not known.
+dir="$HOME/.local/state/clustercheck/jobs"/$1
+if [ ! -d "$dir" ]; then
+  echo "no job $1 here" >&2
+  exit 4
+fi
+if [ "$2" = follow ]; then
+  # The user flag for systemctl (a user unit unless root); a missing lingering is said, not refused, here.
+  uf=""
+  if [ "$(id -u)" != 0 ]; then
+    uf=--user
+    if [ "$(loginctl show-user "$(id -un)" -p Linger --value 2>/dev/null)" != yes ]; then
+      echo "$(id -un) has no lingering systemd user manager, so a detached job would end at logout: run: sudo loginctl enable-linger $(id -un)" >&2
+      true
+    fi
+  fi
+  pid=$(systemctl $uf show -p MainPID --value "clustercheck-job-$1.service" 2>/dev/null || echo 0)
+  if [ "${pid:-0}" != 0 ]; then
+    exec tail -n +1 -F --pid="$pid" "$dir/output.log" 2>/dev/null
+  fi
+fi
+cat "$dir/output.log"
