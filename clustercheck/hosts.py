@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from clustercheck import inventory
-from clustercheck.exitcodes import ExitCode, UsageError
+from clustercheck.exitcodes import NoHosts, UsageError
 from clustercheck.inventory import Node
 from clustercheck.transport import TransportError
 from clustercheck.transport.params import SshSettings, Timeouts, load_config
@@ -49,7 +49,7 @@ def load(hosts: str, limit: str | None, ssh: SshOptions) -> tuple[list[Node], Ss
     except inventory.InventoryError as exc:
         raise UsageError(str(exc)) from exc
     if not nodes:
-        raise UsageError(f"no host matched --hosts {hosts}" + (f" --limit {limit}" if limit else ""), ExitCode.NO_HOSTS)
+        raise NoHosts(f"no host matched --hosts {hosts}" + (f" --limit {limit}" if limit else ""))
     return nodes, ssh.settings(nodes)
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from clustercheck import hosts
 from clustercheck.config import DEFAULT_MASTER_PORT, NodeOptions, make_run_dir, shared
-from clustercheck.exitcodes import ExitCode, UsageError
+from clustercheck.exitcodes import ExitCode, JobNotStarted, UsageError
 from clustercheck.hosts import SshOptions
 from clustercheck.inventory import Node
 from clustercheck.launcher import batchjob, codesync, leftout, records, session, spares
@@ -155,7 +155,7 @@ def _check_script(user_command: launch_command.UserCommand, r: LaunchRequest, no
     found = launch_command.script_problem(user_command, str(Path(base).expanduser().resolve()))
     if found is not None:
         why, missing = found
-        raise UsageError(why, ExitCode.USAGE_ERROR if missing else ExitCode.NOT_STARTED)
+        raise (UsageError if missing else JobNotStarted)(why)
 
 
 def _batch(r: LaunchRequest, say: Echo, echo: Echo) -> int:
@@ -219,14 +219,14 @@ def _run(job: session.Launch, r: LaunchRequest, echo: Echo, say: Echo) -> int:
         except HostKeysRefused as exc:
             raise UsageError(f"host key verification failed, nothing was started: {exc}") from exc
         except NotStarted as exc:
-            raise UsageError(str(exc), ExitCode.NOT_STARTED) from exc
+            raise JobNotStarted(str(exc)) from exc
         except LaunchError as exc:
             raise UsageError(str(exc)) from exc
         if r.detach:
             try:
                 names = job.start_detached(code)
             except NotStarted as exc:
-                raise UsageError(str(exc), ExitCode.NOT_STARTED) from exc
+                raise JobNotStarted(str(exc)) from exc
             _record(job, r, names, launch_command.first_ranks(plans, job.options.command.elastic))
             say(f"job {job.job_id} started on {len(names)} node(s) under systemd unit clustercheck-job-{job.job_id}")
             echo(job.job_id)

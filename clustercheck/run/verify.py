@@ -19,7 +19,7 @@ from rich.console import Console
 from clustercheck import catalog, expected, hosts, inventory, selection
 from clustercheck.checks.collectives import ThresholdError, parse_min_busbw
 from clustercheck.config import DEFAULT_MASTER_PORT, DEFAULT_SLURM_WAIT, RunConfig, RunOptions, make_run_dir, shared
-from clustercheck.exitcodes import ExitCode, UsageError
+from clustercheck.exitcodes import ExitCode, NoHosts, UsageError
 from clustercheck.hosts import SshOptions
 from clustercheck.inventory import Node
 from clustercheck.model import Status
@@ -137,7 +137,7 @@ def _nodes(request: RunRequest, held: contextlib.ExitStack) -> tuple[list[Node],
             job, nodelist = allocation.current()
         return allocation.nodes(nodes, job, nodelist), ssh, srun.factory(job)
     except allocation.NotGranted as exc:
-        raise UsageError(f"--slurm: {exc}", ExitCode.NO_HOSTS) from exc
+        raise NoHosts(f"--slurm: {exc}") from exc
     except SlurmError as exc:
         raise UsageError(f"--slurm: {exc}") from exc
 
