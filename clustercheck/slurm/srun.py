@@ -11,7 +11,7 @@ named with what srun and Slurm say about it (diagnose.py), and Slurm's fix, not 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from clustercheck.inventory import Node
 from clustercheck.slurm import diagnose, parse
@@ -37,7 +37,14 @@ CONNECT_TIMEOUT = 30.0  # the first step on a node: Slurm answers, the node runs
 class SrunTransport:
     """One node of a Slurm allocation, reached with job steps from this machine."""
 
-    def __init__(self, host: str, run_id: str, job: str, step_options: tuple[str, ...] = ()) -> None:
+    def __init__(
+        self,
+        host: str,
+        run_id: str,
+        job: str,
+        step_options: tuple[str, ...] = (),
+        environ: Mapping[str, str] | None = None,
+    ) -> None:
         self.host = host
         self.run_id = run_id
         self.job = job
@@ -45,6 +52,7 @@ class SrunTransport:
         self.quirks = SessionQuirks()
         self.channel = "srun to it"
         self._options = step_options
+        self._environ = environ  # srun's environment (the job's variables): None, this process's
 
     def _step(self, line: str) -> list[str]:
         """The srun command line that runs the shell LINE on this node, as one task of a step of the job."""
@@ -72,7 +80,7 @@ class SrunTransport:
         return run_process(
             self._step(line),
             timeout=timeout,
-            env=dict(os.environ),
+            env=dict(os.environ if self._environ is None else self._environ),
             stdin=stdin,
             on_output=on_output,
             after_kill=after_kill,
@@ -109,12 +117,14 @@ def step_options(version: tuple[int, int] | None) -> tuple[str, ...]:
     return ("--overlap",) if version is None or version >= (20, 11) else ()
 
 
-def factory(job: str) -> Factory:
-    """Transports that reach the nodes of Slurm job JOB with its steps; SlurmError when srun cannot run here."""
+def factory(job: str, environ: Mapping[str, str] | None = None) -> Factory:
+    """Transports that reach the nodes of Slurm job JOB with its steps, srun started with ENVIRON (None: this
+    process's environment; after the job was resized, the variables Slurm's resize script sets); SlurmError when srun
+    cannot run here."""
     options = step_options(parse.parse_version(call(["srun", "--version"]).stdout))
 
     def connect(node: Node, run_id: str, register: Callable[[Transport], None]) -> Connected:
-        transport = SrunTransport(node.name, run_id, job, options)
+        transport = SrunTransport(node.name, run_id, job, options, environ)
         register(transport)
         answer = transport.run(["true"], timeout=CONNECT_TIMEOUT)
         if not answer.ok:
