@@ -15,6 +15,8 @@ from clustercheck.inventory import Node
 from clustercheck.transport import TransportError
 from clustercheck.transport.params import SshSettings, Timeouts, load_config
 
+DEFAULT_CONNECT_TIMEOUT = 10  # --connect-timeout: seconds for a node's TCP connection (--help shows it as written)
+
 
 @dataclass(frozen=True)
 class SshOptions:
@@ -23,7 +25,7 @@ class SshOptions:
     config: str | None = None  # --ssh-config: read alone, instead of ~/.ssh/config and /etc/ssh/ssh_config
     known_hosts: tuple[str, ...] = ()  # --known-hosts
     accept_new_host_keys: bool = False
-    connect_timeout: float = 10.0
+    connect_timeout: float = float(DEFAULT_CONNECT_TIMEOUT)
 
     def settings(self, nodes: Iterable[Node] = ()) -> SshSettings:
         """The settings for NODES: the SSH configuration read only when one of them is reached over SSH."""

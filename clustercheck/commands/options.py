@@ -19,7 +19,7 @@ import click
 from clustercheck.checks.baseline import DEFAULT_TOLERANCES, Baseline, ToleranceError, parse_tolerances
 from clustercheck.container import Container
 from clustercheck.exitcodes import UsageError
-from clustercheck.hosts import SshOptions
+from clustercheck.hosts import DEFAULT_CONNECT_TIMEOUT, SshOptions
 from clustercheck.slurm import allocation
 from clustercheck.slurm.request import Request
 
@@ -97,7 +97,7 @@ def ssh(function: Callable) -> Callable:
             click.option(
                 "--connect-timeout",
                 type=click.FloatRange(min=1),
-                default=10,
+                default=DEFAULT_CONNECT_TIMEOUT,
                 show_default=True,
                 help="Seconds for the TCP connection to each node.",
             ),

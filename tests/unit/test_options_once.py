@@ -31,6 +31,17 @@ def test_the_default_master_port_is_written_once_outside_the_node_side_programs(
     assert written == [Path("config.py")]
 
 
+def test_the_commands_take_their_numeric_defaults_from_the_named_constants():
+    # --spare's 0 (no spares) is the one number a command writes itself; every other default is a constant with
+    # its reason (config.py, hosts.py, slurm/breaker.py, run/health.py).
+    written = [
+        (p.name, number)
+        for p in (PACKAGE / "commands").glob("*.py")
+        for number in re.findall(r"\bdefault=(\d[\d.]*)", p.read_text())
+    ]
+    assert written == [("launch.py", "0")]
+
+
 def test_the_options_several_commands_take_are_declared_in_options_py_only():
     shared = "nproc-per-node|master-port|format|slurm"
     declared = {
@@ -76,6 +87,7 @@ def test_run_and_launch_keep_their_options_and_defaults():
         "--timeout": 300,
     }
     assert run_defaults["--stall-timeout"] == 60 and run_defaults["--format"] == "text"
+    assert run_defaults["--connect-timeout"] == 10 and run_defaults["--network-rounds"] == "8"
     assert run_defaults["--nproc-per-node"] is None and run_defaults["--master-port"] is None
     launch_defaults = _defaults(launch.command)
     assert launch_defaults["--master-port"] is None and launch_defaults["--spare"] == 0
