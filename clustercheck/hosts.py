@@ -1,6 +1,7 @@
 """The nodes a command works on, from --hosts and --limit (inventory.py), and the SSH settings that reach them, from
 the SSH options (--ssh-config, --known-hosts, --accept-new-host-keys, --connect-timeout): the same for run, launch,
-jobs, logs and stop. A bad inventory, no node matched or an SSH configuration that cannot be read is a UsageError.
+jobs, logs and stop. A bad inventory or an SSH configuration that cannot be read is a UsageError, no node matched
+NoHosts.
 """
 
 from __future__ import annotations
