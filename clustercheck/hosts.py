@@ -1,6 +1,7 @@
 """The nodes a command works on, from --hosts and --limit (inventory.py), and the SSH settings that reach them, from
 the SSH options (--ssh-config, --known-hosts, --accept-new-host-keys, --connect-timeout): the same for run, launch,
-jobs, logs and stop. A bad inventory, no node matched or an SSH configuration that cannot be read is a UsageError.
+jobs, logs and stop. A bad inventory or an SSH configuration that cannot be read is a UsageError, no node matched
+NoHosts.
 """
 
 from __future__ import annotations
@@ -10,10 +11,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from clustercheck import inventory
-from clustercheck.exitcodes import ExitCode, UsageError
+from clustercheck.exitcodes import NoHosts, UsageError
 from clustercheck.inventory import Node
 from clustercheck.transport import TransportError
 from clustercheck.transport.params import SshSettings, Timeouts, load_config
+
+DEFAULT_CONNECT_TIMEOUT = 10  # --connect-timeout: seconds for a node's TCP connection (--help shows it as written)
 
 
 @dataclass(frozen=True)
@@ -23,7 +26,7 @@ class SshOptions:
     config: str | None = None  # --ssh-config: read alone, instead of ~/.ssh/config and /etc/ssh/ssh_config
     known_hosts: tuple[str, ...] = ()  # --known-hosts
     accept_new_host_keys: bool = False
-    connect_timeout: float = 10.0
+    connect_timeout: float = float(DEFAULT_CONNECT_TIMEOUT)
 
     def settings(self, nodes: Iterable[Node] = ()) -> SshSettings:
         """The settings for NODES: the SSH configuration read only when one of them is reached over SSH."""
@@ -49,7 +52,7 @@ def load(hosts: str, limit: str | None, ssh: SshOptions) -> tuple[list[Node], Ss
     except inventory.InventoryError as exc:
         raise UsageError(str(exc)) from exc
     if not nodes:
-        raise UsageError(f"no host matched --hosts {hosts}" + (f" --limit {limit}" if limit else ""), ExitCode.NO_HOSTS)
+        raise NoHosts(f"no host matched --hosts {hosts}" + (f" --limit {limit}" if limit else ""))
     return nodes, ssh.settings(nodes)
 
 

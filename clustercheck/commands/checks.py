@@ -5,16 +5,13 @@ from __future__ import annotations
 import click
 
 from clustercheck import catalog
+from clustercheck.commands import options
 
 
 @click.command("checks")
-@click.option(
-    "--format",
-    "fmt",
-    type=click.Choice(["text", "json", "markdown"]),
-    default="text",
-    show_default=True,
-    help="text for people, json for scripts, markdown for documentation (docs/checks.md's tables).",
+@options.output_format(
+    ["text", "json", "markdown"],
+    "text for people, json for scripts, markdown for documentation (docs/checks.md's tables).",
 )
 def command(fmt: str) -> None:
     """List every check clustercheck can report: its name, stage, scope, what it proves and the fix."""

@@ -1,11 +1,12 @@
 """What every command module shares: how clustercheck speaks for itself (say), and the group class that turns a
-UsageError raised anywhere below into click's one-line error with its exit code."""
+Stopped (a UsageError or another outcome of exitcodes.py) raised anywhere below into click's one-line error with
+its exit code."""
 
 from __future__ import annotations
 
 import click
 
-from clustercheck.exitcodes import UsageError
+from clustercheck.exitcodes import Stopped
 
 
 def say(line: str) -> None:
@@ -14,17 +15,17 @@ def say(line: str) -> None:
 
 
 class _Refused(click.ClickException):
-    def __init__(self, error: UsageError) -> None:
+    def __init__(self, error: Stopped) -> None:
         super().__init__(str(error))
         self.exit_code = int(error.code)
 
 
 class Group(click.Group):
-    """clustercheck's group: a UsageError from a command, or from the package that does its work, ends it as click's
-    own errors end it (main() prints the one line, with the error's exit code)."""
+    """clustercheck's group: a Stopped (UsageError, NoHosts, ...) from a command, or from the package that does its
+    work, ends it as click's own errors end it (main() prints the one line, with the error's exit code)."""
 
     def invoke(self, ctx: click.Context):
         try:
             return super().invoke(ctx)
-        except UsageError as exc:
+        except Stopped as exc:
             raise _Refused(exc) from exc

@@ -14,14 +14,7 @@ from clustercheck.report import diff
 @click.command("diff")
 @click.argument("old", metavar="OLD.json")
 @click.argument("new", metavar="NEW.json")
-@click.option(
-    "--format",
-    "fmt",
-    type=click.Choice(diff.FORMATS),
-    default="text",
-    show_default=True,
-    help="text for people, markdown for CI summaries and pull requests, json for scripts.",
-)
+@options.output_format(diff.FORMATS, "text for people, markdown for CI summaries and pull requests, json for scripts.")
 @click.option(
     "--tolerance",
     "tolerances",

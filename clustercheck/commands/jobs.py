@@ -16,11 +16,8 @@ JOB_HOSTS = "The job's nodes (default: from the job's record on this machine)."
 
 @click.command("jobs")
 @options.hosts()
-@click.option(
-    "--slurm",
-    "use_slurm",
-    is_flag=True,
-    help="The launches submitted to Slurm (launch --slurm) by this user, from squeue, instead of the nodes' jobs.",
+@options.slurm(
+    "The launches submitted to Slurm (launch --slurm) by this user, from squeue, instead of the nodes' jobs."
 )
 @click.option("--all", "show_all", is_flag=True, help="Also the jobs that ended (their output is kept on the nodes).")
 @options.ssh

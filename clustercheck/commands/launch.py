@@ -13,6 +13,7 @@ from click.core import ParameterSource
 
 from clustercheck.commands import options
 from clustercheck.commands.common import say
+from clustercheck.config import DEFAULT_MASTER_PORT
 from clustercheck.launcher.start import LaunchRequest, launch
 
 # The options that shape the batch job itself, not the launch inside it: where it runs and how it is submitted.
@@ -21,12 +22,9 @@ OUTSIDE = frozenset({"hosts", "limit", "use_slurm", *options.SLURM_REQUEST, "dry
 
 @click.command("launch")
 @options.hosts()
-@click.option(
-    "--slurm",
-    "use_slurm",
-    is_flag=True,
-    help="Through Slurm, not SSH: outside an allocation, submit the launch as a batch job (--nodes or --nodelist) "
-    "and follow it (--detach: print its job id); inside one (salloc, sbatch), run on its nodes with job steps.",
+@options.slurm(
+    "Through Slurm, not SSH: outside an allocation, submit the launch as a batch job (--nodes or --nodelist) "
+    "and follow it (--detach: print its job id); inside one (salloc, sbatch), run on its nodes with job steps."
 )
 @options.slurm_request
 @click.option(
@@ -34,18 +32,10 @@ OUTSIDE = frozenset({"hosts", "limit", "use_slurm", *options.SLURM_REQUEST, "dry
     is_flag=True,
     help="With --slurm outside an allocation: write and print the batch script, submit nothing.",
 )
-@click.option(
-    "--nproc-per-node",
-    type=click.IntRange(min=1),
-    default=None,
-    help="Ranks per node (default: the node's GPU count, or 2 without GPUs, as run).",
-)
-@click.option(
-    "--master-port",
-    type=click.IntRange(1024, 65535),
-    default=None,
-    help="torchrun's --master-port on the first node (the c10d rendezvous endpoint's port in an elastic job). "
-    "Default: 29500; a job on this machine alone (--hosts localhost), a free port.",
+@options.nproc_per_node("Ranks per node (default: the node's GPU count, or 2 without GPUs, as run).")
+@options.master_port(
+    "torchrun's --master-port on the first node (the c10d rendezvous endpoint's port in an elastic job). "
+    f"Default: {DEFAULT_MASTER_PORT}; a job on this machine alone (--hosts localhost), a free port."
 )
 @click.option("--env", "env", multiple=True, metavar="K=V", help="Environment variable for every rank (repeatable).")
 @click.option(

@@ -13,12 +13,10 @@ from clustercheck.slurm import breaker
 
 
 @click.command("node-health")
-@click.option(
-    "--slurm",
-    "slurm",
-    is_flag=True,
-    help="Drain this node in Slurm on a FAIL (reason 'clustercheck: CHECK: MESSAGE'); resume it when healthy "
+@options.slurm(
+    "Drain this node in Slurm on a FAIL (reason 'clustercheck: CHECK: MESSAGE'); resume it when healthy "
     "if it was drained by clustercheck. The node: SLURMD_NODENAME, else the short hostname.",
+    name="slurm",
 )
 @click.option(
     "--textfile-dir",
@@ -28,14 +26,7 @@ from clustercheck.slurm import breaker
     help=f"Also write the results as Prometheus metrics to DIR/{health.TEXTFILE} (node_exporter's textfile "
     "directory), replaced atomically.",
 )
-@click.option(
-    "--format",
-    "fmt",
-    type=click.Choice(["text", "json"]),
-    default="text",
-    show_default=True,
-    help="text: one line per check; json: the JSON report (clustercheck schema).",
-)
+@options.output_format(["text", "json"], "text: one line per check; json: the JSON report (clustercheck schema).")
 @options.expected
 @click.option(
     "--torch-max-age",

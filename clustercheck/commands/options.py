@@ -1,6 +1,8 @@
 """The options several commands take, each declared once here with its help, and turned into the settings objects
 the owning packages take: the SSH options into hosts.SshOptions, the Slurm request into slurm.request.Request,
---container and --container-option into a Container, --baseline and its tolerances into a Baseline.
+--container and --container-option into a Container, --baseline and its tolerances into a Baseline. --slurm,
+--format, --nproc-per-node and --master-port are declared here with the help each command gives them (what they
+mean differs a little per command); their defaults are config.py's.
 
 Each decorator adds its options to a command; one that converts replaces the options' parameters with the object
 (ssh=, request=, container=, baseline=) before the command's function is called.
@@ -10,14 +12,14 @@ from __future__ import annotations
 
 import functools
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import click
 
 from clustercheck.checks.baseline import DEFAULT_TOLERANCES, Baseline, ToleranceError, parse_tolerances
 from clustercheck.container import Container
 from clustercheck.exitcodes import UsageError
-from clustercheck.hosts import SshOptions
+from clustercheck.hosts import DEFAULT_CONNECT_TIMEOUT, SshOptions
 from clustercheck.slurm import allocation
 from clustercheck.slurm.request import Request
 
@@ -34,6 +36,26 @@ def _apply(function: Callable, options: list[Callable]) -> Callable:
     for option in reversed(options):
         function = option(function)
     return function
+
+
+def slurm(help: str, name: str = "use_slurm") -> Callable:
+    """--slurm, a flag (HELP: what it means for the command; NAME: the command's parameter)."""
+    return click.option("--slurm", name, is_flag=True, help=help)
+
+
+def output_format(formats: Sequence[str], help: str) -> Callable:
+    """--format: the command's output, one of FORMATS, text unless given (fmt=)."""
+    return click.option("--format", "fmt", type=click.Choice(formats), default="text", show_default=True, help=help)
+
+
+def nproc_per_node(help: str) -> Callable:
+    """--nproc-per-node: ranks per node of the torch jobs (None: the command's default, which HELP says)."""
+    return click.option("--nproc-per-node", type=click.IntRange(min=1), default=None, help=help)
+
+
+def master_port(help: str) -> Callable:
+    """--master-port: the torch jobs' rendezvous port (None: the command chooses, which HELP says)."""
+    return click.option("--master-port", type=click.IntRange(1024, 65535), default=None, help=help)
 
 
 def hosts(help: str = HOSTS_HELP) -> Callable:
@@ -75,7 +97,7 @@ def ssh(function: Callable) -> Callable:
             click.option(
                 "--connect-timeout",
                 type=click.FloatRange(min=1),
-                default=10,
+                default=DEFAULT_CONNECT_TIMEOUT,
                 show_default=True,
                 help="Seconds for the TCP connection to each node.",
             ),
@@ -280,11 +302,11 @@ def burn_seconds(text: str | None) -> float | None:
 
 def burn(function: Callable) -> Callable:
     """--burn LENGTH: every GPU under load for LENGTH, watched (the gpu.burn.* checks), as seconds or None
-    (burn=)."""
+    (burn_seconds=)."""
 
     @functools.wraps(function)
     def command(*args, burn_length, **kwargs):
-        return function(*args, burn=burn_seconds(burn_length), **kwargs)
+        return function(*args, burn_seconds=burn_seconds(burn_length), **kwargs)
 
     return click.option(
         "--burn",

@@ -11,6 +11,14 @@ from clustercheck import inventory, report
 from clustercheck.checks.consistency import DEFAULT_MAX_CLOCK_OFFSET
 from clustercheck.commands import options
 from clustercheck.commands.common import say
+from clustercheck.config import (
+    DEFAULT_COMMAND_TIMEOUT,
+    DEFAULT_FORKS,
+    DEFAULT_JOB_TIMEOUT,
+    DEFAULT_MASTER_PORT,
+    DEFAULT_SLURM_WAIT,
+    DEFAULT_STALL_TIMEOUT,
+)
 from clustercheck.remote.netprobe import DEFAULT_ROUNDS, parse_rounds
 from clustercheck.run.verify import RunRequest, SlurmRun, run
 from clustercheck.selection import STAGES
@@ -32,38 +40,26 @@ class NetworkRounds(click.ParamType):
 
 @click.command("run")
 @options.hosts()
-@click.option(
-    "--slurm",
-    "use_slurm",
-    is_flag=True,
-    help="Reach the nodes through Slurm, not SSH: every command is a job step (srun) of the allocation this runs "
+@options.slurm(
+    "Reach the nodes through Slurm, not SSH: every command is a job step (srun) of the allocation this runs "
     "in (under salloc or sbatch, from the login node). The nodes are the allocation's; with --hosts, the "
     "inventory's, which must all be in it. Outside an allocation, with --nodes or --nodelist, clustercheck asks "
-    "for one (salloc) and releases it at the end.",
+    "for one (salloc) and releases it at the end."
 )
 @options.slurm_request
 @click.option(
     "--slurm-wait",
     type=click.IntRange(min=1),
-    default=300,
+    default=DEFAULT_SLURM_WAIT,
     show_default=True,
     help="With --slurm outside an allocation: seconds to wait for Slurm to grant it.",
 )
 @options.python
 @options.container
-@click.option(
-    "--nproc-per-node",
-    type=click.IntRange(min=1),
-    default=None,
-    help="Ranks per node for the torch jobs (default: the GPU count, or 2 without GPUs).",
-)
-@click.option(
-    "--format",
-    "fmt",
-    type=click.Choice(report.FORMAT_NAMES),
-    default="text",
-    show_default=True,
-    help="The report: text for people, json for scripts, junit and markdown for CI, prometheus for node_exporter's "
+@options.nproc_per_node("Ranks per node for the torch jobs (default: the GPU count, or 2 without GPUs).")
+@options.output_format(
+    report.FORMAT_NAMES,
+    "The report: text for people, json for scripts, junit and markdown for CI, prometheus for node_exporter's "
     "textfile collector.",
 )
 @click.option(
@@ -75,18 +71,21 @@ class NetworkRounds(click.ParamType):
     "extension names).",
 )
 @options.run_dir("<timestamp>")
-@click.option("--forks", type=click.IntRange(min=1), default=32, show_default=True, help="Hosts checked at once.")
+@click.option(
+    "--forks", type=click.IntRange(min=1), default=DEFAULT_FORKS, show_default=True, help="Hosts checked at once."
+)
 @click.option(
     "--command-timeout",
     type=click.FloatRange(min=5),
-    default=120,
+    default=DEFAULT_COMMAND_TIMEOUT,
     show_default=True,
     help="Deadline in seconds for the facts collector on each node.",
 )
 @click.option(
     "--timeout",
+    "job_timeout",
     type=click.FloatRange(min=1),
-    default=300,
+    default=DEFAULT_JOB_TIMEOUT,
     show_default=True,
     help="Deadline in seconds for each torch job (node-local collectives, collectives, DDP); when it passes, "
     "or a node's job fails, the job is stopped on every node.",
@@ -94,7 +93,7 @@ class NetworkRounds(click.ParamType):
 @click.option(
     "--stall-timeout",
     type=click.FloatRange(min=5),
-    default=60,
+    default=DEFAULT_STALL_TIMEOUT,
     show_default=True,
     help="Seconds a node's ranks may make no progress while the others wait for them; the node is then named "
     "and the job stopped on every node. Ranks still starting (importing torch) progress while they use CPU.",
@@ -128,12 +127,9 @@ class NetworkRounds(click.ParamType):
     type=click.Choice(STAGES),
     help="Run only these stages (repeatable); core always collects the facts the others need.",
 )
-@click.option(
-    "--master-port",
-    type=click.IntRange(1024, 65535),
-    default=None,
-    help="Rendezvous port of the torch jobs, on the first node's cluster address (loopback for the node-local job). "
-    "Default: 29500; on one node, a free port of its own.",
+@options.master_port(
+    "Rendezvous port of the torch jobs, on the first node's cluster address (loopback for the node-local job). "
+    f"Default: {DEFAULT_MASTER_PORT}; on one node, a free port of its own."
 )
 @click.option(
     "--network-rounds",
@@ -153,6 +149,7 @@ class NetworkRounds(click.ParamType):
 )
 @click.option(
     "--max-clock-offset",
+    "clock_bound",
     type=click.FloatRange(min=0),
     default=DEFAULT_MAX_CLOCK_OFFSET,
     show_default=True,

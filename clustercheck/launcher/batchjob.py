@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from clustercheck.exitcodes import ExitCode, UsageError
+from clustercheck.exitcodes import ExitCode, JobNotStarted, UsageError, WorkFailed
 from clustercheck.launcher import records
 from clustercheck.slurm import batch, jobs
 from clustercheck.slurm.call import SlurmError
@@ -39,7 +39,7 @@ def submit(
     try:
         job = jobs.submit(path)
     except SlurmError as exc:
-        raise UsageError(str(exc), ExitCode.NOT_STARTED) from exc
+        raise JobNotStarted(str(exc)) from exc
     records.save(
         records.JobRecord(
             job=job,
@@ -71,9 +71,9 @@ def _follow(job: str, reader: jobs.OutputFile, echo: Echo, say: Echo) -> int:
         reader.read(echo, final=True)  # the launch inside, stopping every node
         raise
     except SlurmError as exc:
-        raise UsageError(f"Slurm job {job}: {exc}", ExitCode.CHECK_FAILED) from exc
+        raise WorkFailed(f"Slurm job {job}: {exc}") from exc
     if ended is None:
-        raise UsageError(f"Slurm no longer knows job {job}: its end and status are unknown", ExitCode.CHECK_FAILED)
+        raise WorkFailed(f"Slurm no longer knows job {job}: its end and status are unknown")
     status, message = ended.status()
     say(message)
     return status
@@ -94,7 +94,7 @@ def listed(show_all: bool, echo: Echo, say: Echo) -> None:
     try:
         found = jobs.listed(batch.JOB_NAME, show_all)
     except SlurmError as exc:
-        raise UsageError(f"--slurm: {exc}", ExitCode.CHECK_FAILED) from exc
+        raise WorkFailed(f"--slurm: {exc}") from exc
     for entry in found:
         echo(entry.line())
     if not found:
@@ -111,7 +111,7 @@ def logs(job: str, follow: bool, echo: Echo, say: Echo) -> None:
     try:
         found = jobs.show(job)
     except SlurmError as exc:
-        raise UsageError(f"Slurm job {job}: {exc}", ExitCode.CHECK_FAILED) from exc
+        raise WorkFailed(f"Slurm job {job}: {exc}") from exc
     if found is not None and found.stdout:  # Slurm's word first: its job ids start again at 1 on a new cluster
         path = Path(found.stdout)
     elif record is not None and record.slurm:
@@ -122,11 +122,11 @@ def logs(job: str, follow: bool, echo: Echo, say: Echo) -> None:
         try:
             jobs.follow(job, jobs.OutputFile(path), echo, say)
         except SlurmError as exc:
-            raise UsageError(f"Slurm job {job}: {exc}", ExitCode.CHECK_FAILED) from exc
+            raise WorkFailed(f"Slurm job {job}: {exc}") from exc
         return
     if not path.exists():
         where = f" (Slurm writes it on {found.batch_host}, the job's batch node)" if found and found.batch_host else ""
-        raise UsageError(f"Slurm job {job}: its output {path} is not on this machine{where}", ExitCode.CHECK_FAILED)
+        raise WorkFailed(f"Slurm job {job}: its output {path} is not on this machine{where}")
     jobs.OutputFile(path).read(echo, final=True)
 
 
@@ -143,10 +143,8 @@ def stop(job: str, echo: Echo) -> None:
             raise UsageError(f"Slurm job {job} is not running ({found.state})")
         ended = jobs.cancel(job, seen=found)
     except SlurmError as exc:
-        raise UsageError(f"Slurm job {job}: {exc}", ExitCode.CHECK_FAILED) from exc
+        raise WorkFailed(f"Slurm job {job}: {exc}") from exc
     if ended is not None and not ended.ended:
-        raise UsageError(
-            f"Slurm job {job} still {ended.state} {jobs.CANCEL_WAIT:.0f} s after scancel", ExitCode.CHECK_FAILED
-        )
+        raise WorkFailed(f"Slurm job {job} still {ended.state} {jobs.CANCEL_WAIT:.0f} s after scancel")
     how = f"Slurm: {ended.state}, exit {ended.exit_code}" if ended is not None else "Slurm no longer knows it"
     echo(f"{job}: stopped on {found.nodes} ({how})")

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from clustercheck.container import Container
+from clustercheck.config import DEFAULT_COMMAND_TIMEOUT, DEFAULT_MASTER_PORT, NodeOptions
 from clustercheck.inventory import Node
 from clustercheck.launcher import command as cmd
 from clustercheck.reach import Reach
@@ -29,22 +29,22 @@ class HostKeysRefused(NotStarted):
     """A host key was unknown or changed: nothing was run there."""
 
 
-@dataclass(frozen=True)
-class LaunchOptions:
+@dataclass(frozen=True, kw_only=True)
+class LaunchOptions(NodeOptions):
+    """A launch as checked and resolved (launcher/start.py): --python, --container (the job runs inside this image
+    on every node) and --nproc-per-node are NodeOptions', shared with the request and the preflight's RunConfig."""
+
     command: cmd.UserCommand
     run_dir: Path
     ssh: SshSettings = field(default_factory=SshSettings)
-    python: str | None = None
-    container: Container | None = None  # --container: the job runs inside this image on every node
-    nproc_per_node: int | None = None
-    master_port: int = 29500
+    master_port: int = DEFAULT_MASTER_PORT
     env: dict[str, str] = field(default_factory=dict)
     sync: Path | None = None
     chdir: str | None = None
     preflight: bool = True
     spare: int = 0  # --spare: how many of the nodes are spares the preflight may leave out
     detach: bool = False
-    facts_timeout: float = 120.0
+    facts_timeout: float = float(DEFAULT_COMMAND_TIMEOUT)
     inventory: str | None = None  # --hosts when it is an inventory: the preflight's fix commands name it
 
 

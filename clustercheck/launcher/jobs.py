@@ -10,7 +10,7 @@ import datetime as dt
 from collections.abc import Callable, Iterator
 
 from clustercheck import hosts
-from clustercheck.exitcodes import ExitCode, UsageError
+from clustercheck.exitcodes import UsageError, WorkFailed
 from clustercheck.inventory import Node
 from clustercheck.launcher import batchjob, detached, records
 from clustercheck.launcher.connections import Connections
@@ -101,7 +101,7 @@ def stop(job: str, hosts_spec: str | None, limit: str | None, ssh: hosts.SshOpti
     if not not_asked and all(detached.no_job(r.exit_status) for r in results.values()):
         raise UsageError(f"no job {job} on any node")
     if problems:
-        raise UsageError("could not stop the job everywhere: " + "; ".join(problems), ExitCode.CHECK_FAILED)
+        raise WorkFailed("could not stop the job everywhere: " + "; ".join(problems))
 
 
 def _job_nodes(
@@ -156,7 +156,5 @@ def _named(errors: dict[str, str]) -> str:
     return "; ".join(e if e.startswith(name) else f"{name}: {e}" for name, e in sorted(errors.items()))
 
 
-def _unasked_error(not_asked: dict[str, str], total: int, what: str) -> UsageError:
-    return UsageError(
-        f"could not ask {len(not_asked)} of {total} node(s), {what}: {_named(not_asked)}", ExitCode.CHECK_FAILED
-    )
+def _unasked_error(not_asked: dict[str, str], total: int, what: str) -> WorkFailed:
+    return WorkFailed(f"could not ask {len(not_asked)} of {total} node(s), {what}: {_named(not_asked)}")

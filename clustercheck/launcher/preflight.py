@@ -7,7 +7,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from clustercheck.config import RunConfig
+from clustercheck.config import NodeOptions, RunConfig, shared
 from clustercheck.facts.model import NodeFacts
 from clustercheck.inventory import Node
 from clustercheck.launcher import spares
@@ -54,10 +54,9 @@ def _checks(nodes: list[Node], options: LaunchOptions, reach: Reach, say: Echo) 
     """The core and network stages on NODES, their report saved in the run directory (its path returned)."""
     o = options
     config = RunConfig(
+        **shared(o, NodeOptions),
         run_dir=o.run_dir / "preflight",
         selection=PREFLIGHT,
-        python=o.python,
-        container=o.container,
         master_port=o.master_port,
         ssh=o.ssh,
         inventory=o.inventory,

@@ -19,7 +19,9 @@ from clustercheck.stages import Member, core
 from clustercheck.stages.launch import NodeLaunch, NodeSpec
 from clustercheck.transport import Transport, new_run_id
 
-LeaveOut = Callable[[spares.Choice, list[CheckResult]], None]  # the preflight's choice and results, with spares
+# The preflight's choice and results, with spares; what it returns, when not None, reaches the nodes from then on
+# (the Slurm job shrunk: its steps with the job's new variables).
+LeaveOut = Callable[[spares.Choice, list[CheckResult]], Reach | None]
 
 
 class Launch:
@@ -65,7 +67,7 @@ class Launch:
         wanted = len(self.nodes) - self.options.spare
         facts, choice, results = preflight.vet(self.nodes, self.options, self.reach, self.say, wanted)
         if self.leave_out is not None:
-            self.leave_out(choice, results)
+            self.reach = self.leave_out(choice, results) or self.reach
         if not choice.enough:
             raise NotStarted(f"preflight: {choice.refusal()}")
         self.nodes = [n for n in self.nodes if n.name in choice.kept]

@@ -13,9 +13,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from clustercheck import hosts
-from clustercheck.config import DEFAULT_MASTER_PORT, make_run_dir
-from clustercheck.container import Container
-from clustercheck.exitcodes import ExitCode, UsageError
+from clustercheck.config import DEFAULT_MASTER_PORT, NodeOptions, make_run_dir, shared
+from clustercheck.exitcodes import ExitCode, JobNotStarted, UsageError
 from clustercheck.hosts import SshOptions
 from clustercheck.inventory import Node
 from clustercheck.launcher import batchjob, codesync, leftout, records, session, spares
@@ -33,9 +32,10 @@ from clustercheck.transport.params import SshSettings
 Echo = Callable[[str], None]
 
 
-@dataclass(frozen=True)
-class LaunchRequest:
-    """What `clustercheck launch` was asked, each field an option of the command line, as given."""
+@dataclass(frozen=True, kw_only=True)
+class LaunchRequest(NodeOptions):
+    """What `clustercheck launch` was asked, each field an option of the command line, as given (--python,
+    --container and --nproc-per-node: NodeOptions', config.py)."""
 
     job: tuple[str, ...]  # what follows --: torchrun's options, the script, its arguments
     hosts: str | None = None
@@ -44,13 +44,10 @@ class LaunchRequest:
     slurm: bool = False
     request: Request = field(default_factory=Request)  # with --slurm outside an allocation: the batch job's nodes
     dry_run: bool = False
-    nproc_per_node: int | None = None
-    master_port: int | None = None  # --master-port; None: 29500, or a free port when the job runs on this machine alone
+    master_port: int | None = None  # --master-port; None: the default port, or a free one on this machine alone
     env: tuple[str, ...] = ()
     sync: str | None = None
     chdir: str | None = None
-    python: str | None = None
-    container: Container | None = None
     no_preflight: bool = False
     spare: int = 0  # --spare K: the allocation holds K nodes more than the job runs on
     detach: bool = False
@@ -94,12 +91,10 @@ def launch(request: LaunchRequest, echo: Echo, say: Echo) -> int:
         raise UsageError(str(exc)) from exc
     _check_script(user_command, r, nodes)
     options = LaunchOptions(
+        **shared(r, NodeOptions),
         command=user_command,
         run_dir=make_run_dir(r.run_dir, "launch-%Y%m%d-%H%M%S"),
         ssh=ssh,
-        python=r.python,
-        container=r.container,
-        nproc_per_node=r.nproc_per_node,
         master_port=_master_port(r.master_port, nodes[:wanted]),
         env=user_env,
         sync=Path(r.sync) if r.sync else None,
@@ -137,7 +132,7 @@ def _wanted(r: LaunchRequest, inside: str | None, names: list[str], say: Echo) -
 
 def _master_port(given: int | None, nodes: list[Node]) -> int:
     """GIVEN, or for a job on this machine alone a free port of its own (another run, a clustercheck run among them,
-    may hold torchrun's default 29500 here), else 29500."""
+    may hold torchrun's default port here), else that default (DEFAULT_MASTER_PORT)."""
     if given is not None:
         return given
     if len(nodes) == 1 and nodes[0].is_local:
@@ -160,7 +155,7 @@ def _check_script(user_command: launch_command.UserCommand, r: LaunchRequest, no
     found = launch_command.script_problem(user_command, str(Path(base).expanduser().resolve()))
     if found is not None:
         why, missing = found
-        raise UsageError(why, ExitCode.USAGE_ERROR if missing else ExitCode.NOT_STARTED)
+        raise (UsageError if missing else JobNotStarted)(why)
 
 
 def _batch(r: LaunchRequest, say: Echo, echo: Echo) -> int:
@@ -224,14 +219,14 @@ def _run(job: session.Launch, r: LaunchRequest, echo: Echo, say: Echo) -> int:
         except HostKeysRefused as exc:
             raise UsageError(f"host key verification failed, nothing was started: {exc}") from exc
         except NotStarted as exc:
-            raise UsageError(str(exc), ExitCode.NOT_STARTED) from exc
+            raise JobNotStarted(str(exc)) from exc
         except LaunchError as exc:
             raise UsageError(str(exc)) from exc
         if r.detach:
             try:
                 names = job.start_detached(code)
             except NotStarted as exc:
-                raise UsageError(str(exc), ExitCode.NOT_STARTED) from exc
+                raise JobNotStarted(str(exc)) from exc
             _record(job, r, names, launch_command.first_ranks(plans, job.options.command.elastic))
             say(f"job {job.job_id} started on {len(names)} node(s) under systemd unit clustercheck-job-{job.job_id}")
             echo(job.job_id)

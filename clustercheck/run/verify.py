@@ -17,17 +17,13 @@ from pathlib import Path
 from rich.console import Console
 
 from clustercheck import catalog, expected, hosts, inventory, selection
-from clustercheck.checks.baseline import Baseline
 from clustercheck.checks.collectives import ThresholdError, parse_min_busbw
-from clustercheck.checks.consistency import DEFAULT_MAX_CLOCK_OFFSET
-from clustercheck.config import DEFAULT_MASTER_PORT, RunConfig, make_run_dir
-from clustercheck.container import Container
-from clustercheck.exitcodes import ExitCode, UsageError
+from clustercheck.config import DEFAULT_MASTER_PORT, DEFAULT_SLURM_WAIT, RunConfig, RunOptions, make_run_dir, shared
+from clustercheck.exitcodes import ExitCode, NoHosts, UsageError
 from clustercheck.hosts import SshOptions
 from clustercheck.inventory import Node
 from clustercheck.model import Status
 from clustercheck.reach import Fanout, cleanup_message
-from clustercheck.remote.netprobe import DEFAULT_ROUNDS
 from clustercheck.report import Report, delivery, text
 from clustercheck.run import progress
 from clustercheck.run.pipeline import Outcome, Pipeline
@@ -48,41 +44,28 @@ class SlurmRun:
     (outside an allocation), Slurm given at most WAIT seconds to grant it."""
 
     request: Request = field(default_factory=Request)
-    wait: int = 300
+    wait: int = DEFAULT_SLURM_WAIT
 
 
-@dataclass(frozen=True)
-class RunRequest:
-    """What `clustercheck run` was asked, each field an option of the command line, as given."""
+@dataclass(frozen=True, kw_only=True)
+class RunRequest(RunOptions):
+    """What `clustercheck run` was asked, each field an option of the command line, as given: those the stages take
+    as given are RunOptions' (config.py), the others are resolved into the RunConfig (_config)."""
 
     hosts: str | None = None
     limit: str | None = None
     ssh: SshOptions = field(default_factory=SshOptions)
     slurm: SlurmRun | None = None
-    python: str | None = None
-    container: Container | None = None
-    nproc_per_node: int | None = None
     fmt: str = "text"
     fmt_given: bool = False  # --format was given (not its default): -o FILE's extension must agree with it
     output: str | None = None
     run_dir: str | None = None
-    forks: int = 32
-    command_timeout: float = 120.0
-    timeout: float = 300.0
-    stall_timeout: float = 60.0
     min_busbw: str | None = None
-    dcgm_level: int | None = None
-    burn: float | None = None  # --burn: seconds every GPU is under load (the gpu.burn.* checks)
-    expect_transport: str | None = None
     expected_file: str | None = None
     only: tuple[str, ...] = ()
-    master_port: int | None = None  # --master-port; None: 29500, or a free port on a one-node run
-    network_rounds: int | None = DEFAULT_ROUNDS
+    master_port: int | None = None  # --master-port; None: the default port, or a free port on a one-node run
     skip: tuple[str, ...] = ()
-    max_clock_offset: float = DEFAULT_MAX_CLOCK_OFFSET
-    shared_dir: str | None = None
     data_paths: tuple[str, ...] = ()
-    baseline: Baseline | None = None  # --baseline, read and validated, with --baseline-tolerance's bounds
 
     @property
     def hosts_args(self) -> tuple[str, ...]:
@@ -154,7 +137,7 @@ def _nodes(request: RunRequest, held: contextlib.ExitStack) -> tuple[list[Node],
             job, nodelist = allocation.current()
         return allocation.nodes(nodes, job, nodelist), ssh, step.factory(job)
     except allocation.NotGranted as exc:
-        raise UsageError(f"--slurm: {exc}", ExitCode.NO_HOSTS) from exc
+        raise NoHosts(f"--slurm: {exc}") from exc
     except SlurmError as exc:
         raise UsageError(f"--slurm: {exc}") from exc
 
@@ -170,27 +153,14 @@ def _config(request: RunRequest, nodes: list[Node], ssh: SshSettings, selected: 
         min_busbw(busbw, f"{inventory.MIN_BUSBW_VAR} (the inventory)")
     models = expected.catalog(request.expected_file or agreed[inventory.EXPECTED_FILE_VAR])
     return RunConfig(
+        **shared(request, RunOptions),
         run_dir=make_run_dir(request.run_dir, "%Y%m%d-%H%M%S"),
         selection=selected,
-        python=request.python,
-        container=request.container,
-        forks=request.forks,
-        command_timeout=request.command_timeout,
-        job_timeout=request.timeout,
-        stall_timeout=request.stall_timeout,
-        nproc_per_node=request.nproc_per_node,
         master_port=request.master_port or DEFAULT_MASTER_PORT,
         master_port_given=request.master_port is not None,
-        network_rounds=request.network_rounds,
         ssh=ssh,
-        clock_bound=request.max_clock_offset,
         min_busbw=busbw,
-        shared_dir=request.shared_dir,
         data_paths=request.data_paths or agreed[inventory.DATA_PATHS_VAR],
-        expect_transport=request.expect_transport,
-        dcgm_level=request.dcgm_level,
-        burn_seconds=request.burn,
-        baseline=request.baseline,
         inventory=hosts.inventory_path(request.hosts),
         models=models,
     )

@@ -6,7 +6,7 @@ ran there. Slurm's command lines stay here, with the rest of Slurm's.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from clustercheck.inventory import Node
 from clustercheck.slurm import diagnose, parse
@@ -45,12 +45,16 @@ def step_argv(job: str, host: str, options: tuple[str, ...], line: str) -> list[
     ]
 
 
-def factory(job: str) -> Factory:
-    """Transports that reach the nodes of Slurm job JOB with its steps; SlurmError when srun cannot run here."""
+def factory(job: str, environ: Mapping[str, str] | None = None) -> Factory:
+    """Transports that reach the nodes of Slurm job JOB with its steps, srun started with ENVIRON (None: this
+    process's environment; after the job was resized, the variables Slurm's resize script sets); SlurmError when srun
+    cannot run here."""
     options = options_here()
 
     def connect(node: Node, run_id: str, register: Callable[[Transport], None]) -> Connected:
-        transport = SrunTransport(node.name, run_id, job, lambda line: step_argv(job, node.name, options, line))
+        transport = SrunTransport(
+            node.name, run_id, job, lambda line: step_argv(job, node.name, options, line), environ
+        )
         register(transport)
         answer = transport.run(["true"], timeout=CONNECT_TIMEOUT)
         if not answer.ok:

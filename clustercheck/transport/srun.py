@@ -15,7 +15,7 @@ names a node where no step ran. (transport does not import slurm: slurm imports 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from clustercheck.transport import (
     CLEANUP_TIMEOUT,
@@ -35,7 +35,14 @@ STEP_SLACK = 10.0  # seconds a step may take beyond its command's deadline to st
 class SrunTransport:
     """One node of a Slurm allocation, reached with job steps from this machine."""
 
-    def __init__(self, host: str, run_id: str, job: str, step: Callable[[str], list[str]]) -> None:
+    def __init__(
+        self,
+        host: str,
+        run_id: str,
+        job: str,
+        step: Callable[[str], list[str]],
+        environ: Mapping[str, str] | None = None,
+    ) -> None:
         self.host = host
         self.run_id = run_id
         self.job = job
@@ -43,6 +50,7 @@ class SrunTransport:
         self.quirks = SessionQuirks()
         self.channel = "srun to it"
         self._step = step  # a shell line -> the srun line that runs it on this node, as a step of JOB
+        self._environ = environ  # srun's environment (the job's variables): None, this process's
 
     def _run_step(
         self,
@@ -55,7 +63,7 @@ class SrunTransport:
         return run_process(
             self._step(line),
             timeout=timeout,
-            env=dict(os.environ),
+            env=dict(os.environ if self._environ is None else self._environ),
             stdin=stdin,
             on_output=on_output,
             after_kill=after_kill,

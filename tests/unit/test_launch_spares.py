@@ -16,7 +16,8 @@ from clustercheck.launcher.job import LaunchOptions, NotStarted
 from clustercheck.launcher.start import LaunchRequest
 from clustercheck.model import CheckResult, Status
 from clustercheck.reach import Fanout
-from clustercheck.slurm import allocation, drain, parse, update
+from clustercheck.slurm import allocation, drain, parse, step, update
+from clustercheck.transport import srun
 from clustercheck.slurm.call import SlurmError
 from clustercheck.slurm.parse import SlurmNode
 from clustercheck.slurm.request import Request
@@ -140,12 +141,39 @@ def test_the_job_is_shrunk_to_the_nodes_it_runs_on_and_slurms_resize_variables_a
     monkeypatch.setenv("SLURM_JOB_NODELIST", "node[1-3]")
     monkeypatch.setenv("SLURM_NTASKS", "3")
     said: list[str] = []
-    leftout.give_back(
+    steps = leftout.give_back(
         "42", choice_of(("node1", "node2"), spares.LeftOut("node3", "time.sync", "off")), tmp_path, said.append
     )
     assert shrunk == [("42", ["node1", "node2"], tmp_path)]
     assert said == ["gave node3 back to Slurm: job 42 holds node1, node2 now"]
-    assert os.environ["SLURM_JOB_NODELIST"] == "node[1-2]" and "SLURM_NTASKS" not in os.environ
+    assert steps is not None and steps["SLURM_JOB_NODELIST"] == "node[1-2]" and "SLURM_NTASKS" not in steps
+    # Handed on as a value: this process's own environment is no channel between the launch's steps.
+    assert os.environ["SLURM_JOB_NODELIST"] == "node[1-3]" and os.environ["SLURM_NTASKS"] == "3"
+
+
+def test_the_job_steps_after_the_shrink_start_srun_with_the_jobs_resized_variables(monkeypatch, tmp_path):
+    monkeypatch.setattr(
+        leftout.allocation, "shrink", lambda job, nodes, cwd: {"SLURM_NNODES": "2", "SLURM_NTASKS": None}
+    )
+    monkeypatch.setattr(leftout.update, "drain_nodes", lambda problems, say, deadline: None)
+    monkeypatch.setattr(step, "call", lambda argv, **kw: CommandResult(0, "slurm 23.02.7\n", ""))
+    monkeypatch.delenv("SLURMD_NODENAME", raising=False)
+    monkeypatch.setenv("SLURM_NNODES", "3")
+    monkeypatch.setenv("SLURM_NTASKS", "3")
+    started: list[dict[str, str]] = []
+
+    def run_process(argv, *, timeout, env, **kw):
+        started.append(env)
+        return CommandResult(0, "", "")
+
+    monkeypatch.setattr(srun, "run_process", run_process)
+    leave_out = leftout.handler("42", tmp_path, print)
+    reach = leave_out(choice_of(("node1", "node2"), spares.LeftOut("node3", "time.sync", "off")), [])
+    assert reach is not None
+    reach.connect(Node("node1", "node1"), "run1", lambda transport: None)
+    assert started and started[0]["SLURM_NNODES"] == "2" and "SLURM_NTASKS" not in started[0]
+    assert os.environ["SLURM_NNODES"] == "3"
+    assert leave_out(choice_of(("node1", "node2")), []) is None  # nothing given back: the steps reach on as before
 
 
 def test_slurms_resize_script_is_read_as_the_variables_it_sets_and_those_it_unsets():
