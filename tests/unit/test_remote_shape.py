@@ -41,8 +41,9 @@ TRANSPORT_RUN_ALLOWED = {
     ("stages/core.py", "start"),
     ("stages/core.py", "read_image"),
     ("stages/core.py", "dcgm_diag"),
-    # The Slurm step transport's own first step (a transport itself: slurm/srun.py moves into transport/, item 5).
-    ("slurm/srun.py", "connect"),
+    # The Slurm step transport's own first step, made where Slurm's side of a step lives (transport/srun.py is the
+    # transport; slurm/step.py its factory, which proves a step runs).
+    ("slurm/step.py", "connect"),
     # Reach's fan-out to every node at once (`jobs`, `logs`, `stop`): the threads under nodeprogram's callers.
     ("reach.py", "run"),
 }
