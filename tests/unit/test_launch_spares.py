@@ -17,11 +17,10 @@ from clustercheck.launcher.start import LaunchRequest
 from clustercheck.model import CheckResult, Status
 from clustercheck.reach import Fanout
 from clustercheck.slurm import allocation, drain, parse, step, update
-from clustercheck.transport import srun
 from clustercheck.slurm.call import SlurmError
 from clustercheck.slurm.parse import SlurmNode
 from clustercheck.slurm.request import Request
-from clustercheck.transport import CommandResult
+from clustercheck.transport import CommandResult, srun
 
 DATA = Path(__file__).parent / "data" / "slurm"
 ORDER = ["node1", "node2", "node3", "node4", "node5"]
