@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from clustercheck.facts import parse
+from clustercheck.facts import smi as smi_parse
 from clustercheck.facts.model import (
     COULD_NOT_COLLECT,
     HUNG,
@@ -163,10 +164,10 @@ def _smi(facts: NodeFacts, smi: dict[str, Any]) -> None:
         facts.smi_error = smi.get("error") or _last_line(smi) or COULD_NOT_COLLECT
         facts.missing["smi"] = facts.smi_error
         return
-    facts.smi = parse.parse_nvidia_smi_q(smi["out"])
+    facts.smi = smi_parse.parse_nvidia_smi_q(smi["out"])
     _owners(facts.smi, facts.raw.get("gpu_processes"))
     listed = smi.get("list") if isinstance(smi.get("list"), dict) else {}
-    parse.add_mig_devices(facts.smi, parse.parse_nvidia_smi_list(listed.get("out") or ""))
+    smi_parse.add_mig_devices(facts.smi, smi_parse.parse_nvidia_smi_list(listed.get("out") or ""))
     if isinstance(smi.get("gpu_errors"), dict) and smi["gpu_errors"]:
         facts.missing["smi_gpus"] = "; ".join(f"GPU {i}: {why}" for i, why in smi["gpu_errors"].items())
 

@@ -14,7 +14,7 @@ from clustercheck import container
 from clustercheck.checks import connection, gpuburn, gpuperf, registry
 from clustercheck.checks.collectives import COLLECTIVES, LOCAL_PREFIX
 from clustercheck.checks.gpu import DCGM_DEADLINES
-from clustercheck.facts import collect, parse
+from clustercheck.facts import collect, firstcommand, parse
 from clustercheck.facts.burn import GpuBurn
 from clustercheck.facts.model import DcgmDiag, GpuBench, Image, NodeFacts
 from clustercheck.inventory import Node
@@ -39,7 +39,7 @@ class HostOutcome:
 
 SWEEP_TIME = 30.0  # seconds the startup sweep may add to the first command (a GPU node runs hundreds of processes)
 
-# The facts collector after the first command's steps, in the same command (parse.first_script's THEN; arguments:
+# The facts collector after the first command's steps, in the same command (firstcommand.first_script's THEN; arguments:
 # the work directory, the bundle's SHA-256 when it goes on standard input (else empty), the collector's own): with
 # the python found, else python3 without torch; the bundle installed first when it comes along (bundle.INSTALL).
 COLLECT = (
@@ -62,7 +62,7 @@ class Collected:
 class NodeStart:
     """What the first command on a node found (`start`)."""
 
-    identity: parse.Identity | None
+    identity: firstcommand.Identity | None
     python: str  # the python to run the node-side programs with
     source: str  # where it came from
     missing: str | None  # the python asked for, when it does not start (python3 is used then)
@@ -110,9 +110,9 @@ class Pythons:
 
 class Arrivals:
     """The first command's output as it streams in, and when its parts came: the clock line first (the clock
-    offset is taken then), then, WITH_COLLECTOR, the collector's output after parse.FACTS_LINE."""
+    offset is taken then), then, WITH_COLLECTOR, the collector's output after firstcommand.FACTS_LINE."""
 
-    MARKER = parse.FACTS_LINE + "\n"
+    MARKER = firstcommand.FACTS_LINE + "\n"
 
     def __init__(self, with_collector: bool) -> None:
         self.with_collector = with_collector
@@ -167,7 +167,7 @@ def start(
     ended = time.time()
     if collect is not None:
         bundle.carried(transport, stdin, answer)
-    found = parse.parse_first(arrivals.text)
+    found = firstcommand.parse_first(arrivals.text)
     collected = collected_facts(transport.host, found, answer, arrivals, ended, took)
     return node_start(found, answer, pythons, clock(found, arrivals, before), sweep, collect is not None, collected)
 
@@ -178,7 +178,7 @@ def first_command(
     """The first command's argv and standard input (the bundle, when the collector runs and it is not on the
     node yet)."""
     sweeping = stale_sweep_script(transport.run_id) if sweep else None
-    script = parse.first_script(RECORDED_PYTHON, sweeping, COLLECT if collect is not None else None)
+    script = firstcommand.first_script(RECORDED_PYTHON, sweeping, COLLECT if collect is not None else None)
     argv = ["sh", "-c", script, "sh", pythons.asked, pythons.fallback, str(int(max(1.0, timeout)))]
     if collect is None:
         return argv, None
@@ -187,7 +187,7 @@ def first_command(
 
 
 def collected_facts(
-    host: str, found: parse.FirstAnswer, answer: CommandResult, arrivals: Arrivals, ended: float, took: float
+    host: str, found: firstcommand.FirstAnswer, answer: CommandResult, arrivals: Arrivals, ended: float, took: float
 ) -> Collected | None:
     """The collector's part of the first command (None when it did not start), judged as the `facts` program's
     answer, and its own seconds."""
@@ -198,7 +198,7 @@ def collected_facts(
     return Collected(raw, output, ended - (arrivals.collector_at or ended))
 
 
-def clock(found: parse.FirstAnswer, arrivals: Arrivals, before: float) -> tuple[float | None, float | None]:
+def clock(found: firstcommand.FirstAnswer, arrivals: Arrivals, before: float) -> tuple[float | None, float | None]:
     """(node clock minus control clock, its uncertainty): the node's clock line against the moment it arrived,
     less half the round trip since the command was sent at BEFORE."""
     if found.clock is None or arrivals.clock_at is None:
@@ -208,7 +208,7 @@ def clock(found: parse.FirstAnswer, arrivals: Arrivals, before: float) -> tuple[
 
 
 def node_start(
-    found: parse.FirstAnswer,
+    found: firstcommand.FirstAnswer,
     answer: CommandResult,
     pythons: Pythons,
     offset: tuple[float | None, float | None],

@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from clustercheck.checks import registry, xid_catalog
-from clustercheck.facts import collect, parse
+from clustercheck.facts import collect
+from clustercheck.facts import smi as smi_parse
 from clustercheck.inventory import Node
 from clustercheck.model import Status
 from clustercheck.remote import facts as node
@@ -157,7 +158,7 @@ def test_node_health_drains_on_a_hardware_xid():
 
 
 def test_each_process_of_nvidia_smi_q_is_read_with_its_memory():
-    gpu = parse.parse_nvidia_smi_q(A10G).gpus[0]
+    gpu = smi_parse.parse_nvidia_smi_q(A10G).gpus[0]
     assert [(p.pid, p.type, p.name, p.used_mib) for p in gpu.processes] == [(3402470, "C", None, 8716)]
     assert gpu.memory_total_mib == 23028
 
