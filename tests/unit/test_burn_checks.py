@@ -306,7 +306,7 @@ def test_the_core_stage_runs_gpuburn_for_the_length_asked_and_keeps_its_answer(t
 
     from clustercheck.facts import collect
     from clustercheck.inventory import Node
-    from clustercheck.stages import bundle, core
+    from clustercheck.stages import bundle, gpuwork
     from clustercheck.transport import CommandResult
 
     raw = json.loads((Path(__file__).parent / "records" / "facts-debian12-localhost.json").read_text())
@@ -314,13 +314,13 @@ def test_the_core_stage_runs_gpuburn_for_the_length_asked_and_keeps_its_answer(t
     ctx = SimpleNamespace(config=SimpleNamespace(command_timeout=120.0, container=None, burn_seconds=600.0))
     said = json.dumps(answer())
     node = Scripted(CommandResult(0, f"{said}\n", ""), host="gpunode3")
-    loaded = core.burn_gpus(facts, node, ctx, tmp_path)
+    loaded = gpuwork.burn_gpus(facts, node, ctx, tmp_path)
     argv = ["/opt/env/bin/python", bundle.path(node.workdir), "gpuburn", "--seconds", "600"]
     assert node.commands[-1][:2] == (argv, 720.0)  # the length, and the collector's deadline for the rest
     assert len(loaded.gpus) == 4 and len(loaded.samples) == 28
     assert (tmp_path / "gpuburn.json").read_text() == f"{said}\n"
     crashed = Scripted(CommandResult(None, "", "", timed_out=True), host="gpunode4")
-    facts.gpu_burn = core.burn_gpus(facts, crashed, ctx, tmp_path)
+    facts.gpu_burn = gpuwork.burn_gpus(facts, crashed, ctx, tmp_path)
     found = registry.get("gpu.burn.load").function(facts)
     assert (found.status, found.message) == (
         Status.FAIL,

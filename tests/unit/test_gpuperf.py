@@ -168,7 +168,7 @@ def test_the_core_stage_runs_gpubench_with_the_environments_python_and_keeps_its
 
     from test_nodeprogram import Scripted
 
-    from clustercheck.stages import bundle, core
+    from clustercheck.stages import bundle, gpuwork
     from clustercheck.transport import CommandResult
 
     raw = json.loads((RECORDS / "facts-debian12-localhost.json").read_text())
@@ -177,13 +177,13 @@ def test_the_core_stage_runs_gpubench_with_the_environments_python_and_keeps_its
     ctx = SimpleNamespace(config=SimpleNamespace(command_timeout=120.0, container=None))
     answer = json.dumps({"cuda": True, "copy_counts": "read+written", "gpus": [gpu(0), gpu(1)]})
     node = Scripted(CommandResult(0, f"loading\n{answer}\n", ""), host="gpunode1")  # its own: the bundle goes once
-    measured = core.measure_gpus(facts, node, ctx, tmp_path)
+    measured = gpuwork.measure_gpus(facts, node, ctx, tmp_path)
     assert node.commands[-1][:2] == (["/opt/env/bin/python", bundle.path(node.workdir), "gpubench"], 120.0)
     assert [g.label for g in measured.gpus] == ["GPU 0 (00000000:18:00.0)", "GPU 1 (00000000:19:00.0)"]
     assert (tmp_path / "gpubench.json").read_text() == f"loading\n{answer}\n"
     error = "Traceback ...\nRuntimeError: CUDA error: unspecified launch failure\n"
     crashed = Scripted(CommandResult(1, "", error), host="gpunode2")
-    failed = gpuperf.judge_node(core.measure_gpus(facts, crashed, ctx, tmp_path), h100(), gpuperf.MATMUL)
+    failed = gpuperf.judge_node(gpuwork.measure_gpus(facts, crashed, ctx, tmp_path), h100(), gpuperf.MATMUL)
     assert failed.status is Status.FAIL
     assert failed.message == (
         "the GPUs could not be measured: gpubench: exit 1: Traceback ... | "
