@@ -8,7 +8,7 @@ import json
 import shlex
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from clustercheck.checks import connection, gpuburn, gpuperf, registry
 from clustercheck.facts import collect, firstcommand
@@ -325,18 +325,18 @@ def run_host(node: Node, transport: Transport, ctx: Context, step, begun: NodeSt
         )
         environment = {key: facts.raw.get(key) for key in image.ENVIRONMENT}
         (host_dir / "image.json").write_text(json.dumps(environment, indent=1) + "\n")
-    facts.models = config.models
-    outcome.facts = facts
+    facts = replace(facts, models=config.models)
     packagelist.write_packages(facts, host_dir)
     if config.dcgm_level and facts.dcgmi and facts.smi is not None:
         step(f"DCGM diagnostic level {config.dcgm_level}")
-        facts.dcgm = gpuwork.dcgm_diag(facts.dcgmi, config.dcgm_level, transport, host_dir)
+        facts = replace(facts, dcgm=gpuwork.dcgm_diag(facts.dcgmi, config.dcgm_level, transport, host_dir))
     if facts.smi is not None and gpuperf.wanted(selection):
         step("the GPUs measured")
-        facts.gpu_bench = gpuwork.measure_gpus(facts, transport, ctx, host_dir)
+        facts = replace(facts, gpu_bench=gpuwork.measure_gpus(facts, transport, ctx, host_dir))
     if config.burn_seconds and facts.smi is not None and gpuburn.wanted(selection):
         step(f"the GPUs under load for {config.burn_seconds:g} s")
-        facts.gpu_burn = gpuwork.burn_gpus(facts, transport, ctx, host_dir)
+        facts = replace(facts, gpu_burn=gpuwork.burn_gpus(facts, transport, ctx, host_dir))
+    outcome.facts = facts
     outcome.results.append(
         registry.get("facts").result(
             node.name,

@@ -21,7 +21,7 @@ def in_image(
     """FACTS (the host's) with the environment in image BOX in place of the host's (read_image), and the image
     (facts.image): the core stage's and the launch's one way to it."""
     image, environment = read_image(node, transport, box, collector, timeout, facts.gpus_present > 0)
-    rebuilt = collect.build(
+    return collect.build(
         node,
         {**facts.raw, **environment},
         python=facts.python,  # the host's, which the node-side helpers (network, data, records) still run with
@@ -29,9 +29,8 @@ def in_image(
         cluster_size=facts.cluster_size,
         clock_offset=facts.clock_offset,
         clock_uncertainty=facts.clock_uncertainty,
+        image=image,
     )
-    rebuilt.image = image
-    return rebuilt
 
 
 def read_image(

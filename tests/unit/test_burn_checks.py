@@ -5,6 +5,7 @@ clock, a moved ECC count, another bus id), and each test says which."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -264,9 +265,11 @@ def test_every_burn_check_skips_without_burn_and_with_the_program_s_reason():
     for check in gpuburn.NAMES:
         found = registry.get(check).function(facts)
         assert (found.status, found.message) == (Status.SKIP, gpuburn.NOT_ASKED)
-    facts.gpu_burn = GpuBurn.from_answer({"cuda": False, "reason": "torch sees no CUDA GPU", "gpus": []})
+    facts = replace(
+        facts, gpu_burn=GpuBurn.from_answer({"cuda": False, "reason": "torch sees no CUDA GPU", "gpus": []})
+    )
     assert registry.get("gpu.burn.sdc").function(facts).message == "torch sees no CUDA GPU"
-    facts.gpu_burn = GpuBurn(failure="timed out after 720 s")
+    facts = replace(facts, gpu_burn=GpuBurn(failure="timed out after 720 s"))
     assert registry.get("gpu.burn.xid").function(facts).status is Status.FAIL
 
 
@@ -320,7 +323,7 @@ def test_the_core_stage_runs_gpuburn_for_the_length_asked_and_keeps_its_answer(t
     assert len(loaded.gpus) == 4 and len(loaded.samples) == 28
     assert (tmp_path / "gpuburn.json").read_text() == f"{said}\n"
     crashed = Scripted(CommandResult(None, "", "", timed_out=True), host="gpunode4")
-    facts.gpu_burn = gpuwork.burn_gpus(facts, crashed, ctx, tmp_path)
+    facts = replace(facts, gpu_burn=gpuwork.burn_gpus(facts, crashed, ctx, tmp_path))
     found = registry.get("gpu.burn.load").function(facts)
     assert (found.status, found.message) == (
         Status.FAIL,

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import pwd
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -238,7 +239,7 @@ def test_while_a_slurm_job_runs_a_process_on_the_gpu_is_the_jobs():
         python="p",
         python_source="s",
     )
-    facts.slurm_job = True
+    facts = replace(facts, slurm_job=True)
     result = {r.name: r for r in registry.run_node_checks(facts)}["gpu.processes"]
     assert result.status is Status.PASS
     assert result.message.startswith("gpu1: 1 process(es) of the Slurm job running on this node: pid 3402470")

@@ -9,6 +9,7 @@ import json
 import os
 import re
 import stat
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -45,7 +46,7 @@ def judged(smi: str, listed: str | None = None, slurm_job: bool | None = None, o
     if owners is not None:
         raw["gpu_processes"] = owners
     facts = collect.build(Node(name="gpu1", address="gpu1"), raw, python="/usr/bin/python3", python_source="test")
-    facts.slurm_job = slurm_job
+    facts = replace(facts, slurm_job=slurm_job)
     return {r.name: r for r in registry.run_node_checks(facts)}
 
 

@@ -5,6 +5,7 @@ node-side gpubench prints (remote/gpubench.py; tests/local/test_gpubench.py runs
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 from clustercheck import expected
@@ -213,7 +214,7 @@ def test_the_node_checks_label_the_measures_with_their_node():
     raw = json.loads((RECORDS / "facts-h200-vm.json").read_text())
     facts = collect.build(Node(name="gpu01", address="gpu01"), raw, python="python3", python_source="x")
     bus_id = facts.smi.gpus[0].bus_id
-    facts.gpu_bench = bench(gpu(0, bus_id=bus_id, name="NVIDIA H200", bf16=800.0))
+    facts = replace(facts, gpu_bench=bench(gpu(0, bus_id=bus_id, name="NVIDIA H200", bf16=800.0)))
     results = {r.name: r for r in registry.run_node_checks(facts)}
     measures = results["gpu.perf.matmul"].measures
     assert {m.labels["host"] for m in measures} == {"gpu01"} and {m.labels["bus_id"] for m in measures} == {bus_id}
