@@ -110,6 +110,7 @@ def _size(n: int) -> str:
     "time.sync",
     proves="the clock is synchronized to NTP (timedatectl or chrony)",
     fix="Enable time sync: apt-get install chrony && systemctl enable --now chrony.",
+    reads=("time",),  # None only where chronyc hung: the hung-probe rule FAILs it (registry)
 )
 def time_sync(facts: NodeFacts) -> Finding:
     data: dict = {

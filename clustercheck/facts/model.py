@@ -3,29 +3,63 @@
 A field is None when it could not be collected; `missing[field]` then says why. Checks read fields, never the
 collector's raw JSON (kept in `raw` for the run directory only).
 
-A per-node fact is declared once, as its NodeFacts field: `memlock: Memlock | None = fact(node.memlock,
-Memlock.from_probe)` names the node-side probe (clustercheck/remote/facts.py, where `@fact("memlock")` gives the
-key it reports under) and the parser that turns the probe's value into the field's type. The collector
-(collect.build) fills every declared field from these declarations; the tests check every declaration against
-the node side and the recorded outputs.
+Every NodeFacts field is declared once, as its field, with where its value comes from:
+- `fact(remote.memlock, Memlock.from_probe)`: a node-side probe that reports under a key of its own
+  (clustercheck/remote/facts.py, where `@fact("memlock")` gives the key) and the parser of its value;
+- `collected("commands.ip_addr", read=readers.addresses)`: the collector's answer under those keys ("commands.X":
+  a command's answer), read by a function of facts/readers.py;
+- `given(...)`: what the collector's caller gives (the first command's python and clock, the run's size);
+- `derived(...)`: computed from the other facts once they are collected;
+- `learnt(...)`: what a stage learns after collection (DCGM, the GPUs measured): it returns new facts
+  (dataclasses.replace), never changes these.
+The collector (collect.build) fills every field from these declarations, and the facts are frozen after it; the
+tests check every declaration against the node side and the recorded outputs.
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
-from dataclasses import dataclass, field, fields
-from ipaddress import IPv4Interface, IPv6Interface
+from dataclasses import MISSING, dataclass, field, fields
 from typing import Any
 
 from clustercheck import expected as expected_values
+from clustercheck.facts import readers
 from clustercheck.facts.burn import GpuBurn
+from clustercheck.facts.records import COULD_NOT_COLLECT as COULD_NOT_COLLECT
+from clustercheck.facts.records import (  # noqa: F401 (the records NodeFacts' fields hold, imported from here)
+    Address,
+    DcgmDiag,
+    Firewall,
+    GpuBench,
+    GpuFigures,
+    GpuVisibility,
+    Hostname,
+    Image,
+    LaunchSetting,
+    Memlock,
+    NeighThresholds,
+    NetDev,
+    OsInfo,
+    Package,
+    Packages,
+    RdmaPort,
+    Space,
+    TimeSync,
+    Torch,
+    XidLog,
+    count,
+    mtus_by_iface,
+    netdevs_by_name,
+    path,
+    rdma_ports_of,
+    strings,
+    text,
+    truth,
+)
 from clustercheck.facts.smi import Gpu, GpuProcess, MigDevice, NvidiaSmi  # noqa: F401 (NodeFacts.smi's records)
 from clustercheck.inventory import Node
-from clustercheck.remote import facts as node
+from clustercheck.remote import facts as remote
 from clustercheck.remote.probing import HUNG  # noqa: F401 (how a probe the collector gave up on begins its error)
-
-COULD_NOT_COLLECT = "could not collect"
 
 
 @dataclass(frozen=True)
@@ -40,7 +74,7 @@ class Fact:
     @property
     def key(self) -> str:
         """The key the node side reports this fact under (its @fact declaration)."""
-        keys = [key for key, function in node.PROBES.items() if function is self.probe]
+        keys = [key for key, function in remote.PROBES.items() if function is self.probe]
         if len(keys) != 1:
             raise LookupError(f"{self.probe.__name__} is not declared with @fact in clustercheck/remote/facts.py")
         return keys[0]
@@ -52,451 +86,123 @@ def fact(probe: Callable[[], Any], parse: Callable[[Any], Any]) -> Any:
 
 
 @dataclass(frozen=True)
-class XidLog:
-    """The NVIDIA driver's Xid lines since boot, as the collector found them on the node, with the lines that say
-    from when an Xid counts (the driver's load, its line naming a GPU's UUID, a GPU reset's acknowledgement:
-    facts/xidlog.py)."""
+class Collected:
+    """A fact read from the collector's answer under KEYS ("commands.X": the answer of its command X) by READ, which
+    is given their values (None where the answer has none) and returns the field's value, a readers.Noted (the
+    value, and what of it could not be read), or raises readers.NotCollected (why)."""
 
-    source: str  # the program that answered: journalctl -k -b, or dmesg
-    lines: list[str]  # only those lines (the first and last ones when there were very many)
-    read: int  # how many lines of the kernel log were read
+    keys: tuple[str, ...]
+    read: Callable[..., Any]
 
 
-@dataclass(frozen=True)
-class Torch:
-    version: str
-    cuda: str | None  # the CUDA version torch was built for; None for a CPU build
-    cuda_available: bool
-    device_count: int
-    nccl: str | None
-    cudnn: int | None
-    nccl_backend: bool  # torch.distributed's NCCL backend is built in
-    gloo: bool
-    nccl_error: str | None = None
-    imported_at: float | None = None  # when an import kept by node-health ran, if that one was reused
+def collected(*keys: str, read: Callable[..., Any], default: Any = None, factory: Any = MISSING) -> Any:
+    """A NodeFacts field the collector reads from its answer under KEYS with READ."""
+    declaration = {"collected": Collected(keys, read)}
+    if factory is not MISSING:
+        return field(default_factory=factory, metadata=declaration)
+    return field(default=default, metadata=declaration)
 
 
 @dataclass(frozen=True)
-class Package:
-    """A package the user's jobs import beside torch (python_env_packages, and torchvision when installed)."""
+class Source:
+    """Where a field that the collector's answer does not hold comes from: KIND is given (by the collector's
+    caller), derived (from the other facts, by COMPUTE, once they are collected), learnt (by a stage, after
+    collection) or kept (the collector's own record); BY says who, in words."""
 
-    name: str
-    version: str | None  # None: not installed
-    error: str | None  # why it does not import (or "not installed"); None when it imports
-    requires_torch: tuple[str, ...] = ()  # its torch requirement, e.g. ("torch==2.13.0",)
-
-
-@dataclass(frozen=True)
-class OsInfo:
-    pretty_name: str | None
-    id: str | None
-    version_id: str | None
-    kernel: str | None
-    arch: str | None
-    cpu_model: str | None
-    cpus: int | None
-    mem_total_bytes: int | None
-
-    @classmethod
-    def from_probe(cls, value: dict[str, Any]) -> OsInfo:
-        return cls(**{k: value.get(k) for k in cls.__dataclass_fields__})
+    kind: str
+    by: str
+    compute: Callable[[Any], Any] | None = None
 
 
-@dataclass(frozen=True)
-class Space:
-    path: str
-    free_bytes: int
-    total_bytes: int
-
-    @classmethod
-    def from_probe(cls, value: dict[str, Any]) -> Space:
-        return cls(value["path"], value["free_bytes"], value["total_bytes"])
+def _source(kind: str, by: str, default: Any, factory: Any, compute: Callable[[Any], Any] | None = None) -> Any:
+    metadata = {"source": Source(kind, by, compute)}
+    if factory is not MISSING:
+        return field(default_factory=factory, metadata=metadata)
+    return field(default=default, metadata=metadata)
 
 
-@dataclass(frozen=True)
-class Memlock:
-    soft: int | None  # None: unlimited
-    hard: int | None
+def given(by: str, default: Any = MISSING, factory: Any = MISSING) -> Any:
+    """A NodeFacts field the collector's caller gives (collect.build's arguments)."""
+    return _source("given", by, default, factory)
 
-    @classmethod
-    def from_probe(cls, value: dict[str, Any]) -> Memlock:
-        return cls(value["soft"], value["hard"])
+
+def derived(compute: Callable[[Any], Any], by: str, default: Any = None) -> Any:
+    """A NodeFacts field COMPUTE(facts) fills once the collected ones are there."""
+    return _source("derived", by, default, MISSING, compute)
+
+
+def learnt(by: str) -> Any:
+    """A NodeFacts field a stage fills after collection, with new facts (dataclasses.replace); None until then."""
+    return _source("learnt", by, None, MISSING)
+
+
+def kept(by: str) -> Any:
+    """The collector's own record (why each missing fact is missing)."""
+    return _source("kept", by, MISSING, dict)
 
 
 @dataclass(frozen=True)
-class NeighThresholds:
-    """net.ipv4.neigh.default.gc_thresh2 (above it the kernel evicts entries older than 5 s) and gc_thresh3 (the
-    table's hard limit: a new neighbour past it is dropped, "neighbor table overflow!"); both None where the node's
-    network namespace does not show them (a container, which shares its host's table)."""
-
-    gc_thresh2: int | None
-    gc_thresh3: int | None
-
-    @classmethod
-    def from_probe(cls, value: dict[str, Any]) -> NeighThresholds:
-        if not value:
-            return cls(None, None)
-        return cls(int(value["gc_thresh2"]), int(value["gc_thresh3"]))
-
-
-@dataclass(frozen=True)
-class Hostname:
-    name: str
-    addresses: list[str]  # what the name resolves to on the node; empty when it does not resolve
-    error: str | None = None
-
-    @classmethod
-    def from_probe(cls, value: dict[str, Any]) -> Hostname:
-        return cls(value.get("hostname", "?"), list(value.get("addresses") or []), value.get("error"))
-
-
-@dataclass(frozen=True)
-class Address:
-    iface: str
-    address: IPv4Interface | IPv6Interface
-
-
-@dataclass(frozen=True)
-class TimeSync:
-    synchronized: bool | None  # None: neither timedatectl nor chronyc answered
-    timedatectl: dict[str, str]
-    chrony: dict[str, Any] | None
-    chrony_error: str | None = None  # chronyc is installed but chronyd did not answer: its message
-
-
-@dataclass(frozen=True)
-class Firewall:
-    collected: bool
-    active: bool  # incoming traffic is filtered: a packet no rule lets in is dropped (facts/firewall.py)
-    tool: str | None  # what filters it: ufw, nftables or iptables
-    rules: int
-    filter: str | None = None  # what filters it, in words ("nftables chain input of table inet filter: ...")
-    seen: str | None = None  # rules there are that filter nothing incoming ("nftables: 23 rule(s), Docker's, ...")
-
-
-@dataclass(frozen=True)
-class Packages:
-    pip: dict[str, str]  # Python distribution name (lower case) -> version, as `pip freeze` lists them
-    conda: dict[str, str] | None  # conda package -> "version=build" in a conda environment, else None
-    prefix: str | None = None
-
-    @classmethod
-    def from_probe(cls, value: dict[str, Any]) -> Packages:
-        pip = value.get("pip") if isinstance(value.get("pip"), dict) else {}
-        conda = value.get("conda") if isinstance(value.get("conda"), dict) else None
-        return cls(
-            {_dist_name(k): str(v) for k, v in pip.items()},
-            {str(k): str(v) for k, v in conda.items()} if conda is not None else None,
-            value.get("prefix"),
-        )
-
-
-def _dist_name(name: str) -> str:
-    """A distribution's canonical name (PEP 503), so nodes that spell it differently compare equal."""
-    return re.sub(r"[-_.]+", "-", str(name)).lower()
-
-
-@dataclass(frozen=True)
-class LaunchSetting:
-    """An NCCL_* or GLOO_* variable a user's job inherits from the node's configuration."""
-
-    file: str
-    line: int
-    name: str
-    value: str
-
-
-VISIBILITY = ("CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES")
-ENV_ASSIGNMENT = re.compile(r"^\s*(?:export\s+)?(?P<name>[A-Za-z_][A-Za-z0-9_]*)=(?P<value>\S*)")
-
-
-@dataclass(frozen=True)
-class GpuVisibility:
-    """CUDA_VISIBLE_DEVICES and NVIDIA_VISIBLE_DEVICES on a node: their values where the collector and torch's import
-    ran, and where the node's environment files or the login user's startup files set them."""
-
-    environment: dict[str, str]
-    settings: list[LaunchSetting]  # each assignment of one of them: file, line, name, value
-
-    @classmethod
-    def from_probe(cls, value: dict[str, Any]) -> GpuVisibility:
-        settings = []
-        for path, lines in (value.get("files") or {}).items():
-            for number, line in lines:
-                match = ENV_ASSIGNMENT.match(line)
-                if match and match["name"] in VISIBILITY:
-                    settings.append(LaunchSetting(path, int(number), match["name"], match["value"].strip("'\";")))
-        return cls({str(k): str(v) for k, v in (value.get("environment") or {}).items()}, settings)
-
-    def set_in(self, name: str) -> list[str]:
-        """Where NAME is set on the node: 'FILE:LINE' each."""
-        return [f"{s.file}:{s.line}" for s in self.settings if s.name == name]
-
-
-@dataclass(frozen=True)
-class NetDev:
-    name: str
-    type: int | None  # ARP hardware type: 1 Ethernet, 32 InfiniBand, 772 loopback
-    bridge: bool
-    virtual: bool  # a software device (veth, bridge, docker0), not a NIC
-    operstate: str | None
-
-    @property
-    def loopback(self) -> bool:
-        return self.type == 772 or self.name == "lo"
-
-
-def netdevs_by_name(value: dict[str, Any]) -> dict[str, NetDev]:
-    """The collector's `netdevs` (each interface's sysfs type, bridge, virtual and operstate) by name."""
-    return {
-        name: NetDev(name, _int(d.get("type")), bool(d.get("bridge")), bool(d.get("virtual")), d.get("operstate"))
-        for name, d in value.items()
-        if isinstance(d, dict)
-    }
-
-
-def _int(text: Any) -> int | None:
-    try:
-        return int(str(text))
-    except ValueError:
-        return None
-
-
-@dataclass(frozen=True)
-class RdmaPort:
-    device: str  # mlx5_0
-    port: str
-    state: str | None  # ACTIVE, DOWN, INIT, ...
-    phys_state: str | None  # LinkUp, Disabled, Polling, ...
-    rate: str | None  # "400 Gb/sec (4X NDR)"
-    rate_gbps: float | None
-    link_layer: str | None  # InfiniBand or Ethernet (RoCE)
-
-    @property
-    def name(self) -> str:
-        return f"{self.device}:{self.port}"
-
-    @property
-    def active(self) -> bool:
-        return self.state == "ACTIVE" and self.phys_state == "LinkUp"
-
-
-def rdma_ports_of(value: dict[str, Any]) -> list[RdmaPort]:
-    """The collector's `infiniband` (/sys/class/infiniband/DEVICE/ports/PORT/{state,phys_state,rate,link_layer})
-    as ports; [] where the node has no RDMA device."""
-    return [
-        RdmaPort(
-            device,
-            port,
-            ib_field(p.get("state")),
-            ib_field(p.get("phys_state")),
-            p.get("rate"),
-            ib_rate_gbps(p.get("rate")),
-            p.get("link_layer"),
-        )
-        for device, ports in sorted(value.items())
-        if isinstance(ports, dict)
-        for port, p in sorted(ports.items())
-    ]
-
-
-def ib_field(text: str | None) -> str | None:
-    """/sys/class/infiniband/*/ports/*/state is "4: ACTIVE", phys_state "5: LinkUp": the name part."""
-    if text is None:
-        return None
-    return text.split(":", 1)[-1].strip() or None
-
-
-def ib_rate_gbps(text: str | None) -> float | None:
-    """'400 Gb/sec (4X NDR)' -> 400.0."""
-    match = re.match(r"\s*([\d.]+)\s*Gb/sec", text or "")
-    return float(match[1]) if match else None
-
-
-def mtus_by_iface(value: dict[str, Any]) -> dict[str, int]:
-    return {k: v for k, v in value.items() if isinstance(v, int)}
-
-
-def strings(value: list[Any]) -> list[str]:
-    if not isinstance(value, list):
-        raise TypeError(f"a list was expected, not {type(value).__name__}")
-    return [str(v) for v in value]
-
-
-def text(value: str) -> str:
-    if not isinstance(value, str):
-        raise TypeError(f"a string was expected, not {type(value).__name__}")
-    return value
-
-
-def count(value: Any) -> int | None:
-    return value if isinstance(value, int) else None
-
-
-def truth(value: Any) -> bool:
-    if not isinstance(value, bool):
-        raise TypeError(f"true or false was expected, not {type(value).__name__}")
-    return value
-
-
-def path(value: Any) -> str | None:
-    return value if isinstance(value, str) else None
-
-
-@dataclass(frozen=True)
-class DcgmDiag:
-    """`dcgmi diag -r LEVEL` on the node (run only with --dcgm-level)."""
-
-    level: int
-    tests: list[dict[str, Any]]  # {section, test, result, info?}
-    metadata: dict[str, str]
-    error: str | None = None  # why it gave no verdict (timed out, dcgmi failed)
-
-
-@dataclass(frozen=True)
-class GpuFigures:
-    """One GPU's figures from the node-side `gpubench` (None: not measured, `error` says why)."""
-
-    index: int  # torch's index (the CUDA runtime's order, which need not be nvidia-smi's)
-    bus_id: str | None  # as nvidia-smi writes it (00000000:18:00.0); None where torch does not give it
-    name: str | None
-    matmul_tflops: dict[str, float]  # bf16, tf32, fp32 -> dense multiply TFLOP/s
-    memory_gbps: float | None  # device-to-device copy, GB/s, bytes read and written counted (GpuBench.copy_counts)
-    h2d_gbps: float | None  # host to device over pinned memory, GB/s, each byte once
-    d2h_gbps: float | None
-    error: str | None = None  # why a figure is missing (out of memory, a CUDA error)
-    medians: dict[str, float] = field(default_factory=dict)  # report name -> the median repeat's figure
-
-    @property
-    def label(self) -> str:
-        """How a message names it: 'GPU 3 (00000000:5D:00.0)'."""
-        return f"GPU {self.index}" + (f" ({self.bus_id})" if self.bus_id else "")
-
-    def figure(self, name: str) -> float | None:
-        """A figure by its report name (matmul_bf16_tflops, memory_gbps, h2d_gbps, d2h_gbps): the best repeat's."""
-        if name.startswith("matmul_"):
-            return self.matmul_tflops.get(name.split("_")[1])
-        return getattr(self, name)
-
-    @classmethod
-    def from_answer(cls, entry: dict[str, Any]) -> GpuFigures:
-        def number(value: Any) -> float | None:
-            return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
-
-        matmul = {k: float(v) for k, v in (entry.get("matmul_tflops") or {}).items() if number(v) is not None}
-        medians = {f"matmul_{k}_tflops": v for k, v in (entry.get("matmul_tflops_median") or {}).items()}
-        medians |= {n: entry[f"{n}_median"] for n in ("memory_gbps", "h2d_gbps", "d2h_gbps") if f"{n}_median" in entry}
-        medians = {k: float(v) for k, v in medians.items() if number(v) is not None}
-        return cls(
-            int(entry["index"]),
-            entry.get("bus_id"),
-            entry.get("name"),
-            matmul,
-            number(entry.get("memory_gbps")),
-            number(entry.get("h2d_gbps")),
-            number(entry.get("d2h_gbps")),
-            entry.get("error") or (f"did not finish ({entry.get('phase')}), hung" if entry.get("hung") else None),
-            medians,
-        )
-
-
-@dataclass(frozen=True)
-class GpuBench:
-    """The node's GPUs measured (the core stage runs remote/gpubench.py): each GPU's figures, or why none were."""
-
-    gpus: tuple[GpuFigures, ...] = ()
-    problem: str | None = None  # why nothing was measured (torch sees no CUDA GPU, torch does not import)
-    failure: str | None = None  # the program ran and gave no figures: why (its exit, its errors, its timeout)
-    copy_counts: str | None = None  # how memory_gbps counts a copy's bytes ("read+written")
-    tf32_overrides: dict[str, str | None] = field(default_factory=dict)  # the node's TF32 override variables
-
-    @classmethod
-    def from_answer(cls, answer: dict[str, Any]) -> GpuBench:
-        """The program's JSON answer; one that measured nothing says why (its reason)."""
-        if not answer.get("cuda"):
-            return cls(problem=answer.get("reason") or "no CUDA GPU")
-        gpus = tuple(GpuFigures.from_answer(g) for g in answer.get("gpus") or [])
-        if not gpus:
-            return cls(problem="torch found no GPU to measure")
-        return cls(gpus, copy_counts=answer.get("copy_counts"), tf32_overrides=answer.get("tf32_overrides") or {})
-
-
-@dataclass(frozen=True)
-class Image:
-    """With --container, the image on one node (clustercheck/container.py reads it): its ID (the digest of its
-    configuration: the same image has the same ID on every node) and the repository digests it was pulled by, or
-    why it could not be read."""
-
-    image: str
-    id: str | None = None
-    digests: tuple[str, ...] = ()
-    docker_problem: str | None = None  # Docker itself cannot be used by the node user (not installed, no access)
-    image_problem: str | None = None  # Docker answers, the image is not there
-    python: str | None = None  # the image's python, once the environment was read inside it
-    refused: str | None = None  # Docker would not start the image (`docker run` exit 125): why
-
-    @property
-    def problem(self) -> str | None:
-        """Why the image cannot be used on the node (None when it can)."""
-        return self.docker_problem or self.image_problem
-
-
-@dataclass
 class NodeFacts:
-    """What was learnt on one node, parsed once."""
+    """What was learnt on one node, parsed once; frozen: a stage that learns more returns new facts."""
 
-    node: Node
-    python: str  # the python the collector ran with
-    python_source: str  # how it was chosen: inventory, /etc/clustercheck/python, --python, python3, ...
-    python_missing: str | None = None  # the configured python that does not exist, when we fell back
-    cluster_size: int = 1
-    clock_offset: float | None = None  # node clock minus control clock, seconds
-    clock_uncertainty: float | None = None
-    python_version: str | None = None
-    os: OsInfo | None = fact(node.os_facts, OsInfo.from_probe)
-    torch: Torch | None = None
-    imports: list[Package] = field(default_factory=list)  # torchvision, python_env_packages: the torch probe
-    smi: NvidiaSmi | None = None  # nvidia-smi -q; None when nvidia-smi is not there or failed
-    smi_error: str | None = None  # why nvidia-smi gave nothing (not found, or its last line)
-    kernel_log: str | None = None  # the last 24 hours (journalctl -k), else dmesg
-    xids: XidLog | None = None  # the driver's Xid lines since boot, and those that mark its loads and GPU resets
-    fabricmanager: str | None = None  # `systemctl is-active nvidia-fabricmanager`
-    nvswitches: int | None = fact(node.nvswitches, count)
-    time: TimeSync | None = None
-    firewall: Firewall | None = None
-    addresses: list[Address] | None = None
-    default_route: str | None = None  # `ip route get` output
-    mtus: dict[str, int] | None = fact(node.mtus, mtus_by_iface)
-    shm: Space | None = fact(node.shm, Space.from_probe)
-    disks: list[Space] | None = None
-    memlock: Memlock | None = fact(node.memlock, Memlock.from_probe)
-    neigh: NeighThresholds | None = fact(node.neigh_thresholds, NeighThresholds.from_probe)
-    hostname: Hostname | None = fact(node.hostname_facts, Hostname.from_probe)
-    packages: Packages | None = fact(node.packages, Packages.from_probe)
-    launch_env: list[LaunchSetting] | None = None
-    gpu_visibility: GpuVisibility | None = fact(node.gpu_visibility, GpuVisibility.from_probe)
-    netdevs: dict[str, NetDev] | None = fact(node.netdevs, netdevs_by_name)
-    rdma_ports: list[RdmaPort] | None = fact(node.infiniband, rdma_ports_of)  # [] where the node has no RDMA device
-    modules: list[str] | None = fact(node.kernel_modules, strings)  # loaded kernel modules
-    cmdline: str | None = fact(node.cmdline, text)  # /proc/cmdline
-    nvlink: dict[str, dict[str, Any]] | None = None  # nvidia-smi nvlink -s, parsed (parse.parse_nvlink_status)
-    nvlink_errors: dict[str, dict[str, Any]] | None = None  # nvidia-smi nvlink -e (parse.parse_nvlink_errors)
-    gpu_bridges: dict[str, list[str]] | None = None  # GPU BDF -> the bridges above it, root complex first
-    gpu_iommu: dict[str, str] = field(default_factory=dict)  # GPU BDF -> IOMMU domain type (identity, DMA, ...)
-    acs: dict[str, Any] = field(default_factory=dict)  # bridge BDF -> parse.parse_acs_control of its lspci -vvv
-    virt: str | None = None  # systemd-detect-virt --vm: none, kvm, microsoft, ...
-    dcgmi: str | None = fact(node.dcgmi, path)  # where dcgmi is installed
-    firewall_role_rules: bool | None = fact(node.firewall_role_rules, truth)  # the firewall role's rules in ufw
-    dcgm: DcgmDiag | None = None  # set by the core stage when --dcgm-level asks for it
-    gpu_bench: GpuBench | None = None  # set by the core stage when a gpu.* figure check is selected
-    gpu_burn: GpuBurn | None = None  # set by the core stage with run --burn (facts/burn.py)
-    slurm_job: bool | None = None  # node-health --slurm: whether a Slurm job runs on this node (None: not asked)
-    image: Image | None = None  # with --container: the image on this node; python and torch are then the image's
-    interface: str | None = None  # the cluster interface, chosen once (see collect.cluster_interface)
-    interface_how: str = "not found"
-    missing: dict[str, str] = field(default_factory=dict)  # field -> why it could not be collected
-    raw: dict[str, Any] = field(default_factory=dict)
-    models: expected_values.Catalog = field(default_factory=expected_values.shipped)  # shipped, and the user's
+    node: Node = given("the inventory")
+    python: str = given("the first command: the python the collector ran with")
+    python_source: str = given("the first command: how it was chosen (inventory, /etc/clustercheck/python, ...)")
+    python_missing: str | None = given("the first command: the configured python that does not exist", None)
+    cluster_size: int = given("the run: how many nodes it checks", 1)
+    clock_offset: float | None = given("the first command: node clock minus control clock, seconds", None)
+    clock_uncertainty: float | None = given("the first command: half its round trip", None)
+    python_version: str | None = collected("python", read=readers.python_version)
+    os: OsInfo | None = fact(remote.os_facts, OsInfo.from_probe)
+    torch: Torch | None = collected("torch", read=readers.torch)
+    imports: list[Package] = collected("torch", read=readers.imports, factory=list)  # torchvision, python_env_packages
+    smi: NvidiaSmi | None = collected("commands.nvidia_smi_q", "gpu_processes", read=readers.smi)  # nvidia-smi -q
+    smi_error: str | None = collected("commands.nvidia_smi_q", read=readers.smi_error)  # why nvidia-smi gave nothing
+    kernel_log: str | None = collected("commands.kernel_log", "commands.dmesg", read=readers.kernel_log)
+    xids: XidLog | None = collected("commands.xids", read=readers.xids)  # the driver's Xid lines since boot
+    fabricmanager: str | None = collected("commands.fabricmanager", read=readers.fabricmanager)  # systemctl is-active
+    nvswitches: int | None = fact(remote.nvswitches, count)
+    time: TimeSync | None = collected("commands.timedatectl", "commands.chronyc", read=readers.time)
+    firewall: Firewall | None = collected("commands.ufw", "commands.nft", "commands.iptables", read=readers.firewall)
+    addresses: list[Address] | None = collected("commands.ip_addr", read=readers.addresses)
+    default_route: str | None = collected("commands.ip_route", read=readers.default_route)  # `ip route get` output
+    mtus: dict[str, int] | None = fact(remote.mtus, mtus_by_iface)
+    shm: Space | None = fact(remote.shm, Space.from_probe)
+    disks: list[Space] | None = collected("disk_root", "disk_tmp", read=readers.disks)
+    memlock: Memlock | None = fact(remote.memlock, Memlock.from_probe)
+    neigh: NeighThresholds | None = fact(remote.neigh_thresholds, NeighThresholds.from_probe)
+    hostname: Hostname | None = fact(remote.hostname_facts, Hostname.from_probe)
+    packages: Packages | None = fact(remote.packages, Packages.from_probe)
+    launch_env: list[LaunchSetting] | None = collected("launch_files", read=readers.launch_env)
+    gpu_visibility: GpuVisibility | None = fact(remote.gpu_visibility, GpuVisibility.from_probe)
+    netdevs: dict[str, NetDev] | None = fact(remote.netdevs, netdevs_by_name)
+    rdma_ports: list[RdmaPort] | None = fact(remote.infiniband, rdma_ports_of)  # [] where the node has no RDMA device
+    modules: list[str] | None = fact(remote.kernel_modules, strings)  # loaded kernel modules
+    cmdline: str | None = fact(remote.cmdline, text)  # /proc/cmdline
+    nvlink: dict[str, dict[str, Any]] | None = collected("commands.nvlink", read=readers.nvlink)  # nvidia-smi nvlink -s
+    nvlink_errors: dict[str, dict[str, Any]] | None = collected("commands.nvlink_errors", read=readers.nvlink_errors)
+    gpu_bridges: dict[str, list[str]] | None = collected("gpu_bridges", read=readers.gpu_bridges)  # root complex first
+    gpu_iommu: dict[str, str] = collected("gpu_bridges", read=readers.gpu_iommu, factory=dict)  # BDF -> IOMMU domain
+    acs: dict[str, Any] = collected("gpu_bridges", read=readers.acs, factory=dict)  # bridge BDF -> its ACS control
+    virt: str | None = collected("commands.virt", read=readers.virt)  # systemd-detect-virt --vm: none, kvm, ...
+    dcgmi: str | None = fact(remote.dcgmi, path)  # where dcgmi is installed
+    firewall_role_rules: bool | None = fact(remote.firewall_role_rules, truth)  # the firewall role's rules in ufw
+    dcgm: DcgmDiag | None = learnt("the core stage, when --dcgm-level asks for it (stages/gpuwork.py)")
+    gpu_bench: GpuBench | None = learnt("the core stage, when a gpu.* figure check is selected (stages/gpuwork.py)")
+    gpu_burn: GpuBurn | None = learnt("the core stage, with run --burn (stages/gpuwork.py, facts/burn.py)")
+    slurm_job: bool | None = learnt("node-health --slurm: whether a Slurm job runs on this node (None: not asked)")
+    image: Image | None = learnt(
+        "with --container, the image on this node (stages/image.py); python and torch are then the image's"
+    )
+    interface: str | None = derived(
+        lambda facts: readers.cluster_interface(facts)[0], "the cluster interface, chosen once"
+    )
+    interface_how: str = derived(lambda facts: readers.cluster_interface(facts)[1], "how it was chosen", "not found")
+    missing: dict[str, str] = kept("the collector: field -> why it could not be collected")
+    raw: dict[str, Any] = given("the collector's answer, kept for the run directory", factory=dict)
+    models: expected_values.Catalog = given(
+        "the run: the expected values, shipped and the user's", factory=expected_values.shipped
+    )
 
     @property
     def expected(self) -> expected_values.Match:
@@ -552,5 +258,13 @@ class NodeFacts:
 
 
 def declared() -> dict[str, Fact]:
-    """Every declared fact, by the NodeFacts field it fills."""
+    """Every fact a probe reports under a key of its own, by the NodeFacts field it fills."""
     return {f.name: f.metadata["fact"] for f in fields(NodeFacts) if "fact" in f.metadata}
+
+
+def declarations() -> dict[str, Fact | Collected | Source]:
+    """Every NodeFacts field's declaration (where its value comes from), by name."""
+    return {
+        f.name: next(f.metadata[kind] for kind in ("fact", "collected", "source") if kind in f.metadata)
+        for f in fields(NodeFacts)
+    }

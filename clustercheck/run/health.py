@@ -342,7 +342,5 @@ def judge(
     facts = collect.build(
         node, raw, python=python, python_source=source, python_missing=missing, cluster_size=CLUSTER_MEMBER
     )
-    if models is not None:
-        facts.models = models
-    facts.slurm_job = slurm_job
+    facts = replace(facts, slurm_job=slurm_job, **({"models": models} if models is not None else {}))
     return registry.run_node_checks(facts)

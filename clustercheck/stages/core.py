@@ -10,21 +10,35 @@ import sys
 import time
 from dataclasses import dataclass, field, replace
 
-from clustercheck import container
 from clustercheck.checks import connection, gpuburn, gpuperf, registry
-from clustercheck.checks.collectives import COLLECTIVES, LOCAL_PREFIX
-from clustercheck.checks.gpu import DCGM_DEADLINES
-from clustercheck.facts import collect, parse
-from clustercheck.facts.burn import GpuBurn
-from clustercheck.facts.model import DcgmDiag, GpuBench, Image, NodeFacts
+from clustercheck.facts import collect, firstcommand
+from clustercheck.facts.model import NodeFacts
 from clustercheck.inventory import Node
 from clustercheck.model import CheckResult, Status
-from clustercheck.stages import Context, Member, bundle, collectives, evidence, network, nodeprogram, shared
+from clustercheck.stages import (
+    Context,
+    Member,
+    bundle,
+    evidence,
+    gpuwork,
+    image,
+    localjob,
+    nodeprogram,
+    packagelist,
+    shared,
+)
+
+# What run/pipeline.py, launcher/connect.py and stages/shared.py reach through this module, moved to the modules
+# named for what they do.
+from clustercheck.stages.image import collector_args as collector_args
+from clustercheck.stages.image import in_image as in_image
+from clustercheck.stages.localjob import LOCAL_NAMES as LOCAL_NAMES
+from clustercheck.stages.localjob import local_collectives as local_collectives
+from clustercheck.stages.localjob import local_port as local_port
 from clustercheck.transport import CommandResult, Transport, parse_stale, stale_sweep_script
 
 NAME = "core"
 RECORDED_PYTHON = "/etc/clustercheck/python"
-LOCAL_NAMES = tuple(LOCAL_PREFIX + n for n in COLLECTIVES)
 
 
 class Aborted(Exception):
@@ -39,7 +53,7 @@ class HostOutcome:
 
 SWEEP_TIME = 30.0  # seconds the startup sweep may add to the first command (a GPU node runs hundreds of processes)
 
-# The facts collector after the first command's steps, in the same command (parse.first_script's THEN; arguments:
+# The facts collector after the first command's steps, in the same command (firstcommand.first_script's THEN; arguments:
 # the work directory, the bundle's SHA-256 when it goes on standard input (else empty), the collector's own): with
 # the python found, else python3 without torch; the bundle installed first when it comes along (bundle.INSTALL).
 COLLECT = (
@@ -62,7 +76,7 @@ class Collected:
 class NodeStart:
     """What the first command on a node found (`start`)."""
 
-    identity: parse.Identity | None
+    identity: firstcommand.Identity | None
     python: str  # the python to run the node-side programs with
     source: str  # where it came from
     missing: str | None  # the python asked for, when it does not start (python3 is used then)
@@ -110,9 +124,9 @@ class Pythons:
 
 class Arrivals:
     """The first command's output as it streams in, and when its parts came: the clock line first (the clock
-    offset is taken then), then, WITH_COLLECTOR, the collector's output after parse.FACTS_LINE."""
+    offset is taken then), then, WITH_COLLECTOR, the collector's output after firstcommand.FACTS_LINE."""
 
-    MARKER = parse.FACTS_LINE + "\n"
+    MARKER = firstcommand.FACTS_LINE + "\n"
 
     def __init__(self, with_collector: bool) -> None:
         self.with_collector = with_collector
@@ -163,11 +177,11 @@ def start(
     if collect is not None:
         took = max(took, collect_timeout)  # the collector's deadline is the command's: a hung step eats into it
     before = time.time()
-    answer = transport.run(argv, timeout=took, stdin=stdin, on_output=arrivals.take)
+    answer = nodeprogram.run(transport, argv, timeout=took, stdin=stdin, on_output=arrivals.take)
     ended = time.time()
     if collect is not None:
         bundle.carried(transport, stdin, answer)
-    found = parse.parse_first(arrivals.text)
+    found = firstcommand.parse_first(arrivals.text)
     collected = collected_facts(transport.host, found, answer, arrivals, ended, took)
     return node_start(found, answer, pythons, clock(found, arrivals, before), sweep, collect is not None, collected)
 
@@ -178,7 +192,7 @@ def first_command(
     """The first command's argv and standard input (the bundle, when the collector runs and it is not on the
     node yet)."""
     sweeping = stale_sweep_script(transport.run_id) if sweep else None
-    script = parse.first_script(RECORDED_PYTHON, sweeping, COLLECT if collect is not None else None)
+    script = firstcommand.first_script(RECORDED_PYTHON, sweeping, COLLECT if collect is not None else None)
     argv = ["sh", "-c", script, "sh", pythons.asked, pythons.fallback, str(int(max(1.0, timeout)))]
     if collect is None:
         return argv, None
@@ -187,7 +201,7 @@ def first_command(
 
 
 def collected_facts(
-    host: str, found: parse.FirstAnswer, answer: CommandResult, arrivals: Arrivals, ended: float, took: float
+    host: str, found: firstcommand.FirstAnswer, answer: CommandResult, arrivals: Arrivals, ended: float, took: float
 ) -> Collected | None:
     """The collector's part of the first command (None when it did not start), judged as the `facts` program's
     answer, and its own seconds."""
@@ -198,7 +212,7 @@ def collected_facts(
     return Collected(raw, output, ended - (arrivals.collector_at or ended))
 
 
-def clock(found: parse.FirstAnswer, arrivals: Arrivals, before: float) -> tuple[float | None, float | None]:
+def clock(found: firstcommand.FirstAnswer, arrivals: Arrivals, before: float) -> tuple[float | None, float | None]:
     """(node clock minus control clock, its uncertainty): the node's clock line against the moment it arrived,
     less half the round trip since the command was sent at BEFORE."""
     if found.clock is None or arrivals.clock_at is None:
@@ -208,7 +222,7 @@ def clock(found: parse.FirstAnswer, arrivals: Arrivals, before: float) -> tuple[
 
 
 def node_start(
-    found: parse.FirstAnswer,
+    found: firstcommand.FirstAnswer,
     answer: CommandResult,
     pythons: Pythons,
     offset: tuple[float | None, float | None],
@@ -306,21 +320,23 @@ def run_host(node: Node, transport: Transport, ctx: Context, step, begun: NodeSt
     )
     if config.container is not None:
         step(f"the environment in image {config.container.image}")
-        facts = in_image(node, transport, config.container, facts, collector_args(node, config), config.command_timeout)
-        environment = {key: facts.raw.get(key) for key in ENVIRONMENT}
+        facts = image.in_image(
+            node, transport, config.container, facts, image.collector_args(node, config), config.command_timeout
+        )
+        environment = {key: facts.raw.get(key) for key in image.ENVIRONMENT}
         (host_dir / "image.json").write_text(json.dumps(environment, indent=1) + "\n")
-    facts.models = config.models
-    outcome.facts = facts
-    write_packages(facts, host_dir)
+    facts = replace(facts, models=config.models)
+    packagelist.write_packages(facts, host_dir)
     if config.dcgm_level and facts.dcgmi and facts.smi is not None:
         step(f"DCGM diagnostic level {config.dcgm_level}")
-        facts.dcgm = dcgm_diag(facts.dcgmi, config.dcgm_level, transport, host_dir)
+        facts = replace(facts, dcgm=gpuwork.dcgm_diag(facts.dcgmi, config.dcgm_level, transport, host_dir))
     if facts.smi is not None and gpuperf.wanted(selection):
         step("the GPUs measured")
-        facts.gpu_bench = measure_gpus(facts, transport, ctx, host_dir)
+        facts = replace(facts, gpu_bench=gpuwork.measure_gpus(facts, transport, ctx, host_dir))
     if config.burn_seconds and facts.smi is not None and gpuburn.wanted(selection):
         step(f"the GPUs under load for {config.burn_seconds:g} s")
-        facts.gpu_burn = burn_gpus(facts, transport, ctx, host_dir)
+        facts = replace(facts, gpu_burn=gpuwork.burn_gpus(facts, transport, ctx, host_dir))
+    outcome.facts = facts
     outcome.results.append(
         registry.get("facts").result(
             node.name,
@@ -333,133 +349,8 @@ def run_host(node: Node, transport: Transport, ctx: Context, step, begun: NodeSt
         outcome.results = evidence.noted(outcome.results, evidence.keep(facts, transport, host_dir))
     if not shared.defers_local(ctx.hosts, selection):  # else the run's torch job runs them (stages/shared.py)
         step("collectives on the node")
-        outcome.results += local_collectives(facts, transport, ctx)
+        outcome.results += localjob.local_collectives(facts, transport, ctx)
     return outcome
-
-
-ENVIRONMENT = ("python", "packages", "torch")  # the collector's keys that --environment-only reads in an image
-
-
-def in_image(
-    node: Node, transport: Transport, box: container.Container, facts: NodeFacts, collector: list[str], timeout: float
-) -> NodeFacts:
-    """FACTS (the host's) with the environment in image BOX in place of the host's (read_image), and the image
-    (facts.image): the core stage's and the launch's one way to it."""
-    image, environment = read_image(node, transport, box, collector, timeout, facts.gpus_present > 0)
-    rebuilt = collect.build(
-        node,
-        {**facts.raw, **environment},
-        python=facts.python,  # the host's, which the node-side helpers (network, data, records) still run with
-        python_source=facts.python_source,
-        cluster_size=facts.cluster_size,
-        clock_offset=facts.clock_offset,
-        clock_uncertainty=facts.clock_uncertainty,
-    )
-    rebuilt.image = image
-    return rebuilt
-
-
-def read_image(
-    node: Node, transport: Transport, box: container.Container, collector: list[str], timeout: float, gpus: bool
-) -> tuple[Image, dict]:
-    """With --container BOX: the image on the node (container.image_of) and, when it is there, the environment
-    inside it (the facts collector, with the arguments COLLECTOR and --environment-only: python, packages, torch),
-    as the collector's keys (ENVIRONMENT); a key is an error where it could not be read. Each command within
-    TIMEOUT seconds; GPUS: the node has GPUs (the image then gets them)."""
-    inspected = transport.run(box.inspect(), timeout=timeout)
-    image = container.image_of(box, inspected, node.user)
-    if image.problem:
-        return image, {"python": {}, "packages": {"error": image.problem}, "torch": {"error": image.problem}}
-    program = [bundle.path(transport.workdir), "facts", *collector, "--environment-only"]
-    argv = box.python(program, workdir=transport.workdir, gpus=gpus)
-    answer = nodeprogram.call(transport, argv, program="facts --environment-only", timeout=timeout)
-    if answer.failure is not None:
-        refused = answer.result.exit_status == container.DOCKER_REFUSED
-        docker_said = "docker: " in answer.result.stderr  # Docker's own error, not the program's
-        said = container.run_problem(answer.result) if docker_said else answer.failure.cause
-        why = f"the environment in image {box.image} could not be read: {said}"
-        image = replace(image, refused=why if refused else None)
-        return image, {"python": {}, "packages": {"error": why}, "torch": {"error": why}}
-    raw = answer.value
-    python = (raw.get("python") or {}).get("executable")
-    return replace(image, python=python), {k: raw.get(k) for k in ENVIRONMENT}
-
-
-def collector_args(node: Node, config) -> list[str]:
-    """The facts collector's arguments in the core stage: its deadline for torch's import, the packages to import."""
-    args = [str(max(10.0, config.command_timeout - 15))]
-    for package in node.packages:
-        args += ["--package", package]
-    return args
-
-
-def dcgm_diag(dcgmi: str, level: int, transport: Transport, host_dir) -> DcgmDiag:
-    """`dcgmi diag -r LEVEL` with the level's deadline; its output kept as hosts/<node>/dcgm-diag.txt."""
-    deadline = DCGM_DEADLINES[level]
-    result = transport.run([dcgmi, "diag", "-r", str(level)], timeout=deadline)
-    (host_dir / "dcgm-diag.txt").write_text(result.stdout + result.stderr)
-    parsed = parse.parse_dcgmi_diag(result.stdout)
-    error = None
-    if result.timed_out:
-        error = f"no verdict within {deadline:.0f} s (stopped)"
-    elif not parsed["tests"]:
-        error = "no test result in its output" if result.ok else result.cause()
-    return DcgmDiag(level, parsed["tests"], parsed["metadata"], error)
-
-
-def gpu_program(
-    facts: NodeFacts, transport: Transport, ctx: Context, host_dir, program: str, *args: str, timeout: float
-) -> nodeprogram.Answer | str:
-    """PROGRAM of the bundle on the node's GPUs (gpubench, gpuburn), run by torch's python (in the image with
-    --container), its answer kept as hosts/<node>/PROGRAM.json; or why it cannot run (torch does not import)."""
-    problem = facts.torch_problem
-    if problem:
-        return f"torch does not import ({problem})"
-    box = ctx.config.container
-    return nodeprogram.bundled(
-        transport,
-        facts.torch_python,
-        program,
-        *args,
-        timeout=timeout,
-        kept=host_dir / f"{program}.json",
-        wrap=None if box is None else lambda argv: box.run(argv, workdir=transport.workdir, gpus=True),
-    )
-
-
-def measure_gpus(facts: NodeFacts, transport: Transport, ctx: Context, host_dir) -> GpuBench:
-    """Every GPU of the node measured at once (gpubench), or why not (torch does not import, the program failed)."""
-    answer = gpu_program(facts, transport, ctx, host_dir, "gpubench", timeout=ctx.config.command_timeout)
-    if isinstance(answer, str):
-        return GpuBench(problem=answer)
-    if answer.failure is not None:
-        return GpuBench(failure=answer.failure.cause)
-    return GpuBench.from_answer(answer.value)
-
-
-def burn_gpus(facts: NodeFacts, transport: Transport, ctx: Context, host_dir) -> GpuBurn:
-    """Every GPU of the node under load for --burn's length (gpuburn), or why not. Its deadline: the length, and
-    the facts collector's deadline for torch's import, the fixed computations and the kernel log."""
-    seconds = ctx.config.burn_seconds or 0
-    timeout = seconds + ctx.config.command_timeout
-    answer = gpu_program(facts, transport, ctx, host_dir, "gpuburn", "--seconds", f"{seconds:g}", timeout=timeout)
-    if isinstance(answer, str):
-        return GpuBurn(problem=answer)
-    if answer.failure is not None:
-        return GpuBurn(failure=answer.failure.cause)
-    return GpuBurn.from_answer(answer.value)
-
-
-def write_packages(facts: NodeFacts, host_dir) -> None:
-    """The node's full package lists into the run directory (what consistency.packages compares), in
-    `pip freeze` and `conda list --export` form."""
-    if facts.packages is None:
-        return
-    lines = [f"# {facts.host}: {facts.environment} ({facts.packages.prefix})", "# pip"]
-    lines += [f"{name}=={version}" for name, version in sorted(facts.packages.pip.items())]
-    if facts.packages.conda is not None:
-        lines += ["# conda"] + [f"{name}={version}" for name, version in sorted(facts.packages.conda.items())]
-    (host_dir / "packages.txt").write_text("\n".join(lines) + "\n")
 
 
 def _facts_error(node: Node, message: str) -> CheckResult:
@@ -471,37 +362,6 @@ def _facts_error(node: Node, message: str) -> CheckResult:
             "Look at facts.stderr in the run directory; check that python3 runs on the node.",
         ),
     )
-
-
-def local_collectives(facts: NodeFacts, transport: Transport, ctx: Context) -> list[CheckResult]:
-    """local.* on one node; not run when deselected, when torch does not import, or on a one-node run whose
-    collectives stage is this very job."""
-    name = facts.host
-    selection = ctx.config.selection
-    checks = [registry.get(n) for n in LOCAL_NAMES]
-    if len(ctx.hosts) == 1 and selection.stage_selected("collectives"):
-        why = "on one node the collectives stage runs this very job"
-        return [c.not_run(name, why) for c in checks]
-    if not any(selection.check_selected(n) for n in LOCAL_NAMES):
-        return [c.not_run(name, selection.why_not_check(c.name)) for c in checks]
-    problem = facts.torch_problem
-    if problem:
-        return [c.not_run(name, "torch does not import") for c in checks]
-    member = Member(facts.node, transport, facts, "127.0.0.1", "lo", None, facts.gpus_for_torch)
-    results = collectives.run_local(member, ctx, local_port(transport, facts.python))
-    return [
-        r if selection.check_selected(r.name) else registry.get(r.name).not_run(name, selection.why_not_check(r.name))
-        for r in results
-    ]
-
-
-def local_port(transport: Transport, python: str) -> int:
-    """A port free on the node's loopback for its node-local job, never the master port: a stale process there is
-    the network stage's finding (network.master_port), not the node-local collectives'."""
-    answer = nodeprogram.bundled(transport, python, "netprobe", "free-port", timeout=30, kind=int)
-    if answer.value is not None and 1024 <= answer.value <= 65535:
-        return answer.value
-    return network.pick_ephemeral_port()
 
 
 def members(nodes: list[Node], transports: dict[str, Transport], facts: dict[str, NodeFacts]) -> list[Member]:

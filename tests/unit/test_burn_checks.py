@@ -5,6 +5,7 @@ clock, a moved ECC count, another bus id), and each test says which."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -264,9 +265,11 @@ def test_every_burn_check_skips_without_burn_and_with_the_program_s_reason():
     for check in gpuburn.NAMES:
         found = registry.get(check).function(facts)
         assert (found.status, found.message) == (Status.SKIP, gpuburn.NOT_ASKED)
-    facts.gpu_burn = GpuBurn.from_answer({"cuda": False, "reason": "torch sees no CUDA GPU", "gpus": []})
+    facts = replace(
+        facts, gpu_burn=GpuBurn.from_answer({"cuda": False, "reason": "torch sees no CUDA GPU", "gpus": []})
+    )
     assert registry.get("gpu.burn.sdc").function(facts).message == "torch sees no CUDA GPU"
-    facts.gpu_burn = GpuBurn(failure="timed out after 720 s")
+    facts = replace(facts, gpu_burn=GpuBurn(failure="timed out after 720 s"))
     assert registry.get("gpu.burn.xid").function(facts).status is Status.FAIL
 
 
@@ -306,7 +309,7 @@ def test_the_core_stage_runs_gpuburn_for_the_length_asked_and_keeps_its_answer(t
 
     from clustercheck.facts import collect
     from clustercheck.inventory import Node
-    from clustercheck.stages import bundle, core
+    from clustercheck.stages import bundle, gpuwork
     from clustercheck.transport import CommandResult
 
     raw = json.loads((Path(__file__).parent / "records" / "facts-debian12-localhost.json").read_text())
@@ -314,13 +317,13 @@ def test_the_core_stage_runs_gpuburn_for_the_length_asked_and_keeps_its_answer(t
     ctx = SimpleNamespace(config=SimpleNamespace(command_timeout=120.0, container=None, burn_seconds=600.0))
     said = json.dumps(answer())
     node = FakeNode("gpunode3", CommandResult(0, f"{said}\n", ""))
-    loaded = core.burn_gpus(facts, node, ctx, tmp_path)
+    loaded = gpuwork.burn_gpus(facts, node, ctx, tmp_path)
     argv = ["/opt/env/bin/python", bundle.path(node.workdir), "gpuburn", "--seconds", "600"]
     assert node.sent[-1][:2] == (argv, 720.0)  # the length, and the collector's deadline for the rest
     assert len(loaded.gpus) == 4 and len(loaded.samples) == 28
     assert (tmp_path / "gpuburn.json").read_text() == f"{said}\n"
     crashed = FakeNode("gpunode4", CommandResult(None, "", "", timed_out=True))
-    facts.gpu_burn = core.burn_gpus(facts, crashed, ctx, tmp_path)
+    facts = replace(facts, gpu_burn=gpuwork.burn_gpus(facts, crashed, ctx, tmp_path))
     found = registry.get("gpu.burn.load").function(facts)
     assert (found.status, found.message) == (
         Status.FAIL,

@@ -144,12 +144,11 @@ def test_consistency_checks_read_the_typed_facts_of_every_node():
 
 
 def test_clock_offsets_within_the_bound():
-    nodes = [node_facts(name=f"n{i}") for i in range(3)]
-    for n, offset in zip(nodes, (0.01, -0.02, 0.03), strict=True):
-        n.clock_offset = offset
+    offsets = (0.01, -0.02, 0.03)
+    nodes = [replace(node_facts(name=f"n{i}"), clock_offset=offset) for i, offset in enumerate(offsets)]
     config = type("Config", (), {"clock_bound": 0.5})()
     assert consistency.clocks(nodes, config).status is Status.PASS
-    nodes[2].clock_offset = 2.0
+    nodes[2] = replace(nodes[2], clock_offset=2.0)
     late = consistency.clocks(nodes, config)
     assert late.status is Status.FAIL and "n2 is +1.990 s" in late.message
     offsets = {m.labels["host"]: (m.metric.name, m.value) for m in late.measures}  # typed, for the metrics
@@ -161,12 +160,12 @@ def test_clock_offsets_read_over_slow_answers_differ_only_beyond_their_error():
     answer that took up to 2 s): not a difference; a clock 2 s off is one whatever the error."""
     nodes = [node_facts(name=f"n{i}") for i in range(3)]
     config = type("Config", (), {"clock_bound": 0.5})()
-    for n, offset, error in zip(nodes, (0.5, -0.4, 0.1), (0.9, 0.6, 0.2), strict=True):
-        n.clock_offset, n.clock_uncertainty = offset, error
+    for i, offset, error in zip(range(3), (0.5, -0.4, 0.1), (0.9, 0.6, 0.2), strict=True):
+        nodes[i] = replace(nodes[i], clock_offset=offset, clock_uncertainty=error)
     coarse = consistency.clocks(nodes, config)
     assert coarse.status is Status.PASS, coarse.message
     assert coarse.message.startswith("no two clocks known to differ by more than 0.5 s: within 0.900 s")
-    nodes[2].clock_offset = 3.0
+    nodes[2] = replace(nodes[2], clock_offset=3.0)
     late = consistency.clocks(nodes, config)
     assert late.status is Status.FAIL and "n2 is +2.500 s" in late.message and "n0" not in late.message
 
@@ -242,7 +241,7 @@ def test_a_small_shm_a_small_tmp_and_a_stopped_chrony_fail_with_their_causes():
 def test_shm_between_the_failure_and_the_recommended_size_warns():
     facts = recorded_node("facts-node3-shm-tmp-chrony.json")
     half = 512 << 20
-    facts.shm = type(facts.shm)("/dev/shm", half, half)
+    facts = replace(facts, shm=type(facts.shm)("/dev/shm", half, half))
     result = by_name(facts)["shm.size"]
     assert result.status is Status.WARN and "0.50 GiB, less than 1 GiB" in result.message
 

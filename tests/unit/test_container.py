@@ -105,7 +105,7 @@ def test_dockers_own_refusal_is_the_line_given_with_what_to_do_about_memlock():
 def with_image(name: str, answer: str, **kw):
     facts = node_facts(name=name, **kw)
     found = image_of(Container("cc-torch:test"), recorded(answer))
-    facts.image = found if found.problem else replace(found, python="/usr/bin/python3")
+    facts = replace(facts, image=found if found.problem else replace(found, python="/usr/bin/python3"))
     return facts
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from test_pipeline import FIRST, NAMES, Cluster, by_key, first_answer, is_first
 
 from clustercheck.checks import connection
-from clustercheck.facts.parse import parse_identity
+from clustercheck.facts.firstcommand import parse_identity
 from clustercheck.model import Status
 from clustercheck.selection import Selection
 from clustercheck.transport import CommandResult

@@ -9,6 +9,7 @@ import gzip
 import json
 import os
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -136,7 +137,7 @@ def test_how_the_script_ended_is_said():
 
 def test_xid_lines_older_than_the_kernel_log_s_day_come_first():
     _, facts = failing_node()
-    facts.kernel_log = "May 19 08:00:00 kernel: nvidia-nvlink: Nvlink Core is being initialized\n"
+    facts = replace(facts, kernel_log="May 19 08:00:00 kernel: nvidia-nvlink: Nvlink Core is being initialized\n")
     assert evidence.gpu_lines(facts) == [
         "May 18 19:02:39 kernel: NVRM: Xid (PCI:0000:2b:00): 79, GPU has fallen off the bus.",
         "May 19 08:00:00 kernel: nvidia-nvlink: Nvlink Core is being initialized",

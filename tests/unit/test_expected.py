@@ -5,6 +5,7 @@ line and exit code 4, and the checks judge against the model's figures (or say t
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -112,7 +113,7 @@ def test_nvlink_links_against_the_model():
     own = expected.Catalog(expected.shipped().models.values())
     own.add(expected.Model("H100 SXM", (), {"nvlink_link_gbps": expected.Figure(26)}, ("own.yml",)))
     facts = node_facts(smi=h100, commands={"nvlink": {"rc": 0, "out": "\n".join(lines) + "\n"}})
-    facts.models = own
+    facts = replace(facts, models=own)
     slow = by_name(facts)["gpu.nvlink"]
     assert slow.status is Status.WARN and "link(s) 0 at 25.781 GB/s, 1 at 25.781 GB/s" in slow.message
     assert "below 26 GB/s" in slow.message
@@ -137,7 +138,7 @@ def test_a_users_file_overrides_figures_and_adds_models(tmp_path):
     assert h100.get("gpus_per_node") == [1, 2, 4, 8] and h100.get("nvlink_links") == 18  # the rest is kept
     assert h100.files == ("clustercheck/expected/h100-sxm.yml", str(own))
     facts = node_facts(smi=H800)
-    facts.models = catalog
+    facts = replace(facts, models=catalog)
     count = by_name(facts)["gpu.count"]
     assert count.status is Status.WARN and "H800 boards carry 8" in count.message and str(own) in count.message
     assert expected.shipped().models.get("h800") is None  # the shipped catalog is untouched

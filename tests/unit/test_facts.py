@@ -12,6 +12,7 @@ import pytest
 
 from clustercheck.facts import collect, model
 from clustercheck.facts import parse as facts
+from clustercheck.facts import smi as smi_parse
 from clustercheck.inventory import Node
 from clustercheck.remote import facts as node
 
@@ -21,7 +22,7 @@ H800 = (DATA / "nvidia-smi-q-h800.txt").read_text()
 
 
 def test_nvidia_smi_q_of_a_real_h800():
-    smi = facts.parse_nvidia_smi_q(H800)
+    smi = smi_parse.parse_nvidia_smi_q(H800)
     assert smi.driver == "525.105.17"
     assert smi.cuda == "12.0"
     assert len(smi.gpus) == 1  # -q -i 0: one of the eight GPUs
@@ -55,7 +56,7 @@ def test_hardware_slowdown_ecc_and_processes_are_seen():
             "            Name                          : python",
         ),
     )
-    gpu = facts.parse_nvidia_smi_q(text).gpus[0]
+    gpu = smi_parse.parse_nvidia_smi_q(text).gpus[0]
     assert gpu.throttle_active == ["HW Thermal Slowdown"]
     assert gpu.ecc_uncorrected == 2
     assert [(p.pid, p.type, p.name, p.used_mib) for p in gpu.processes] == [(4242, "C", "python", None)]
@@ -64,7 +65,7 @@ def test_hardware_slowdown_ecc_and_processes_are_seen():
 def test_two_gpus_are_two_entries():
     first_gpu = H800[H800.index("GPU 00000000:18:00.0") :]
     text = H800 + first_gpu.replace("00000000:18:00.0", "00000000:2A:00.0")
-    assert [g.bus_id for g in facts.parse_nvidia_smi_q(text).gpus] == ["00000000:18:00.0", "00000000:2A:00.0"]
+    assert [g.bus_id for g in smi_parse.parse_nvidia_smi_q(text).gpus] == ["00000000:18:00.0", "00000000:2A:00.0"]
 
 
 def test_xid_lines_of_the_kernel_log():

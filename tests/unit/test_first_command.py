@@ -16,7 +16,7 @@ import pytest
 from fakes import FakeNode
 from test_pipeline import FIRST, first_answer
 
-from clustercheck.facts import parse
+from clustercheck.facts import firstcommand
 from clustercheck.inventory import Node
 from clustercheck.model import Status
 from clustercheck.stages import bundle, core
@@ -25,7 +25,7 @@ from clustercheck.transport.local import LocalTransport
 
 
 def test_the_recorded_first_commands_are_read_line_by_line():
-    plain = parse.parse_first(FIRST["node1"])
+    plain = firstcommand.parse_first(FIRST["node1"])
     assert plain.clock == pytest.approx(1795698976.229440275)
     assert plain.identity.hostname == "node1" and plain.identity.boot_id == "b9a2b2cd-1437-41d4-8a3e-daef3834d9dc"
     assert (plain.shell, plain.home, plain.recorded, plain.python, plain.python_runs) == (
@@ -36,13 +36,13 @@ def test_the_recorded_first_commands_are_read_line_by_line():
         True,
     )
     assert plain.leftovers == ""  # swept, nothing found
-    assert parse.parse_first(FIRST["node1-missing-python"]).python_runs is False
-    recorded = parse.parse_first(FIRST["node2"])
+    assert firstcommand.parse_first(FIRST["node1-missing-python"]).python_runs is False
+    recorded = firstcommand.parse_first(FIRST["node2"])
     assert recorded.recorded == recorded.python == "/usr/bin/python3"
-    left = parse.parse_first(FIRST["node3"])
+    left = firstcommand.parse_first(FIRST["node3"])
     assert left.leftovers.startswith("746\tdeadbeef0001\tsleep 600")
     # Cut short (a node that closed the session): nothing made up.
-    cut = parse.parse_first(FIRST["node1"][:40])
+    cut = firstcommand.parse_first(FIRST["node1"][:40])
     assert cut.python_runs is None and cut.leftovers is None and cut.identity is None
 
 

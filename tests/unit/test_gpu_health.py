@@ -6,12 +6,14 @@ from __future__ import annotations
 import json
 import os
 import pwd
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from clustercheck.checks import registry, xid_catalog
-from clustercheck.facts import collect, parse
+from clustercheck.facts import collect
+from clustercheck.facts import smi as smi_parse
 from clustercheck.inventory import Node
 from clustercheck.model import Status
 from clustercheck.remote import facts as node
@@ -157,7 +159,7 @@ def test_node_health_drains_on_a_hardware_xid():
 
 
 def test_each_process_of_nvidia_smi_q_is_read_with_its_memory():
-    gpu = parse.parse_nvidia_smi_q(A10G).gpus[0]
+    gpu = smi_parse.parse_nvidia_smi_q(A10G).gpus[0]
     assert [(p.pid, p.type, p.name, p.used_mib) for p in gpu.processes] == [(3402470, "C", None, 8716)]
     assert gpu.memory_total_mib == 23028
 
@@ -237,7 +239,7 @@ def test_while_a_slurm_job_runs_a_process_on_the_gpu_is_the_jobs():
         python="p",
         python_source="s",
     )
-    facts.slurm_job = True
+    facts = replace(facts, slurm_job=True)
     result = {r.name: r for r in registry.run_node_checks(facts)}["gpu.processes"]
     assert result.status is Status.PASS
     assert result.message.startswith("gpu1: 1 process(es) of the Slurm job running on this node: pid 3402470")

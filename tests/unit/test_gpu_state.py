@@ -9,12 +9,14 @@ import json
 import os
 import re
 import stat
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from clustercheck.checks import registry
-from clustercheck.facts import collect, parse
+from clustercheck.facts import collect
+from clustercheck.facts import smi as smi_parse
 from clustercheck.inventory import Node
 from clustercheck.model import Status
 from clustercheck.remote import facts as node
@@ -44,7 +46,7 @@ def judged(smi: str, listed: str | None = None, slurm_job: bool | None = None, o
     if owners is not None:
         raw["gpu_processes"] = owners
     facts = collect.build(Node(name="gpu1", address="gpu1"), raw, python="/usr/bin/python3", python_source="test")
-    facts.slurm_job = slurm_job
+    facts = replace(facts, slurm_job=slurm_job)
     return {r.name: r for r in registry.run_node_checks(facts)}
 
 
@@ -103,7 +105,7 @@ def test_idle_gpus_and_a_process_holding_its_memory_are_not_taken_for_hidden_mem
     result = judged(A10G)["gpu.processes"]
     assert result.data["hidden_mib"] == {} and "another container" not in result.message
     # and the hidden share is the used memory less what the listed process holds
-    gpu = parse.parse_nvidia_smi_q(edited(A10G, "Used", "30000 MiB")).gpus[0]
+    gpu = smi_parse.parse_nvidia_smi_q(edited(A10G, "Used", "30000 MiB")).gpus[0]
     assert gpu.unaccounted_mib == 30000 - 8716
     assert "holds 20.8 GiB on GPU 00000000:00:1E.0 (nvidia-smi lists processes holding less)" in (
         judged(edited(A10G, "Used", "30000 MiB"))["gpu.processes"].message
@@ -116,7 +118,7 @@ def test_idle_gpus_and_a_process_holding_its_memory_are_not_taken_for_hidden_mem
 def mig_h200(pending: str = "Enabled", current: str = "Enabled") -> str:
     """The real H200's nvidia-smi -q with its MIG Mode lines set, and its GPU UUID set to the A100's that
     datadog-agent PR 33120's nvidia-smi -L lists (so the list's MIG devices belong to it): edits said here."""
-    uuid = parse.parse_nvidia_smi_list(MIG_LIST)[0][0]
+    uuid = smi_parse.parse_nvidia_smi_list(MIG_LIST)[0][0]
     smi = edited(H200, "GPU UUID", uuid)
     return smi.replace(
         "MIG Mode\n        Current                                        : Disabled\n"
@@ -127,7 +129,7 @@ def mig_h200(pending: str = "Enabled", current: str = "Enabled") -> str:
 
 
 def test_nvidia_smi_list_gives_each_gpus_mig_devices():
-    listed = parse.parse_nvidia_smi_list(MIG_LIST)
+    listed = smi_parse.parse_nvidia_smi_list(MIG_LIST)
     uuid, devices = listed[0]
     assert uuid == "GPU-7fdaf0a5-179b-f636-d15d-daf243e3ff16"
     assert [d.profile for d in devices] == ["1g.10gb"] * 7 and devices[6].index == 6
@@ -137,7 +139,7 @@ def test_nvidia_smi_list_gives_each_gpus_mig_devices():
 def test_a_gpu_with_mig_on_is_named_with_its_mig_devices():
     """There was no MIG check: a node whose GPU is cut into seven slices passed as eight whole GPUs would."""
     smi = mig_h200()
-    assert "Enabled" in smi and parse.parse_nvidia_smi_q(smi).gpus[0].mig
+    assert "Enabled" in smi and smi_parse.parse_nvidia_smi_q(smi).gpus[0].mig
     result = judged(smi, MIG_LIST)["gpu.mig"]
     assert result.status is Status.WARN
     assert "MIG is on for 00000000:00:06.0: 7 MIG device(s): 7 x 1g.10gb" in result.message
@@ -169,7 +171,7 @@ def test_an_sram_uncorrectable_parity_error_fails_gpu_ecc():
     """The volatile `SRAM Uncorrectable Parity` count of the H200 record set to 2 (edited, said here): it was left
     out of the count (PASS); NVML counts parity errors among the uncorrectable ones."""
     smi = edited(H200, "SRAM Uncorrectable Parity", "2")
-    assert parse.parse_nvidia_smi_q(smi).gpus[0].ecc_uncorrected == 2
+    assert smi_parse.parse_nvidia_smi_q(smi).gpus[0].ecc_uncorrected == 2
     result = judged(smi)["gpu.ecc"]
     assert result.status is Status.FAIL and "00000000:00:06.0: 2" in result.message
 
@@ -198,9 +200,9 @@ def test_one_long_nvidia_smi_q_loses_its_head_and_per_gpu_outputs_joined_keep_it
     whole = H200 + H800[H800.index("GPU 0000") :] + A10G[A10G.index("GPU 0000") :]
     (tmp_path / "whole.txt").write_text(whole)
     monkeypatch.setattr(probing, "OUTPUT_LIMIT", len(whole) - len(H200) // 2)
-    cut = parse.parse_nvidia_smi_q(probing.run(["cat", str(tmp_path / "whole.txt")])["out"])
+    cut = smi_parse.parse_nvidia_smi_q(probing.run(["cat", str(tmp_path / "whole.txt")])["out"])
     assert cut.driver is None and len(cut.gpus) == 2  # the head, with the H200, is gone
-    smi = parse.parse_nvidia_smi_q(node.joined_smi_q([H200, H800, A10G]))
+    smi = smi_parse.parse_nvidia_smi_q(node.joined_smi_q([H200, H800, A10G]))
     assert smi.driver == "580.159.04" and smi.cuda == "13.0"
     assert [g.name for g in smi.gpus] == ["NVIDIA H200", "NVIDIA H800", "NVIDIA A10G"]
     assert [len(g.processes) for g in smi.gpus] == [0, 0, 1]
@@ -229,8 +231,8 @@ def test_the_collector_lists_the_gpus_then_reads_each_one(monkeypatch, tmp_path)
     answer = node.nvidia_smi_q(10.0)
     assert calls.read_text().splitlines() == ["-L", "-q -i 0"]
     assert answer["rc"] == 0 and answer["gpu_errors"] == {} and answer["out"] == H200
-    smi = parse.parse_nvidia_smi_q(answer["out"])
-    parse.add_mig_devices(smi, parse.parse_nvidia_smi_list(answer["list"]["out"]))
+    smi = smi_parse.parse_nvidia_smi_q(answer["out"])
+    smi_parse.add_mig_devices(smi, smi_parse.parse_nvidia_smi_list(answer["list"]["out"]))
     assert smi.driver == "580.159.04" and smi.gpus[0].mig_devices == []  # the list's A100 is not this H200
 
 

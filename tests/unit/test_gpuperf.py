@@ -5,6 +5,7 @@ node-side gpubench prints (remote/gpubench.py; tests/local/test_gpubench.py runs
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 from clustercheck import expected
@@ -168,7 +169,7 @@ def test_the_core_stage_runs_gpubench_with_the_environments_python_and_keeps_its
 
     from fakes import FakeNode
 
-    from clustercheck.stages import bundle, core
+    from clustercheck.stages import bundle, gpuwork
     from clustercheck.transport import CommandResult
 
     raw = json.loads((RECORDS / "facts-debian12-localhost.json").read_text())
@@ -177,13 +178,13 @@ def test_the_core_stage_runs_gpubench_with_the_environments_python_and_keeps_its
     ctx = SimpleNamespace(config=SimpleNamespace(command_timeout=120.0, container=None))
     answer = json.dumps({"cuda": True, "copy_counts": "read+written", "gpus": [gpu(0), gpu(1)]})
     node = FakeNode("gpunode1", CommandResult(0, f"loading\n{answer}\n", ""))  # its own: the bundle goes once
-    measured = core.measure_gpus(facts, node, ctx, tmp_path)
+    measured = gpuwork.measure_gpus(facts, node, ctx, tmp_path)
     assert node.sent[-1][:2] == (["/opt/env/bin/python", bundle.path(node.workdir), "gpubench"], 120.0)
     assert [g.label for g in measured.gpus] == ["GPU 0 (00000000:18:00.0)", "GPU 1 (00000000:19:00.0)"]
     assert (tmp_path / "gpubench.json").read_text() == f"loading\n{answer}\n"
     error = "Traceback ...\nRuntimeError: CUDA error: unspecified launch failure\n"
     crashed = FakeNode("gpunode2", CommandResult(1, "", error))
-    failed = gpuperf.judge_node(core.measure_gpus(facts, crashed, ctx, tmp_path), h100(), gpuperf.MATMUL)
+    failed = gpuperf.judge_node(gpuwork.measure_gpus(facts, crashed, ctx, tmp_path), h100(), gpuperf.MATMUL)
     assert failed.status is Status.FAIL
     assert failed.message == (
         "the GPUs could not be measured: gpubench: exit 1: Traceback ... | "
@@ -213,7 +214,7 @@ def test_the_node_checks_label_the_measures_with_their_node():
     raw = json.loads((RECORDS / "facts-h200-vm.json").read_text())
     facts = collect.build(Node(name="gpu01", address="gpu01"), raw, python="python3", python_source="x")
     bus_id = facts.smi.gpus[0].bus_id
-    facts.gpu_bench = bench(gpu(0, bus_id=bus_id, name="NVIDIA H200", bf16=800.0))
+    facts = replace(facts, gpu_bench=bench(gpu(0, bus_id=bus_id, name="NVIDIA H200", bf16=800.0)))
     results = {r.name: r for r in registry.run_node_checks(facts)}
     measures = results["gpu.perf.matmul"].measures
     assert {m.labels["host"] for m in measures} == {"gpu01"} and {m.labels["bus_id"] for m in measures} == {bus_id}

@@ -4,6 +4,7 @@ one NVIDIA H200 (driver 580.159.04, torch 2.11.0+cu130, NCCL 2.28.9), judged aga
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 from clustercheck.checks import collectives, ddp, registry
@@ -90,14 +91,19 @@ def test_the_h200_s_figures_are_judged_against_its_own_datasheet_not_against_pee
     )
     entry = {"index": 0, "bus_id": facts.smi.gpus[0].bus_id, "name": "NVIDIA H200", "memory_gbps": 4300.0}
     entry |= {"matmul_tflops": {"bf16": 780.0, "tf32": 380.0, "fp32": 50.0}, "h2d_gbps": 55.0, "d2h_gbps": 55.0}
-    facts.gpu_bench = GpuBench.from_answer({"cuda": True, "copy_counts": "read+written", "gpus": [entry]})
+    facts = replace(
+        facts, gpu_bench=GpuBench.from_answer({"cuda": True, "copy_counts": "read+written", "gpus": [entry]})
+    )
     results = {r.name: r for r in registry.run_node_checks(facts)}
     for name in ("gpu.perf.matmul", "gpu.perf.memory", "gpu.perf.host_copy"):
         assert results[name].status is Status.PASS, results[name].message
         assert "expected values of H200 SXM" in results[name].message
         assert "judged against the node's other GPUs only" not in results[name].message
-    facts.gpu_bench = GpuBench.from_answer(
-        {"cuda": True, "copy_counts": "read+written", "gpus": [entry | {"memory_gbps": 2000.0}]}
+    facts = replace(
+        facts,
+        gpu_bench=GpuBench.from_answer(
+            {"cuda": True, "copy_counts": "read+written", "gpus": [entry | {"memory_gbps": 2000.0}]}
+        ),
     )
     slow = {r.name: r for r in registry.run_node_checks(facts)}["gpu.perf.memory"]
     assert slow.status is Status.WARN and "under 60% of H200 SXM's 4800 GB/s" in slow.message

@@ -4,6 +4,7 @@ ibstatus (the sysfs files of /sys/class/infiniband) and nvidia-smi -q of real ma
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -375,7 +376,7 @@ def test_acs_redirection_above_the_gpus_is_named():
 def test_dcgm_verdicts_from_recorded_runs(tmp_path):
     from fakes import FakeNode
 
-    from clustercheck.stages import core
+    from clustercheck.stages import gpuwork
     from clustercheck.transport import CommandResult
 
     def dcgmi(out: str, status: int | None = 0, timed_out: bool = False) -> FakeNode:
@@ -385,7 +386,7 @@ def test_dcgm_verdicts_from_recorded_runs(tmp_path):
     fake = dcgmi(passing)
     node = facts(smi=H800, dcgmi="/usr/bin/dcgmi")
     assert by_name(node)["gpu.dcgm"].status is Status.SKIP  # off unless asked for
-    node.dcgm = core.dcgm_diag("/usr/bin/dcgmi", 3, fake, tmp_path)
+    node = replace(node, dcgm=gpuwork.dcgm_diag("/usr/bin/dcgmi", 3, fake, tmp_path))
     assert [c[:2] for c in fake.calls] == [(["/usr/bin/dcgmi", "diag", "-r", "3"], 3600.0)]
     assert (tmp_path / "dcgm-diag.txt").read_text() == passing
     assert by_name(node)["gpu.dcgm"].message == "node1: DCGM level 3: 9 test(s) pass, 0 skipped"
@@ -395,11 +396,11 @@ def test_dcgm_verdicts_from_recorded_runs(tmp_path):
         .read_text()
         .replace("| Environment Variables     | Pass       ", "| Environment Variables     | Fail       ")
     )
-    node.dcgm = core.dcgm_diag("/usr/bin/dcgmi", 2, dcgmi(failing), tmp_path)
+    node = replace(node, dcgm=gpuwork.dcgm_diag("/usr/bin/dcgmi", 2, dcgmi(failing), tmp_path))
     result = by_name(node)["gpu.dcgm"]
     assert result.status is Status.FAIL and "Environment Variables: Fail" in result.message
     assert result.data["metadata"]["DCGM Version"] == "3.3.1"
-    node.dcgm = core.dcgm_diag("/usr/bin/dcgmi", 1, dcgmi("", None, timed_out=True), tmp_path)
+    node = replace(node, dcgm=gpuwork.dcgm_diag("/usr/bin/dcgmi", 1, dcgmi("", None, timed_out=True), tmp_path))
     assert "no verdict within 120 s" in by_name(node)["gpu.dcgm"].message
     info = parse.parse_dcgmi_diag((DATA / "dcgm" / "diag-r3-nccl-tests-264.txt").read_text())
     assert info["tests"][4] == {

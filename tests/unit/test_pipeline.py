@@ -23,7 +23,7 @@ from harness import probe_records
 from clustercheck import reach
 from clustercheck.checks import registry
 from clustercheck.config import RunConfig
-from clustercheck.facts import parse
+from clustercheck.facts import firstcommand
 from clustercheck.inventory import Node
 from clustercheck.model import Status
 from clustercheck.reach import Fanout
@@ -135,12 +135,12 @@ class HealthyNode(FakeNode):
         workdir, digest, args = command[7], command[8], command[9:]
         if digest:
             self.files[bundle.path(workdir)] = base64.b64decode(stdin)
-        found = parse.parse_first(first.stdout)
+        found = firstcommand.parse_first(first.stdout)
         python = found.python if found.python_runs else "python3"
         facts = self.answer([python, bundle.path(workdir), "facts", *args], timeout, None)
         return CommandResult(
             facts.exit_status,
-            f"{first.stdout}{parse.FACTS_LINE}\n{facts.stdout}",
+            f"{first.stdout}{firstcommand.FACTS_LINE}\n{facts.stdout}",
             first.stderr + facts.stderr,
             facts.timed_out,
         )

@@ -27,7 +27,7 @@ PROGRAM_TEXT_ALLOWED = {
     # The container's start, run with sh before the image's Python is known (another part of issue 53 owns it).
     ("container.py", "RUN"),
     # Finding the node's Python: runs before it is known (facts/, another part of issue 53 owns it).
-    ("facts/parse.py", "first_script"),
+    ("facts/firstcommand.py", "first_script"),
     # A job's working directory for a foreground launch (launcher/job.py, another part of issue 53 owns it).
     ("launcher/job.py", "_CD"),
     # The sbatch file written for the user beside the run (launch --slurm), not a program sent to a node.
@@ -36,11 +36,6 @@ PROGRAM_TEXT_ALLOWED = {
 
 # (module, the function that calls `.run(` on a transport): the named exceptions.
 TRANSPORT_RUN_ALLOWED = {
-    # stages/core.py is being split by another part of issue 53; its three direct calls (the node start command
-    # with its streamed facts, `docker inspect`, `dcgmi diag`) move to nodeprogram.run with that split: pending.
-    ("stages/core.py", "start"),
-    ("stages/core.py", "read_image"),
-    ("stages/core.py", "dcgm_diag"),
     # The Slurm step transport's own first step, made where Slurm's side of a step lives (transport/srun.py is the
     # transport; slurm/step.py its factory, which proves a step runs).
     ("slurm/step.py", "connect"),

@@ -7,6 +7,7 @@ import json
 import re
 import subprocess
 from collections import Counter
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -342,7 +343,6 @@ def test_only_core_is_not_called_ready_and_the_next_step_says_what_to_run():
 def test_the_verdict_and_the_next_step_read_the_skips_data_not_their_messages():
     """A SKIP carries why and the options that left it out as data: rewording every SKIP's message changes neither
     the verdict, the next step, the stages line nor the folded skip lines."""
-    from dataclasses import replace
 
     results = one_node_core_only()
     reworded = [replace(r, message=f"{r.name} was not run") if r.status is Status.SKIP else r for r in results]
@@ -528,7 +528,9 @@ def test_each_gpu_s_figures_are_gauges_per_host_gpu_and_bus_id_that_promtool_acc
         facts = collect.build(Node(name=host, address=host), raw, python="python3", python_source="x")
         entry = {"index": 0, "bus_id": facts.smi.gpus[0].bus_id, "name": "NVIDIA H200", "memory_gbps": 7800.0}
         entry.update({"matmul_tflops": {"bf16": 760.0, "tf32": 420.0, "fp32": 55.5}, "h2d_gbps": 52, "d2h_gbps": 50})
-        facts.gpu_bench = GpuBench.from_answer({"cuda": True, "copy_counts": "read+written", "gpus": [entry]})
+        facts = replace(
+            facts, gpu_bench=GpuBench.from_answer({"cuda": True, "copy_counts": "read+written", "gpus": [entry]})
+        )
         results += [r for r in registry.run_node_checks(facts) if r.name in gpuperf.CHECKS]
     text = prometheus.render(Report(results, ["gpu01", "gpu02"], "x", 1, 2))
     proc = promtool(text, tmp_path)
