@@ -24,11 +24,13 @@ PROGRAM_TEXT_ALLOWED = {
     # processes, run before any Python is known on the node and built with the run's own values.
     ("transport/__init__.py", "WRITE_CHECKED"),
     ("transport/__init__.py", "stale_sweep_script"),
-    # The container's start, run with sh before the image's Python is known (another part of issue 53 owns it).
-    ("container.py", "RUN"),
-    # Finding the node's Python: runs before it is known (facts/, another part of issue 53 owns it).
+    # The first command: the clock, the identity, finding the node's Python (before any is known), composed with the
+    # run's values and the stale-run sweep.
     ("facts/firstcommand.py", "first_script"),
-    # A job's working directory for a foreground launch (launcher/job.py, another part of issue 53 owns it).
+    # One-line wrappers that shape argv and exec it, beside the code that builds that argv: the container's start
+    # (the mounts' directories made, then docker run with the run's label) and a foreground job's directory (~
+    # expanded, cd, exec).
+    ("container.py", "RUN"),
     ("launcher/job.py", "_CD"),
     # The sbatch file written for the user beside the run (launch --slurm), not a program sent to a node.
     ("slurm/batch.py", "script"),
