@@ -25,8 +25,14 @@ REFUSED = 3  # start: the node lacks what a detached job needs; its one line on 
 NO_JOB = 4  # logs and stop: the node has no such job (its directory is not there)
 
 # The scripts, run with `sh -c` on the node (shell: they run where the node's Python is not known), live under
-# clustercheck/remote/ (bundle.script): job_start.sh, job_list.sh, job_logs.sh, job_stop.sh, job_discard.sh. They
-# write UNIT_PREFIX, JOBS_DIR, STOP_TIMEOUT, REFUSED and NO_JOB as these say (tests/unit/test_remote_jobs.py).
+# clustercheck/remote/ (bundle.script): job_start.sh, job_list.sh, job_logs.sh, job_stop.sh, job_discard.sh, each
+# after job_user.sh (the user flag and the lingering check they share). They write UNIT_PREFIX, JOBS_DIR,
+# STOP_TIMEOUT, REFUSED and NO_JOB as these say (tests/unit/test_remote_jobs.py).
+
+
+def script(name: str) -> str:
+    """The text `sh -c` runs for the job script remote/NAME.sh: the shared prelude, then the script."""
+    return bundle.script("job_user") + bundle.script(name)
 
 
 def unit(job: str) -> str:
@@ -37,7 +43,7 @@ def start_command(job: str, command: list[str], env: dict[str, str], cwd: str | 
     """The command that starts COMMAND as the job's unit on a node. CWD: the job's working directory (None: the
     home directory; "@code": the synced code); CODE: a tar.gz on the node to unpack into the job's code/."""
     assignments = [f"{k}={v}" for k, v in sorted(env.items())]
-    return ["sh", "-c", bundle.script("job_start"), "sh", job, cwd or "", code or "", "env", *assignments, *command]
+    return ["sh", "-c", script("job_start"), "sh", job, cwd or "", code or "", "env", *assignments, *command]
 
 
 def start_problem(exit_status: int | None, stderr: str) -> str:
@@ -52,19 +58,19 @@ def start_problem(exit_status: int | None, stderr: str) -> str:
 
 
 def discard_command(job: str) -> list[str]:
-    return ["sh", "-c", bundle.script("job_discard"), "sh", job]
+    return ["sh", "-c", script("job_discard"), "sh", job]
 
 
 def list_command() -> list[str]:
-    return ["sh", "-c", bundle.script("job_list")]
+    return ["sh", "-c", script("job_list")]
 
 
 def logs_command(job: str, follow: bool) -> list[str]:
-    return ["sh", "-c", bundle.script("job_logs"), "sh", job, "follow" if follow else ""]
+    return ["sh", "-c", script("job_logs"), "sh", job, "follow" if follow else ""]
 
 
 def stop_command(job: str) -> list[str]:
-    return ["sh", "-c", bundle.script("job_stop"), "sh", job]
+    return ["sh", "-c", script("job_stop"), "sh", job]
 
 
 def no_job(exit_status: int | None) -> bool:

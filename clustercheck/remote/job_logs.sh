@@ -7,15 +7,8 @@ if [ ! -d "$dir" ]; then
   exit 4
 fi
 if [ "$2" = follow ]; then
-  # The user flag for systemctl (a user unit unless root); a missing lingering is said, not refused, here.
-  uf=""
-  if [ "$(id -u)" != 0 ]; then
-    uf=--user
-    if [ "$(loginctl show-user "$(id -un)" -p Linger --value 2>/dev/null)" != yes ]; then
-      echo "$(id -un) has no lingering systemd user manager, so a detached job would end at logout: run: sudo loginctl enable-linger $(id -un)" >&2
-      true
-    fi
-  fi
+  # The user flag for systemctl (job_user.sh); a missing lingering is said, not refused, here.
+  user_flag
   pid=$(systemctl $uf show -p MainPID --value "clustercheck-job-$1.service" 2>/dev/null || echo 0)
   if [ "${pid:-0}" != 0 ]; then
     exec tail -n +1 -F --pid="$pid" "$dir/output.log" 2>/dev/null

@@ -10,15 +10,8 @@ if [ ! -d /run/systemd/system ]; then
   echo "systemd is not running as PID 1 here (PID 1 is $(cat /proc/1/comm 2>/dev/null || echo unknown)), and a detached job runs as a systemd unit: launch without --detach, or on nodes booted with systemd" >&2
   exit 3
 fi
-# The user flag for systemctl/systemd-run, and the check that a user unit will outlive the login.
-uf=""
-if [ "$(id -u)" != 0 ]; then
-  uf=--user
-  if [ "$(loginctl show-user "$(id -un)" -p Linger --value 2>/dev/null)" != yes ]; then
-    echo "$(id -un) has no lingering systemd user manager, so a detached job would end at logout: run: sudo loginctl enable-linger $(id -un)" >&2
-    exit 3
-  fi
-fi
+# The user flag for systemctl/systemd-run (job_user.sh), and the check that a user unit will outlive the login.
+user_flag refuse
 job=$1
 cwd=$2
 code=$3

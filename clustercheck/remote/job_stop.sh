@@ -1,15 +1,8 @@
 # A detached job stopped on a node (launcher/detached.py: stop_command), run as `sh -c` with argv: JOB. Prints
 # "stopped", or "not-running"; exit 4 (detached.NO_JOB): the node has no such job.
 # Shell, not Python: `clustercheck stop` runs it where the node's Python is not known.
-# The user flag for systemctl (a user unit unless root); a missing lingering is said, not refused, here.
-uf=""
-if [ "$(id -u)" != 0 ]; then
-  uf=--user
-  if [ "$(loginctl show-user "$(id -un)" -p Linger --value 2>/dev/null)" != yes ]; then
-    echo "$(id -un) has no lingering systemd user manager, so a detached job would end at logout: run: sudo loginctl enable-linger $(id -un)" >&2
-    true
-  fi
-fi
+# The user flag for systemctl (job_user.sh); a missing lingering is said, not refused, here.
+user_flag
 unit="clustercheck-job-$1.service"
 if [ ! -d "$HOME/.local/state/clustercheck/jobs"/"$1" ]; then
   echo "no job $1 here" >&2

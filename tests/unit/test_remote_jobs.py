@@ -57,7 +57,7 @@ def job_dir(home: Path, started: str = "1700000000") -> Path:
 
 
 def test_the_scripts_are_files_of_the_node_side_package_with_the_controllers_numbers():
-    texts = {name: bundle.script(name) for name in SCRIPTS}
+    texts = {name: detached.script(name) for name in SCRIPTS}
     assert f"TimeoutStopSec={detached.STOP_TIMEOUT}" in texts["job_start"]
     assert f"exit {detached.REFUSED}" in texts["job_start"]
     for name in ("job_logs", "job_stop"):
@@ -121,3 +121,13 @@ def test_start_refuses_a_node_without_systemd_as_pid_1_and_leaves_no_job(node):
     assert "systemd is not running as PID 1" in problem and "without --detach" in problem
     assert not (node.home / ".local/state/clustercheck/jobs" / JOB).exists()
     assert "systemd-run" not in node.calls()
+
+
+def test_a_start_without_lingering_is_refused_where_the_other_scripts_only_say_it(node):
+    """job_user.sh's user_flag, as job_start.sh calls it (refuse: exit 3, detached.REFUSED) and the others do."""
+    refused = node(["sh", "-c", bundle.script("job_user") + "set -e; user_flag refuse; echo started"], linger="no")
+    assert refused.returncode == detached.REFUSED and "started" not in refused.stdout
+    assert "sudo loginctl enable-linger alice" in detached.start_problem(refused.returncode, refused.stderr)
+    told = node(["sh", "-c", bundle.script("job_user") + 'user_flag; echo "listed $uf"'], linger="no")
+    assert told.returncode == 0 and told.stdout == "listed --user\n" and "enable-linger alice" in told.stderr
+    assert node(["sh", "-c", bundle.script("job_user") + 'user_flag; echo "$uf"'], uid="0").stdout == "\n"
