@@ -16,27 +16,25 @@ NAME = "options.done"
 
 def undone(nodes: list[NodeFacts], config: Any) -> tuple[list[str], list[str]]:
     """(what the options asked for that was done on no node, what was done and where), one line each."""
-    missing: list[str] = []
-    done: list[str] = []
     no_gpu = all(n.smi is None for n in nodes)
     seconds = getattr(config, "burn_seconds", None)
+    level = getattr(config, "dcgm_level", None)
+    asked = []  # (the option as given, the nodes it was done on, "done" words, why not without a GPU, why else)
     if seconds and gpuburn.wanted(config.selection):
         burned = [n.host for n in nodes if n.gpu_burn is not None]
-        asked = f"--burn {seconds:g}s"
-        if burned:
-            done.append(f"{asked}: burned on {', '.join(burned)}")
-        else:
-            why = "no GPU on any node" if no_gpu else "the burn ran on no node (gpu.burn.* says why)"
-            missing.append(f"{asked}: {why}, nothing was burned")
-    level = getattr(config, "dcgm_level", None)
+        asked.append((f"--burn {seconds:g}s", burned, "burned on", "the burn ran on no node (gpu.burn.* says why)",
+                      "nothing was burned"))  # fmt: skip
     if level:
         ran = [n.host for n in nodes if n.dcgm is not None]
-        asked = f"--dcgm-level {level}"
-        if ran:
-            done.append(f"{asked}: run on {', '.join(ran)}")
+        asked.append((f"--dcgm-level {level}", ran, "run on", "dcgmi (DCGM) is installed on no node with a GPU",
+                      "no DCGM diagnostic ran"))  # fmt: skip
+    missing: list[str] = []
+    done: list[str] = []
+    for option, where, did, why_else, nothing in asked:
+        if where:
+            done.append(f"{option}: {did} {', '.join(where)}")
         else:
-            why = "no GPU on any node" if no_gpu else "dcgmi (DCGM) is installed on no node with a GPU"
-            missing.append(f"{asked}: {why}, no DCGM diagnostic ran")
+            missing.append(f"{option}: {'no GPU on any node' if no_gpu else why_else}, {nothing}")
     return missing, done
 
 
