@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from wording import says
 
 from clustercheck.checks import gpuburn, registry
 from clustercheck.commands import cli, options
@@ -135,9 +136,9 @@ def test_healthy_gpus_under_load_pass_every_check(check):
 
 def test_the_load_s_figures_are_said():
     found = judged("gpu.burn.load", answer())
-    assert found.message == "4 GPU(s) under load for 60 s: bf16 multiply 650, 650, 650, 650 TFLOP/s"
+    assert says(found.message, "4 GPU(s)", "60 s", "bf16 multiply", "650, 650, 650, 650 TFLOP/s")
     throttle = judged("gpu.burn.throttle", answer()).message
-    assert throttle == "no protective slowdown in 24 sample(s) under load, up to 59 C"  # t=0 is before the load
+    assert says(throttle, "no protective slowdown", "24 sample(s)", "59 C")  # t=0 is before the load
 
 
 def test_a_thermal_slowdown_under_load_is_a_fail_naming_the_gpu_and_its_reason():
@@ -147,10 +148,8 @@ def test_a_thermal_slowdown_under_load_is_a_fail_naming_the_gpu_and_its_reason()
 
     found = judged("gpu.burn.throttle", answer(lines=lines))
     assert found.status is Status.FAIL
-    assert found.message == (
-        "slowed by hardware protection under load: GPU 2 (00000000:1A:00.0): hw_thermal_slowdown in 4 of 6 samples "
-        "under load (up to 88 C)"
-    )
+    assert says(found.message, "hardware protection", "GPU 2 (00000000:1A:00.0)", "hw_thermal_slowdown")
+    assert says(found.message, "4 of 6 samples", "88 C")
     assert found.data["gpus"]["00000000:1A:00.0"]["reasons"] == ["hw_thermal_slowdown"]
     assert "cooling" in registry.get("gpu.burn.throttle").result("n1", found).remediation
 
@@ -174,9 +173,7 @@ def test_a_gpu_clocked_well_below_its_peers_under_load_is_named():
 
     found = judged("gpu.burn.clocks", answer(lines=lines))
     assert found.status is Status.WARN
-    assert found.message == (
-        "GPU 3 (00000000:1B:00.0): 1410 MHz under load, 71% of the node's median 1980 MHz (its maximum 1980 MHz)"
-    )
+    assert says(found.message, "GPU 3 (00000000:1B:00.0)", "1410 MHz", "71%", "median 1980 MHz", "maximum 1980 MHz")
 
 
 def test_the_clocks_before_the_load_settles_are_not_judged():
@@ -194,10 +191,8 @@ def test_ecc_counts_that_move_during_the_load_are_named():
         return [smi_line(i, f"00000000:{0x18 + i:02X}:00.0", **(moved if i == 1 else {})) for i in range(2)]
 
     found = judged("gpu.burn.ecc", answer(gpus=2, lines=lines))
-    assert (found.status, found.message) == (
-        Status.FAIL,
-        "ECC errors during the load: GPU 1 (00000000:19:00.0): 2 uncorrected",
-    )
+    assert found.status is Status.FAIL
+    assert says(found.message, "ECC errors", "GPU 1 (00000000:19:00.0)", "2 uncorrected")
     corrected = judged("gpu.burn.ecc", answer(gpus=2, lines=lambda t: lines(t, "corrected")))
     assert corrected.status is Status.WARN
 
@@ -217,9 +212,7 @@ def test_a_gpu_whose_fixed_result_differs_from_its_peers_is_a_fail():
     raw["gpus"][1] |= {"hash_before": "b" * 64, "hash_after": "b" * 64}
     found = judged("gpu.burn.sdc", raw)
     assert found.status is Status.FAIL
-    assert found.message == (
-        "wrong results (silent data corruption): GPU 1 (00000000:19:00.0): its fixed result differs from its 3 peer(s)'"
-    )
+    assert says(found.message, "silent data corruption", "GPU 1 (00000000:19:00.0)", "differs from its 3 peer(s)")
     assert "Take the GPU out of service" in registry.get("gpu.burn.sdc").result("n1", found).remediation
 
 
@@ -241,20 +234,16 @@ def test_a_gpu_that_failed_under_load_is_a_fail_with_its_error():
     raw = answer()
     raw["gpus"][2] = {"index": 2, "bus_id": "00000000:1A:00.0", "name": "x", "error": "RuntimeError: CUDA error"}
     found = judged("gpu.burn.load", raw)
-    assert (found.status, found.message) == (
-        Status.FAIL,
-        "failed under load: GPU 2 (00000000:1A:00.0): RuntimeError: CUDA error",
-    )
+    assert found.status is Status.FAIL
+    assert says(found.message, "failed under load", "GPU 2 (00000000:1A:00.0)", "RuntimeError: CUDA error")
 
 
 def test_without_nvidia_smi_samples_the_sampled_checks_warn_with_the_reason():
     raw = answer(smi={"error": "nvidia-smi not found"})
     for check in ("gpu.burn.throttle", "gpu.burn.clocks", "gpu.burn.ecc"):
         found = judged(check, raw)
-        assert (found.status, found.message) == (
-            Status.WARN,
-            "nvidia-smi could not be sampled during the load: nvidia-smi not found",
-        )
+        assert found.status is Status.WARN
+        assert says(found.message, "could not be sampled", "nvidia-smi not found")
 
 
 def test_every_burn_check_skips_without_burn_and_with_the_program_s_reason():
@@ -268,7 +257,7 @@ def test_every_burn_check_skips_without_burn_and_with_the_program_s_reason():
     facts = replace(
         facts, gpu_burn=GpuBurn.from_answer({"cuda": False, "reason": "torch sees no CUDA GPU", "gpus": []})
     )
-    assert registry.get("gpu.burn.sdc").function(facts).message == "torch sees no CUDA GPU"
+    assert says(registry.get("gpu.burn.sdc").function(facts).message, "torch", "no CUDA GPU")
     facts = replace(facts, gpu_burn=GpuBurn(failure="timed out after 720 s"))
     assert registry.get("gpu.burn.xid").function(facts).status is Status.FAIL
 
@@ -325,7 +314,5 @@ def test_the_core_stage_runs_gpuburn_for_the_length_asked_and_keeps_its_answer(t
     crashed = FakeNode("gpunode4", CommandResult(None, "", "", timed_out=True))
     facts = replace(facts, gpu_burn=gpuwork.burn_gpus(facts, crashed, ctx, tmp_path))
     found = registry.get("gpu.burn.load").function(facts)
-    assert (found.status, found.message) == (
-        Status.FAIL,
-        "the GPUs could not be loaded: gpuburn: timed out after 720 s",
-    )
+    assert found.status is Status.FAIL
+    assert says(found.message, "could not be loaded", "gpuburn", "timed out after 720 s")

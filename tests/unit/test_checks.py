@@ -7,6 +7,8 @@ import xml.etree.ElementTree as ET
 from dataclasses import replace
 from pathlib import Path
 
+from wording import says
+
 from clustercheck import report
 from clustercheck.checks import consistency, registry, setup_roles, system
 from clustercheck.facts import collect, parse
@@ -125,7 +127,7 @@ def test_what_no_node_reported_is_skipped_with_one_message_for_every_consistency
 def test_consistency_names_the_nodes_that_differ_from_the_majority():
     result = consistency.compare({"n1": "2.13.0", "n2": "2.13.0", "n3": "2.12.0"}, "torch version")
     assert result.status is Status.FAIL
-    assert result.message == "torch version differs: n3 has 2.12.0, where the other 2 node(s) have 2.13.0"
+    assert says(result.message, "torch version differs", "n3 has 2.12.0", "other 2 node(s) have 2.13.0")
     assert result.data["differ"] == ["n3"]
     tie = consistency.compare({"n1": 1500, "n2": 9000}, "MTU")
     assert tie.status is Status.FAIL and "no majority" in tie.message
@@ -181,7 +183,8 @@ def test_junit_has_a_suite_per_host_and_a_case_per_check():
     suites = {s.get("name"): s for s in root.iter("testsuite")}
     assert list(suites) == ["n1", "n2", "(cluster)"]
     assert suites["n2"].get("failures") == "1" and suites["n2"].get("skipped") == "1"
-    assert suites["n2"].find("testcase[@name='gpu.ecc']/failure").text == "n2: ecc\nfix: reset"
+    failure = suites["n2"].find("testcase[@name='gpu.ecc']/failure").text
+    assert failure == "n2: ecc\nfix: reset"  # contract: the junit failure body CI shows, the message then its fix
     assert root.get("tests") == "4" and root.get("errors") == "1"
 
 
@@ -249,12 +252,12 @@ def test_shm_between_the_failure_and_the_recommended_size_warns():
 def test_the_kernels_neighbour_table_overflow_lines_of_both_eras_are_found():
     data = Path(__file__).parent / "data"
     old = parse.neighbour_overflows((data / "kernel-log-neighbour-overflow-lkml-2001.txt").read_text())
-    assert old == [
+    assert old == [  # verbatim: the recorded kernel lines, as found
         "Jul 28 19:47:44 sunburn kernel: Neighbour table overflow.",
         "Jul 28 19:47:49 sunburn kernel: Neighbour table overflow.",
     ]
     new = parse.neighbour_overflows((data / "kernel-log-neighbour-overflow-netdev-2019.txt").read_text())
-    assert new == ["neighbour: arp_cache: neighbor table overflow!"]
+    assert new == ["neighbour: arp_cache: neighbor table overflow!"]  # verbatim: the recorded kernel line
     assert parse.neighbour_overflows("NVRM: Xid (PCI:0000:18:00): 79, GPU has fallen off the bus.") == []
 
 
@@ -305,7 +308,7 @@ def test_a_node_whose_kernel_log_says_the_table_overflowed_fails_by_name():
     assert "node3: once, last: neighbour: arp_cache: neighbor table overflow!" in result.message
     assert "node1" not in result.message
     assert setup_roles.fix_command(registry.get("neighbour.table").result(None, result), "hosts.ini") == (
-        "ansible-playbook site.yml -i hosts.ini --limit node3 --tags base"
+        "ansible-playbook site.yml -i hosts.ini --limit node3 --tags base"  # contract: the command a user runs
     )
 
 

@@ -10,6 +10,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from wording import says
 
 from clustercheck.checks import registry, xid_catalog
 from clustercheck.facts import collect
@@ -131,7 +132,7 @@ def test_a_code_the_catalog_lacks_warns_naming_it(monkeypatch):
 
 def test_no_xid_since_boot_passes_and_names_the_log_read():
     result = judged(H200_SMI, {"rc": 0, "lines": [], "read": 1234, "source": "dmesg"})["gpu.xid"]
-    assert result.status is Status.PASS and result.message == "gpu1: no Xid since boot (dmesg, 1234 line(s) read)"
+    assert result.status is Status.PASS and says(result.message, "gpu1: ", "no Xid", "dmesg", "1234 line(s)")
 
 
 def test_the_xid_probe_falls_back_to_dmesg_and_names_it(monkeypatch):
@@ -139,7 +140,8 @@ def test_the_xid_probe_falls_back_to_dmesg_and_names_it(monkeypatch):
     monkeypatch.setattr(node, "KERNEL_LOGS", (["true"], ["cat", log]))  # journalctl answering nothing, then the log
     answer = node.xid_lines(5)
     assert answer["source"] == f"cat {log}" and answer["read"] == 3
-    assert answer["lines"][1] == "May 18 19:02:39 kernel: NVRM: Xid (PCI:0000:2b:00): 79, GPU has fallen off the bus."
+    line = "May 18 19:02:39 kernel: NVRM: Xid (PCI:0000:2b:00): 79, GPU has fallen off the bus."
+    assert answer["lines"][1] == line  # verbatim: the log's line, as read
     assert answer["lines"][0].endswith("NVRM: GPU at PCI:0000:2b:00: GPU-0b11d014-1685-04bd-26ed-5fc0bc1c44ae")
     monkeypatch.setattr(node, "KERNEL_LOGS", (["true"], ["false"]))
     assert "error" in node.xid_lines(5)
@@ -294,10 +296,8 @@ def test_a_gpu_hidden_by_cuda_visible_devices_is_named_as_the_cause_not_the_torc
     """It was "torch.cuda.is_available() is False" with the fix "Install the CUDA build of torch"."""
     result = hidden_h200(recorded_visibility())["torch.cuda"]
     assert result.status is Status.FAIL
-    assert result.message == (
-        "gpu1: torch sees 0 of the 1 GPU(s) nvidia-smi shows: the environment hides them, CUDA_VISIBLE_DEVICES='1' "
-        "(set in /tmp/gpuwork/home/.bashrc:2), which names no GPU of this node (it has GPU 0)"
-    )
+    assert says(result.message, "gpu1: ", "torch sees 0 of the 1 GPU(s)", "CUDA_VISIBLE_DEVICES='1'")
+    assert says(result.message, "/tmp/gpuwork/home/.bashrc:2", "names no GPU", "it has GPU 0")
     assert result.remediation.startswith("Unset CUDA_VISIBLE_DEVICES in /tmp/gpuwork/home/.bashrc")
     assert "Install the CUDA build" not in result.remediation
     assert result.data["set_in"] == {"CUDA_VISIBLE_DEVICES": ["/tmp/gpuwork/home/.bashrc:2"]}

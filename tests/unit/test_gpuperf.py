@@ -8,6 +8,8 @@ import json
 from dataclasses import replace
 from pathlib import Path
 
+from wording import says
+
 from clustercheck import expected
 from clustercheck.checks import gpuperf, registry
 from clustercheck.facts import collect
@@ -153,9 +155,9 @@ def test_on_a_node_without_a_gpu_the_figure_checks_skip_with_the_reason():
     results = {r.name: r for r in registry.run_node_checks(facts)}
     for name in ("gpu.perf.matmul", "gpu.perf.memory", "gpu.perf.host_copy"):
         assert results[name].status is Status.SKIP
-        assert results[name].skip.reason == "no NVIDIA GPU on this node (none expected)"
+        assert says(results[name].skip.reason, "no NVIDIA GPU", "none expected")
     (cluster,) = [r for r in registry.run_cluster_checks([facts], None) if r.name == "gpu.perf.cluster"]
-    assert (cluster.status, cluster.message) == (Status.SKIP, "no NVIDIA GPU on any node")
+    assert cluster.status is Status.SKIP and says(cluster.message, "no NVIDIA GPU", "any node")
 
 
 def test_figures_are_read_by_their_report_names():
@@ -186,10 +188,7 @@ def test_the_core_stage_runs_gpubench_with_the_environments_python_and_keeps_its
     crashed = FakeNode("gpunode2", CommandResult(1, "", error))
     failed = gpuperf.judge_node(gpuwork.measure_gpus(facts, crashed, ctx, tmp_path), h100(), gpuperf.MATMUL)
     assert failed.status is Status.FAIL
-    assert failed.message == (
-        "the GPUs could not be measured: gpubench: exit 1: Traceback ... | "
-        "RuntimeError: CUDA error: unspecified launch failure"
-    )
+    assert says(failed.message, "could not be measured", "gpubench: exit 1", "CUDA error: unspecified launch failure")
 
 
 def test_each_gpu_s_figures_are_measures_in_base_units_with_the_node_index_and_bus_id_and_units_in_the_data():
