@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 from harness import probe_records, promtool_path, real_results
+from wording import says
 
 from clustercheck import report
 from clustercheck.checks import network, registry
@@ -150,7 +151,7 @@ def test_markdown_puts_the_verdict_and_the_failures_with_their_fixes_first():
     results = real_results()
     text = markdown.render(Report(results, ["node1", "node2", "node3"], "abc123", 0.0, 75))
     lines = text.splitlines()
-    assert lines[0] == "## clustercheck: NOT READY: 2 check(s) failed"
+    assert lines[0] == "## clustercheck: NOT READY: 2 check(s) failed"  # contract: the verdict line
     assert "3 host(s)" in lines[2] and "took 1m15s" in lines[2]
     failures = text.index("### Failures")
     fix = text.index("  - fix: On node3, allow TCP from the cluster network")
@@ -175,7 +176,7 @@ def test_markdown_s_next_step_comes_after_the_warnings_it_tells_to_read():
         registry.get("time.sync").result(h, registry.warn("the clock is not synchronized to NTP")) for h in healthy
     ]
     lines = markdown.render(Report(results, sorted(healthy))).splitlines()
-    assert lines[0] == "## clustercheck: READY for multi-node PyTorch (with warnings)"
+    assert lines[0] == "## clustercheck: READY for multi-node PyTorch (with warnings)"  # contract: the verdict line
     (next_line,) = [line for line in lines if line.startswith("Next: ")]
     assert next_line.startswith("Next: read the warnings above, then train: ")
     warnings = lines.index("### Warnings")
@@ -314,25 +315,22 @@ def test_the_text_report_shows_problems_first_and_folds_the_skips_into_one_line_
     assert f"{compared} skipped: one node, nothing to compare (consistency.*)" in lines
     folded = [line for line in lines if " skipped: " in line and not line.startswith("stages:")]
     assert sum(int(line.split(" ", 1)[0]) for line in folded) == len(skips)
-    assert lines[-4] == (
-        "stages: core WARN in 21.3 s · network, data, collectives, ddp, lightning skipped (not selected (--only core))"
-    )
+    assert says(lines[-4], "stages: core WARN in 21.3 s", "network, data, collectives, ddp, lightning skipped")
+    assert says(lines[-4], "not selected (--only core)")
     counts = Counter(r.status for r in results)
-    assert lines[-3] == (
-        f"{len(results)} result(s): {counts[Status.WARN]} WARN, {counts[Status.PASS]} PASS, {len(skips)} SKIP"
-        " · 1 host(s)"
-    )
+    assert says(lines[-3], f"{len(results)} result(s)", f"{counts[Status.WARN]} WARN", f"{counts[Status.PASS]} PASS")
+    assert says(lines[-3], f"{len(skips)} SKIP", "1 host(s)")
 
 
 def test_only_core_is_not_called_ready_and_the_next_step_says_what_to_run():
     lines = text_lines(Report(one_node_core_only(), ["localhost"], durations={"core": 21.3}))
     verdict, next_step = lines[-2:]
     assert "READY" not in verdict
-    assert verdict == (
+    assert verdict == (  # contract: the verdict line
         "NOT VERIFIED for multi-node PyTorch: core passed (with warnings); network, collectives, ddp did not run "
         "(not selected (--only core))"
     )
-    assert next_step == "next: run the same command without --only core to verify network, collectives, ddp"
+    assert says(next_step, "next: ", "same command without --only core", "network, collectives, ddp")
     summary = markdown.render(Report(one_node_core_only(), ["localhost"], durations={"core": 21.3})).splitlines()
     assert summary[0] == "## clustercheck: " + verdict
     assert "stages: core WARN in 21.3 s" in summary[4] and summary[6] == "### Warnings"
@@ -349,13 +347,14 @@ def test_the_verdict_and_the_next_step_read_the_skips_data_not_their_messages():
     before, after = (text_lines(Report(rs, ["localhost"], durations={"core": 21.3})) for rs in (results, reworded))
     rows = [line for line in before if not line.startswith(("│", "┏", "┃", "┡", "└"))]
     assert rows == [line for line in after if not line.startswith(("│", "┏", "┃", "┡", "└"))]
-    assert before[-1] == "next: run the same command without --only core to verify network, collectives, ddp"
+    assert says(before[-1], "next: ", "same command without --only core", "network, collectives, ddp")
     document = json_report.document(Report(reworded, ["localhost"], durations={"core": 21.3}))
     stages = {s["name"]: s for s in document["stages"]}
     assert stages["ddp"] == {"name": "ddp", "status": "SKIP", "skipped": "not selected (--only core)"}
     ddp = next(c for c in document["checks"] if c["name"] == "ddp_equivalence")
-    assert ddp["stage"] == "ddp" and ddp["skip_reason"] == "not selected (--only core)"
-    assert ddp["deselected_by"] == "--only core" and ddp["message"] == "ddp_equivalence was not run"
+    assert ddp["stage"] == "ddp" and says(ddp["skip_reason"], "not selected", "--only core")
+    assert ddp["deselected_by"] == "--only core"
+    assert ddp["message"] == "ddp_equivalence was not run"  # verbatim: the reworded message, passed through
 
 
 def test_a_ready_cluster_s_next_step_is_the_launch_and_a_failing_one_s_the_first_fix():
@@ -367,17 +366,12 @@ def test_a_ready_cluster_s_next_step_is_the_launch_and_a_failing_one_s_the_first
     results += collectives.evaluate_bandwidth(load("collectives-2x2.json"), world_size=4)
     results.append(ddp.evaluate(load("ddp-pass.json"), world_size=3))
     ready = Report(results, sorted(healthy), hosts_args=("--hosts", "inventory/hosts.ini", "--limit", "gpu0*"))
-    assert ready.verdict == "READY for multi-node PyTorch"
-    assert text_lines(ready)[-1] == (
-        "next: train: clustercheck launch --hosts inventory/hosts.ini --limit 'gpu0*' -- train.py ARGS "
-        "(your script under torchrun on every node)"
-    )
+    assert ready.verdict == "READY for multi-node PyTorch"  # contract: the verdict line
+    command = "clustercheck launch --hosts inventory/hosts.ini --limit 'gpu0*' -- train.py ARGS"
+    assert says(text_lines(ready)[-1], "next: train: ", command, "torchrun on every node")
     failing = text_lines(Report(real_results(), ["node1", "node2", "node3"]))
-    assert failing[-2] == "NOT READY: 2 check(s) failed"
-    assert failing[-1] == (
-        "next: fix network.tcp on node1 first, then the 1 other failure(s) (each with its fix above), and run the "
-        "same command again"
-    )
+    assert failing[-2] == "NOT READY: 2 check(s) failed"  # contract: the verdict line
+    assert says(failing[-1], "next: fix network.tcp on node1 first", "1 other failure(s)", "same command again")
     fixes = [line for line in failing if line.startswith("fix network.tcp on node")]
     assert len(fixes) == 2 and failing.index(fixes[0]) < failing.index(failing[-2])
 
@@ -405,14 +399,12 @@ def test_one_node_is_ready_for_pytorch_on_that_node_not_for_multi_node():
     warned that the name breaks rendezvous across nodes: one node proves what it proves there, with its ranks."""
     results = recorded_run("report-localhost.json")
     one = Report(results, ["localhost"], durations={"core": 2.3, "network": 0.2, "collectives": 3.9, "ddp": 5.6})
-    assert one.verdict == (
+    assert one.verdict == (  # contract: the verdict line, quoted in README.md
         "READY for PyTorch on localhost with 2 ranks (with warnings); multi-node not verified with one node"
     )
     assert "READY for multi-node" not in text_lines(one)[-2]
-    assert one.next_step == (
-        "read the warnings above, then train: clustercheck launch --hosts INVENTORY -- train.py ARGS (your script "
-        "under torchrun on every node)"
-    )
+    command = "clustercheck launch --hosts INVENTORY -- train.py ARGS"
+    assert says(one.next_step, "read the warnings above", "train: " + command, "torchrun on every node")
 
 
 def test_the_same_fix_on_several_nodes_is_one_line_naming_them():
@@ -424,10 +416,8 @@ def test_the_same_fix_on_several_nodes_is_one_line_naming_them():
     results.append(registry.get("shm.size").result("node2", registry.fail("/dev/shm is 64 MiB")))
     lines = text_lines(Report(results, ["node1", "node2", "node3"]))
     fixes = [line for line in lines if line.startswith("fix ")]
-    assert fixes == [
-        f"fix shm.size on node2: {registry.get('shm.size').fix}",
-        f"fix time.sync on node1, node2, node3: {fix}",
-    ]
+    assert len(fixes) == 2 and says(fixes[0], "fix shm.size", "on node2", registry.get("shm.size").fix)
+    assert says(fixes[1], "fix time.sync", "on node1, node2, node3", fix)
     stages = next(line for line in lines if line.startswith("stages:"))
     assert stages.startswith("stages: core FAIL")
 
@@ -441,7 +431,9 @@ def test_the_same_fix_of_several_checks_is_one_line_naming_them():
     ]
     results.append(CheckResult("local.allreduce", Status.FAIL, "did not complete", host="node2", remediation=fix))
     fixes = [line for line in text_lines(Report(results, ["node1", "node2"])) if line.startswith("fix ")]
-    assert fixes == [f"fix local.allreduce, local.allgather, local.broadcast on node1, node2: {fix}"]
+    assert len(fixes) == 1 and says(
+        fixes[0], "fix local.allreduce, local.allgather, local.broadcast", "node1, node2", fix
+    )
 
 
 def test_a_skipped_ddp_stage_is_named_in_the_verdict_with_the_option_that_skipped_it():
@@ -457,10 +449,10 @@ def test_a_skipped_ddp_stage_is_named_in_the_verdict_with_the_option_that_skippe
     for check in registry.of_stage("ddp"):
         results += registry.skipped(check, sorted(healthy), why)
     document = Report(results, sorted(healthy))
-    assert document.verdict == (
+    assert document.verdict == (  # contract: the verdict line
         "NOT VERIFIED for multi-node PyTorch: network, collectives passed; ddp did not run (not selected (--skip ddp))"
     )
-    assert document.next_step == "run the same command without --skip ddp to verify ddp"
+    assert says(document.next_step, "same command without --skip ddp", "verify ddp")
 
 
 def test_prometheus_takes_its_metrics_from_the_measures_and_knows_no_check_by_name(tmp_path):
@@ -486,7 +478,7 @@ def test_the_same_finding_on_several_hosts_is_one_row_naming_them():
         for line in text_lines(Report(results, hosts))
         if line.startswith("│") and line.split("│")[1].strip()
     ]
-    assert rows == [
+    assert rows == [  # verbatim: each row's message is the one given, passed through; the fold is what is asserted
         ["WARN", "time.sync", "all 5 hosts", "the clock is not synchronized to NTP"],
         ["PASS", "time.sync", "node1, node2, node3 and 1 more", "synchronized (chrony)"],
         ["PASS", "shm.size", "node2", "/dev/shm is 64 GiB"],
@@ -502,14 +494,9 @@ def test_a_check_passing_in_its_own_words_on_many_hosts_is_one_row_and_its_probl
     results = [check.result(h, registry.passed(f"hostname {h} resolves to 10.0.0.{i}")) for i, h in enumerate(hosts)]
     results[5] = check.result("node6", registry.fail("hostname node6 resolves to 127.0.1.1 (loopback)"))
     rows = [(r.status.value, where, r.message) for r, where in text_report.fold(results, hosts)]
-    assert rows == [
-        (
-            "PASS",
-            "node1, node2, node3 and 8 more",
-            "node1: hostname node1 resolves to 10.0.0.0 (each host's own message: the JSON report)",
-        ),
-        ("FAIL", "node6", "node6: hostname node6 resolves to 127.0.1.1 (loopback)"),
-    ]
+    assert [row[:2] for row in rows] == [("PASS", "node1, node2, node3 and 8 more"), ("FAIL", "node6")]
+    assert says(rows[0][2], "node1: hostname node1 resolves to 10.0.0.0", "each host's own message", "JSON report")
+    assert says(rows[1][2], "node6: hostname node6 resolves to 127.0.1.1 (loopback)")
     assert sum(line.startswith("│") and "hostname.resolve" in line for line in text_lines(Report(results, hosts))) == 2
     few = [r for r in results if r.host in hosts[:4]]
     assert sum(line.startswith("│") and "hostname.resolve" in line for line in text_lines(Report(few, hosts[:4]))) == 4
