@@ -13,6 +13,7 @@ import tarfile
 import time
 
 import pytest
+from wording import says
 
 from clustercheck.launcher import command, detached, output, sameness
 from clustercheck.stages import launch
@@ -156,9 +157,10 @@ def test_torchrun_tee_marks_become_node_and_global_rank_prefixes():
     # What torchrun 2.13's --tee=3 printed for a 2-rank node (captured with tests' torch on this machine).
     out = output.NodeOutput("node2", first_rank=2)
     lines = out.feed("stdout", "[default0]:hello from 0\n[default1]:hel")
-    assert lines == ["node2/2: hello from 0"]
-    assert out.feed("stdout", "lo from 1\r\n") == ["node2/3: hello from 1"]
-    assert out.feed("stderr", "W1122 torchrun warning\n[default1]:err line") == ["node2: W1122 torchrun warning"]
+    assert lines == ["node2/2: hello from 0"]  # contract: the rank's line after its node/rank, docs/launch.md
+    assert out.feed("stdout", "lo from 1\r\n") == ["node2/3: hello from 1"]  # contract: as above
+    stderr = out.feed("stderr", "W1122 torchrun warning\n[default1]:err line")
+    assert stderr == ["node2: W1122 torchrun warning"]  # contract: torchrun's own line, after the node
     assert out.flush() == ["node2/3: err line"]
     assert list(out.tail)[-1] == "node2/3: err line"
     elastic = output.NodeOutput("node1", first_rank=None)
@@ -255,9 +257,8 @@ def test_what_rank_0_wrote_beside_the_script_does_not_make_a_later_launch_refuse
     # A file the user adds on one node the moment after the runs is code again, and is named.
     (homes["node1"] / "code" / "model2.py").write_text("LAYERS = 8\n")
     (homes["node1"] / "code" / "model.pt").write_text("edited by hand, after the runs")
-    assert sameness.problems(at_one_path(trees())) == [
-        "node2: missing: model.pt, model2.py (compared with node1's /srv/code)"
-    ]
+    (problem,) = sameness.problems(at_one_path(trees()))
+    assert says(problem, "node2: ", "missing: model.pt, model2.py", "node1's /srv/code")
 
 
 def test_identical_directories_pass_and_a_changed_missing_or_extra_file_is_named(tmp_path):
@@ -279,10 +280,9 @@ def test_identical_directories_pass_and_a_changed_missing_or_extra_file_is_named
     (tmp_path / "node3" / "code" / "notes.txt").write_text("x")
     for name in ("node1", "node2", "node3"):
         trees[name] = at_one_path(hashed(tmp_path / name / "code"))
-    assert sameness.problems(trees) == [
-        "node2: differs: lib/model.py (compared with node1's /srv/code)",
-        "node3: missing: lib/model.py; only there: notes.txt (compared with node1's /srv/code)",
-    ]
+    node2, node3 = sameness.problems(trees)
+    assert says(node2, "node2: ", "differs: lib/model.py", "node1's /srv/code")
+    assert says(node3, "node3: ", "missing: lib/model.py", "only there: notes.txt", "node1's /srv/code")
 
 
 def test_a_launch_whose_end_was_not_recorded_is_ended_by_the_next_one(tmp_path):
@@ -309,9 +309,8 @@ def test_a_missing_script_and_a_too_large_directory_are_named(tmp_path, monkeypa
     (tmp_path / "a" / "train.py").write_text("x")
     missing = hashed(tmp_path / "a", script="nope.py")
     assert missing.error == "no such file"
-    assert sameness.unusable({"node1": hashed(tmp_path / "a"), "node2": missing}) == [
-        f"node2: {tmp_path / 'a' / 'nope.py'} does not exist"
-    ]
+    (unusable,) = sameness.unusable({"node1": hashed(tmp_path / "a"), "node2": missing})
+    assert says(unusable, "node2: ", str(tmp_path / "a" / "nope.py"), "does not exist")
     monkeypatch.setattr(sameness, "MAX_FILES", 0)
     big = hashed(tmp_path / "a")
     assert big.error == "too large"
@@ -325,9 +324,8 @@ def test_a_missing_script_and_a_too_large_directory_are_named(tmp_path, monkeypa
 def test_a_script_at_another_path_is_named(tmp_path):
     one = sameness.Tree("/home/a/train.py", "/home/a", {"train.py": "1"})
     two = sameness.Tree("/home/b/train.py", "/home/b", {"train.py": "1"})
-    assert sameness.problems({"node1": one, "node2": two}) == [
-        "node2: the script is /home/b/train.py, on node1 /home/a/train.py"
-    ]
+    (problem,) = sameness.problems({"node1": one, "node2": two})
+    assert says(problem, "node2: ", "/home/b/train.py", "node1 /home/a/train.py")
 
 
 # ---------------------------------------------------------------------------------------- detached jobs
@@ -347,10 +345,9 @@ def test_job_listing_and_its_summary_across_nodes():
     ]
     assert listed[0].started == 1763780000.0 and listed[2].started is None
     running = listed[0]
-    assert detached.summary({"node1": running, "node2": running}) == "running on 2/2 node(s)"
-    assert detached.summary({"node1": running, "node2": listed[1], "node3": None}) == (
-        "exited 0 on node2; not there on node3; running on node1"
-    )
+    assert says(detached.summary({"node1": running, "node2": running}), "running on 2/2 node(s)")
+    mixed = detached.summary({"node1": running, "node2": listed[1], "node3": None})
+    assert says(mixed, "exited 0 on node2", "not there on node3", "running on node1")
 
 
 def test_the_start_command_keeps_the_users_arguments_as_they_are():
@@ -373,9 +370,8 @@ def test_a_node_without_systemd_as_pid_1_refuses_a_detached_job_and_keeps_no_job
 
 
 def test_systemd_runs_own_error_is_named_as_such():
-    assert detached.start_problem(1, "Failed to connect to bus: Host is down\n") == (
-        "systemd-run failed (exit 1): Failed to connect to bus: Host is down"
-    )
+    refused = detached.start_problem(1, "Failed to connect to bus: Host is down\n")
+    assert says(refused, "systemd-run failed (exit 1)", "Failed to connect to bus: Host is down")
     lingering = "alice has no lingering systemd user manager, so a detached job would end at logout: run: ..."
     assert detached.start_problem(detached.REFUSED, lingering + "\n") == lingering
 

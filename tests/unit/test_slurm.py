@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 import pytest
+from wording import says
 
 from clustercheck.checks import registry
 from clustercheck.facts import collect
@@ -66,7 +67,9 @@ def test_the_drain_reason_holds_nothing_that_breaks_scontrol_or_a_log_line():
     check = registry.get("time.sync")
     result = check.result("n1", registry.fail("chronyd said \"no\"\nand 'stopped'\tnow; `x` $HOME"))
     reason = drain_reason(result)
-    assert reason == "clustercheck: time.sync: chronyd said no and stopped now; x HOME"
+    assert (
+        reason == "clustercheck: time.sync: chronyd said no and stopped now; x HOME"
+    )  # contract: what scontrol gets, each unsafe character gone
     assert Action("drain", "n1", reason).argv("/usr/bin/scontrol") == [
         "/usr/bin/scontrol",
         "update",
@@ -138,7 +141,8 @@ def test_an_error_of_a_check_drains_as_a_fail_does():
     check = registry.get("gpu.ecc")
     errored = check.result("n1", registry.Finding(Status.ERROR, "check gpu.ecc failed: KeyError: 'ecc'"))
     action = decide(SlurmNode("n1", ("IDLE",), None), [errored])
-    assert action is not None and action.reason == "clustercheck: gpu.ecc: check gpu.ecc failed: KeyError: ecc"
+    assert action is not None and action.reason.startswith("clustercheck: gpu.ecc: ")  # the reason read back
+    assert says(action.reason, "failed", "KeyError: ecc")
 
 
 def test_the_health_program_finds_the_system_programs_without_a_path_and_keeps_the_one_given():
@@ -222,12 +226,14 @@ def test_srun_says_which_task_launch_failed_on_which_node():
     from clustercheck.slurm.diagnose import srun_error
 
     stopped = recorded("srun-step-slurmd-stopped.txt")
-    assert srun_error(stopped) == "Task launch for StepId=1.1 failed on node node3: Communication connection failure"
+    launch_failed = "Task launch for StepId=1.1 failed on node node3: Communication connection failure"
+    assert srun_error(stopped) == launch_failed  # verbatim: srun's own line, found
     munge = recorded("srun-step-munge-key.txt")
     said = "Task launch for StepId=1.5 failed on node node3: Zero Bytes were transmitted or received"
     assert srun_error(munge) == said  # not the slurm_receive_msgs line before it
     outside = recorded("srun-step-outside-allocation.txt")
-    assert srun_error(outside) == "Unable to create step for job 2: Requested node configuration is not available"
+    not_available = "Unable to create step for job 2: Requested node configuration is not available"
+    assert srun_error(outside) == not_available  # verbatim: srun's own line, found
     assert srun_error("") is None
 
 
@@ -249,10 +255,8 @@ def refused_step(stderr: str, node):
 def test_a_stopped_slurmd_is_named_with_srun_and_slurms_words_and_slurms_fix():
     node = parse_show_node(recorded("show-node-not-responding.txt"), "node3")
     refused = refused_step(recorded("srun-step-slurmd-stopped.txt"), node)
-    assert refused.said == (
-        "srun: Task launch for StepId=1.1 failed on node node3: Communication connection failure: slurmd on node3 "
-        "does not answer; Slurm shows it MIXED+NOT_RESPONDING"
-    )
+    srun_said = "srun: Task launch for StepId=1.1 failed on node node3: Communication connection failure"
+    assert says(refused.said, srun_said, "slurmd on node3 does not answer", "MIXED+NOT_RESPONDING")
     assert refused.fix.startswith("Start slurmd on node3 (systemctl start slurmd;")
     assert "ssh" not in refused.fix.lower()
 
@@ -268,15 +272,14 @@ def test_another_munge_key_is_named_as_an_authentication_failure_with_munges_fix
 
 def test_a_node_slurm_keeps_out_and_what_nothing_explains_get_slurms_words():
     outside = refused_step(recorded("srun-step-outside-allocation.txt"), "scontrol show node node3: timed out")
-    assert outside.said == (
-        "srun: Unable to create step for job 2: Requested node configuration is not available: Slurm keeps node3 out; "
-        "its state in Slurm unknown: scontrol show node node3: timed out"
-    )
+    srun_said = "srun: Unable to create step for job 2: Requested node configuration is not available"
+    assert says(outside.said, srun_said, "Slurm keeps node3 out", "state in Slurm unknown")
+    assert says(outside.said, "scontrol show node node3: timed out")
     assert "scontrol update nodename=node3 state=resume" in outside.fix
     drained = refused_step("srun: error: something new\n", SlurmNode("node3", ("IDLE", "DRAIN"), "disk swap"))
-    assert drained.said == "srun: something new: Slurm keeps node3 out; Slurm shows it IDLE+DRAIN (disk swap)"
+    assert says(drained.said, "srun: something new", "Slurm keeps node3 out", "IDLE+DRAIN (disk swap)")
     unknown = refused_step("srun: error: something new\n", SlurmNode("node3", ("IDLE",), None))
-    assert unknown.said == "srun: something new; Slurm shows it IDLE"
+    assert says(unknown.said, "srun: something new", "Slurm shows it IDLE") and "keeps" not in unknown.said
     assert unknown.fix.startswith("Read srun's error, and slurmd's log on node3")
 
 
