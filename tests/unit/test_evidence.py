@@ -13,6 +13,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from wording import says
 
 from clustercheck.checks import registry
 from clustercheck.facts import collect
@@ -73,7 +74,8 @@ def test_a_gpu_failure_keeps_nvidia_smi_the_kernel_lines_and_the_bug_report_and_
     lines = (where / "kernel-gpu.log").read_text().splitlines()
     assert lines == XID79.read_text().splitlines()  # every line of it is about the GPU
     assert gzip.decompress((where / "nvidia-bug-report.log.gz").read_bytes()) == b"nvidia-smi -q: ...\n"
-    assert (where / "nvidia-bug-report.txt").read_text() == "nvidia-bug-report.sh: its report kept\n\ncollecting\n"
+    said = (where / "nvidia-bug-report.txt").read_text()
+    assert says(said, "nvidia-bug-report.sh", "report kept") and said.endswith("\n\ncollecting\n")  # its own output
     (xid,) = [r for r in evidence.noted(results, kept) if r.name == "gpu.xid"]
     assert xid.status is Status.FAIL and xid.message.endswith(" (evidence kept: hosts/gpu1/gpu-evidence/)")
     assert xid.data["evidence"]["bug_report"] == "its report kept" and "xids" in xid.data
@@ -106,7 +108,7 @@ def test_a_bug_report_past_its_deadline_is_stopped_with_all_it_started_and_its_p
     kept = evidence.keep(facts, transport, tmp_path / "hosts" / "gpu1", seconds=2)
     took = time.monotonic() - started
     assert 2 <= took < 2 + evidence.STOP_GRACE, took
-    assert kept.bug_report == "ran out of time: stopped after 2 s, its partial report kept"
+    assert says(kept.bug_report, "ran out of time", "after 2 s", "partial report kept")
     where = tmp_path / "hosts" / "gpu1" / "gpu-evidence"
     assert (where / "nvidia-bug-report.log").read_text() == "partial\n"
     assert (where / "nvidia-bug-report.txt").read_text().startswith("nvidia-bug-report.sh: ran out of time")
@@ -120,7 +122,7 @@ def test_a_node_without_the_script_keeps_the_rest_and_says_so(tmp_path, monkeypa
     _, facts = failing_node()
     monkeypatch.setenv("PATH", "/usr/bin:/bin")  # no nvidia-bug-report.sh (not installed here)
     kept = evidence.keep(facts, transport, tmp_path / "hosts" / "gpu1")
-    assert kept.bug_report == "nvidia-bug-report.sh is not installed on the node"
+    assert says(kept.bug_report, "nvidia-bug-report.sh", "not installed")
     assert kept.files == ("nvidia-smi-q.txt", "kernel-gpu.log", "nvidia-bug-report.txt")
 
 
@@ -128,9 +130,10 @@ def test_how_the_script_ended_is_said():
     # NVIDIA's script refuses a user other than root with this line (nvidia-bug-report.sh, as the driver ships it:
     # `echo "ERROR: Please run $(basename $0) as root."`)
     refused = CommandResult(0, "rc=1\n", "ERROR: Please run nvidia-bug-report.sh as root.\n")
-    assert evidence.parse_collected(refused, 300).said == "exit 1: ERROR: Please run nvidia-bug-report.sh as root."
+    refusal = evidence.parse_collected(refused, 300).said
+    assert says(refusal, "exit 1", "ERROR: Please run nvidia-bug-report.sh as root.")
     killed = evidence.parse_collected(CommandResult(0, "rc=137\n", ""), 300)
-    assert (killed.said, killed.name) == ("ran out of time: stopped after 300 s", None)
+    assert killed.name is None and says(killed.said, "ran out of time", "after 300 s")
     lost = evidence.parse_collected(CommandResult(None, "", "", timed_out=True), 300)
     assert lost.said.startswith("could not be run: ")
 
@@ -138,7 +141,7 @@ def test_how_the_script_ended_is_said():
 def test_xid_lines_older_than_the_kernel_log_s_day_come_first():
     _, facts = failing_node()
     facts = replace(facts, kernel_log="May 19 08:00:00 kernel: nvidia-nvlink: Nvlink Core is being initialized\n")
-    assert evidence.gpu_lines(facts) == [
+    assert evidence.gpu_lines(facts) == [  # verbatim: the kernel's lines, as found
         "May 18 19:02:39 kernel: NVRM: Xid (PCI:0000:2b:00): 79, GPU has fallen off the bus.",
         "May 19 08:00:00 kernel: nvidia-nvlink: Nvlink Core is being initialized",
     ]

@@ -12,6 +12,7 @@ import pytest
 import yaml
 from harness import run_cli
 from test_checks import H800, by_name, node_facts
+from wording import says
 
 from clustercheck import expected
 from clustercheck.checks import collectives
@@ -168,7 +169,7 @@ def test_a_bad_file_is_one_line_and_exit_code_4(tmp_path, text, says):
     assert says in str(raised.value) and "\n" not in str(raised.value)
     proc = run_cli("run", "--hosts", "localhost", "--expected", str(bad), "--run-dir", str(tmp_path / "run"))
     assert proc.returncode == ExitCode.USAGE_ERROR
-    assert proc.stderr == f"clustercheck: error: expected values: {raised.value}\n"
+    assert proc.stderr.startswith("clustercheck: error: expected values: ") and str(raised.value) in proc.stderr
     assert not (tmp_path / "run").exists()  # refused before anything ran
 
 
@@ -203,7 +204,8 @@ def test_the_inventory_names_the_users_file(tmp_path):
     inv.write_text(f"[gpu]\nlocalhost ansible_connection=local clustercheck_expected_file={bad}\n")
     proc = run_cli("run", "--hosts", str(inv), "--run-dir", str(tmp_path / "run"))
     assert proc.returncode == ExitCode.USAGE_ERROR
-    assert proc.stderr == f"clustercheck: error: expected values: {bad}: schema_version: 1 was expected\n"
+    assert proc.stderr.startswith("clustercheck: error: expected values: ")
+    assert says(proc.stderr, str(bad), "schema_version", "1 was expected")
     # --expected wins over the inventory's file: the run goes ahead (the core stage alone, on this machine).
     good = tmp_path / "own.yml"
     good.write_text("schema_version: 1\nmodels:\n  - model: L40S\n    figures:\n      pcie_gen: 5\n")
@@ -248,7 +250,8 @@ def test_node_health_takes_the_users_file(tmp_path):
     bad.write_text("schema_version: 1\nmodels: {}\n")
     proc = run_cli("node-health", "--expected", str(bad))
     assert proc.returncode == ExitCode.USAGE_ERROR
-    assert proc.stderr == f"clustercheck: error: expected values: {bad}: models: {{}} is not of type 'array'\n"
+    assert proc.stderr.startswith("clustercheck: error: expected values: ")
+    assert says(proc.stderr, str(bad), "models", "is not of type 'array'")
 
 
 def test_the_checks_doc_table_of_figures_is_the_schemas():

@@ -22,14 +22,14 @@ def test_a_node_finding_gains_the_command_of_the_role_that_sets_it():
     command = "ansible-playbook site.yml -i inventory/hosts.ini --limit node3 --tags base"
     for name in ("shm.size", "time.sync"):
         assert fixed[name].status is Status.FAIL
-        assert fixed[name].fix_command == command
+        assert fixed[name].fix_command == command  # contract: the command a user runs
         assert fixed[name].remediation.endswith(f"Or rerun the role that sets it: {command}")
     assert fixed["disk.free"].status is Status.FAIL and fixed["disk.free"].fix_command is None  # no role frees disk
     assert all(r.fix_command is None for r in fixed.values() if r.status in (Status.PASS, Status.SKIP))
     document = json_report.document(Report(list(fixed.values()), ["node3"]))
     jsonschema.Draft202012Validator(json.loads(report.schema_text())).validate(document)
     shm = next(c for c in document["checks"] if c["name"] == "shm.size")
-    assert shm["fix_command"] == command
+    assert shm["fix_command"] == command  # contract: as above, in the JSON report
     assert "fix_command" not in next(c for c in document["checks"] if c["name"] == "os.info")
 
 
@@ -37,7 +37,8 @@ def test_a_cross_node_finding_names_the_nodes_that_differ_and_a_host_list_gets_n
     finding = compare({"node1": "2.13.0", "node2": "2.13.0", "node3": "2.12.1", "node4": "2.12.0"}, "torch version")
     result = registry.get("consistency.torch").result(None, finding)
     (fixed,) = setup_roles.with_fix_commands([result], "/srv/my inventory")
-    assert fixed.fix_command == "ansible-playbook site.yml -i '/srv/my inventory' --limit node3,node4 --tags python_env"
+    command = "ansible-playbook site.yml -i '/srv/my inventory' --limit node3,node4 --tags python_env"
+    assert fixed.fix_command == command  # contract: the command a user (or a script) runs
     assert setup_roles.with_fix_commands([result], None) == [result]  # --hosts node1,node2 or localhost
 
 

@@ -11,6 +11,7 @@ import time
 from types import SimpleNamespace
 
 import pytest
+from wording import says
 
 from clustercheck.facts.burn import GpuBurn
 from clustercheck.remote import gpubench, gpuburn, gputhreads
@@ -44,8 +45,8 @@ def test_a_gpu_whose_work_raises_keeps_its_error_and_the_phase_it_failed_in():
         raise RuntimeError("CUDA error: out of memory\nmore")
 
     out, hung = gputhreads.run_each(1, work, deadline=5)
-    assert hung == [] and out[0]["error"] == "RuntimeError: CUDA error: out of memory"
-    assert out[0]["phase"] == "allocating the load's matrices"
+    assert hung == [] and out[0]["error"] == "RuntimeError: CUDA error: out of memory"  # verbatim: its first line
+    assert out[0]["phase"] == "allocating the load's matrices"  # verbatim: the phase the work set
 
 
 def fake_torch(**matmul) -> SimpleNamespace:
@@ -130,7 +131,7 @@ def test_a_gpu_that_hangs_in_its_host_copy_does_not_hang_the_others_waiting_for_
     out, hung = gputhreads.run_each(2, work, deadline=1.5)
     stuck.set()
     assert hung == [1]
-    assert out[0]["error"] == "TimeoutError: another GPU's host copy did not end within 0.2 s"
+    assert says(out[0]["error"], "TimeoutError", "host copy", "0.2 s")
 
 
 def test_the_timer_gives_the_median_beside_the_best():
@@ -161,7 +162,7 @@ def smi_on_path(tmp_path, monkeypatch):
 
 def test_a_sample_that_fails_for_one_gpu_keeps_the_others_and_names_that_one(smi_on_path):
     answer = gpuburn.sample(gpuburn.QUERY)
-    assert answer["error"] == f"nvidia-smi exit 15: {UNREADABLE}"
+    assert says(answer["error"], "nvidia-smi exit 15", UNREADABLE)
     assert len(answer["lines"]) == 3 and UNREADABLE in answer["lines"]
     burn = GpuBurn.from_answer(
         {
@@ -173,7 +174,7 @@ def test_a_sample_that_fails_for_one_gpu_keeps_the_others_and_names_that_one(smi
     )
     assert [s.bus_id for s in burn.samples] == ["00000000:18:00.0", "00000000:1A:00.0"]
     (problem,) = burn.sample_problems
-    assert (problem.bus_id, problem.text) == ("00000000:34:00.0", UNREADABLE)
+    assert (problem.bus_id, problem.text) == ("00000000:34:00.0", UNREADABLE)  # verbatim: nvidia-smi's line
 
 
 def test_the_load_records_its_start_and_end_on_the_samples_clock_and_checks_its_product():

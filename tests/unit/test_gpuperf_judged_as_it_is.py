@@ -7,6 +7,7 @@ change what "tf32" or "fp32" measures recorded and named. Inputs in the shape gp
 from __future__ import annotations
 
 from test_gpuperf import H100, bench, gpu, h100
+from wording import says
 
 from clustercheck import expected
 from clustercheck.checks import gpuperf
@@ -71,7 +72,7 @@ def test_a_gpu_that_hung_is_a_fail_naming_its_phase_and_the_others_figures_are_k
     assert found.status is Status.FAIL
     assert "GPU 1 (00000000:19:00.0): not measured: did not finish (tf32 multiply), hung" in found.message
     assert found.data["gpus"][0]["matmul_bf16_tflops"] == 700.0
-    assert found.data["gpus"][1]["error"] == "did not finish (tf32 multiply), hung"
+    assert says(found.data["gpus"][1]["error"], "did not finish", "tf32 multiply", "hung")
 
 
 def test_the_median_is_kept_beside_the_best_which_is_judged():

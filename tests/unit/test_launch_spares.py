@@ -9,6 +9,7 @@ import os
 from pathlib import Path
 
 import pytest
+from wording import says
 
 from clustercheck.inventory import Node
 from clustercheck.launcher import command, leftout, session, spares, start
@@ -42,10 +43,9 @@ def test_the_job_runs_on_the_first_healthy_nodes_and_each_other_node_says_why_it
     ]
     choice = spares.choose(results, ORDER, 3)
     assert choice.enough and choice.kept == ("node1", "node3", "node4")
-    assert [n.line() for n in choice.left_out] == [
-        "left out node2: time.sync: chronyd does not answer; fix: systemctl start chrony",  # its first problem
-        "left out node5: spare, not needed",
-    ]
+    node2, node5 = (n.line() for n in choice.left_out)
+    assert says(node2, "left out node2", "time.sync", "chronyd does not answer", "systemctl start chrony")  # first
+    assert says(node5, "left out node5", "spare")
     assert [n.node for n in choice.failing] == ["node2"]
 
 
@@ -64,10 +64,8 @@ def test_fewer_healthy_nodes_than_the_job_needs_is_not_enough_and_names_each_fai
     results = [failed("node1", "time.sync", "chronyd does not answer"), failed("node3", "gpu.count", "7 GPUs, not 8")]
     choice = spares.choose(results, ORDER[:3], 2)
     assert not choice.enough and choice.kept == ("node2",)
-    assert choice.refusal() == (
-        "1 of the 3 nodes are healthy, the job needs 2: nothing was started; "
-        "failing: node1 (time.sync), node3 (gpu.count)"
-    )
+    refusal = choice.refusal()
+    assert says(refusal, "1 of the 3 nodes", "needs 2", "nothing was started", "node1 (time.sync), node3 (gpu.count)")
 
 
 def test_a_problem_that_names_no_single_node_of_the_allocation_is_unplaced():
@@ -109,7 +107,7 @@ def test_a_failing_node_is_drained_with_its_first_problem_in_the_one_reason_form
     reason = drain.drain_reason(results[0], 1)
     assert ran[-1] == ["update", "nodename=node3", "state=drain", f"reason={reason}"]
     assert drain.read_reason(reason) == drain.Reason("time.sync", "chronyd does not answer", 1)
-    assert said == [f"drained node3 in Slurm: {reason}"]
+    assert len(said) == 1 and says(said[0], "drained node3", "Slurm", reason)
 
 
 def test_a_drain_slurm_refuses_is_said_with_the_command_an_administrator_would_run(monkeypatch):
@@ -144,7 +142,7 @@ def test_the_job_is_shrunk_to_the_nodes_it_runs_on_and_slurms_resize_variables_a
         "42", choice_of(("node1", "node2"), spares.LeftOut("node3", "time.sync", "off")), tmp_path, said.append
     )
     assert shrunk == [("42", ["node1", "node2"], tmp_path)]
-    assert said == ["gave node3 back to Slurm: job 42 holds node1, node2 now"]
+    assert len(said) == 1 and says(said[0], "gave node3 back to Slurm", "job 42", "node1, node2")
     assert steps is not None and steps["SLURM_JOB_NODELIST"] == "node[1-2]" and "SLURM_NTASKS" not in steps
     # Handed on as a value: this process's own environment is no channel between the launch's steps.
     assert os.environ["SLURM_JOB_NODELIST"] == "node[1-3]" and os.environ["SLURM_NTASKS"] == "3"
@@ -197,11 +195,10 @@ def test_the_batch_node_stays_in_the_job_and_a_refused_shrink_is_said_and_the_la
     said: list[str] = []
     spare = choice_of(("node2", "node3"), spares.LeftOut("node1"), spares.LeftOut("node4"))
     leftout.give_back("7", spare, tmp_path, said.append)
-    assert said == [
-        "node1 stays in Slurm job 7 unused: it runs the batch script, which Slurm cannot take from the job",
-        "could not give node4 back to Slurm (scontrol update JobId=7 NodeList=node2,node3,node1: exit 1: Invalid node "
-        "name): they stay idle in job 7 until it ends",
-    ]
+    stays, kept = said
+    assert says(stays, "node1 stays in Slurm job 7", "batch script")
+    assert says(kept, "could not give node4 back", "scontrol update JobId=7 NodeList=node2,node3,node1", "exit 1")
+    assert says(kept, "Invalid node name", "idle in job 7")
 
 
 def test_the_shrink_asks_scontrol_in_the_run_directory_and_reads_the_resize_script_there(monkeypatch, tmp_path):

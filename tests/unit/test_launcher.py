@@ -373,7 +373,7 @@ def test_systemd_runs_own_error_is_named_as_such():
     refused = detached.start_problem(1, "Failed to connect to bus: Host is down\n")
     assert says(refused, "systemd-run failed (exit 1)", "Failed to connect to bus: Host is down")
     lingering = "alice has no lingering systemd user manager, so a detached job would end at logout: run: ..."
-    assert detached.start_problem(detached.REFUSED, lingering + "\n") == lingering
+    assert detached.start_problem(detached.REFUSED, lingering + "\n") == lingering  # verbatim: the node's refusal
 
 
 def test_a_job_record_round_trips_and_an_unknown_job_says_how_to_reach_it(tmp_path, monkeypatch):

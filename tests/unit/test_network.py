@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 from harness import probe_records
+from wording import says
 
 from clustercheck.checks import network, registry
 from clustercheck.model import Status
@@ -148,7 +149,7 @@ def test_an_mtu_mismatch_names_the_odd_node():
     records["node2"]["mtu"] = 9000
     (mtu,) = named(evaluate(records), "network.mtu")
     assert mtu.status is Status.FAIL
-    assert mtu.message == "cluster interface MTU differs: node2 has 9000, where the other 2 node(s) have 1500"
+    assert says(mtu.message, "MTU differs", "node2 has 9000", "other 2 node(s) have 1500")
     assert "Set the MTU to 1500 on node2 (eth0)" in mtu.remediation
 
 
@@ -157,7 +158,7 @@ def test_an_mtu_tie_says_there_is_no_majority_as_consistency_mtu_does():
     records["node2"]["mtu"] = 9000
     (mtu,) = named(evaluate(records), "network.mtu")
     assert mtu.status is Status.FAIL
-    assert mtu.message == "cluster interface MTU differs between nodes, no majority (node1: 1500; node2: 9000)"
+    assert says(mtu.message, "MTU differs", "no majority", "node1: 1500", "node2: 9000")
     assert mtu.remediation == registry.get("network.mtu").fix  # no majority to name: the declared fix
 
 
@@ -219,7 +220,7 @@ def test_mesh_command_and_ephemeral_port():
     command = stage.mesh_args("a", [29500, port], 8)
     assert command == ["mesh", "--self", "a", "--duration", "8", "--peers", "-", "--port", "29500", "--port", str(port)]
     listed = stage.peer_list([network.Peer("a", "10.0.0.1"), network.Peer("b", "10.0.0.2")])
-    assert listed == "a 10.0.0.1\nb 10.0.0.2\n"
+    assert listed == "a 10.0.0.1\nb 10.0.0.2\n"  # contract: the peer file the node program reads
     assert netprobe.parse_peers(listed) == ({"a": "10.0.0.1", "b": "10.0.0.2"}, {})
 
 
@@ -234,7 +235,7 @@ def test_the_probe_command_stays_the_same_size_however_many_nodes():
 
 def test_a_hostname_other_than_the_inventory_name_is_resolved_and_named():
     peers = [network.Peer("node1", "10.0.0.1"), network.Peer("node2", "10.0.0.2", hostname="gpu-02")]
-    assert stage.peer_list(peers) == "node1 10.0.0.1\nnode2 10.0.0.2 gpu-02\n"
+    assert stage.peer_list(peers) == "node1 10.0.0.1\nnode2 10.0.0.2 gpu-02\n"  # contract: the peer file, as above
     assert netprobe.parse_peers(stage.peer_list(peers))[1] == {"node2": "gpu-02"}
     records = load("netprobe-healthy.json")
     records["node1"]["resolve"]["node2"] = {"hostname": "gpu-02", "addresses": [], "error": "Name or service not known"}
@@ -489,7 +490,7 @@ def test_a_slow_link_between_two_fine_nodes_is_named_as_the_pair_not_as_a_node()
     rtt, throughput = network.perf_checks(measured_in_rounds(16, 8, figures))
     a, b = slow_pair
     assert rtt.data["slow_nodes"] == [] and rtt.status is Status.WARN
-    assert rtt.message == f"{a} <-> {b} takes 1.93 ms, the median pair 0.01 ms"
+    assert says(rtt.message, f"{a} <-> {b}", "1.93 ms", "median pair 0.01 ms")
     assert throughput.data["slow_senders"] == [] and throughput.data["slow_receivers"] == []
     assert throughput.message.startswith(f"{a} -> {b} moves 49 Mbit/s")
 

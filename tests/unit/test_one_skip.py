@@ -76,7 +76,7 @@ def test_the_epilogs_skip_of_a_root_job_names_its_node_once():
     """The epilog on node1 after a root job: `node1: job 5 ran as root`, not `node1: node1: job 5 ran as root`."""
     left = epilog.Left(((5120, "sleep"),), 0, 0)
     [processes] = epilog.judge("node1", epilog.Job("5", 0, "root"), left, others=False)
-    assert processes.message == "node1: job 5 ran as root"
+    assert processes.message == "node1: job 5 ran as root"  # contract: the SKIP format, the host once
     assert_one_way(processes)
 
 
@@ -93,7 +93,7 @@ def test_the_baseline_checks_skip_without_their_host_twice_or_their_own_name():
     for result in found:
         assert_one_way(result)
     collector = next(r for r in unrelated if r.name == "baseline.collector")
-    assert collector.message == "localhost: not compared: no node in common with the baseline"
+    assert collector.message == "localhost: not compared: no node in common with the baseline"  # contract: as above
 
 
 def test_the_network_and_collectives_stages_skips_follow_the_rule():

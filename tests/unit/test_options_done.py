@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+from wording import says
+
 from clustercheck.checks import requests
 from clustercheck.selection import Selection
 
@@ -17,13 +19,11 @@ def node(host: str, gpu: bool = True, burned: bool = False, dcgm: bool = False) 
 def test_each_option_says_where_it_was_done_or_why_not():
     config = SimpleNamespace(burn_seconds=30.0, dcgm_level=2, selection=Selection())
     missing, done = requests.undone([node("n1", burned=True), node("n2", burned=True)], config)
-    assert done == ["--burn 30s: burned on n1, n2"]
-    assert missing == ["--dcgm-level 2: dcgmi (DCGM) is installed on no node with a GPU, no DCGM diagnostic ran"]
+    assert len(done) == 1 and says(done[0], "--burn 30s", "burned on n1, n2")
+    assert len(missing) == 1 and says(missing[0], "--dcgm-level 2", "dcgmi (DCGM) is installed on no node with a GPU")
     missing, done = requests.undone([node("n1", dcgm=True)], config)
-    assert done == ["--dcgm-level 2: run on n1"]
-    assert missing == ["--burn 30s: the burn ran on no node (gpu.burn.* says why), nothing was burned"]
+    assert len(done) == 1 and says(done[0], "--dcgm-level 2", "run on n1")
+    assert len(missing) == 1 and says(missing[0], "--burn 30s", "ran on no node", "gpu.burn.* says why")
     missing, _ = requests.undone([node("n1", gpu=False)], config)
-    assert missing == [
-        "--burn 30s: no GPU on any node, nothing was burned",
-        "--dcgm-level 2: no GPU on any node, no DCGM diagnostic ran",
-    ]
+    burn, dcgm = missing
+    assert says(burn, "--burn 30s", "no GPU on any node") and says(dcgm, "--dcgm-level 2", "no GPU on any node")

@@ -102,7 +102,7 @@ def test_logs_print_the_jobs_output_and_a_missing_job_is_said(node):
     job_dir(node.home)
     for follow in (False, True):  # following a job that no longer runs prints what it wrote
         proc = node(detached.logs_command(JOB, follow))
-        assert proc.returncode == 0 and proc.stdout == "rank 0 says hello\n"
+        assert proc.returncode == 0 and proc.stdout == "rank 0 says hello\n"  # verbatim: the job's own output
     assert detached.no_job(node(detached.logs_command("ba9876543210", False)).returncode)
 
 

@@ -494,7 +494,8 @@ def test_a_check_passing_in_its_own_words_on_many_hosts_is_one_row_and_its_probl
     results = [check.result(h, registry.passed(f"hostname {h} resolves to 10.0.0.{i}")) for i, h in enumerate(hosts)]
     results[5] = check.result("node6", registry.fail("hostname node6 resolves to 127.0.1.1 (loopback)"))
     rows = [(r.status.value, where, r.message) for r, where in text_report.fold(results, hosts)]
-    assert [row[:2] for row in rows] == [("PASS", "node1, node2, node3 and 8 more"), ("FAIL", "node6")]
+    folded = [("PASS", "node1, node2, node3 and 8 more"), ("FAIL", "node6")]
+    assert [row[:2] for row in rows] == folded  # contract: the fold, README.md's "the first three and how many more"
     assert says(rows[0][2], "node1: hostname node1 resolves to 10.0.0.0", "each host's own message", "JSON report")
     assert says(rows[1][2], "node6: hostname node6 resolves to 127.0.1.1 (loopback)")
     assert sum(line.startswith("│") and "hostname.resolve" in line for line in text_lines(Report(results, hosts))) == 2

@@ -230,7 +230,7 @@ def test_srun_says_which_task_launch_failed_on_which_node():
     assert srun_error(stopped) == launch_failed  # verbatim: srun's own line, found
     munge = recorded("srun-step-munge-key.txt")
     said = "Task launch for StepId=1.5 failed on node node3: Zero Bytes were transmitted or received"
-    assert srun_error(munge) == said  # not the slurm_receive_msgs line before it
+    assert srun_error(munge) == said  # verbatim: srun's line, not the slurm_receive_msgs line before it
     outside = recorded("srun-step-outside-allocation.txt")
     not_available = "Unable to create step for job 2: Requested node configuration is not available"
     assert srun_error(outside) == not_available  # verbatim: srun's own line, found

@@ -9,6 +9,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from wording import says
 
 from clustercheck.slurm import batch
 from clustercheck.slurm import jobs as slurmjob
@@ -139,12 +140,13 @@ def test_following_echoes_whole_lines_as_they_come_and_the_last_partial_one_at_t
         return states.pop(0)
 
     ended = slurmjob.follow("9", slurmjob.OutputFile(out), echoed.append, said.append, state=state, poll=0)
-    assert ended is not None and ended.status() == (0, "Slurm job 9 completed (exit 0)")
-    assert echoed == ["node1/0: step 1", "node2/1: step 1", "clustercheck: the job completed", "no newline"]
-    assert said == [
-        "Slurm job 9 is waiting (Resources)",
-        f"Slurm job 9 runs on node[1-2] (its batch script on node1); its output: {out}",
-    ]
+    assert ended is not None and ended.status()[0] == 0
+    assert says(ended.status()[1], "Slurm job 9", "completed", "exit 0")
+    echoes = ["node1/0: step 1", "node2/1: step 1", "clustercheck: the job completed", "no newline"]
+    assert echoed == echoes  # verbatim: the output file's lines, echoed as written
+    waiting, runs = said
+    assert says(waiting, "Slurm job 9", "waiting (Resources)")
+    assert says(runs, "Slurm job 9", "node[1-2]", "batch script on node1", str(out))
 
 
 def test_an_output_file_that_never_shows_up_here_is_said_once_and_the_end_still_waited_for(tmp_path):
@@ -156,7 +158,8 @@ def test_an_output_file_that_never_shows_up_here_is_said_once_and_the_end_still_
     ended = slurmjob.follow(
         "9", reader, lambda _: None, said.append, state=lambda _: states.pop(0), poll=0, unshared_after=0
     )
-    assert ended is not None and ended.status() == (6, "Slurm job 9 failed (exit 6)")
+    assert ended is not None and ended.status()[0] == 6
+    assert says(ended.status()[1], "Slurm job 9", "failed", "exit 6")
     assert len(said) == 2 and said[1].startswith(f"the job's output file {out} does not show up here: Slurm writes")
     assert "on node2;" in said[1]
 
@@ -164,7 +167,6 @@ def test_an_output_file_that_never_shows_up_here_is_said_once_and_the_end_still_
 def test_squeue_lines_say_where_a_job_runs_or_why_it_waits():
     """A pending job's start time in squeue is Slurm's estimate (a year ahead when it has none): not shown."""
     listed = slurm.parse_squeue((DATA / "squeue-launches.txt").read_text())
-    assert [q.line() for q in listed] == [
-        "3  not started  PENDING (Resources)",
-        "2  2026-11-26T10:03:08  RUNNING on node[1-3]",
-    ]
+    pending, running = (q.line() for q in listed)
+    assert pending.startswith("3 ") and says(pending, "not started", "PENDING (Resources)")
+    assert running.startswith("2 ") and says(running, "2026-11-26T10:03:08", "RUNNING on node[1-3]")

@@ -95,7 +95,8 @@ def test_a_missing_torch_is_installed_as_the_build_the_other_nodes_run():
 
 
 def test_a_pypi_build_is_pinned_without_an_index():
-    assert torchinstall.pinned_install("python3", "2.13.0") == "python3 -m pip install torch==2.13.0"
+    pinned = torchinstall.pinned_install("python3", "2.13.0")
+    assert pinned == "python3 -m pip install torch==2.13.0"  # contract: the command a user runs
 
 
 def test_torch_missing_from_a_container_image_is_built_into_the_image():

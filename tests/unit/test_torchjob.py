@@ -5,6 +5,8 @@ from __future__ import annotations
 import io
 import tarfile
 
+from wording import says
+
 from clustercheck.model import CheckResult, Status
 from clustercheck.stages import runner, torchjob
 from clustercheck.transport import CommandResult
@@ -41,7 +43,7 @@ def test_the_node_with_the_killed_rank_is_named_even_when_a_peer_failed_earlier(
     }
     name, result = runner.first_failure(ends)
     assert name == "node2"
-    assert torchjob._tail(result)[-1] == "  traceback : Signal 9 (SIGKILL) received by PID 752"
+    assert torchjob._tail(result)[-1] == "  traceback : Signal 9 (SIGKILL) received by PID 752"  # verbatim: torchrun's
     assert "=====" not in " ".join(torchjob._tail(result))
 
 
@@ -65,7 +67,7 @@ def test_a_failed_job_turns_its_checks_into_fails_naming_the_node():
     results = torchjob.judged([original], outcome)
     assert original.message == "missing ranks"  # a new result, nothing changed in place
     assert results[0].status is Status.FAIL
-    assert results[0].message == "ddp_equivalence did not complete: torchrun failed on node2 first (exit 1)"
+    assert says(results[0].message, "ddp_equivalence did not complete", "torchrun failed on node2 first (exit 1)")
     assert results[0].data["first_failed_node"] == "node2"
 
 
