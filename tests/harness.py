@@ -115,13 +115,25 @@ def freeze_after_go(
     if "go" not in watch.stdout.read():
         return
     if whole_node:
-        subprocess.run(["docker", "pause", container], check=True, capture_output=True)
+        pause(container)
     frozen.append(time.monotonic())
     done.wait()
     if whole_node:
         subprocess.run(["docker", "unpause", container], check=True, capture_output=True)
     else:
         subprocess.run(["docker", "exec", container, "pkill", "-CONT", "-f", "--", probe], capture_output=True)
+
+
+def pause(container: str, attempts: int = 20) -> None:
+    """docker pause CONTAINER, tried again while runc cannot freeze its cgroup ("OCI runtime pause failed: unable to
+    freeze": a process being forked, or a machine too loaded for the freezer to settle in time; runc thaws it again
+    then); fails the test with Docker's answer when it never takes."""
+    for _ in range(attempts):
+        proc = subprocess.run(["docker", "pause", container], capture_output=True, text=True, timeout=120)
+        if proc.returncode == 0:
+            return
+        time.sleep(0.25)
+    raise AssertionError(f"docker pause {container} did not take in {attempts} attempts: {proc.stderr.strip()}")
 
 
 def promtool_path() -> str:

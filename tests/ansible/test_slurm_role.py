@@ -23,7 +23,7 @@ import time
 
 import pytest
 from conftest import REPO, ansible_playbook
-from harness import DDP_RANKS, HEARTBEATS, LONG_DDP, leftovers, on
+from harness import DDP_RANKS, HEARTBEATS, LONG_DDP, leftovers, on, pause
 from test_launch import FOREVER, example_ddp_script
 from test_site_playbook import acceptance, changed_tasks, inventory_with, recap
 
@@ -257,7 +257,7 @@ def test_a_node_frozen_mid_ddp_is_named_by_the_watchdog_through_srun(slurm_clust
         "--run-dir /root/srun-frozen"
     )
     with long_ddp_through_srun(slurm_cluster, command) as proc:
-        subprocess.run(["docker", "pause", node2.container], check=True, timeout=60)
+        pause(node2.container)
         try:
             stdout, stderr = proc.communicate(timeout=240)
         finally:

@@ -26,6 +26,7 @@ from harness import (
     clustercheck_command,
     leftovers,
     on,
+    pause,
     ssh_client,
     ssh_run,
 )
@@ -171,12 +172,7 @@ def test_a_node_frozen_during_its_node_local_job_is_named_as_not_answering(torch
         while watch.poll() is None and proc.poll() is None:
             time.sleep(0.01)
         assert watch.poll() == 0, f"clustercheck ended before node2's ranks beat:\n{err.read_text()[-3000:]}"
-        for _ in range(20):  # runc may fail to freeze a cgroup whose processes are being forked: try again
-            if subprocess.run(["docker", "pause", node2.container], capture_output=True).returncode == 0:
-                break
-            time.sleep(0.1)
-        else:
-            pytest.fail("docker pause of node2 did not take")
+        pause(node2.container)
         frozen_at = time.monotonic()
         try:
             proc.wait(timeout=300)

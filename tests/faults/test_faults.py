@@ -36,6 +36,7 @@ from harness import (
     clustercheck_command,
     leftovers,
     long_ddp_job,
+    pause,
     ssh_client,
     ssh_run,
     torch_fault_on_node,
@@ -562,7 +563,7 @@ def node_frozen(cluster, tmp_path, row):
     extra = ("--stall-timeout", str(STALL))
     with long_ddp_job(cluster, tmp_path, 29701, DDP_DEADLINE, *extra) as (proc, clients):
         time.sleep(6)  # a heartbeat poll (every 5 s) has seen node2's ranks train
-        docker("pause", node2.container)
+        pause(node2.container)
         frozen_at = time.monotonic()
         try:
             stdout, stderr = proc.communicate(timeout=300)
@@ -619,10 +620,7 @@ def _frozen_at_the_moment(cluster, tmp_path, row, moment: Callable[[], bool]) ->
             assert proc.poll() is None, f"clustercheck ended before the moment to freeze node2:\n{proc.stderr.read()}"
             assert time.monotonic() < deadline, "the moment to freeze node2 did not come within 180 s"
             time.sleep(0.05)
-        for _ in range(20):  # runc may fail to freeze a cgroup whose processes are being forked: try again
-            if not docker("pause", node2.container, check=False) and _paused(node2):
-                break
-            time.sleep(0.1)
+        pause(node2.container)
         assert _paused(node2), "docker pause of node2 did not take"
         frozen_at = time.monotonic()
         try:
