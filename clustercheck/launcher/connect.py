@@ -12,7 +12,7 @@ from clustercheck.facts.model import NodeFacts
 from clustercheck.inventory import Node
 from clustercheck.launcher.job import HostKeysRefused, LaunchOptions, NotStarted
 from clustercheck.reach import Reach
-from clustercheck.stages import core
+from clustercheck.stages import core, image
 from clustercheck.transport import HostKeyError, Transport, TransportError
 
 Register = Callable[[Node, Transport], None]  # receives each node's transport before it connects (to clean it up)
@@ -41,7 +41,7 @@ def node_facts(
             return known[node.name]
         facts = collect_facts(node, begun, len(nodes), timeout)
         if options.container is not None:  # the environment is the image's (as the preflight reads it)
-            facts = core.in_image(node, transport, options.container, facts, collector or [], timeout)
+            facts = image.in_image(node, transport, options.container, facts, collector or [], timeout)
         if facts.torch_problem:
             raise NotStarted(f"{node.name}: {facts.torch_problem}")
         return facts

@@ -15,7 +15,7 @@ from clustercheck.model import CheckResult, Status
 from clustercheck.reach import Reach
 from clustercheck.run.abort import Abort
 from clustercheck.run.record import RunRecord
-from clustercheck.stages import Context, core
+from clustercheck.stages import Context, core, image
 from clustercheck.transport import HostKeyError, Transport, TransportError
 
 
@@ -79,7 +79,7 @@ class HostRun:
         the first command ended by itself, and the files it wrote are the other name's too (the same bundle)."""
         self.abort.step(node.name, "facts")
         config = self.ctx.config
-        collect = core.collector_args(node, config)
+        collect = image.collector_args(node, config)
         begun = core.start(
             node, transport, config.python, sweep=True, collect=collect, collect_timeout=config.command_timeout
         )

@@ -16,7 +16,7 @@ from clustercheck.run.record import RunRecord
 from clustercheck.run.results import deselect
 from clustercheck.selection import DISTRIBUTED, Selection
 from clustercheck.selection import stage as declared
-from clustercheck.stages import Context, Member, core, modules, shared
+from clustercheck.stages import Context, Member, core, localjob, modules, shared
 
 
 @dataclass(frozen=True)
@@ -37,7 +37,7 @@ def run_stages(nodes: list[Node], record: RunRecord, ctx: Context, abort: Abort,
     if not blocked:
         members = core.members(nodes, record.transports, record.facts)
     if len(members) == 1 and later and not config.master_port_given:  # alone: a port of its own
-        port = core.local_port(members[0].transport, members[0].facts.python)
+        port = localjob.local_port(members[0].transport, members[0].facts.python)
         config = replace(config, master_port=port)
         ctx = replace(ctx, config=config)
     no_torch = [m.name for m in members if m.facts.torch_problem]
@@ -105,7 +105,7 @@ def _plan_torch_job(first: str, members: list[Member], ctx: Context) -> shared.S
     that cannot take part says why when it runs)."""
     selection = ctx.config.selection
     parts: dict[str, list[str]] = {}
-    if shared.defers_local(ctx.hosts, selection) and any(selection.check_selected(n) for n in core.LOCAL_NAMES):
+    if shared.defers_local(ctx.hosts, selection) and any(selection.check_selected(n) for n in localjob.LOCAL_NAMES):
         parts[shared.LOCAL] = []
     for stage in DISTRIBUTED[DISTRIBUTED.index(first) :]:
         if declared(stage).needs_torch and not why_not(selection, stage, None):

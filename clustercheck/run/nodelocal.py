@@ -15,7 +15,7 @@ from clustercheck.run.abort import Abort
 from clustercheck.run.multinode import StagesRan
 from clustercheck.run.record import RunRecord
 from clustercheck.run.results import deselect
-from clustercheck.stages import core, shared
+from clustercheck.stages import core, localjob, shared
 
 
 def node_local(
@@ -39,7 +39,7 @@ def node_local(
         if part is not None and name in members:
             return [deselect(r, config.selection) for r in shared.local_results(members[name], part)]
         abort.step(name, "collectives on the node")
-        return core.local_collectives(record.facts[name], record.transports[name], ctx)
+        return localjob.local_collectives(record.facts[name], record.transports[name], ctx)
 
     found = reach.each(local, names, limit=config.forks, name=lambda n: n)
     results: dict[str, list[CheckResult]] = {}

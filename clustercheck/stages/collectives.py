@@ -1,6 +1,6 @@
 """The collectives stage: its part of the run's torch job (stages/shared.py), collective correctness and an
 all_reduce bandwidth sweep; and the same worker across one node's own ranks as a job of its own (local.allreduce,
-...), where the run has no torch job over several nodes to do it in (core.local_collectives)."""
+...), where the run has no torch job over several nodes to do it in (localjob.local_collectives)."""
 
 from __future__ import annotations
 

@@ -30,11 +30,6 @@ from clustercheck.stages import (
 
 # What run/pipeline.py, launcher/connect.py and stages/shared.py reach through this module, moved to the modules
 # named for what they do.
-from clustercheck.stages.image import collector_args as collector_args
-from clustercheck.stages.image import in_image as in_image
-from clustercheck.stages.localjob import LOCAL_NAMES as LOCAL_NAMES
-from clustercheck.stages.localjob import local_collectives as local_collectives
-from clustercheck.stages.localjob import local_port as local_port
 from clustercheck.transport import CommandResult, Transport, parse_stale, stale_sweep_script
 
 NAME = "core"

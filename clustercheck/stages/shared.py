@@ -70,7 +70,7 @@ class SharedJob:
 
 def defers_local(hosts: tuple[str, ...], selection: Selection) -> bool:
     """Whether the core stage leaves the node-local collectives to the run's torch job: on a run of several nodes
-    where a torch stage is selected (on one node the collectives stage is this very job: core.local_collectives)."""
+    where a torch stage is selected (on one node the collectives stage is this very job: localjob.local_collectives)."""
     return len(hosts) > 1 and any(s.needs_torch and selection.stage_selected(s.name) for s in DECLARED)
 
 
