@@ -93,7 +93,23 @@ def render(results: dict[str, dict]) -> str:
             f"| {number} | {cell(row.fault)} | {cell(row.injection)} | `{cell(seen['said'])}` | {cell(check)} | "
             f"{seen['exit_code']} | {seen['seconds']:.1f} s (deadline {row.deadline:.0f} s) |"
         )
-    return "\n".join(lines) + "\n" + ALERTS
+    return "\n".join(lines) + "\n" + mechanisms() + ALERTS
+
+
+def mechanisms() -> str:
+    """The rows grouped by the mechanism clustercheck diagnoses them by: each mechanism with the instances its rows
+    put on the cluster (a row names no instance in clustercheck's code; the mechanism names them all)."""
+    by: dict[str, list[str]] = {}
+    for number, row in enumerate(ROWS, 1):
+        if row.mechanism:
+            by.setdefault(row.mechanism, []).append(f"#{number} {cell(row.fault)}")
+    if not by:
+        return ""
+    table = "".join(f"| {cell(name)} | {'; '.join(rows)} |\n" for name, rows in by.items())
+    return (
+        "\n## By mechanism\n\nThe rows that are instances of one mechanism: clustercheck finds the class, so an "
+        "instance no row shows is named the same way.\n\n| mechanism | rows |\n| --- | --- |\n" + table
+    )
 
 
 def main() -> int:

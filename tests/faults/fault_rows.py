@@ -35,6 +35,7 @@ class Fault:
     mid_run: bool = False  # timed from the fault, not from the start of the run
     node: str = ""  # the node the fault is on, where `where` does not say ("all": every node)
     statuses: tuple[str, ...] = ("FAIL", "ERROR")  # what `check` must say there
+    mechanism: str = ""  # the class of fault this row is one instance of (docs/faults.md lists rows by it)
 
     @property
     def faulty(self) -> str:
