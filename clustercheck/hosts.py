@@ -1,7 +1,7 @@
 """The nodes a command works on, from --hosts and --limit (inventory.py), and the SSH settings that reach them, from
 the SSH options (--ssh-config, --known-hosts, --accept-new-host-keys, --connect-timeout): the same for run, launch,
-jobs, logs and stop. A bad inventory or an SSH configuration that cannot be read is a UsageError, no node matched
-NoHosts.
+jobs, logs and stop. A bad inventory, an SSH configuration that cannot be read, or an SSH option a node's connection
+needs that clustercheck cannot honour (sshoptions.py) is a UsageError, no node matched NoHosts.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from clustercheck import inventory
 from clustercheck.exitcodes import NoHosts, UsageError
 from clustercheck.inventory import Node
 from clustercheck.transport import TransportError
-from clustercheck.transport.params import SshSettings, Timeouts, load_config
+from clustercheck.transport.params import SshSettings, Timeouts, load_config, resolve
 
 DEFAULT_CONNECT_TIMEOUT = 10  # --connect-timeout: seconds for a node's TCP connection (--help shows it as written)
 
@@ -53,7 +53,14 @@ def load(hosts: str, limit: str | None, ssh: SshOptions) -> tuple[list[Node], Ss
         raise UsageError(str(exc)) from exc
     if not nodes:
         raise NoHosts(f"no host matched --hosts {hosts}" + (f" --limit {limit}" if limit else ""))
-    return nodes, ssh.settings(nodes)
+    settings = ssh.settings(nodes)
+    for node in nodes:
+        if not node.is_local:
+            try:  # an option clustercheck cannot do as OpenSSH would is said now, not met as a failed connection
+                resolve(node, settings.config, list(settings.known_hosts) or None)
+            except (TransportError, ValueError) as exc:
+                raise UsageError(str(exc)) from exc
+    return nodes, settings
 
 
 def inventory_path(hosts: str | None) -> str | None:

@@ -13,13 +13,14 @@ import fnmatch
 import json
 import os
 import re
-import shlex
 import shutil
 import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from clustercheck import sshoptions
 
 LOCAL_NAMES = {"localhost", "127.0.0.1", "::1"}
 
@@ -44,6 +45,7 @@ READ_VARS = (
     "ansible_user",
     "ansible_ssh_private_key_file",
     "ansible_connection",
+    "ansible_ssh_args",
     "ansible_ssh_common_args",
     "ansible_ssh_extra_args",
     PYTHON_VAR,
@@ -81,7 +83,8 @@ class Node:
     expect_transport: str | None = None  # clustercheck_expect_transport
     expected_file: str | None = None  # clustercheck_expected_file
     xid_actions: dict[int, str] = field(default_factory=dict)  # clustercheck_xid_actions: {code: action}
-    ssh_options: dict[str, str] = field(default_factory=dict)  # -o Key=Value from ansible_ssh_*_args
+    ssh_options: dict[str, str] = field(default_factory=dict)  # the options ansible_ssh_*args set (sshoptions.py)
+    ssh_config_file: str | None = None  # the -F file ansible_ssh_*args name: read instead of ~/.ssh/config
     firewall_role: bool = False  # site.yml's firewall role manages ufw here (firewall_managed)
 
     @property
@@ -287,9 +290,7 @@ def node_from_vars(name: str, hostvars: dict[str, Any]) -> Node:
         gpus = int(gpus) if gpus not in (None, "") else None
     except (TypeError, ValueError) as exc:
         raise InventoryError(f"{name}: ansible_port and {GPUS_VAR} must be whole numbers") from exc
-    ssh_options: dict[str, str] = {}
-    for var in ("ansible_ssh_common_args", "ansible_ssh_extra_args"):
-        ssh_options.update(parse_ssh_options(str(hostvars.get(var) or ""), name))
+    args = ssh_arguments(name, hostvars)
     return Node(
         name=name,
         address=address,
@@ -307,7 +308,8 @@ def node_from_vars(name: str, hostvars: dict[str, Any]) -> Node:
         expect_transport=_transport(name, hostvars.get(EXPECT_TRANSPORT_VAR)),
         expected_file=_text(hostvars.get(EXPECTED_FILE_VAR)),
         xid_actions=_xid_actions(name, hostvars.get(XID_ACTIONS_VAR)),
-        ssh_options=ssh_options,
+        ssh_options=args.options,
+        ssh_config_file=args.config_file,
     )
 
 
@@ -349,26 +351,28 @@ def _refuse_unusable(name: str, var: str, value: Any) -> None:
         )
 
 
+# The variables whose words Ansible's ssh connection puts on ssh's command line, in its order (ansible_ssh_args in
+# place of ansible.cfg's ssh_args, then the common, then the extra ones): the first value of an option wins.
+SSH_ARG_VARS = ("ansible_ssh_args", "ansible_ssh_common_args", "ansible_ssh_extra_args")
+
+
+def ssh_arguments(name: str, hostvars: dict[str, Any]) -> sshoptions.SshArgs:
+    """The ssh options and -F file NAME's ansible_ssh_*args give, read as ssh reads its command line."""
+    merged = sshoptions.SshArgs()
+    for var in SSH_ARG_VARS:
+        try:
+            parsed = sshoptions.parse_args(str(hostvars.get(var) or ""))
+        except sshoptions.ArgumentError as exc:
+            raise InventoryError(f"{name}: {var}: {exc}") from exc
+        for key, value in parsed.options.items():
+            merged.set(key, value)
+        merged.config_file = merged.config_file or parsed.config_file
+    return merged
+
+
 def parse_ssh_options(args: str, name: str = "") -> dict[str, str]:
-    """`-o Key=Value` pairs of ansible_ssh_common_args/extra_args, keys lower-cased as in ssh_config."""
-    try:
-        words = shlex.split(args)
-    except ValueError as exc:
-        raise InventoryError(f"{name}: cannot parse ansible_ssh_common_args: {exc}") from exc
-    options = {}
-    for i, word in enumerate(words):
-        value = None
-        if word == "-o" and i + 1 < len(words):
-            value = words[i + 1]
-        elif word.startswith("-o") and len(word) > 2:
-            value = word[2:]
-        if value:
-            key, sep, val = value.partition("=") if "=" in value else value.partition(" ")
-            if sep:
-                options[key.strip().lower()] = val.strip()
-        if word == "-J" and i + 1 < len(words):
-            options["proxyjump"] = words[i + 1]
-    return options
+    """The options ssh's arguments ARGS set (`-o Key=Value`, -J, -i, -p, -l...), keys lower-cased as in ssh_config."""
+    return ssh_arguments(name, {"ansible_ssh_common_args": args}).options
 
 
 def _transport(name: str, value: Any) -> str | None:

@@ -1,11 +1,16 @@
-"""One authenticated SSH connection (paramiko) to a node: host keys checked (transport.hostkeys), through one
-ProxyJump hop if asked, the private key read once per run, AES-GCM asked for first, and a connection that gave no
-SSH banner explained (transport.banner). The commands and copies over it are transport.ssh's."""
+"""One authenticated SSH connection (paramiko) to a node: host keys checked (transport.hostkeys), through a
+ProxyCommand or the hops of a ProxyJump if asked, the private key read once per run, AES-GCM asked for first, and
+a connection that gave no SSH banner explained (transport.banner). The commands and copies over it are
+transport.ssh's."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
+import select
+import subprocess
+import tempfile
 import threading
 import time
 
@@ -13,7 +18,7 @@ import paramiko
 
 from clustercheck.transport import HostKeyError, TransportError, hostkeys
 from clustercheck.transport.banner import GREETING_LINES, no_banner
-from clustercheck.transport.params import ConnectParams, Timeouts, jump_host, resolve
+from clustercheck.transport.params import ConnectParams, Timeouts
 
 # paramiko's transport thread logs a traceback when a connection fails (an sshd that sends no banner, a reset): with
 # no handler, Python prints it to stderr. clustercheck reports every such failure itself, as one line per node.
@@ -85,8 +90,64 @@ def _private_key(path: str) -> paramiko.PKey | None:
     return loaded
 
 
+class ProxyCommandSocket(paramiko.ProxyCommand):
+    """The ProxyCommand's program as the connection's socket, run as OpenSSH runs it (`exec COMMAND` through the
+    user's shell, ssh_config(5)); its stderr kept in a file (a pipe nobody reads could fill and stop it), and its
+    end seen: paramiko's own reader waits for more output from a program that has exited until the timeout."""
+
+    def __init__(self, command: str) -> None:  # paramiko's __init__ splits the line itself and runs it without a shell
+        self.command = command
+        self.cmd = [os.environ.get("SHELL") or "/bin/sh", "-c", f"exec {command}"]
+        self.stderr = tempfile.TemporaryFile()  # noqa: SIM115 (closed in close())
+        self.process = subprocess.Popen(
+            self.cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.stderr, bufsize=0
+        )
+        self.timeout = None
+        self.said: str | None = None
+
+    def recv(self, size: int) -> bytes:
+        """What the program wrote, at most SIZE bytes, as a socket gives it; EOFError once it has closed its output."""
+        stdout = self.process.stdout
+        assert stdout is not None
+        ready, _, _ = select.select([stdout], [], [], self.timeout)
+        if not ready:
+            raise TimeoutError()  # what paramiko waits on, as a socket's timeout
+        data = os.read(stdout.fileno(), size)
+        if not data:
+            raise EOFError("the ProxyCommand closed its output")
+        return data
+
+    def failure(self) -> str:
+        """Why the program gave no connection: its exit status and its last line on stderr (kept from when it
+        was closed: paramiko closes its socket as soon as the connection fails)."""
+        if self.said is None:
+            try:
+                status = self.process.wait(timeout=1)
+            except subprocess.TimeoutExpired:
+                return "the ProxyCommand gave no SSH connection"
+            self.stderr.seek(0)
+            lines = self.stderr.read().decode(errors="replace").strip().splitlines()
+            said = f": {lines[-1].strip()}" if lines else ""
+            self.said = f"the ProxyCommand exited with status {status}{said}"
+        return self.said
+
+    def close(self) -> None:
+        if self.process.poll() is None:
+            self.process.terminate()
+        if self.said is None and not self.stderr.closed:
+            self.failure()
+        try:
+            self.process.wait(timeout=2)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+        self.stderr.close()
+
+
 class Connection:
-    """One authenticated SSH connection to NAME, with host keys checked, through one ProxyJump hop if asked."""
+    """One authenticated SSH connection to NAME, with host keys checked, directly, through a ProxyCommand, or
+    through each hop of a ProxyJump in turn (a connection to each hop, and a direct-tcpip channel on it to the
+    next), as OpenSSH makes it."""
 
     def __init__(
         self,
@@ -96,22 +157,26 @@ class Connection:
         timeouts: Timeouts | None = None,
         accept_new_host_keys: bool = False,
         config: paramiko.SSHConfig | None = None,
+        via: paramiko.Channel | None = None,
     ) -> None:
         self.name = name
         self.params = params
         self.timeouts = timeouts or Timeouts()
+        if params.connect_timeout:  # the inventory's or ssh_config's ConnectTimeout for this node
+            self.timeouts = dataclasses.replace(self.timeouts, connect=params.connect_timeout)
         self.accept_new = accept_new_host_keys
         self.config = config
         self.client: paramiko.SSHClient | None = None
-        self._jump: Connection | None = None
+        self._via = via  # the channel to this host on the previous hop's connection
+        self._jumps: list[Connection] = []
+        self._proxy: ProxyCommandSocket | None = None
 
     def open(self) -> paramiko.SSHClient:
         params = self.params
-        sock = self._jump_channel(params.proxy_jump) if params.proxy_jump else None
+        sock = self._via or self._route()
         client = paramiko.SSHClient()
         hostkeys.load(client, params)
         client.set_missing_host_key_policy(hostkeys.Policy(self.name, params, self.accept_new))
-        where = f"{self.name} ({params.hostname}:{params.port})"
         # The first key file is offered first, as paramiko would (pkey comes before key_filename), read only once.
         first = _private_key(params.key_files[0]) if params.key_files else None
         files = params.key_files[1:] if first is not None else params.key_files
@@ -134,61 +199,92 @@ class Connection:
             )
         except HostKeyError:
             client.close()
+            self._close_route()
             raise
-        except paramiko.BadHostKeyException as exc:
-            client.close()
-            raise hostkeys.changed(self.name, params, exc) from exc
-        except paramiko.AuthenticationException as exc:
-            client.close()
-            raise TransportError(
-                f"{where}: authentication failed for user {params.user or os.environ.get('USER', '?')} ({exc})"
-            ) from exc
-        except TimeoutError as exc:
-            client.close()
-            raise TransportError(f"{where}: unreachable: timed out after {self.timeouts.connect:.0f} s") from exc
         except (paramiko.SSHException, OSError, EOFError) as exc:
-            transport = client.get_transport()
-            # TCP connected, and no "SSH-2.0-..." line came: paramiko raised on reading it (the SSHException's
-            # context says how the reading ended), or on sending its own banner to a connection reset already,
-            # or the server's reset reached the socket before its connect() returned.
-            before_banner = (
-                not transport.remote_version if transport is not None else isinstance(exc, ConnectionResetError)
-            )
-            greeting = list(getattr(transport, "greeting", ()))
+            error = self._failure(client, exc, started)
             client.close()
-            if before_banner:
-                how = exc.__context__ if isinstance(exc, paramiko.SSHException) else exc
-                why = no_banner(how, greeting, self.timeouts.banner, time.monotonic() - started)
-                raise TransportError(f"{where}: unreachable: {why}") from exc
-            if isinstance(exc, paramiko.SSHException):
-                raise TransportError(f"{where}: unreachable: SSH failed: {exc}") from exc
-            raise TransportError(f"{where}: unreachable: {exc.strerror or exc}") from exc
+            self._close_route()
+            raise error from exc
         transport = client.get_transport()
         if transport is not None:
             transport.set_keepalive(5)
         self.client = client
         return client
 
-    def _jump_channel(self, spec: str) -> paramiko.Channel:
-        try:
-            hop = jump_host(spec)
-        except TransportError as exc:
-            raise TransportError(f"{self.name}: {exc}") from exc
-        hop_params = resolve(hop, self.config, self.params.user_known_hosts or None)
-        hop_params.proxy_jump = None
-        self._jump = Connection(hop.name, hop_params, timeouts=self.timeouts, accept_new_host_keys=self.accept_new)
-        client = self._jump.open()
-        try:
-            transport = client.get_transport()
-            assert transport is not None
-            return transport.open_channel(
-                "direct-tcpip",
-                (self.params.hostname, self.params.port),
-                ("127.0.0.1", 0),
-                timeout=self.timeouts.connect,
+    def _failure(self, client: paramiko.SSHClient, exc: BaseException, started: float) -> Exception:
+        """What a failed connect() says, in one line naming the node, its address and the way there."""
+        params = self.params
+        where = f"{self.name} ({params.hostname}:{params.port}){params.route}"
+        if isinstance(exc, paramiko.BadHostKeyException):
+            return hostkeys.changed(self.name, params, exc)
+        if isinstance(exc, paramiko.AuthenticationException):
+            user = params.user or os.environ.get("USER", "?")
+            return TransportError(f"{where}: authentication failed for user {user} ({exc})")
+        if self._proxy is not None and self._proxy.process.poll() is not None:
+            return TransportError(f"{where}: unreachable: {self._proxy.failure()}")
+        if isinstance(exc, TimeoutError):
+            return TransportError(f"{where}: unreachable: timed out after {self.timeouts.connect:.0f} s")
+        transport = client.get_transport()
+        # TCP connected, and no "SSH-2.0-..." line came: paramiko raised on reading it (the SSHException's
+        # context says how the reading ended), or on sending its own banner to a connection reset already,
+        # or the server's reset reached the socket before its connect() returned.
+        before_banner = not transport.remote_version if transport is not None else isinstance(exc, ConnectionResetError)
+        if before_banner:
+            how = exc.__context__ if isinstance(exc, paramiko.SSHException) else exc
+            greeting = list(getattr(transport, "greeting", ()))
+            why = no_banner(how, greeting, self.timeouts.banner, time.monotonic() - started)
+            return TransportError(f"{where}: unreachable: {why}")
+        if isinstance(exc, paramiko.SSHException):
+            return TransportError(f"{where}: unreachable: SSH failed: {exc}")
+        return TransportError(f"{where}: unreachable: {getattr(exc, 'strerror', None) or exc}")
+
+    def _route(self) -> paramiko.ProxyCommand | paramiko.Channel | None:
+        """The socket to connect over: the ProxyCommand's program, the channel through the last ProxyJump hop, or
+        None (paramiko connects directly)."""
+        params = self.params
+        if params.proxy_command:
+            try:
+                self._proxy = ProxyCommandSocket(params.proxy_command)
+            except OSError as exc:
+                raise TransportError(
+                    f"{self.name}: cannot run ProxyCommand {params.proxy_command!r}: {exc.strerror or exc}"
+                ) from exc
+            return self._proxy
+        if not params.jumps:
+            return None
+        via = None
+        targets = [*params.jumps[1:], params]
+        for hop, target in zip(params.jumps, targets, strict=True):
+            connection = Connection(
+                hop.hostname, hop, timeouts=self.timeouts, accept_new_host_keys=self.accept_new, via=via
             )
-        except (paramiko.SSHException, OSError) as exc:
-            raise TransportError(f"{self.name}: unreachable through ProxyJump {spec}: {exc}") from exc
+            try:
+                client = connection.open()
+                self._jumps.append(connection)
+                transport = client.get_transport()
+                assert transport is not None
+                via = transport.open_channel(
+                    "direct-tcpip", (target.hostname, target.port), ("127.0.0.1", 0), timeout=self.timeouts.connect
+                )
+            except HostKeyError:
+                self._close_route()
+                raise
+            except (TransportError, paramiko.SSHException, OSError) as exc:
+                self._close_route()
+                step = f"{hop.hostname} to {target.hostname}:{target.port}"
+                raise TransportError(
+                    f"{self.name}: unreachable through ProxyJump {params.proxy_jump} ({step}): {exc}"
+                ) from exc
+        return via
+
+    def _close_route(self) -> None:
+        for jump in reversed(self._jumps):
+            jump.close()
+        self._jumps = []
+        if self._proxy is not None:
+            self._proxy.close()
+            self._proxy = None
 
     @property
     def active(self) -> bool:
@@ -199,6 +295,4 @@ class Connection:
         if self.client is not None:
             self.client.close()
             self.client = None
-        if self._jump is not None:
-            self._jump.close()
-            self._jump = None
+        self._close_route()

@@ -52,6 +52,8 @@ def default(settings: SshSettings) -> Factory:
         )
         register(ssh)
         where = {"hostname": params.hostname, "port": params.port}
+        if params.route:
+            where["via"] = params.proxy_command or f"ProxyJump {params.proxy_jump}"
         try:
             ssh.connect()
         except TransportError as exc:
@@ -60,7 +62,7 @@ def default(settings: SshSettings) -> Factory:
         user = params.user or "(default user)"
         return Connected(
             ssh,
-            f"SSH to {known_hosts_name(params.hostname, params.port)} as {user}, host key verified",
+            f"SSH to {known_hosts_name(params.hostname, params.port)} as {user}{params.route}, host key verified",
             {**where, "user": params.user},
         )
 

@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import glob
 import os
+import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
+from clustercheck import sshoptions
 from clustercheck.transport import TransportError
 
 if TYPE_CHECKING:
@@ -28,6 +30,10 @@ class Target(Protocol):
     user: str | None
     key_file: str | None
     ssh_options: dict[str, str]
+
+
+class UnhonouredOption(TransportError):
+    """An SSH option clustercheck cannot do as OpenSSH would (sshoptions.py says which and why): a usage error."""
 
 
 @dataclass(frozen=True)
@@ -69,41 +75,128 @@ class ConnectParams:
     key_files: list[str] = field(default_factory=list)
     user_known_hosts: list[str] = field(default_factory=list)  # unknown keys are recorded in the first
     global_known_hosts: list[str] = field(default_factory=list)
-    proxy_jump: str | None = None
+    proxy_jump: str | None = None  # as written: the hops, comma-separated
+    jumps: list[ConnectParams] = field(default_factory=list)  # each hop of proxy_jump, resolved, in order
+    proxy_command: str | None = None  # with its %-tokens substituted; run through the user's shell
+    connect_timeout: float | None = None  # ConnectTimeout; None: the run's --connect-timeout
+
+    @property
+    def route(self) -> str:
+        """How the connection gets there, for the connect check's message ('' when direct)."""
+        if self.proxy_command:
+            return f" through ProxyCommand {self.proxy_command!r}"
+        if self.proxy_jump:
+            return f" through ProxyJump {self.proxy_jump}"
+        return ""
 
 
 def resolve(target: Target, config: paramiko.SSHConfig | None, known_hosts: list[str] | None = None) -> ConnectParams:
-    """Merge, highest first: --known-hosts, the inventory (ansible_* and -o options), ~/.ssh/config, defaults."""
-    looked = dict(config.lookup(target.address)) if config else {}
+    """Merge, highest first: --known-hosts, the inventory (ansible_* and the options of its ssh arguments), the SSH
+    configuration (the node's own -F file when its arguments name one), defaults. UnhonouredOption when the merged
+    options hold one clustercheck cannot do (sshoptions.refusal), naming it, where it came from, and the node."""
+    own_file = getattr(target, "ssh_config_file", None)
+    if own_file:
+        config = _config_file(own_file)
+    looked = _lookup(config, target.address)
+    if any(k in target.ssh_options for k in _PROXIES):  # the command line's ProxyJump or ProxyCommand: the first
+        looked = {k: v for k, v in looked.items() if k not in _PROXIES}
     options = {**looked, **target.ssh_options}  # -o on the command line wins over the config file, as in OpenSSH
+    _refuse(target, options)
     hostname = options.get("hostname", target.address) if target.address == target.name else target.address
     if "hostname" in target.ssh_options:
         hostname = target.ssh_options["hostname"]
     port = target.port or int(options.get("port", 22))
+    user = target.user or options.get("user")
     keys = [target.key_file] if target.key_file else _as_list(options.get("identityfile"))
     user_files = known_hosts or _as_list(options.get("userknownhostsfile")) or [USER_KNOWN_HOSTS]
     global_files = _as_list(options.get("globalknownhostsfile")) or [GLOBAL_KNOWN_HOSTS]
-    jump = options.get("proxyjump")
-    return ConnectParams(
+    jump = _unless_none(options.get("proxyjump"))
+    command = _unless_none(options.get("proxycommand"))
+    params = ConnectParams(
         hostname=hostname,
         port=port,
-        user=target.user or options.get("user"),
+        user=user,
         key_files=[os.path.expanduser(k) for k in keys],
         user_known_hosts=[os.path.expanduser(f) for f in user_files if f != "/dev/null"],
         global_known_hosts=[os.path.expanduser(f) for f in global_files if f != "/dev/null"],
-        proxy_jump=None if jump in (None, "none") else jump,
+        proxy_jump=None if command else jump,
+        proxy_command=proxy_command(command, hostname, port, user, target.name) if command else None,
+        connect_timeout=_seconds(target, options.get("connecttimeout")),
     )
+    if params.proxy_jump:
+        for hop in jump_hosts(params.proxy_jump):
+            hop_params = resolve(hop, config, known_hosts)
+            hop_params.proxy_jump, hop_params.jumps, hop_params.proxy_command = None, [], None
+            params.jumps.append(hop_params)
+    return params
 
 
-def jump_host(spec: str) -> Host:
-    """`[user@]host[:port]` of a ProxyJump; one hop only."""
-    if "," in spec:
-        raise TransportError(f"ProxyJump {spec}: only one jump host is supported")
-    user, _, hostport = spec.rpartition("@")
-    host, _, port = hostport.partition(":")
-    if port and not port.isdigit():
-        raise TransportError(f"ProxyJump {spec}: bad port")
-    return Host(name=host, address=host, port=int(port) if port else None, user=user or None)
+_PROXIES = ("proxycommand", "proxyjump")
+
+
+def _lookup(config: paramiko.SSHConfig | None, host: str) -> dict[str, object]:
+    if config is None:
+        return {}
+    try:
+        return dict(config.lookup(host))
+    except ImportError as exc:  # Match exec with Python's invoke missing (read_config refuses it first)
+        raise UnhonouredOption(f"SSH config: Match exec for {host} cannot be evaluated: {exc}") from exc
+
+
+def _refuse(target: Target, options: dict[str, object]) -> None:
+    refused = sshoptions.refusal(options)
+    if refused:
+        name, value, why = refused
+        where = "its ssh arguments in the inventory" if name.lower() in target.ssh_options else "the SSH config"
+        raise UnhonouredOption(f"{target.name}: SSH option {name} {value} (from {where}) cannot be honoured: {why}")
+
+
+def _unless_none(value: object) -> str | None:
+    return None if value is None or str(value).strip().lower() in ("", "none") else str(value)
+
+
+def _seconds(target: Target, value: object) -> float | None:
+    if value in (None, "", "none"):
+        return None
+    try:
+        return float(str(value))
+    except ValueError as exc:
+        raise UnhonouredOption(f"{target.name}: SSH option ConnectTimeout {value}: not a number of seconds") from exc
+
+
+_TOKEN = re.compile(r"%(.)")
+
+
+def proxy_command(command: str, hostname: str, port: int, user: str | None, original: str) -> str:
+    """COMMAND with OpenSSH's ProxyCommand tokens substituted: %h the host connected to (after HostName), %p its
+    port, %r the remote user (the local one when none is set), %n the host as given, %% a percent sign
+    (ssh_config(5), TOKENS). Another token is an error, as in ssh."""
+    local = os.environ.get("USER") or os.environ.get("LOGNAME") or "root"
+    values = {"h": hostname, "p": str(port), "r": user or local, "n": original, "%": "%"}
+
+    def substitute(match: re.Match[str]) -> str:
+        if match[1] not in values:
+            raise UnhonouredOption(f"{original}: ProxyCommand {command!r}: unknown token %{match[1]}")
+        return values[match[1]]
+
+    return _TOKEN.sub(substitute, command)
+
+
+def jump_hosts(spec: str) -> list[Host]:
+    """The hops of a ProxyJump, in order: each `[user@]host[:port]` or `ssh://[user@]host[:port]`."""
+    hops = []
+    for part in (p.strip() for p in spec.split(",")):
+        text = part.removeprefix("ssh://")
+        user, _, hostport = text.rpartition("@")
+        if hostport.startswith("["):
+            host, _, rest = hostport[1:].partition("]")
+            port = rest.removeprefix(":")
+        else:
+            host, _, port = hostport.partition(":")
+        if not host or (port and not port.isdigit()):
+            raise TransportError(f"ProxyJump {spec}: cannot read the hop {part!r} ([user@]host[:port])")
+        hops.append(Host(name=host, address=host, port=int(port) if port else None, user=user or None))
+    return hops
 
 
 def _as_list(value: object) -> list[str]:
@@ -125,6 +218,19 @@ def load_config(path: str | None) -> paramiko.SSHConfig | None:
 USER_CONFIG = "~/.ssh/config"
 SYSTEM_CONFIG = "/etc/ssh/ssh_config"
 INCLUDE_DEPTH = 16  # as OpenSSH's limit on nested Include
+# The Match criteria paramiko evaluates (paramiko/config.py's _does_match); it takes any other as matching.
+MATCH_CRITERIA = ("all", "canonical", "final", "host", "originalhost", "user", "localuser", "exec")
+_configs: dict[str, paramiko.SSHConfig | None] = {}
+
+
+def _config_file(path: str) -> paramiko.SSHConfig | None:
+    """The file a node's `-F` names, read once per run."""
+    path = os.path.expanduser(path)
+    if path not in _configs:
+        if not os.path.exists(path):
+            raise UnhonouredOption(f"ssh -F {path}: no such file")
+        _configs[path] = read_config([path])
+    return _configs[path]
 
 
 def read_config(files: list[str]) -> paramiko.SSHConfig | None:
@@ -159,6 +265,8 @@ def _included(path: str, base: str, depth: int) -> str:
     with open(path, errors="replace") as fh:
         for line in fh:
             words = line.replace("=", " ", 1).split()
+            if words and words[0].lower() == "match":
+                _evaluable(path, words[1:])
             if not words or words[0].lower() != "include":
                 lines.append(line.rstrip("\n"))
                 continue
@@ -168,3 +276,27 @@ def _included(path: str, base: str, depth: int) -> str:
                     if os.path.isfile(name):
                         lines.append(_included(name, base, depth + 1))
     return "\n".join(lines)
+
+
+def _evaluable(path: str, criteria: list[str]) -> None:
+    """Refuse a Match line paramiko would not evaluate as OpenSSH does (it takes an unknown criterion as matching,
+    and needs Python's invoke for exec), in one line naming the criterion and the file."""
+    words = list(criteria)
+    while words:
+        kind = words.pop(0).lstrip("!").lower()
+        if kind in ("all", "canonical", "final"):
+            continue
+        words = words[1:]  # the criterion's argument
+        if kind not in MATCH_CRITERIA:
+            raise UnhonouredOption(
+                f"SSH config {path}: Match {kind} cannot be evaluated by clustercheck's SSH (paramiko evaluates "
+                f"{', '.join(MATCH_CRITERIA)}); write the block with those"
+            )
+        if kind == "exec":
+            try:
+                import invoke  # noqa: F401  (paramiko runs Match exec through it)
+            except ImportError as exc:
+                raise UnhonouredOption(
+                    f"SSH config {path}: Match exec needs Python's invoke package (pip install invoke), "
+                    "which paramiko runs it with"
+                ) from exc
