@@ -8,7 +8,9 @@ must name (a node down, a changed host key, Ctrl-C, ...) are tests/faults/'s row
 from __future__ import annotations
 
 import json
+import os
 import re
+import socket
 import subprocess
 import sys
 import time
@@ -230,6 +232,82 @@ def test_ssh_config_with_proxyjump_reaches_a_node_through_another(bare_cluster, 
     checks = checks_of(proc)
     assert checks[("connect", "behind-node1")]["status"] == "PASS", proc.stderr[-2000:]
     assert checks[("hostname.resolve", "behind-node1")]["data"]["hostname"] == "node2"
+
+
+# Ansible's FAQ, "How do I configure a jump host to access servers that I have no direct access to?"
+# (docs.ansible.com, reference_appendices/faq.html): `ansible_ssh_common_args: '-o ProxyCommand="ssh -W %h:%p -q
+# user@gateway.example.com"'`. Here the gateway is node1 (by address), and node2 and node3 are named by their names,
+# which only the cluster's own network resolves: the controller cannot reach them but through node1.
+FAQ_PROXYCOMMAND = '-o ProxyCommand="ssh -W %h:%p -q -i {key} -o UserKnownHostsFile={known} root@{bastion}"'
+
+
+@pytest.mark.parametrize("form", ["proxycommand", "proxyjump-two-hops"])
+def test_an_inventory_of_nodes_behind_a_bastion_works_for_ansible_and_for_clustercheck(bare_cluster, tmp_path, form):
+    """Ansible's FAQ form of a bastion (ProxyCommand) and the -J form with two hops (each hop's user, key and known
+    hosts from the -F file the arguments name, as OpenSSH passes -F to its jump hosts): `ansible -m ping` works
+    with the inventory, and so does `clustercheck run --only core`, reaching each node the same way."""
+    node1 = bare_cluster.node("node1")
+    with pytest.raises(OSError):
+        socket.getaddrinfo("node2", 22)  # not resolvable here: only a way through node1 reaches the nodes
+    key, known = bare_cluster.key_file, bare_cluster.known_hosts
+    if form == "proxycommand":
+        proxy = FAQ_PROXYCOMMAND.format(key=key, known=known, bastion=node1.address)
+        args = {
+            name: f"-o UserKnownHostsFile={known} -o StrictHostKeyChecking=yes {proxy}" for name in ("node2", "node3")
+        }
+        way = {name: "through ProxyCommand 'ssh -W " + name for name in args}
+    else:
+        config = tmp_path / "jump_config"
+        config.write_text(f"Host *\n    User root\n    IdentityFile {key}\n    UserKnownHostsFile {known}\n")
+        hops = {"node2": f"root@{node1.address},node3", "node3": f"{node1.address},root@node2"}
+        args = {name: f"-F {config} -J {jump}" for name, jump in hops.items()}
+        way = {name: f"through ProxyJump {jump}" for name, jump in hops.items()}
+    inventory = tmp_path / "gatewayed.yml"
+    inventory.write_text(
+        "all:\n  vars:\n    ansible_user: root\n    ansible_python_interpreter: /usr/bin/python3\n"
+        f"    ansible_ssh_private_key_file: {key}\n  hosts:\n"
+        + "".join(f"    {name}:\n      ansible_ssh_common_args: '{arg}'\n" for name, arg in args.items())
+    )
+    ansible = Path(sys.executable).parent / "ansible"
+    pinged = subprocess.run(
+        [str(ansible), "-i", str(inventory), "all", "-m", "ping"],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        cwd=tmp_path,
+        env={**os.environ, "ANSIBLE_SSH_ARGS": "-o ControlMaster=no"},  # no ssh left running after the test
+    )
+    assert pinged.returncode == 0, pinged.stdout[-2000:] + pinged.stderr[-2000:]
+    empty = tmp_path / "ssh_config"
+    empty.touch()
+    proc = subprocess.run(
+        [
+            CLUSTERCHECK,
+            "run",
+            "--hosts",
+            str(inventory),
+            "--ssh-config",
+            str(empty),
+            "--only",
+            "core",
+            "--skip",
+            "local.*",
+            "--format",
+            "json",
+            "--run-dir",
+            str(tmp_path / "run"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    checks = checks_of(proc)
+    for name in ("node2", "node3"):
+        connect = checks[("connect", name)]
+        assert connect["status"] == "PASS", proc.stderr[-2000:]
+        assert way[name] in connect["message"], connect["message"]
+        assert checks[("hostname.resolve", name)]["data"]["hostname"] == name
+    assert leftovers(bare_cluster) == {}
 
 
 @pytest.fixture(scope="module")
