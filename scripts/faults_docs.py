@@ -19,6 +19,8 @@ from fault_rows import ROWS  # noqa: E402
 
 DOC = REPO / "docs" / "faults.md"
 RESULTS = REPO / "tests" / "faults" / "last-run.json"
+# The check cell of a row with no report: interrupted mid-run, or stopped before any node was contacted (a usage error).
+NO_REPORT = {True: "(none: interrupted)", False: "(none: stopped before any node was contacted)"}
 HEADER = "| # | fault | how it was injected | what clustercheck said (first line) | check | exit | verdict in |"
 
 INTRO = """# Faults and what clustercheck says about them
@@ -88,7 +90,7 @@ def render(results: dict[str, dict]) -> str:
     ]
     for number, row in enumerate(ROWS, 1):
         seen = results[row.id]
-        check = f"`{row.check}` ({row.where})" if row.check else "(none: interrupted)"
+        check = f"`{row.check}` ({row.where})" if row.check else NO_REPORT[row.mid_run]
         lines.append(
             f"| {number} | {cell(row.fault)} | {cell(row.injection)} | `{cell(seen['said'])}` | {cell(check)} | "
             f"{seen['exit_code']} | {seen['seconds']:.1f} s (deadline {row.deadline:.0f} s) |"

@@ -3,7 +3,8 @@ answer. Pure data (no Docker, no SSH): test_faults.py injects and asserts each r
 docs/faults.md from these rows and the suite's recorded results, and test_faults_doc.py keeps the two equal.
 
 `check` is the check that must FAIL (or ERROR; `statuses` for a fault clustercheck works around: the PASS or WARN
-that says so) and `where` the node (or "A -> B" pair, or "cluster") it names,
+that says so; "" when no report is written: the run interrupted, or stopped before any node was contacted) and
+`where` the node (or "A -> B" pair, or "cluster") it names,
 `node` the node the fault is on when `where` is not that node: every other node's results must pass;
 `cause` is a regular expression the first line of its message must match; `deadline` the seconds within which the
 verdict must come: from the start of the run for a fault put on before it, from the moment of the fault for one
@@ -304,5 +305,49 @@ ROWS = [
         60,
         ("--only", "network", "--skip", "local.*", "--master-port", "29625"),
         node="node2",
+    ),
+    # Issue 50, section 3: the way the inventory reaches a node, as Ansible's OpenSSH would (ProxyCommand, ProxyJump
+    # hops, ssh's flags in the inventory's ssh arguments), or a one-line refusal naming the option and the node.
+    Fault(
+        "bastion-proxycommand",
+        "node2 and node3 reachable only through a bastion, written as Ansible's FAQ writes it (ProxyCommand)",
+        "the inventory names node2 and node3 by their names alone (which only the cluster's network resolves), with "
+        "`ansible_ssh_common_args='-o ProxyCommand=\"ssh -W %h:%p -q root@<node1's address>\"'` (key and "
+        "known_hosts given to that ssh with -i and -o)",
+        ExitCode.OK,
+        "connect",
+        "node2",
+        r"^node2: SSH to node2 as root through ProxyCommand 'ssh -W node2:22 -q .*', host key verified",
+        45,
+        CORE,
+        statuses=("PASS",),
+        mechanism="the way the inventory reaches a node",
+    ),
+    Fault(
+        "bastion-two-hops",
+        "node3 reachable only through two jump hosts (node1, then node2)",
+        "node3's line in the inventory without its address, with `ansible_ssh_common_args='-F <a config naming the "
+        "user, key and known_hosts> -J root@<node1's address>,node2'`",
+        ExitCode.OK,
+        "connect",
+        "node3",
+        r"^node3: SSH to node3 as root through ProxyJump root@\S+,node2, host key verified",
+        45,
+        CORE,
+        statuses=("PASS",),
+        mechanism="the way the inventory reaches a node",
+    ),
+    Fault(
+        "ssh-option-unhonourable",
+        "node2's ssh arguments name a PKCS#11 token for the key, which clustercheck's SSH cannot use",
+        "`-I /usr/lib/x86_64-linux-gnu/opensc-pkcs11.so` added to node2's `ansible_ssh_common_args` in the inventory",
+        ExitCode.USAGE_ERROR,
+        "",
+        "node2",
+        r"^clustercheck: error: node2: SSH option PKCS11Provider /usr/lib/x86_64-linux-gnu/opensc-pkcs11\.so \(from "
+        r"its ssh arguments in the inventory\) cannot be honoured: paramiko has no PKCS#11 support",
+        20,
+        CORE,
+        mechanism="the way the inventory reaches a node",
     ),
 ]

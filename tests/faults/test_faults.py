@@ -201,8 +201,9 @@ def _assert_contract(row: Fault, verdict: Verdict, cluster) -> str:
         f"the verdict took {verdict.seconds:.1f} s (deadline {row.deadline} s beyond the {busy:.1f} s the quickest "
         "node's facts took)"
     )
-    if not row.check:  # interrupted: no report, the closing line says so
-        said = next((ln for ln in verdict.stderr.splitlines() if ln.startswith("clustercheck: interrupted")), "")
+    if not row.check:  # interrupted, or stopped before any node was contacted: no report, the closing line says so
+        closing = ("clustercheck: interrupted", "clustercheck: error:")
+        said = next((ln for ln in verdict.stderr.splitlines() if ln.startswith(closing)), "")
         assert re.search(row.cause, said), output
         return said
     report = verdict.report
@@ -829,4 +830,57 @@ def link_slowed_baseline(cluster, tmp_path, row):
     throughput = checks(verdict)[("baseline.throughput", None)]
     slowed = {c["key"] for c in throughput["data"]["changes"] if c["status"] == "FAIL"}
     assert slowed >= {"node2 -> node1", "node2 -> node3"}, throughput
+    return verdict
+
+
+# ------------------------------------------------------------------------ the way the inventory reaches a node
+
+
+def behind_bastion(cluster, tmp_path: Path, row: Fault, ssh_args: dict[str, str], by_name: bool = True) -> Verdict:
+    """ROW's run with the inventory's lines for the nodes in SSH_ARGS given those ssh arguments (beside the
+    known_hosts file the cluster's inventory names for every node) and, BY_NAME, named by their names alone: only
+    the cluster's own network resolves them, so nothing reaches them but through another node."""
+    known = f"-o UserKnownHostsFile={cluster.known_hosts} -o StrictHostKeyChecking=yes"
+    lines = []
+    for line in Path(cluster.inventory).read_text().splitlines(keepends=True):
+        name = line.split(" ", 1)[0]
+        if name in ssh_args and "ansible_host=" in line:
+            kept = line.rstrip("\n") if not by_name else name
+            line = f"{kept} ansible_ssh_common_args='{known} {ssh_args[name]}'\n"
+        lines.append(line)
+    inventory = tmp_path / "inventory.ini"
+    inventory.write_text("".join(lines))
+    command = clustercheck_command(cluster, tmp_path, *row.args, "--format", "json")
+    command[command.index(cluster.inventory)] = str(inventory)
+    return run(cluster, tmp_path, row, command=command)
+
+
+@injects("bastion-proxycommand")
+def bastion_proxycommand(cluster, tmp_path, row):
+    bastion = cluster.node("node1").address
+    proxy = (
+        f'-o ProxyCommand="ssh -W %h:%p -q -i {cluster.key_file} -o UserKnownHostsFile={cluster.known_hosts} '
+        f'root@{bastion}"'
+    )
+    verdict = behind_bastion(cluster, tmp_path, row, {"node2": proxy, "node3": proxy})
+    connect = checks(verdict)[("connect", "node3")]
+    assert "through ProxyCommand 'ssh -W node3:22" in connect["message"], connect
+    return verdict
+
+
+@injects("bastion-two-hops")
+def bastion_two_hops(cluster, tmp_path, row):
+    config = tmp_path / "jump_config"  # what OpenSSH's jump hosts read (ssh passes them -F, not the -o options)
+    config.write_text(
+        f"Host *\n    User root\n    IdentityFile {cluster.key_file}\n    UserKnownHostsFile {cluster.known_hosts}\n"
+    )
+    hops = f"root@{cluster.node('node1').address},node2"
+    return behind_bastion(cluster, tmp_path, row, {"node3": f"-F {config} -J {hops}"})
+
+
+@injects("ssh-option-unhonourable")
+def ssh_option_unhonourable(cluster, tmp_path, row):
+    token = "-I /usr/lib/x86_64-linux-gnu/opensc-pkcs11.so"  # ssh's flag for PKCS11Provider
+    verdict = behind_bastion(cluster, tmp_path, row, {"node2": token}, by_name=False)
+    assert verdict.report is None and "Traceback" not in verdict.stderr  # refused before any node was contacted
     return verdict
