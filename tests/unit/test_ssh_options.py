@@ -28,7 +28,7 @@ def test_the_faq_proxycommand_is_run_with_its_tokens_as_openssh_substitutes_them
         "node2", {"ansible_host": "10.0.0.12", "ansible_user": "root", "ansible_ssh_common_args": FAQ_PROXYCOMMAND}
     )
     params = resolve(node, None)
-    assert params.proxy_command == "ssh -W 10.0.0.12:22 -q user@gateway.example.com"
+    assert params.proxy_command.split() == ["ssh", "-W", "10.0.0.12:22", "-q", "user@gateway.example.com"]
     assert "ProxyCommand" in params.route and "gateway.example.com" in params.route
 
 
@@ -37,7 +37,7 @@ def test_proxycommand_tokens():
         Node("gpu7", "gpu7", port=2222, user="ops", ssh_options={"proxycommand": "nc -X 5 %h %p # %r %n 100%%"}),
         paramiko.SSHConfig.from_text("Host gpu7\n    HostName 10.1.0.7\n"),
     ).proxy_command
-    assert command == "nc -X 5 10.1.0.7 2222 # ops gpu7 100%"
+    assert command.split() == ["nc", "-X", "5", "10.1.0.7", "2222", "#", "ops", "gpu7", "100%"]
     with pytest.raises(UnhonouredOption, match=r"gpu7.*%C"):
         resolve(Node("gpu7", "gpu7", ssh_options={"proxycommand": "ssh -W %C bastion"}), None)
 
