@@ -5,6 +5,7 @@ Pure: nothing here connects. The result, ConnectParams, is what the SSH transpor
 
 from __future__ import annotations
 
+import getpass
 import glob
 import os
 import re
@@ -90,10 +91,14 @@ class ConnectParams:
         return ""
 
 
-def resolve(target: Target, config: paramiko.SSHConfig | None, known_hosts: list[str] | None = None) -> ConnectParams:
+def resolve(
+    target: Target, config: paramiko.SSHConfig | None, known_hosts: list[str] | None = None, hop: bool = False
+) -> ConnectParams:
     """Merge, highest first: --known-hosts, the inventory (ansible_* and the options of its ssh arguments), the SSH
     configuration (the node's own -F file when its arguments name one), defaults. UnhonouredOption when the merged
-    options hold one clustercheck cannot do (sshoptions.refusal), naming it, where it came from, and the node."""
+    options hold one clustercheck cannot do (sshoptions.refusal), naming it, where it came from, and the node.
+    HOP: TARGET is a ProxyJump hop, reached through the hops before it: its own ProxyJump and ProxyCommand are not
+    followed (a `Host *` ProxyJump would otherwise lead to itself)."""
     own_file = getattr(target, "ssh_config_file", None)
     if own_file:
         config = _config_file(own_file)
@@ -110,8 +115,8 @@ def resolve(target: Target, config: paramiko.SSHConfig | None, known_hosts: list
     keys = [target.key_file] if target.key_file else _as_list(options.get("identityfile"))
     user_files = known_hosts or _as_list(options.get("userknownhostsfile")) or [USER_KNOWN_HOSTS]
     global_files = _as_list(options.get("globalknownhostsfile")) or [GLOBAL_KNOWN_HOSTS]
-    jump = _unless_none(options.get("proxyjump"))
-    command = _unless_none(options.get("proxycommand"))
+    jump = None if hop else _unless_none(options.get("proxyjump"))
+    command = None if hop else _unless_none(options.get("proxycommand"))
     params = ConnectParams(
         hostname=hostname,
         port=port,
@@ -124,10 +129,7 @@ def resolve(target: Target, config: paramiko.SSHConfig | None, known_hosts: list
         connect_timeout=_seconds(target, options.get("connecttimeout")),
     )
     if params.proxy_jump:
-        for hop in jump_hosts(params.proxy_jump):
-            hop_params = resolve(hop, config, known_hosts)
-            hop_params.proxy_jump, hop_params.jumps, hop_params.proxy_command = None, [], None
-            params.jumps.append(hop_params)
+        params.jumps = [resolve(host, config, known_hosts, hop=True) for host in jump_hosts(params.proxy_jump)]
     return params
 
 
@@ -171,8 +173,7 @@ def proxy_command(command: str, hostname: str, port: int, user: str | None, orig
     """COMMAND with OpenSSH's ProxyCommand tokens substituted: %h the host connected to (after HostName), %p its
     port, %r the remote user (the local one when none is set), %n the host as given, %% a percent sign
     (ssh_config(5), TOKENS). Another token is an error, as in ssh."""
-    local = os.environ.get("USER") or os.environ.get("LOGNAME") or "root"
-    values = {"h": hostname, "p": str(port), "r": user or local, "n": original, "%": "%"}
+    values = {"h": hostname, "p": str(port), "r": user or getpass.getuser(), "n": original, "%": "%"}
 
     def substitute(match: re.Match[str]) -> str:
         if match[1] not in values:

@@ -86,6 +86,8 @@ def test_proxyjump_with_two_hops_resolves_each_hop_with_its_own_settings():
     assert (inner.hostname, inner.port, inner.user, inner.key_files) == ("10.9.0.1", 22, "root", ["/keys/inner"])
     assert inner.user_known_hosts == ["/state/known_hosts"]
     assert params.route == " through ProxyJump outer,root@inner"
+    everywhere = paramiko.SSHConfig.from_text("Host *\n    ProxyJump bastion\n")  # the hop too: not followed
+    assert [hop.hostname for hop in resolve(Node("n", "n"), everywhere).jumps] == ["bastion"]
     uri = resolve(Node("n", "n", ssh_options={"proxyjump": "ssh://ops@[fe80::1]:2200"}), None)
     assert (uri.jumps[0].hostname, uri.jumps[0].port, uri.jumps[0].user) == ("fe80::1", 2200, "ops")
 
