@@ -12,6 +12,7 @@ import os
 import shlex
 import shutil
 import socket
+import time
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
@@ -61,7 +62,7 @@ def allocated(request: Request, wait: int, say: Callable[[str], None] = lambda l
     argv = ["salloc", "--no-shell", f"--job-name={JOB_NAME}", f"--immediate={wait}", *request.options()]
     waiting = Waiting(request.partition, say)
     try:
-        answer = follow(argv, wait + 60, POLL, waiting.watch)
+        answer = follow(argv, wait + 60, 1.0, waiting.watch)
     except SlurmError as exc:
         raise NotGranted(str(exc)) from exc
     except BaseException:
@@ -69,6 +70,8 @@ def allocated(request: Request, wait: int, say: Callable[[str], None] = lambda l
         raise
     job = parse.granted_job(answer.stderr + answer.stdout)
     if job is None:
+        waiting.job = waiting.job or parse.pending_job(answer.stderr)
+        waiting.look()  # the last reason, before the request is taken back
         waiting.cancel()
         last = f"{waiting.said}; " if waiting.said else ""
         raise NotGranted(
@@ -100,17 +103,25 @@ def refusal(request: Request, say: Callable[[str], None]) -> str | None:
 
 class Waiting:
     """A request salloc waits for: its job id (from salloc's "Pending job allocation N"), and squeue's reason for it,
-    said (SAY) each time it changes, with the jobs on the partition's nodes; SAID: the last line said."""
+    read at most every POLL seconds and said (SAY) each time it changes, with the jobs on the partition's nodes;
+    SAID: the last line said."""
 
     def __init__(self, partition: str | None, say: Callable[[str], None]) -> None:
         self.partition, self.say = partition, say
         self.job: str | None = None
         self.reason: str | None = None
         self.said = ""
+        self._looked = 0.0
 
     def watch(self, salloc_stderr: str) -> None:
-        """salloc's words so far: the job's reason read once it has a job id, and said when it changed."""
+        """salloc's words so far: once they give the job id, its reason is read when a look is due."""
         self.job = self.job or parse.pending_job(salloc_stderr)
+        if self.job is not None and time.monotonic() - self._looked >= POLL:
+            self.look()
+
+    def look(self) -> None:
+        """squeue's reason for the job read now, and said if it changed. Never raises."""
+        self._looked = time.monotonic()
         if self.job is None:
             return
         with contextlib.suppress(SlurmError):
@@ -120,8 +131,7 @@ class Waiting:
                 return
             self.reason = queued[0].reason
             where = [f"--partition={self.partition}"] if self.partition else []
-            argv = ["squeue", "--noheader", "--states=RUNNING", *where, f"--format={parse.SQUEUE_FORMAT}"]
-            busy = call(argv)
+            busy = call(["squeue", "--noheader", "--states=RUNNING", *where, f"--format={parse.SQUEUE_FORMAT}"])
             self.said = grant.pending(self.job, self.reason, parse.parse_squeue(busy.stdout) if busy.ok else [])
             self.say(self.said)
 

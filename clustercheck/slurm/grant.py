@@ -70,7 +70,7 @@ def fix(node: SlurmNode) -> str:
         return f"wait for the reservation holding {node.name} to end (scontrol show reservation)"
     if "INVAL" in flags:
         return f"give {node.name} what slurm.conf says it has, or correct slurm.conf (scontrol show node {node.name})"
-    if "NOT_RESPONDING" in flags or any(f.startswith("DOWN") for f in flags):
+    if "NOT_RESPONDING" in flags:  # slurmd does not answer: nothing else can be done until it does
         return f"start slurmd on {node.name} (systemctl start slurmd there), then resume it ({resume}) if it stays down"
     return f"resume {node.name} ({resume}) once it is fixed"
 
@@ -110,7 +110,8 @@ def refusal(
     if not usable:
         head = f"Slurm can grant none of the {count} nodes asked ({where} has {len(members)}, none usable)"
     fixes = ([f"ask for --nodes {usable}"] if usable else []) + [fix(n) for n in out[:LISTED]]
-    return f"{head}: {_listed(reasons)}; {', or '.join(fixes) or 'add nodes to ' + where}"
+    named = f": {_listed(reasons)}" if reasons else ""
+    return f"{head}{named}; {', or '.join(fixes) or 'add nodes to ' + where}"
 
 
 def _named_refusal(named: list[str], nodes: list[SlurmNode], members: list[SlurmNode], name: str | None) -> str | None:

@@ -46,9 +46,11 @@ def test_down_nodes_as_slurm_shows_them_are_unusable_with_slurms_reason():
     down_drain = parse.parse_show_node(recorded("show-node-down-drain-21.08.txt"), "node1")
     assert down_drain.unusable == ("DOWN", "DRAIN") and down_drain.reason_by == "slurm"
     assert says(grant.why(down_drain), "node1", "down", "drained", "Not responding", "slurm 2021-10-19T12:56:19")
-    assert says(grant.fix(down_drain), "start slurmd on node1", "scontrol update nodename=node1 state=resume")
+    assert says(grant.fix(down_drain), "resume node1", "scontrol update nodename=node1 state=resume")
+    assert "slurmd" not in grant.fix(down_drain)  # slurmd answers again: Slurm only keeps it down
     adev1 = parse.parse_show_node(recorded("show-node-down-slurm-doc-quickstart.txt"), "adev1")
     assert adev1.unusable == ("DOWN", "NOT_RESPONDING")
+    assert says(grant.fix(adev1), "start slurmd on adev1", "state=resume")
     assert says(grant.why(adev1), "adev1 is down and not responding", "Not responding", "slurm 06/02-14:01:24")
 
 
@@ -98,7 +100,7 @@ def test_a_partition_that_starts_no_job_is_refused_and_a_down_node_with_slurmds_
     assert refused is not None and says(refused, "partition debug", "DOWN", "state=up")
     node1 = parse.parse_show_nodes(recorded("show-node-down-drain-21.08.txt"))
     refused = grant.refusal(1, [], node1, [], "batch")
-    assert refused is not None and says(refused, "none of the 1 nodes", "node1 is down", "start slurmd on node1")
+    assert refused is not None and says(refused, "none of the 1 nodes", "node1 is down", "resume node1")
 
 
 def test_a_request_that_waits_is_said_with_squeues_reason_and_the_jobs_on_the_nodes():
@@ -132,6 +134,7 @@ def fake_slurm(tmp_path: Path, monkeypatch, nodes: str, salloc: str) -> Path:
             '*) echo "3|PENDING|2027-11-26T10:03:08||Resources";; esac'
         ),
         "scancel": "exit 0",
+        "sbatch": "echo 42",
     }
     for name, body in scripts.items():
         path = bin_dir / name
@@ -154,10 +157,9 @@ def test_a_request_slurm_cannot_grant_is_refused_at_once_without_asking_slurm(tm
 def test_a_request_that_waits_says_slurms_reason_and_the_error_ends_with_it(tmp_path, monkeypatch):
     salloc = (
         'echo "salloc: Pending job allocation 6" >&2; echo "salloc: job 6 queued and waiting for resources" >&2; '
-        'sleep 1; echo "salloc: error: Unable to allocate resources: Connection timed out" >&2; exit 1'
+        'sleep 2; echo "salloc: error: Unable to allocate resources: Connection timed out" >&2; exit 1'
     )
     log = fake_slurm(tmp_path, monkeypatch, recorded("show-nodes-drained-deploy-manual-25.05.txt"), salloc)
-    monkeypatch.setattr(allocation, "POLL", 0.2)
     said: list[str] = []
     with (
         pytest.raises(allocation.NotGranted) as refused,
@@ -182,3 +184,21 @@ def test_run_slurm_exits_5_at_once_naming_the_drained_node(tmp_path, monkeypatch
     assert stopped.value.code == ExitCode.NO_HOSTS == 5
     assert says(str(stopped.value), "--slurm", "server5 is drained", "维护中", "--nodes 3")
     assert "salloc" not in log.read_text()
+
+
+def test_a_batch_launch_slurm_cannot_grant_now_is_said_and_submitted_all_the_same(tmp_path, monkeypatch):
+    """`launch --slurm --nodes 4` from the login node, server5 drained: the same reading says so before sbatch; a
+    batch job may wait for an administrator, so it is submitted (and waits in Slurm's queue)."""
+    from clustercheck.launcher import batchjob
+
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    log = fake_slurm(tmp_path, monkeypatch, recorded("show-nodes-drained-deploy-manual-25.05.txt"), "exit 1")
+    said: list[str] = []
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    status = batchjob.submit(
+        Request(nodes=4), ["--", "train.py"], run_dir, dry_run=False, detach=True, echo=print, say=said.append
+    )
+    assert status == 0 and "sbatch" in log.read_text()
+    first = said[0]
+    assert says(first, "at most 3 of the 4", "server5 is drained", "维护中", "waits in Slurm's queue")
