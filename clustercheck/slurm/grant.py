@@ -98,6 +98,8 @@ def refusal(
             f"partition (--partition), or set it up again (scontrol update partitionname={name} state=up)"
         )
     members = [n for n in nodes if name is None or not n.partitions or name in n.partitions]
+    if name is not None and partition is None and not members:
+        return None  # a partition Slurm does not know: salloc says so itself, at once
     if named:
         return _named_refusal(named, nodes, members, name)
     out = [n for n in members if n.unusable]

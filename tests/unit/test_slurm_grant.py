@@ -85,6 +85,7 @@ def test_nodes_of_another_partition_do_not_count_and_are_named():
     assert refused is not None
     assert says(refused, "at most 2 of the 3", "partition gpu has 2", "server4 is in partitions cpu,memory, not gpu")
     assert grant.refusal(2, [], drained_cluster(), [], "gpu") is None
+    assert grant.refusal(2, [], drained_cluster(), [], "nosuch") is None  # salloc itself refuses it at once
 
 
 def test_a_nodelist_naming_a_node_slurm_keeps_out_is_refused_and_one_of_usable_nodes_is_not():
