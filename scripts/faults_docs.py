@@ -88,7 +88,11 @@ def render(results: dict[str, dict]) -> str:
     ]
     for number, row in enumerate(ROWS, 1):
         seen = results[row.id]
-        check = f"`{row.check}` ({row.where})" if row.check else "(none: interrupted)"
+        check = (
+            f"`{row.check}` ({row.where})"
+            if row.check
+            else ("(none: interrupted)" if row.mid_run else "(none: refused, no report)")
+        )
         lines.append(
             f"| {number} | {cell(row.fault)} | {cell(row.injection)} | `{cell(seen['said'])}` | {cell(check)} | "
             f"{seen['exit_code']} | {seen['seconds']:.1f} s (deadline {row.deadline:.0f} s) |"

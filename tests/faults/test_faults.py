@@ -201,8 +201,9 @@ def _assert_contract(row: Fault, verdict: Verdict, cluster) -> str:
         f"the verdict took {verdict.seconds:.1f} s (deadline {row.deadline} s beyond the {busy:.1f} s the quickest "
         "node's facts took)"
     )
-    if not row.check:  # interrupted: no report, the closing line says so
-        said = next((ln for ln in verdict.stderr.splitlines() if ln.startswith("clustercheck: interrupted")), "")
+    if not row.check:  # interrupted, or refused before any node was reached: no report, the closing line says so
+        closing = ("clustercheck: interrupted", "clustercheck: error:")
+        said = next((ln for ln in verdict.stderr.splitlines() if ln.startswith(closing)), "")
         assert re.search(row.cause, said), output
         return said
     report = verdict.report
@@ -830,3 +831,31 @@ def link_slowed_baseline(cluster, tmp_path, row):
     slowed = {c["key"] for c in throughput["data"]["changes"] if c["status"] == "FAIL"}
     assert slowed >= {"node2 -> node1", "node2 -> node3"}, throughput
     return verdict
+
+
+@injects("slurm-node-drained")
+def _slurm_node_drained(cluster, tmp_path, row):
+    return _slurm_keeps_out(cluster, tmp_path, row, "node2", "drain", "PSU swap, ticket 7")
+
+
+@injects("slurm-node-down")
+def _slurm_node_down(cluster, tmp_path, row):
+    return _slurm_keeps_out(cluster, tmp_path, row, "node3", "down", "fan failure")
+
+
+def _slurm_keeps_out(cluster, tmp_path, row, name: str, state: str, reason: str) -> Verdict:
+    """NAME put in STATE by an administrator (scontrol on node1, Slurm's controller), then `clustercheck run ROW.args`
+    run on node1 as on a login node (the clustercheck the slurm role installed); NAME resumed, and every node idle in
+    Slurm again, before the next row."""
+    controller = cluster.node("node1")
+    on_node(controller, f"scontrol update nodename={name} state={state} reason={shlex.quote(reason)}")
+    try:
+        line = f"cd /root && clustercheck run {shlex.join(row.args)}"
+        return run(cluster, tmp_path, row, command=["docker", "exec", controller.container, "sh", "-c", line])
+    finally:
+        on_node(controller, f"scontrol update nodename={name} state=resume", check=False)
+        deadline = time.monotonic() + 60
+        shown = f"sinfo --noheader --Node --nodes={name} --format=%T | sort -u"  # a line per partition
+        while on_node(controller, shown, check=False).strip() != "idle":
+            assert time.monotonic() < deadline, f"{name} not idle in Slurm again"
+            time.sleep(2)

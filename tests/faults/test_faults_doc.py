@@ -29,7 +29,11 @@ def test_the_published_table_is_the_suites_rows():
         assert cells[2] == row.injection, f"{row.id}: regenerate docs/faults.md (scripts/faults_docs.py)"
         said = cells[3].strip("`")
         assert re.search(row.cause, said), f"{row.id}: the recorded {said!r} does not match {row.cause!r}"
-        assert cells[4] == (f"`{row.check}` ({row.where})" if row.check else "(none: interrupted)")
+        assert cells[4] == (
+            f"`{row.check}` ({row.where})"
+            if row.check
+            else ("(none: interrupted)" if row.mid_run else "(none: refused, no report)")
+        )
         assert cells[5] == str(int(row.exit_code))
         seconds = float(cells[6].split()[0])
         assert seconds <= row.deadline, f"{row.id}: recorded {seconds} s, over its deadline of {row.deadline} s"
