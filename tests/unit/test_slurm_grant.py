@@ -118,6 +118,29 @@ def test_the_job_salloc_waits_for_is_read_from_what_it_says():
     assert parse.pending_job(refused) == "6" and parse.pending_job("salloc: Granted job allocation 5\n") is None
 
 
+def test_slurm_22_05_on_debian_12_drained_and_down_nodes_are_refused_and_the_default_partition_found():
+    """Recorded on Debian 12's Slurm 22.05.8 (the test cluster's): n1 busy, n2 drained ('PSU swap, ticket 7'), n3
+    set down ('fan failure') with no slurmd; the default partition gpu from `scontrol show partition`."""
+    nodes = parse.parse_show_nodes(recorded("show-nodes-drained-down-22.05.txt"))
+    partitions = parse.parse_show_partitions(recorded("show-partition-22.05.txt"))
+    assert partitions == [SlurmPartition("gpu", True, "UP")]
+    assert [n.unusable for n in nodes] == [(), ("DRAIN", "NOT_RESPONDING"), ("DOWN", "NOT_RESPONDING")]
+    refused = grant.refusal(3, [], nodes, partitions, None)
+    assert refused is not None
+    assert says(refused, "at most 1 of the 3", "partition gpu", "n2 is drained", "PSU swap, ticket 7", "root")
+    assert says(refused, "n3 is down", "fan failure", "--nodes 1", "start slurmd on n3")
+    assert grant.refusal(1, [], nodes, partitions, None) is None  # n1 is busy, not kept out: Slurm is asked
+
+
+def test_slurm_22_05s_own_words_for_a_request_that_waits_and_times_out():
+    """salloc's whole stderr for a request behind a running job, --immediate=6, and squeue meanwhile (22.05.8)."""
+    salloc = recorded("salloc-pending-timed-out-22.05.txt")
+    assert parse.pending_job(salloc) == "3" and parse.granted_job(salloc) is None
+    pending, running = parse.parse_squeue(recorded("squeue-pending-behind-running-22.05.txt"))
+    assert (pending.state, pending.reason) == ("PENDING", "Resources")
+    assert says(grant.pending(pending.job, pending.reason, [running]), "job 3 waits", "Resources", "job 1 on n1")
+
+
 # ------------------------------------------------------- the allocation asked for (fake Slurm programs on PATH)
 
 
