@@ -17,7 +17,7 @@ from pathlib import Path
 
 from clustercheck.exitcodes import ExitCode, JobNotStarted, UsageError, WorkFailed
 from clustercheck.launcher import records
-from clustercheck.slurm import batch, jobs
+from clustercheck.slurm import allocation, batch, jobs
 from clustercheck.slurm.call import SlurmError
 from clustercheck.slurm.request import Request
 
@@ -28,14 +28,18 @@ def submit(
     request: Request, inner: list[str], run_dir: Path, *, dry_run: bool, detach: bool, echo: Echo, say: Echo
 ) -> int:
     """The batch script asking REQUEST's nodes and running `clustercheck launch --slurm INNER` inside, written into
-    RUN_DIR; printed (DRY_RUN) or submitted; then the job's id printed (DETACH), or its output followed until it
-    ends: the exit status is the job's. Ctrl-C cancels the job."""
+    RUN_DIR; printed (DRY_RUN) or submitted (what Slurm cannot grant now said first, slurm/grant.py); then the job's
+    id printed (DETACH), or its output followed until it ends: the exit status is the job's. Ctrl-C cancels the
+    job."""
     path = run_dir / "launch.sbatch"
     path.write_text(batch.script(request, clustercheck_command(), inner, run_dir, Path.cwd()))
     if dry_run:
         echo(path.read_text().removesuffix("\n"))
         say(f"not submitted (--dry-run); the script is {path}: submit it with sbatch {shlex.quote(str(path))}")
         return ExitCode.OK
+    refused = allocation.refusal(request, lambda line: None)  # Slurm's nodes read first, as run --slurm reads them
+    if refused is not None:  # a batch job may wait for an administrator: said, and submitted all the same
+        say(f"{refused}; submitting all the same: the job waits in Slurm's queue until Slurm can grant it")
     try:
         job = jobs.submit(path)
     except SlurmError as exc:

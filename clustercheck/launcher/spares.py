@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from clustercheck.model import CheckResult
-from clustercheck.slurm.diagnose import DOWN_FLAGS, shown
+from clustercheck.slurm.diagnose import shown
 from clustercheck.slurm.parse import SlurmNode
 
 
@@ -99,13 +99,9 @@ def in_partition(nodes: list[SlurmNode], partition: str | None) -> list[SlurmNod
 
 
 def unavailable(nodes: list[SlurmNode], partition: str | None, allocated: list[str]) -> list[SlurmNode]:
-    """The nodes of PARTITION Slurm cannot give a job: drained, down, failing or reserved (diagnose.DOWN_FLAGS), and
-    not among the ALLOCATED."""
-    return [
-        n
-        for n in in_partition(nodes, partition)
-        if n.name not in allocated and any(flag.startswith(DOWN_FLAGS) for flag in n.state)  # DRAIN: DRAINED, ...
-    ]
+    """The nodes of PARTITION Slurm cannot give a job: drained, down, failing or reserved (SlurmNode.unusable, the
+    judgement run --slurm's request is read with too), and not among the ALLOCATED."""
+    return [n for n in in_partition(nodes, partition) if n.name not in allocated and n.unusable]
 
 
 def asked(wanted: int, spare: int, nodes: list[SlurmNode], partition: str | None) -> tuple[int, int | None, str]:

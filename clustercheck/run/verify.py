@@ -82,7 +82,7 @@ def run(request: RunRequest, echo: Echo, say: Echo) -> int:
     selected, fmt = _asked(request)
     console = Console(stderr=fmt != "text" or request.output is not None)  # people read stderr when stdout carries
     with contextlib.ExitStack() as held:  # an allocation asked for is given back however the run ends
-        nodes, ssh, connect = _nodes(request, held)
+        nodes, ssh, connect = _nodes(request, held, say)
         config = _config(request, nodes, ssh, selected)
         document, outcome = _verify(nodes, config, Fanout(connect), request.hosts_args, console)
     rendered = delivery.save(document, config.run_dir)
@@ -120,7 +120,7 @@ def _asked(request: RunRequest) -> tuple[Selection, str]:
     return selected, fmt
 
 
-def _nodes(request: RunRequest, held: contextlib.ExitStack) -> tuple[list[Node], SshSettings, Factory]:
+def _nodes(request: RunRequest, held: contextlib.ExitStack, say: Echo) -> tuple[list[Node], SshSettings, Factory]:
     """The nodes (--hosts, else the allocation's), the SSH settings, and how the nodes are reached (SSH, or the job
     steps of the Slurm allocation this runs in or asked for)."""
     if request.hosts is not None:
@@ -132,7 +132,7 @@ def _nodes(request: RunRequest, held: contextlib.ExitStack) -> tuple[list[Node],
     ask = request.slurm.request
     try:
         if allocation.inside() is None and ask.names_nodes:
-            job, nodelist = held.enter_context(allocation.allocated(ask, request.slurm.wait))
+            job, nodelist = held.enter_context(allocation.allocated(ask, request.slurm.wait, say))
         else:
             job, nodelist = allocation.current()
         return allocation.nodes(nodes, job, nodelist), ssh, step.factory(job)

@@ -1,7 +1,8 @@
 """The Slurm allocation a command runs its job steps in: the one it runs inside (salloc, sbatch: SLURM_JOB_ID), or
-one asked for from the login node (salloc --no-shell) and given back when the command ends, however it ends; and
-its nodes, by name (scontrol show hostnames) and by their address here; and the job shrunk to fewer of them (launch
---spare gives the nodes it does not use back).
+one asked for from the login node (salloc --no-shell) and given back when the command ends, however it ends: Slurm's
+nodes read first, so that a request Slurm cannot grant (grant.py) is refused at once with Slurm's reasons, and a
+request that waits said with squeue's reason as it changes; and its nodes, by name (scontrol show hostnames) and by
+their address here; and the job shrunk to fewer of them (launch --spare gives the nodes it does not use back).
 """
 
 from __future__ import annotations
@@ -9,16 +10,19 @@ from __future__ import annotations
 import contextlib
 import os
 import shlex
+import shutil
 import socket
-from collections.abc import Iterator, Mapping
+import time
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
 from clustercheck.inventory import Node
-from clustercheck.slurm import parse
-from clustercheck.slurm.call import SlurmError, call
+from clustercheck.slurm import grant, parse, update
+from clustercheck.slurm.call import SlurmError, call, follow
 from clustercheck.slurm.request import Request
 
 JOB_NAME = "clustercheck"  # the allocation run --slurm asks for
+POLL = 10.0  # seconds between squeue's looks at a request that waits (sinfo(1), PERFORMANCE: no tight loops)
 
 
 class NotGranted(SlurmError):
@@ -47,23 +51,95 @@ def current(environ: Mapping[str, str] = os.environ) -> tuple[str, str]:
 
 
 @contextlib.contextmanager
-def allocated(request: Request, wait: int) -> Iterator[tuple[str, str]]:
+def allocated(request: Request, wait: int, say: Callable[[str], None] = lambda line: None) -> Iterator[tuple[str, str]]:
     """The nodes of REQUEST asked for (salloc --no-shell), waiting at most WAIT seconds for Slurm to grant them:
     the job's id and node list, the job cancelled (and so every step still running in it) when the block ends,
-    however it ends (a Ctrl-C included). NotGranted when Slurm grants none."""
+    however it ends (a Ctrl-C included). NotGranted at once when Slurm cannot grant them (refused), and when it
+    granted none within WAIT, with the last reason it gave; while it waits, its reason is said (SAY) as it changes."""
+    refused = refusal(request, say)
+    if refused is not None:
+        raise NotGranted(refused)
     argv = ["salloc", "--no-shell", f"--job-name={JOB_NAME}", f"--immediate={wait}", *request.options()]
+    waiting = Waiting(request.partition, say)
     try:
-        answer = call(argv, timeout=wait + 60)
+        answer = follow(argv, wait + 60, 1.0, waiting.watch)
     except SlurmError as exc:
         raise NotGranted(str(exc)) from exc
+    except BaseException:
+        waiting.cancel()
+        raise
     job = parse.granted_job(answer.stderr + answer.stdout)
     if job is None:
-        raise NotGranted(f"Slurm granted no allocation ({shlex.join(argv[1:])}): {answer.cause()}")
+        waiting.job = waiting.job or parse.pending_job(answer.stderr)
+        waiting.look()  # the last reason, before the request is taken back
+        waiting.cancel()
+        last = f"{waiting.said}; " if waiting.said else ""
+        raise NotGranted(
+            f"Slurm granted no allocation ({shlex.join(argv[1:])}) within {wait} s: {last}{answer.cause()}"
+        )
     try:
         yield job, call(["squeue", "--noheader", "--jobs", job, "--format=%N"]).stdout.strip()
     finally:
         with contextlib.suppress(SlurmError):
             call(["scancel", job])
+
+
+def refusal(request: Request, say: Callable[[str], None]) -> str | None:
+    """Why Slurm cannot grant REQUEST (grant.refusal, on Slurm's nodes and partitions read here), or None: it can,
+    or they could not be read (said; Slurm is asked then, as it would be without this look)."""
+    scontrol = shutil.which("scontrol") or "scontrol"
+    nodes, why = update.all_nodes(scontrol, 30.0)
+    try:
+        shown = call([scontrol, "show", "partition"])
+        partitions = parse.parse_show_partitions(shown.stdout) if shown.ok else []
+        named = hostnames(request.nodelist) if request.nodelist else []
+    except SlurmError as exc:
+        nodes, why = None, str(exc)
+    if nodes is None:
+        say(f"Slurm's nodes could not be read first ({why}): asking Slurm for them all the same")
+        return None
+    return grant.refusal(request.nodes or 0, named, nodes, partitions, request.partition)
+
+
+class Waiting:
+    """A request salloc waits for: its job id (from salloc's "Pending job allocation N"), and squeue's reason for it,
+    read at most every POLL seconds and said (SAY) each time it changes, with the jobs on the partition's nodes;
+    SAID: the last line said."""
+
+    def __init__(self, partition: str | None, say: Callable[[str], None]) -> None:
+        self.partition, self.say = partition, say
+        self.job: str | None = None
+        self.reason: str | None = None
+        self.said = ""
+        self._looked = 0.0
+
+    def watch(self, salloc_stderr: str) -> None:
+        """salloc's words so far: once they give the job id, its reason is read when a look is due."""
+        self.job = self.job or parse.pending_job(salloc_stderr)
+        if self.job is not None and time.monotonic() - self._looked >= POLL:
+            self.look()
+
+    def look(self) -> None:
+        """squeue's reason for the job read now, and said if it changed. Never raises."""
+        self._looked = time.monotonic()
+        if self.job is None:
+            return
+        with contextlib.suppress(SlurmError):
+            shown = call(["squeue", "--noheader", "--jobs", self.job, f"--format={parse.SQUEUE_FORMAT}"])
+            queued = parse.parse_squeue(shown.stdout) if shown.ok else []
+            if not queued or queued[0].state != "PENDING" or queued[0].reason == self.reason:
+                return
+            self.reason = queued[0].reason
+            where = [f"--partition={self.partition}"] if self.partition else []
+            busy = call(["squeue", "--noheader", "--states=RUNNING", *where, f"--format={parse.SQUEUE_FORMAT}"])
+            self.said = grant.pending(self.job, self.reason, parse.parse_squeue(busy.stdout) if busy.ok else [])
+            self.say(self.said)
+
+    def cancel(self) -> None:
+        """The request taken back, if Slurm gave it a job id (salloc ended without an allocation)."""
+        if self.job is not None:
+            with contextlib.suppress(SlurmError):
+                call(["scancel", self.job])
 
 
 def hostnames(nodelist: str) -> list[str]:

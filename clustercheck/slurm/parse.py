@@ -16,7 +16,16 @@ from clustercheck.exitcodes import ExitCode
 
 REASON_PREFIX = "clustercheck:"  # the reason node-health drains a node with begins with it (drain.py)
 _FIELD = re.compile(r"(?:^|\s)([A-Za-z_]+)=")
-_SIGNED = re.compile(r"\s*\[[^\[\]@]*@[^\[\]]*\]\s*$")  # " [root@2026-11-24T15:01:02]": who set it, and when
+_SIGNED = re.compile(r"\s*\[([^\[\]@]*)@([^\[\]]*)\]\s*$")  # " [root@2026-11-24T15:01:02]": who set it, and when
+
+# The node states in which Slurm gives a node no new job, by sinfo(1)'s NODE STATE CODES (slurm.schedmd.com/sinfo.html):
+# DOWN "unavailable for use", DRAINED "unavailable for use per system administrator request" and DRAINING "will not be
+# allocated additional jobs" (scontrol shows both as the DRAIN flag), FAIL/FAILING "unavailable for use",
+# NOT_RESPONDING (sinfo's and older scontrols' `*` suffix) "will not be allocated any new work", MAINT "in a
+# reservation with a flag value of maintenance" and RESERVED "in an advanced reservation and not generally
+# available", INVAL (registered with less than slurm.conf says), FUTURE "not fully configured". A powered-down node
+# (POWERED_DOWN, power saving) is not among them: Slurm powers it up for the job that needs it.
+UNUSABLE = ("DOWN", "DRAIN", "FAIL", "NOT_RESPONDING", "MAINT", "RESERVED", "INVAL", "FUTURE")
 
 
 class ParseError(ValueError):
@@ -26,12 +35,24 @@ class ParseError(ValueError):
 @dataclass(frozen=True)
 class SlurmNode:
     """A node as `scontrol show node NAME` shows it: its name, its state (the base state and its flags, as in
-    IDLE+DRAIN) and the reason it was drained or set down, without the `[user@time]` Slurm appends."""
+    IDLE+DRAIN) and the reason it was drained or set down, without the `[user@time]` Slurm appends: that is
+    REASON_BY (root, slurm) and REASON_AT (2026-11-29T01:02:03, as Slurm prints it)."""
 
     name: str
     state: tuple[str, ...]
     reason: str | None
     partitions: tuple[str, ...] = ()
+    reason_by: str | None = None
+    reason_at: str | None = None
+
+    @property
+    def unusable(self) -> tuple[str, ...]:
+        """The flags of its state for which Slurm gives it no new job (UNUSABLE: DRAIN, DOWN, NOT_RESPONDING, ...);
+        empty for a node Slurm can allocate, idle or busy."""
+        flags = [f.rstrip("*") for f in self.state]
+        if any(f.endswith("*") for f in self.state):  # State=DOWN*: not responding, as older scontrols print it
+            flags.append("NOT_RESPONDING")
+        return tuple(dict.fromkeys(f for f in flags if f.startswith(UNUSABLE)))
 
     @property
     def drained(self) -> bool:
@@ -75,11 +96,32 @@ def _node(fields: dict[str, str], name: str) -> SlurmNode:
     state = fields.get("State", "")
     if not state:
         raise ParseError(f"no State= for node {name} in scontrol's answer")
-    reason = fields.get("Reason")
+    reason, by, at = fields.get("Reason"), None, None
     if reason is not None:
+        signed = _SIGNED.search(reason)
+        by, at = (signed[1] or None, signed[2] or None) if signed else (None, None)
         reason = _SIGNED.sub("", reason).strip() or None
     partitions = tuple(p for p in fields.get("Partitions", "").split(",") if p)
-    return SlurmNode(name, tuple(f for f in state.split("+") if f), reason, partitions)
+    return SlurmNode(name, tuple(f for f in state.split("+") if f), reason, partitions, by, at)
+
+
+@dataclass(frozen=True)
+class SlurmPartition:
+    """A partition as `scontrol show partition` shows it: its name, whether it is the default (Default=YES: where a
+    job that names none goes), and its state (UP; DOWN, DRAIN, INACTIVE: it starts no new job)."""
+
+    name: str
+    default: bool
+    state: str
+
+
+def parse_show_partitions(text: str) -> list[SlurmPartition]:
+    """Every partition of `scontrol show partition`, in its order."""
+    return [
+        SlurmPartition(fields["PartitionName"], fields.get("Default") == "YES", fields.get("State", "UP"))
+        for fields in _records(text)
+        if fields.get("PartitionName")
+    ]
 
 
 def _fields(record: str) -> dict[str, str]:
@@ -127,6 +169,13 @@ def resize_environment(script: str) -> dict[str, str | None]:
 
 
 _GRANTED = re.compile(r"\bGranted job allocation (\d+)\b")
+_PENDING = re.compile(r"\bPending job allocation (\d+)\b")
+
+
+def pending_job(salloc_output: str) -> str | None:
+    """The job id `salloc` says it waits for ("salloc: Pending job allocation 6"), or None."""
+    match = _PENDING.search(salloc_output)
+    return match[1] if match else None
 
 
 def granted_job(salloc_output: str) -> str | None:

@@ -125,8 +125,53 @@ def test_clustercheck_asks_slurm_for_the_nodes_and_gives_them_back(slurm_cluster
     assert on(controller, "squeue --noheader").stdout.strip() == ""  # given back
     refused = on(controller, "clustercheck run --slurm --nodes=4 --slurm-wait=5", check=False)
     assert refused.returncode == 5, refused.stderr
-    assert refused.stderr.startswith("clustercheck: error: --slurm: Slurm granted no allocation (")
+    assert refused.stderr.startswith("clustercheck: error: --slurm: Slurm can grant at most 3 of the 4 nodes asked")
+    assert "--nodes 3" in refused.stderr  # read from Slurm's nodes first: no salloc, no wait
     assert refused.stderr.count("\n") == 1 and "Traceback" not in refused.stderr
+
+
+def test_run_slurm_names_the_node_an_administrator_drained_at_once_instead_of_waiting(slurm_cluster):
+    """`clustercheck run --slurm --nodes 3` from the login node while node2 is drained by an administrator: Slurm
+    could only ever grant two nodes, so the run says so within seconds (not after --slurm-wait), exit 5, naming node2,
+    drained, the administrator's reason and who set it, and the fix; nothing is asked of Slurm, nothing is left."""
+    controller = slurm_cluster.nodes[0]
+    on(controller, "scontrol update nodename=node2 state=drain reason='PSU swap, ticket 7'")
+    try:
+        began = time.monotonic()
+        proc = on(controller, "cd /root && clustercheck run --slurm --nodes 3 --only core", check=False)
+        took = time.monotonic() - began
+        assert proc.returncode == ExitCode.NO_HOSTS == 5, proc.stdout + proc.stderr
+        assert took < 30, f"took {took:.0f} s: {proc.stderr}"
+        line = proc.stderr.strip()
+        for word in ("at most 2 of the 3", "node2 is drained", "PSU swap, ticket 7", "root", "--nodes 2"):
+            assert word in line, line
+        assert "scontrol update nodename=node2 state=resume" in line, line
+        assert line.count("\n") == 0 and "Traceback" not in proc.stderr
+        assert on(controller, "squeue --noheader").stdout.strip() == ""
+    finally:
+        on(controller, "scontrol update nodename=node2 state=resume", check=False)
+    wait_for(controller, all_idle, 60, "every node idle again")
+
+
+def test_run_slurm_says_why_its_request_waits_and_ends_with_the_last_reason(slurm_cluster):
+    """Every node held by another allocation: `run --slurm --nodes 3 --slurm-wait 8` is not refused (the nodes are
+    usable, only busy), says Slurm's reason while it waits (Resources) with the job on the nodes, and ends after the
+    wait, exit 5, with that reason in its error; its pending request is taken back."""
+    controller = slurm_cluster.nodes[0]
+    held = on(controller, "salloc --no-shell --nodes=3 --job-name=holder 2>&1").stdout
+    holder = parse.granted_job(held)
+    assert holder, held
+    try:
+        proc = on(controller, "cd /root && clustercheck run --slurm --nodes 3 --only core --slurm-wait 8", check=False)
+        assert proc.returncode == 5, proc.stdout + proc.stderr
+        assert re.search(rf"waits, reason \w+.*job {holder} on node\[1-3\]", proc.stderr), proc.stderr
+        error = proc.stderr.strip().splitlines()[-1]
+        assert "Slurm granted no allocation" in error and "within 8 s" in error and "reason" in error, error
+        jobs = on(controller, "squeue --noheader --format=%i").stdout.split()
+        assert jobs == [holder], jobs  # clustercheck's request is gone, the holder's stays
+    finally:
+        on(controller, f"scancel {holder}", check=False)
+    wait_for(controller, all_idle, 60, "every node idle again")
 
 
 def test_a_node_no_job_step_reaches_is_named_with_what_srun_and_slurm_say_and_slurms_fix(slurm_cluster):

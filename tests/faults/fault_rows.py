@@ -350,4 +350,33 @@ ROWS = [
         CORE,
         mechanism="the way the inventory reaches a node",
     ),
+    Fault(
+        "slurm-node-drained",
+        "`run --slurm` asks for every node while an administrator has one drained",
+        "`scontrol update nodename=node2 state=drain reason='PSU swap, ticket 7'` on node1 (the controller), then "
+        "`clustercheck run --slurm --nodes 3` run there as on a login node; node2 resumed afterwards",
+        ExitCode.NO_HOSTS,
+        "",
+        "node2",
+        r"^clustercheck: error: --slurm: Slurm can grant at most 2 of the 3 nodes asked .*: node2 is drained "
+        r"\(PSU swap, ticket 7; root [\d:T-]+\); ask for --nodes 2, or resume node2 \(scontrol update nodename=node2 "
+        r"state=resume\)",
+        30,
+        ("--slurm", "--nodes", "3", "--only", "core"),
+        mechanism="Slurm cannot grant what was asked",
+    ),
+    Fault(
+        "slurm-node-down",
+        "`run --slurm` asks for every node while one is DOWN in Slurm",
+        "`scontrol update nodename=node3 state=down reason='fan failure'` on node1 (the controller), then "
+        "`clustercheck run --slurm --nodes 3` run there; node3 resumed afterwards",
+        ExitCode.NO_HOSTS,
+        "",
+        "node3",
+        r"^clustercheck: error: --slurm: Slurm can grant at most 2 of the 3 nodes asked .*: node3 is down "
+        r"\(fan failure; root [\d:T-]+\); ask for --nodes 2, or resume node3",
+        30,
+        ("--slurm", "--nodes", "3", "--only", "core"),
+        mechanism="Slurm cannot grant what was asked",
+    ),
 ]

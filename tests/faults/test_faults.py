@@ -884,3 +884,31 @@ def ssh_option_unhonourable(cluster, tmp_path, row):
     verdict = behind_bastion(cluster, tmp_path, row, {"node2": token}, by_name=False)
     assert verdict.report is None and "Traceback" not in verdict.stderr  # refused before any node was contacted
     return verdict
+
+
+@injects("slurm-node-drained")
+def _slurm_node_drained(cluster, tmp_path, row):
+    return _slurm_keeps_out(cluster, tmp_path, row, "node2", "drain", "PSU swap, ticket 7")
+
+
+@injects("slurm-node-down")
+def _slurm_node_down(cluster, tmp_path, row):
+    return _slurm_keeps_out(cluster, tmp_path, row, "node3", "down", "fan failure")
+
+
+def _slurm_keeps_out(cluster, tmp_path, row, name: str, state: str, reason: str) -> Verdict:
+    """NAME put in STATE by an administrator (scontrol on node1, Slurm's controller), then `clustercheck run ROW.args`
+    run on node1 as on a login node (the clustercheck the slurm role installed); NAME resumed, and every node idle in
+    Slurm again, before the next row."""
+    controller = cluster.node("node1")
+    on_node(controller, f"scontrol update nodename={name} state={state} reason={shlex.quote(reason)}")
+    try:
+        line = f"cd /root && clustercheck run {shlex.join(row.args)}"
+        return run(cluster, tmp_path, row, command=["docker", "exec", controller.container, "sh", "-c", line])
+    finally:
+        on_node(controller, f"scontrol update nodename={name} state=resume", check=False)
+        deadline = time.monotonic() + 60
+        shown = f"sinfo --noheader --Node --nodes={name} --format=%T | sort -u"  # a line per partition
+        while on_node(controller, shown, check=False).strip() != "idle":
+            assert time.monotonic() < deadline, f"{name} not idle in Slurm again"
+            time.sleep(2)
