@@ -12,6 +12,8 @@ a role manages inside a file of the site's (/etc/hosts) only that block. A file 
 answer: a role not used on any node is no finding.
 """
 
+from __future__ import annotations
+
 import glob
 import hashlib
 import os
