@@ -31,6 +31,15 @@ def too_few(nodes: list[NodeFacts]) -> str | None:
     return f"{len(nodes)} of {size} nodes reached, nothing to compare"
 
 
+def majority_of(values: dict[str, Any]) -> tuple[Any, bool, list[str]]:
+    """Over host -> value (any hashable, None too): the value most nodes have, whether another is as common (a
+    tie: no majority), and the nodes that differ from it (on a tie, every node). The one rule every consistency
+    check names the odd nodes by."""
+    (majority, top), *rest = Counter(values.values()).most_common()
+    tie = bool(rest) and rest[0][1] == top
+    return majority, tie, sorted(h for h, v in values.items() if tie or v != majority)
+
+
 def compare(values: dict[str, Any], what: str) -> Finding:
     """One consistency verdict over host -> value; None means the value could not be collected there."""
     known = {host: v for host, v in values.items() if v is not None}
@@ -45,8 +54,8 @@ def compare(values: dict[str, Any], what: str) -> Finding:
         value = next(iter(counts))
         note = f" (not known on {', '.join(missing)})" if missing else ""
         return passed(f"{what} {value} on {len(known)} node(s){note}", **data)
-    (majority, top), *rest = counts.most_common()
-    tie = rest and rest[0][1] == top
+    majority, tie, _ = majority_of(known)
+    top = counts[majority]
     differ = sorted(h for h, v in known.items() if v != majority)
     if tie:
         groups = "; ".join(
@@ -230,9 +239,8 @@ def packages(nodes: list[NodeFacts], config: Any) -> Finding:
         counts = Counter(values.values())
         if len(counts) == 1:
             continue
-        (majority, top), *rest = counts.most_common()
-        tie = bool(rest) and rest[0][1] == top
-        differ = {h: v for h, v in values.items() if tie or v != majority}
+        majority, tie, odd = majority_of(values)
+        differ = {h: values[h] for h in odd}
         drift.append({"package": name, "majority": None if tie else majority, "tie": tie, "nodes": differ})
         if None not in counts:
             versions.append(drift[-1])

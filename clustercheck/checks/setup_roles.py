@@ -3,7 +3,8 @@ sets what each check checks, in one mapping (a test keeps it in step with site.y
 
 A WARN, FAIL or ERROR of a mapped check on a node gains `ansible-playbook site.yml -i INVENTORY --limit NODE --tags
 ROLE` (the inventory as given to --hosts), in its remediation and as data (`fix_command` in the JSON report), so
-a user's automation can run it. A cross-node check names the nodes that differ.
+a user's automation can run it. A cross-node check names the nodes that differ; one over the files of several roles
+(consistency.files) names each difference's role in its data, and the line re-runs those roles.
 """
 
 from __future__ import annotations
@@ -55,14 +56,24 @@ def nodes_of(result: CheckResult) -> list[str]:
     return sorted(nodes)
 
 
+def roles_of(result: CheckResult) -> list[str]:
+    """The roles that set what RESULT checks: its check's (ROLE_OF), or for a check over the files of several roles
+    (consistency.files) the role each difference in its data names."""
+    if result.name in ROLE_OF:
+        return [ROLE_OF[result.name]]
+    entries = result.data.get("differ") or []
+    return sorted({e["role"] for e in entries if isinstance(e, dict) and isinstance(e.get("role"), str) and e["role"]})
+
+
 def fix_command(result: CheckResult, inventory: str) -> str | None:
     """The site.yml line that puts RESULT right on the nodes it names; None for a check no role sets, a PASS or
     SKIP, or a finding that names no node."""
-    role = ROLE_OF.get(result.name)
+    roles = roles_of(result)
     nodes = nodes_of(result)
-    if role is None or result.status not in PROBLEMS or not nodes:
+    if not roles or result.status not in PROBLEMS or not nodes:
         return None
-    return shlex.join(["ansible-playbook", "site.yml", "-i", inventory, "--limit", ",".join(nodes), "--tags", role])
+    tags = ",".join(roles)
+    return shlex.join(["ansible-playbook", "site.yml", "-i", inventory, "--limit", ",".join(nodes), "--tags", tags])
 
 
 def with_fix_commands(results: list[CheckResult], inventory: str | None) -> list[CheckResult]:

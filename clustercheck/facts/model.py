@@ -25,6 +25,7 @@ from typing import Any
 from clustercheck import expected as expected_values
 from clustercheck.facts import readers
 from clustercheck.facts.burn import GpuBurn
+from clustercheck.facts.managed import ManagedFiles
 from clustercheck.facts.records import COULD_NOT_COLLECT as COULD_NOT_COLLECT
 from clustercheck.facts.records import (  # noqa: F401 (the records NodeFacts' fields hold, imported from here)
     Address,
@@ -187,6 +188,7 @@ class NodeFacts:
     virt: str | None = collected("commands.virt", read=readers.virt)  # systemd-detect-virt --vm: none, kvm, ...
     dcgmi: str | None = fact(remote.dcgmi, path)  # where dcgmi is installed
     firewall_role_rules: bool | None = fact(remote.firewall_role_rules, truth)  # the firewall role's rules in ufw
+    managed_files: ManagedFiles | None = fact(remote.managed_files, ManagedFiles.from_probe)  # the roles' files
     dcgm: DcgmDiag | None = learnt("the core stage, when --dcgm-level asks for it (stages/gpuwork.py)")
     gpu_bench: GpuBench | None = learnt("the core stage, when a gpu.* figure check is selected (stages/gpuwork.py)")
     gpu_burn: GpuBurn | None = learnt("the core stage, with run --burn (stages/gpuwork.py, facts/burn.py)")

@@ -22,6 +22,7 @@ import tempfile
 import threading
 import time
 
+from .managed import managed_files as read_managed_files
 from .probing import PROBE_TIMEOUT, matching_lines, probe, read_text, run, run_all, run_of
 from .torchprobe import TorchProbe
 
@@ -426,6 +427,13 @@ def firewall_role_rules():
     except FileNotFoundError:
         return False
     return ROLE_MARK in rules or ROLE_MARK.encode().hex() in rules
+
+
+@fact("managed_files")
+def managed_files():
+    """The configuration files site.yml's roles write, as this node has them (managed.py: hashed, the text where it
+    may be shown), compared across the nodes on the control side."""
+    return read_managed_files()
 
 
 @fact("dcgmi")

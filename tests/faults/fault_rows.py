@@ -379,4 +379,35 @@ ROWS = [
         ("--slurm", "--nodes", "3", "--only", "core"),
         mechanism="Slurm cannot grant what was asked",
     ),
+    # -- a managed file drifted on one node (issue 50, section 5): consistency.files compares every file the roles
+    # write; neither row's file is named in the code that finds it.
+    Fault(
+        "slurm-conf-edited",
+        "node3's slurm.conf edited by hand (one setting changed, slurmd restarted there)",
+        "`ReturnToService=2` made `ReturnToService=1` (or 1 made 2) in node3's /etc/slurm/slurm.conf, then `systemctl "
+        "restart slurmd` there; the file put back and slurmd restarted afterwards",
+        ExitCode.CHECK_FAILED,
+        "consistency.files",
+        "cluster",
+        r"^node3: /etc/slurm/slurm\.conf differs from the copy of node1 and node2 \(role slurm\): "
+        r"-ReturnToService=\d \+ReturnToService=\d",
+        45,
+        CORE,
+        node="node3",
+        mechanism="a managed file drifted on one node",
+    ),
+    Fault(
+        "chrony-conf-drifted",
+        "node2's chrony.conf drifted (a setting changed by hand, not yet applied)",
+        "`makestep 1 3` made `makestep 1 -1` in node2's /etc/chrony/chrony.conf; the file put back afterwards",
+        ExitCode.CHECK_FAILED,
+        "consistency.files",
+        "cluster",
+        r"^node2: /etc/chrony/chrony\.conf differs from the copy of node1 and node3 \(role base\): "
+        r"-makestep 1 3 \+makestep 1 -1",
+        45,
+        CORE,
+        node="node2",
+        mechanism="a managed file drifted on one node",
+    ),
 ]

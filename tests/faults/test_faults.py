@@ -134,6 +134,7 @@ def node_state(site_packages: str) -> str:
         [
             "cat /etc/hosts",
             "md5sum /root/.ssh/authorized_keys /root/.bashrc /etc/ssh/ssh_host_*_key.pub 2>&1",
+            "md5sum /etc/slurm/slurm.conf /etc/chrony/chrony.conf 2>&1",
             "ls /etc/ssh/sshd_config.d",
             "systemctl is-active ssh chrony slurmd",
             "iptables -S",
@@ -912,3 +913,62 @@ def _slurm_keeps_out(cluster, tmp_path, row, name: str, state: str, reason: str)
         while on_node(controller, shown, check=False).strip() != "idle":
             assert time.monotonic() < deadline, f"{name} not idle in Slurm again"
             time.sleep(2)
+
+
+# ------------------------------------------------------------------- a managed file drifted on one node (issue 50, 5)
+
+
+def _drift_file(node, path: str, old: str, new: str) -> None:
+    """PATH on NODE with its line OLD made NEW, edited in place as an operator's editor would; the file kept beside it
+    (PATH.faults) for _put_file_back."""
+    on_node(node, f"cp -p {path} {path}.faults")
+    text = on_node(node, f"cat {path}")
+    assert f"\n{old}\n" in f"\n{text}", f"{node.name}: no line {old!r} in {path}"
+    on_node(node, f"cat > {path}", input=f"\n{text}".replace(f"\n{old}\n", f"\n{new}\n", 1)[1:])
+
+
+def _put_file_back(node, path: str) -> None:
+    on_node(node, f"cat {path}.faults > {path} && rm {path}.faults")
+
+
+@injects("slurm-conf-edited")
+def slurm_conf_edited(cluster, tmp_path, row):
+    """node3's slurm.conf with one setting changed by hand (ReturnToService, which slurmctld alone reads: no job or
+    node changes behaviour meanwhile) and slurmd restarted there, so that it runs with it; slurmctld then logs that
+    node3's slurm.conf differs from its own."""
+    node3 = cluster.node("node3")
+    conf = on_node(node3, "cat /etc/slurm/slurm.conf")
+    value = re.search(r"^ReturnToService=(\d)$", conf, re.M).group(1)
+    _drift_file(
+        node3, "/etc/slurm/slurm.conf", f"ReturnToService={value}", f"ReturnToService={1 if value != '1' else 2}"
+    )
+    try:
+        on_node(node3, "systemctl restart slurmd")
+        verdict = run(cluster, tmp_path, row)
+    finally:
+        _put_file_back(node3, "/etc/slurm/slurm.conf")
+        on_node(node3, "systemctl restart slurmd")
+    files = checks(verdict)[("consistency.files", None)]
+    assert [d["path"] for d in files["data"]["differ"]] == ["/etc/slurm/slurm.conf"]  # nothing else differs
+    assert files["fix_command"] == shlex.join(  # the slurm role, on node3 alone
+        ["ansible-playbook", "site.yml", "-i", cluster.inventory, "--limit", "node3", "--tags", "slurm"]
+    )
+    return verdict
+
+
+@injects("chrony-conf-drifted")
+def chrony_conf_drifted(cluster, tmp_path, row):
+    """node2's chrony.conf with `makestep 1 3` made `makestep 1 -1` by hand (not yet applied: chronyd reads it at its
+    next start). node1's chrony.conf differs from its clients' by design (it serves time: allow, local stratum)."""
+    node2 = cluster.node("node2")
+    _drift_file(node2, "/etc/chrony/chrony.conf", "makestep 1 3", "makestep 1 -1")
+    try:
+        verdict = run(cluster, tmp_path, row)
+    finally:
+        _put_file_back(node2, "/etc/chrony/chrony.conf")
+    files = checks(verdict)[("consistency.files", None)]
+    assert [d["path"] for d in files["data"]["differ"]] == ["/etc/chrony/chrony.conf"]
+    assert files["fix_command"] == shlex.join(
+        ["ansible-playbook", "site.yml", "-i", cluster.inventory, "--limit", "node2", "--tags", "base"]
+    )
+    return verdict
