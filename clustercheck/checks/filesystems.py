@@ -34,14 +34,16 @@ def problems(fs: Filesystem, found: Filesystems) -> list[tuple[Status, str, str]
     if fs.read_only and need.written:
         out.append((Status.FAIL, f"{what} is read-only", Cause(fs, "read-only").fix))
     if fs.noexec and need.executes:
-        out.append((Status.WARN, f"{what} is mounted noexec: {need.why}", Cause(fs, "noexec").fix))
+        out.append(
+            (Status.WARN, f"{what} is mounted noexec, where {need.uses} are loaded from", Cause(fs, "noexec").fix)
+        )
     below = need.fail_below if fs.free_bytes < need.fail_below else need.warn_below
     if fs.free_bytes < below:
         status = Status.FAIL if below == need.fail_below else Status.WARN
-        said = f"{what} has {size(fs.free_bytes)} free of {size(fs.total_bytes)}, less than {size(below)}"
+        said = f"{what} has {size(fs.free_bytes)} free of {size(fs.total_bytes)}, less than {size(below)} ({need.uses})"
         if fs.kind == "shm" and found.dead:
             said += f"; {dead_text(found.dead)}"
-        out.append((status, f"{said} ({need.why})", shm_fix(found.dead) if fs.kind == "shm" else Cause(fs, "full").fix))
+        out.append((status, said, shm_fix(found.dead) if fs.kind == "shm" else Cause(fs, "full").fix))
     if fs.inodes and fs.free_inodes < INODES_WARN_BELOW:
         status = Status.FAIL if fs.free_inodes < INODES_FAIL_BELOW else Status.WARN
         out.append((status, f"{what} has {fs.free_inodes} free inodes of {fs.inodes}", Cause(fs, "full").fix))

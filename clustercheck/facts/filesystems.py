@@ -21,7 +21,7 @@ HELD = "held"  # held, PATH: a /dev/shm file some process holds open (/proc/*/fd
 class Filesystem:
     """One path a job needs, and the file system it is on."""
 
-    kind: str  # which need (NEEDS): tmp, tmpdir, shm, home, cache, data, shared
+    kind: str  # which need (NEEDS): tmp, tmpdir, shm, home, cache, clustercheck, data, shared
     path: str
     total_bytes: int
     free_bytes: int  # what an unprivileged user may still write (statfs' f_bavail)
@@ -135,7 +135,8 @@ class Need:
     fail_below: int
     written: bool
     executes: bool
-    why: str  # what needs the space: the reason for the figures
+    uses: str  # what a job keeps there, in a few words (the messages say it)
+    why: str  # the reason for the figures, and their source where one gives them
 
 
 # The figures are clustercheck's choice where no source gives one: enough for what the reason names, with room.
@@ -147,11 +148,21 @@ NEEDS = (
         64 * MIB,
         True,
         True,
+        "clustercheck's programs, torch.compile's kernels",
         "clustercheck's run directory (its programs, about 1 MiB, and their outputs) and torch.compile's caches: "
         "TorchInductor writes its compiled kernels under /tmp/torchinductor_<user> and loads them from there "
         "(torch's documentation, TORCHINDUCTOR_CACHE_DIR), so noexec breaks them too",
     ),
-    Need("tmpdir", "$TMPDIR", 1 * GIB, 64 * MIB, True, True, "what /tmp holds, where $TMPDIR moves it (tempfile)"),
+    Need(
+        "tmpdir",
+        "$TMPDIR",
+        1 * GIB,
+        64 * MIB,
+        True,
+        True,
+        "torch.compile's kernels, Python's temporary files",
+        "what /tmp holds, where $TMPDIR moves it (Python's tempfile, TorchInductor's default cache directory)",
+    ),
     Need(
         "shm",
         "/dev/shm",
@@ -159,6 +170,7 @@ NEEDS = (
         256 * MIB,
         True,
         False,
+        "NCCL's shared-memory segments, DataLoader workers' tensors",
         "NCCL's shared-memory transport and DataLoader workers' tensors: NCCL fails creating its segments "
         "(ncclShmOpen) in Docker's default 64 MiB, and PyTorch runs its own CI containers with --shm-size=2gb; the "
         "figures are shm.size's (a FAIL below 256 MiB), and half the 1 GiB it asks for",
@@ -170,6 +182,7 @@ NEEDS = (
         64 * MIB,
         True,
         True,
+        "Triton's kernel cache, downloads, the login's own files",
         "Triton's kernel cache (~/.triton/cache, loaded from there), pip's and torch hub's downloads, shell history; "
         "a full home directory also breaks an SSH login's own writes",
     ),
@@ -180,9 +193,20 @@ NEEDS = (
         64 * MIB,
         True,
         False,
+        "torch hub's and Hugging Face's downloads",
         "$XDG_CACHE_HOME (~/.cache): torch hub's models, Hugging Face's datasets and models, pip",
     ),
-    Need("data", "a data path", 0, 0, False, False, "read by the job (--data-path): only its presence matters"),
+    Need(
+        "clustercheck",
+        "clustercheck's cache directory",
+        16 * MIB,
+        1 * MIB,
+        True,
+        False,
+        "node-health's record of torch's import",
+        "node-health keeps torch's last import there (a few KiB): clustercheck's choice, room for it",
+    ),
+    Need("data", "a data path", 0, 0, False, False, "the job's data", "read by the job (--data-path): no figure"),
     Need(
         "shared",
         "the shared directory",
@@ -190,6 +214,7 @@ NEEDS = (
         1 * GIB,
         True,
         False,
+        "the checkpoint",
         "the checkpoint (--shared-dir): a model's weights with its optimizer's state, several times the weights",
     ),
 )

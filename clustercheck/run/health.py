@@ -298,7 +298,8 @@ def _check(
     first, deadline = budget.give(PYTHON_DEADLINE), budget.give(COLLECTOR_DEADLINE)
     probes, torch = probe_shares(deadline)
     args = [f"{torch:g}", "--probe-timeout", f"{probes:g}", *reuse]
-    begun = core.start(node, transport, None, timeout=first, collect=args, collect_timeout=deadline)
+    kept = (f"clustercheck={Path(reuse[1]).parent}",) if reuse else ()  # its cache directory: judged too
+    begun = core.start(node, transport, None, timeout=first, collect=args, collect_timeout=deadline, paths=kept)
     python, source, missing = begun.python, begun.source, begun.missing
     facts_check = registry.get("facts")
     collected = begun.collected

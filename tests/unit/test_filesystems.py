@@ -72,7 +72,7 @@ def test_a_read_only_shared_directory_fails_and_a_noexec_tmp_warns():
     assert finding.status == Status.FAIL and says(finding.message, "/data", "read-only")
     noexec = filesystems.parse(HEALTHY.replace("\trw,relatime,", "\trw,noexec,relatime,", 1))  # /tmp's line, edited
     finding = checks.fs_space(facts(noexec))
-    assert finding.status == Status.WARN and says(finding.message, "/tmp", "noexec", "TorchInductor")
+    assert finding.status == Status.WARN and says(finding.message, "/tmp", "noexec", "torch.compile")
 
 
 def test_dead_segments_warn_with_their_size():
@@ -143,3 +143,9 @@ def test_a_program_failing_for_another_reason_costs_no_extra_command():
     node = FakeNode("node3", CommandResult(1, "", "ImportError: no module named torch\n"))
     answer = nodeprogram.call(node, ["python3", "-c", "x"], program="data", timeout=5)
     assert len(node.calls) == 1 and "full" not in answer.failure.cause
+
+
+def test_node_healths_own_cache_directory_is_judged_by_its_need():
+    line = FULL.splitlines()[0].replace("\ttmp\t/tmp\t", "\tclustercheck\t/tmp\t")  # the full /tmp, as that class
+    finding = checks.fs_space(facts(filesystems.parse(line + "\n")))
+    assert finding.status == Status.FAIL and says(finding.message, "/tmp", "clustercheck's cache directory", "0 bytes")
