@@ -8,7 +8,7 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
-from fakes import FakeNode
+from fakes import FakeNode, is_put
 from test_pipeline import first_answer
 from wording import says
 
@@ -149,3 +149,16 @@ def test_node_healths_own_cache_directory_is_judged_by_its_need():
     line = FULL.splitlines()[0].replace("\ttmp\t/tmp\t", "\tclustercheck\t/tmp\t")  # the full /tmp, as that class
     finding = checks.fs_space(facts(filesystems.parse(line + "\n")))
     assert finding.status == Status.FAIL and says(finding.message, "/tmp", "clustercheck's cache directory", "0 bytes")
+
+
+def test_a_bundle_that_could_not_be_uploaded_names_the_full_tmp_for_any_program():
+    def node_answers(node, command):
+        if is_put(command):  # transport.put's checked write, on the full /tmp
+            return CommandResult(UPLOAD_FAILED, "", UPLOAD_STDERR)
+        if command[:2] == ["sh", "-c"] and "stat -f" in command[2]:
+            return CommandResult(0, FULL, "")
+        return None
+
+    node = FakeNode("node2", node_answers, run_id="fedcba987654")
+    answer = nodeprogram.bundled(node, "python3", "netprobe", timeout=5, name="netprobe mesh")
+    assert says(str(answer.failure), "node2", "netprobe mesh", "/tmp is full", "16 MiB", "exit 86")
