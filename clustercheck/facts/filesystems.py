@@ -13,7 +13,8 @@ GIB = 1 << 30
 
 # remote/filesystems.sh's lines: fs, CLASS, PATH, `stat -f -c '%S %b %f %a %c %d'`, the mount point, its options.
 FS = "fs"
-SEGMENT = "shm"  # shm, SIZE, PATH: a regular file in /dev/shm
+SEGMENT = "shm"  # shm, SIZE, OWNER'S UID, PATH: a regular file in /dev/shm
+UID = "uid"  # uid, UID: the user the script ran as
 HELD = "held"  # held, PATH: a /dev/shm file some process holds open (/proc/*/fd) or maps (/proc/*/maps)
 
 
@@ -59,7 +60,7 @@ class Segment:
 
     path: str
     size_bytes: int
-    owned: bool  # some live process holds it open or maps it
+    owned: bool  # some live process holds it open or maps it, or may (another user's, read by a user not root)
 
 
 @dataclass(frozen=True)
@@ -96,21 +97,26 @@ def size(n: int) -> str:
 def parse(text: str) -> Filesystems | None:
     """remote/filesystems.sh's lines in TEXT (other lines are left alone); None when it holds none of its `fs` lines."""
     paths: list[Filesystem] = []
-    sizes: dict[str, int] = {}
+    files: dict[str, tuple[int, str]] = {}  # path -> its size, its owner's uid
     held: set[str] = set()
+    me = None
     for line in text.splitlines():
         fields = line.split("\t")
         if fields[0] == FS and len(fields) >= 4:
             found = _filesystem(fields)
             if found is not None:
                 paths.append(found)
-        elif fields[0] == SEGMENT and len(fields) == 3 and fields[1].isdigit():
-            sizes[fields[2]] = int(fields[1])
+        elif fields[0] == SEGMENT and len(fields) == 4 and fields[1].isdigit():
+            files[fields[3]] = (int(fields[1]), fields[2])
         elif fields[0] == HELD and len(fields) == 2:
             held.add(fields[1].removesuffix(" (deleted)"))
+        elif fields[0] == UID and len(fields) == 2:
+            me = fields[1]
     if not paths:
         return None
-    segments = tuple(Segment(p, n, p in held) for p, n in sorted(sizes.items()))
+    # A user other than root reads only its own processes: another user's file may have an owner it cannot see.
+    unseen = {p for p, (_, uid) in files.items() if me != "0" and uid != me}
+    segments = tuple(Segment(p, n, p in held or p in unseen) for p, (n, _) in sorted(files.items()))
     return Filesystems(tuple(paths), segments)
 
 

@@ -45,6 +45,11 @@ def test_what_fills_dev_shm_is_the_files_no_live_process_holds():
     assert [s.path for s in found.segments if s.owned] == ["/dev/shm/torch_1234_live"]
 
 
+def test_a_user_who_cannot_see_every_process_blames_only_its_own_files():
+    found = filesystems.parse((DATA / "debian12-tmp-shm-full-uid1000.txt").read_text())
+    assert [s.path for s in found.dead] == ["/dev/shm/fill"]  # root's live segment is not called dead
+
+
 def facts(found: filesystems.Filesystems | None):
     return collect.build(NODE, {}, python="python3", python_source="default", filesystems=found)
 
