@@ -22,6 +22,7 @@ from clustercheck.checks import gpuburn  # noqa: F401
 from clustercheck.checks import pcie  # noqa: F401
 from clustercheck.checks import fabric  # noqa: F401
 from clustercheck.checks import system  # noqa: F401
+from clustercheck.checks import filesystems  # noqa: F401
 from clustercheck.checks import epilog  # noqa: F401
 from clustercheck.checks import collectives  # noqa: F401
 from clustercheck.checks import nccl_net  # noqa: F401

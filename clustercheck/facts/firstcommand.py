@@ -5,8 +5,12 @@ I/O."""
 from __future__ import annotations
 
 import contextlib
+import functools
 import shlex
 from dataclasses import dataclass
+from importlib import resources
+
+from clustercheck.facts import filesystems
 
 
 @dataclass(frozen=True)
@@ -51,11 +55,20 @@ LEFTOVERS_LINE = "--- leftovers"  # in the first command's output: the startup s
 FACTS_LINE = "--- facts"  # ... and the facts collector's output after this one
 
 
-def first_script(recorded: str, sweep: str | None = None, then: str | None = None) -> str:
+@functools.cache
+def filesystems_script() -> str:
+    """remote/filesystems.sh without its comments, as `sh -c` runs it: the file systems a program needs, read
+    without Python (facts/filesystems.py parses its lines)."""
+    text = resources.files("clustercheck.remote").joinpath("filesystems.sh").read_text()
+    return "\n".join(line for line in text.splitlines() if line.strip() and not line.lstrip().startswith("#"))
+
+
+def first_script(recorded: str, sweep: str | None = None, then: str | None = None, paths: tuple[str, ...] = ()) -> str:
     """The first command on a node (sh -c FIRST_SCRIPT sh CANDIDATE FALLBACK SECONDS ...): the node's clock (first,
     on a line of its own, so that its arrival times it), its identity (IDENTITY_SCRIPT), the login shell and home
     directory, the python to run the node-side programs with (CANDIDATE; when empty, the first line of the file
-    RECORDED, else FALLBACK) in $py and whether it starts within SECONDS in $runs (yes or no); then SWEEP's output
+    RECORDED, else FALLBACK) in $py and whether it starts within SECONDS in $runs (yes or no), the file systems a job
+    needs (filesystems_script; PATHS: CLASS=PATH pairs besides /tmp, /dev/shm and the home); then SWEEP's output
     (the startup sweep) after LEFTOVERS_LINE. All of it after the clock is written at once (each write is a packet
     the controller handles), and none of it reads standard input, which is THEN's: the shell that follows
     FACTS_LINE, with $py, $runs and the arguments after SECONDS. parse_first reads the output."""
@@ -66,6 +79,8 @@ def first_script(recorded: str, sweep: str | None = None, then: str | None = Non
         'if [ -n "$py" ]; then o="${o}recorded=$py$nl"; else py=$2; fi; fi',
         'if timeout -k 1 "$3" "$py" -c "import sys" >/dev/null 2>&1; then runs=yes; else runs=no; fi',
         'o="${o}python=$py${nl}python_runs=$runs$nl"',
+        f"fs=$(sh -c {shlex.quote(filesystems_script())} sh {' '.join(shlex.quote(p) for p in paths)})",
+        'o="${o}${fs:+$fs$nl}"',
     ]
     if sweep is not None:
         steps.append(f'swept=$({sweep}); o="${{o}}{LEFTOVERS_LINE}$nl${{swept:+$swept$nl}}"')
@@ -86,6 +101,7 @@ class FirstAnswer:
     recorded: str | None  # the python recorded on the node, when CANDIDATE was empty and the file named one
     python: str | None  # the python it tried
     python_runs: bool | None
+    filesystems: filesystems.Filesystems | None  # the file systems a job needs; None: not read
     leftovers: str | None  # the startup sweep's output, None when it did not run
     then: str | None  # what followed FACTS_LINE, None when nothing did
 
@@ -112,6 +128,7 @@ def parse_first(text: str) -> FirstAnswer:
         recorded=found.get("recorded") or None,
         python=found.get("python") or None,
         python_runs=None if runs is None else runs == "yes",
+        filesystems=filesystems.parse(head),
         leftovers=tail if swept else None,
         then=then if has_then else None,
     )

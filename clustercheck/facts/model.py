@@ -25,6 +25,7 @@ from typing import Any
 from clustercheck import expected as expected_values
 from clustercheck.facts import readers
 from clustercheck.facts.burn import GpuBurn
+from clustercheck.facts.filesystems import Filesystems
 from clustercheck.facts.managed import ManagedFiles
 from clustercheck.facts.records import COULD_NOT_COLLECT as COULD_NOT_COLLECT
 from clustercheck.facts.records import (  # noqa: F401 (the records NodeFacts' fields hold, imported from here)
@@ -153,6 +154,7 @@ class NodeFacts:
     cluster_size: int = given("the run: how many nodes it checks", 1)
     clock_offset: float | None = given("the first command: node clock minus control clock, seconds", None)
     clock_uncertainty: float | None = given("the first command: half its round trip", None)
+    filesystems: Filesystems | None = given("the first command: the file systems a job needs (filesystems.sh)", None)
     python_version: str | None = collected("python", read=readers.python_version)
     os: OsInfo | None = fact(remote.os_facts, OsInfo.from_probe)
     torch: Torch | None = collected("torch", read=readers.torch)

@@ -68,5 +68,7 @@ def collect_facts(node: Node, begun: core.NodeStart, cluster_size: int, deadline
         raise NotStarted(f"{node.name}: the environment python {missing} ({source}) does not run")
     collected = begun.collected
     if collected is None or collected.raw is None:
-        raise NotStarted(f"{node.name}: could not collect facts with {python}: {begun.facts_problem(deadline)}")
+        fix = begun.facts_fix()
+        problem = begun.facts_problem(deadline) + (f"; {fix}" if fix else "")
+        raise NotStarted(f"{node.name}: could not collect facts with {python}: {problem}")
     return collect.build(node, collected.raw, python=python, python_source=source, cluster_size=cluster_size)

@@ -23,6 +23,7 @@ from clustercheck import expected, report
 from clustercheck.checks import registry
 from clustercheck.exitcodes import ExitCode, UsageError
 from clustercheck.facts import collect
+from clustercheck.facts.filesystems import Filesystems
 from clustercheck.inventory import Node
 from clustercheck.model import CheckResult, Status
 from clustercheck.report import Report, delivery, prometheus, text
@@ -297,18 +298,22 @@ def _check(
     first, deadline = budget.give(PYTHON_DEADLINE), budget.give(COLLECTOR_DEADLINE)
     probes, torch = probe_shares(deadline)
     args = [f"{torch:g}", "--probe-timeout", f"{probes:g}", *reuse]
-    begun = core.start(node, transport, None, timeout=first, collect=args, collect_timeout=deadline)
+    kept = (f"clustercheck={Path(reuse[1]).parent}",) if reuse else ()  # its cache directory: judged too
+    begun = core.start(node, transport, None, timeout=first, collect=args, collect_timeout=deadline, paths=kept)
     python, source, missing = begun.python, begun.source, begun.missing
     facts_check = registry.get("facts")
     collected = begun.collected
     if collected is None or collected.raw is None:
         cause = begun.facts_problem(deadline)
-        finding = registry.Finding(Status.ERROR, f"could not collect facts with {python}: {cause}")
+        finding = registry.Finding(Status.ERROR, f"could not collect facts with {python}: {cause}", begun.facts_fix())
         return [facts_check.result(node.name, finding)]
     raw, took = collected.raw, collected.seconds
     results = [facts_check.result(node.name, registry.passed(f"facts collected with {python} in {took:.1f} s"))]
     job = slurm.job_runs() if slurm is not None else None
-    return results + judge(node, raw, python=python, source=source, missing=missing, models=models, slurm_job=job)
+    found = begun.filesystems
+    return results + judge(
+        node, raw, python=python, source=source, missing=missing, models=models, slurm_job=job, filesystems=found
+    )
 
 
 def probe_shares(collector: float) -> tuple[float, float]:
@@ -329,10 +334,11 @@ def judge(
     missing: str | None = None,
     models: expected.Catalog | None = None,
     slurm_job: bool | None = None,
+    filesystems: Filesystems | None = None,
 ) -> list[CheckResult]:
     """Every per-node check on the collector's output RAW, as node-health judges its node (pure), against the
     expected values MODELS (default: the shipped ones); SLURM_JOB: whether a Slurm job runs on it (None: not
-    asked)."""
+    asked); FILESYSTEMS: what the first command read of the file systems a job needs."""
     # No inventory says how many GPUs to expect here: the NVIDIA GPUs on the PCI bus do, so a GPU node whose
     # nvidia-smi hangs or fails is a FAIL (gpu.count), not a node without GPUs.
     on_bus = len(((raw.get("gpu_bridges") or {}).get("gpus")) or {})
@@ -342,5 +348,6 @@ def judge(
     facts = collect.build(
         node, raw, python=python, python_source=source, python_missing=missing, cluster_size=CLUSTER_MEMBER
     )
-    facts = replace(facts, slurm_job=slurm_job, **({"models": models} if models is not None else {}))
+    given = {"models": models} if models is not None else {}
+    facts = replace(facts, slurm_job=slurm_job, filesystems=filesystems, **given)
     return registry.run_node_checks(facts)

@@ -81,7 +81,13 @@ class HostRun:
         config = self.ctx.config
         collect = image.collector_args(node, config)
         begun = core.start(
-            node, transport, config.python, sweep=True, collect=collect, collect_timeout=config.command_timeout
+            node,
+            transport,
+            config.python,
+            sweep=True,
+            collect=collect,
+            collect_timeout=config.command_timeout,
+            paths=core.job_paths(config.data_paths, config.shared_dir),
         )
         if self.record.first_command(node.name, begun.identity, begun.shell) == node.name:
             return begun

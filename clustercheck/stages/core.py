@@ -11,7 +11,7 @@ import time
 from dataclasses import dataclass, field, replace
 
 from clustercheck.checks import connection, gpuburn, gpuperf, registry
-from clustercheck.facts import collect, firstcommand
+from clustercheck.facts import collect, filesystems, firstcommand
 from clustercheck.facts.model import NodeFacts
 from clustercheck.inventory import Node
 from clustercheck.model import CheckResult, Status
@@ -30,7 +30,14 @@ from clustercheck.stages import (
 
 # What run/pipeline.py, launcher/connect.py and stages/shared.py reach through this module, moved to the modules
 # named for what they do.
-from clustercheck.transport import CommandResult, Transport, parse_stale, stale_sweep_script
+from clustercheck.transport import (
+    UPLOAD_FAILED,
+    WORKDIR_PREFIX,
+    CommandResult,
+    Transport,
+    parse_stale,
+    stale_sweep_script,
+)
 
 NAME = "core"
 RECORDED_PYTHON = "/etc/clustercheck/python"
@@ -82,17 +89,40 @@ class NodeStart:
     leftovers: tuple[list[dict], list[dict]] | None  # what the startup sweep stopped (parse_stale); None: not swept
     error: str | None = None  # why the command failed before the collector, when it did
     collected: Collected | None = None  # the facts, when they were asked for
+    filesystems: filesystems.Filesystems | None = None  # what the first command read of them (remote/filesystems.sh)
 
     def facts_problem(self, deadline: float) -> str | None:
         """Why the collector gave no facts (None when it did), DEADLINE its time: said alike by the core stage,
-        node-health and the launcher."""
+        node-health and the launcher. A file system that kept it from being written or run is named first."""
         collected = self.collected
         if collected is None:
-            return f"the command ended before the collector started: {self.error or 'no output'}"
-        if collected.raw is not None:
+            why = f"the command ended before the collector started: {self.error or 'no output'}"
+        elif collected.raw is not None:
             return None
-        failure = nodeprogram.judge("", "facts", collected.answer, deadline).failure
-        return failure.cause if failure is not None else "no answer"
+        else:
+            failure = nodeprogram.judge("", "facts", collected.answer, deadline).failure
+            why = failure.cause if failure is not None else "no answer"
+        cause = self.stopped_by()
+        if cause is None:
+            return why
+        uploaded = collected is not None and collected.answer.exit_status == UPLOAD_FAILED
+        effect = "clustercheck's programs could not be written there" if uploaded else "the collector failed"
+        return f"{cause.text}: {effect} ({why})"
+
+    def stopped_by(self) -> filesystems.Cause | None:
+        """The file system that kept the collector from being written or run (full, read-only, noexec), when the
+        first command's reading of them and the collector's exit and words say one did (filesystems.diagnose)."""
+        if self.collected is not None and self.collected.raw is not None:
+            return None
+        answer = self.collected.answer if self.collected is not None else None
+        said = f"{answer.stderr}\n{answer.stdout}" if answer is not None else self.error or ""
+        status = answer.exit_status if answer is not None else None
+        return filesystems.diagnose(self.filesystems, said, status, WORKDIR_PREFIX, wrote=status == UPLOAD_FAILED)
+
+    def facts_fix(self) -> str | None:
+        """The fix for what facts_problem names, when a file system is why."""
+        cause = self.stopped_by()
+        return cause.fix if cause is not None else None
 
 
 @dataclass(frozen=True)
@@ -126,12 +156,14 @@ class Arrivals:
     def __init__(self, with_collector: bool) -> None:
         self.with_collector = with_collector
         self.parts: list[str] = []
+        self.errors: list[str] = []  # its standard error (a failed write says why there)
         self.clock_at: float | None = None
         self.collector_at: float | None = None
         self._seen = ""
 
     def take(self, stream: str, text: str) -> None:
         if stream != "stdout":
+            self.errors.append(text)
             return
         now = time.time()
         if self.clock_at is None:
@@ -156,6 +188,7 @@ def start(
     timeout: float = 30,
     collect: list[str] | None = None,
     collect_timeout: float = 0,
+    paths: tuple[str, ...] = (),
 ) -> NodeStart:
     """The first command on a node, one round trip for what took nine commands before: its identity (so that
     two inventory names of one machine are told apart), clock, login shell and home, and which python to run the
@@ -164,9 +197,10 @@ def start(
     (stale_sweep_script); with COLLECT (the collector's arguments), the facts collector then runs, the whole
     command within COLLECT_TIMEOUT seconds (the deadline a later run's sweep reads, were the node to freeze), the
     bundle uploaded on its standard input when it is not on the node yet. On a large cluster every command costs
-    the controller CPU."""
+    the controller CPU. PATHS: CLASS=PATH pairs of the file systems a job needs besides /tmp, /dev/shm and the home
+    (remote/filesystems.sh), read before anything is written."""
     pythons = Pythons.of(node, configured)
-    argv, stdin = first_command(transport, pythons, timeout, sweep, collect)
+    argv, stdin = first_command(transport, pythons, timeout, sweep, collect, paths)
     arrivals = Arrivals(collect is not None)
     took = timeout + (SWEEP_TIME if sweep else 0) + 2  # the steps before the collector: moments, unless one hangs
     if collect is not None:
@@ -174,6 +208,8 @@ def start(
     before = time.time()
     answer = nodeprogram.run(transport, argv, timeout=took, stdin=stdin, on_output=arrivals.take)
     ended = time.time()
+    if not answer.stderr and arrivals.errors:
+        answer = replace(answer, stderr="".join(arrivals.errors))
     if collect is not None:
         bundle.carried(transport, stdin, answer)
     found = firstcommand.parse_first(arrivals.text)
@@ -181,13 +217,24 @@ def start(
     return node_start(found, answer, pythons, clock(found, arrivals, before), sweep, collect is not None, collected)
 
 
+def job_paths(data_paths: tuple[str, ...], shared_dir: str | None) -> tuple[str, ...]:
+    """The user's paths a job needs, as remote/filesystems.sh takes them (CLASS=PATH): the data paths and the
+    shared directory (the checkpoint)."""
+    return tuple(f"data={p}" for p in data_paths) + ((f"shared={shared_dir}",) if shared_dir else ())
+
+
 def first_command(
-    transport: Transport, pythons: Pythons, timeout: float, sweep: bool, collect: list[str] | None
+    transport: Transport,
+    pythons: Pythons,
+    timeout: float,
+    sweep: bool,
+    collect: list[str] | None,
+    paths: tuple[str, ...] = (),
 ) -> tuple[list[str], str | None]:
     """The first command's argv and standard input (the bundle, when the collector runs and it is not on the
     node yet)."""
     sweeping = stale_sweep_script(transport.run_id) if sweep else None
-    script = firstcommand.first_script(RECORDED_PYTHON, sweeping, COLLECT if collect is not None else None)
+    script = firstcommand.first_script(RECORDED_PYTHON, sweeping, COLLECT if collect is not None else None, paths)
     argv = ["sh", "-c", script, "sh", pythons.asked, pythons.fallback, str(int(max(1.0, timeout)))]
     if collect is None:
         return argv, None
@@ -231,7 +278,9 @@ def node_start(
     if found.python_runs is None:  # cut short before the python was tried
         python = pythons.asked or pythons.fallback
         source = pythons.source or pythons.fallback_source
-        return NodeStart(found.identity, python, source, None, None, None, None, None, None, cause)
+        return NodeStart(
+            found.identity, python, source, None, None, None, None, None, None, cause, filesystems=found.filesystems
+        )
     source = pythons.source or (RECORDED_PYTHON if found.recorded else pythons.fallback_source)
     python = found.python or pythons.asked or pythons.fallback
     complete = found.then is not None or (not collecting and answer.ok)  # the sweep's lines are all there
@@ -248,6 +297,7 @@ def node_start(
         leftovers=stale,
         error=cause if sweep and stale is None else None,
         collected=collected,
+        filesystems=found.filesystems,
     )
 
 
@@ -300,7 +350,8 @@ def run_host(node: Node, transport: Transport, ctx: Context, step, begun: NodeSt
     nodeprogram.keep(output, host_dir / "facts.json")
     if collected is None or collected.raw is None:
         problem = begun.facts_problem(config.command_timeout)
-        outcome.results.append(_facts_error(node, f"{node.name}: could not collect facts with {python}: {problem}"))
+        message = f"{node.name}: could not collect facts with {python}: {problem}"
+        outcome.results.append(_facts_error(node, message, begun.facts_fix()))
         return outcome
     seconds = collected.seconds  # the collector's own time (baseline.collector compares it)
     facts = collect.build(
@@ -312,6 +363,7 @@ def run_host(node: Node, transport: Transport, ctx: Context, step, begun: NodeSt
         cluster_size=len(ctx.hosts),
         clock_offset=begun.clock_offset,
         clock_uncertainty=begun.clock_uncertainty,
+        filesystems=begun.filesystems,
     )
     if config.container is not None:
         step(f"the environment in image {config.container.image}")
@@ -348,13 +400,13 @@ def run_host(node: Node, transport: Transport, ctx: Context, step, begun: NodeSt
     return outcome
 
 
-def _facts_error(node: Node, message: str) -> CheckResult:
+def _facts_error(node: Node, message: str, fix: str | None = None) -> CheckResult:
     return registry.get("facts").result(
         node.name,
         registry.Finding(
             Status.ERROR,
             message.removeprefix(f"{node.name}: "),
-            "Look at facts.stderr in the run directory; check that python3 runs on the node.",
+            fix or "Look at facts.stderr in the run directory; check that python3 runs on the node.",
         ),
     )
 

@@ -20,15 +20,17 @@ from __future__ import annotations
 import json
 import signal
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from clustercheck.facts import filesystems, firstcommand
 from clustercheck.stages import bundle
-from clustercheck.transport import CommandResult, OutputSink, Transport, TransportError
+from clustercheck.transport import UPLOAD_FAILED, CommandResult, OutputSink, Transport, TransportError
 
 TAIL_LINES = 3  # lines of standard error a failure quotes
 LAST_LINE = 200  # characters of an answer's last line quoted when it is not JSON
+FILESYSTEMS_TIMEOUT = 15.0  # seconds remote/filesystems.sh may take when a failure is diagnosed
 
 
 def last_json(stdout: str) -> Any:
@@ -70,10 +72,14 @@ class Failure:
     lines: tuple[str, ...] = ()  # its last lines of standard error (of its output when it wrote no error)
     unanswered: str | None = None  # it ended well without a JSON answer: its last line ("" when it printed none)
     error: str | None = None  # the command could not be run at all (the transport's error)
+    filesystem: str | None = None  # the file system that stopped it, and the fix (`explained`)
 
     @property
     def cause(self) -> str:
-        """Why, in one line, for a message that names the node and the program already."""
+        """Why, in one line, for a message that names the node and the program already: the file system that
+        stopped it first, when one did."""
+        if self.filesystem is not None:
+            return f"{self.filesystem} ({replace(self, filesystem=None).cause})"
         said = " | ".join(self.lines)
         if self.error is not None:
             return self.error
@@ -176,7 +182,29 @@ def call(
         return _unrun(transport, program, exc)
     if kept is not None:
         keep(result, kept)
-    return judge(transport.host, program, result, timeout, kind)
+    return explained(transport, judge(transport.host, program, result, timeout, kind))
+
+
+def explained(transport: Transport, answer: Answer) -> Answer:
+    """ANSWER's failure with the file system that caused it, when its exit or its words say a write failed or a
+    program could not be executed (filesystems.diagnose): remote/filesystems.sh run on the node then, without
+    Python, and read. Any program, any stage: the one mechanism."""
+    failure = answer.failure
+    if failure is None or failure.timed_out:
+        return answer
+    said = f"{answer.result.stderr}\n{answer.result.stdout}\n{failure.error or ''}"
+    wrote = failure.exit_status == UPLOAD_FAILED or f"exit {UPLOAD_FAILED}" in (failure.error or "")
+    if not wrote and failure.exit_status != 126 and not any(text in said for text in filesystems.WRITE_ERRORS):
+        return answer
+    try:
+        read = run(transport, ["sh", "-c", firstcommand.filesystems_script()], timeout=FILESYSTEMS_TIMEOUT)
+    except (TransportError, OSError):
+        return answer
+    found = filesystems.parse(read.stdout)
+    cause = filesystems.diagnose(found, said, failure.exit_status, transport.workdir, wrote=wrote)
+    if cause is None:
+        return answer
+    return replace(answer, failure=replace(failure, filesystem=f"{cause.text}; {cause.fix}"))
 
 
 def bundled(
@@ -199,7 +227,7 @@ def bundled(
     try:
         bundle.install(transport)
     except (TransportError, OSError) as exc:
-        return _unrun(transport, name, exc)
+        return explained(transport, _unrun(transport, name, exc))
     argv = bundle.command(python, transport.workdir, program, *args)
     if wrap is not None:
         argv = wrap(argv)

@@ -410,4 +410,47 @@ ROWS = [
         node="node2",
         mechanism="a managed file drifted on one node",
     ),
+    # Issue 50, section 1: a file system a job needs, full (the mechanism: remote/filesystems.sh read by the first
+    # command, judged by facts/filesystems.py's NEEDS; a program that could not be written explained by it).
+    Fault(
+        "tmp-full",
+        "/tmp full on one node (a 16 MiB tmpfs filled to its last block)",
+        "a 16 MiB tmpfs mounted on node2's /tmp (root in the node's mount namespace) and filled by `dd` until ENOSPC",
+        ExitCode.CHECK_FAILED,
+        "facts",
+        "node2",
+        r"^node2: could not collect facts with \S+: /tmp is full \(16 MiB, 0 bytes free\): clustercheck's programs "
+        r"could not be written there",
+        45,
+        CORE,
+        statuses=("ERROR",),
+        mechanism="a file system a job needs is full",
+    ),
+    Fault(
+        "shm-dead-segments",
+        "/dev/shm full on one node of a crashed job's segments",
+        "node3's /dev/shm remounted with size=300m and filled by a process that wrote NCCL-named segments "
+        "(/dev/shm/nccl-*) until ENOSPC and exited",
+        ExitCode.CHECK_FAILED,
+        "fs.space",
+        "node3",
+        r"^node3: /dev/shm has 0 bytes free of 300 MiB, less than 256 MiB \([^)]*\); \d+ file\(s\) no live process "
+        r"holds open or maps hold \d+ MiB: /dev/shm/nccl-Dead0",
+        45,
+        CORE,
+        mechanism="a file system a job needs is full",
+    ),
+    Fault(
+        "home-full",
+        "the home directory of the user clustercheck runs as full on one node",
+        "a 16 MiB tmpfs mounted on node2's /root (root's SSH files and dotfiles copied in first) and filled by `dd` "
+        "until ENOSPC",
+        ExitCode.CHECK_FAILED,
+        "fs.space",
+        "node2",
+        r"^node2: /root \(the home directory\) has 0 bytes free of 16 MiB, less than 64 MiB",
+        45,
+        CORE,
+        mechanism="a file system a job needs is full",
+    ),
 ]

@@ -139,7 +139,7 @@ def node_state(site_packages: str) -> str:
             "systemctl is-active ssh chrony slurmd",
             "iptables -S",
             "tc qdisc show dev eth0",
-            "df -k --output=target,size /dev/shm /tmp",
+            "df -k --output=target,size /dev/shm /tmp /root",
             f"md5sum {site_packages}/torch/version.py {site_packages}/mpmath-*.dist-info/METADATA 2>&1",
             f"ls {site_packages} | grep clustercheck_test_fault",
             PROCESSES,
@@ -971,4 +971,59 @@ def chrony_conf_drifted(cluster, tmp_path, row):
     assert files["fix_command"] == shlex.join(
         ["ansible-playbook", "site.yml", "-i", cluster.inventory, "--limit", "node2", "--tags", "base"]
     )
+
+
+# Issue 50, section 1: a file system a job needs is full. Each fills a real file system on the node to its last
+# block (dd until ENOSPC) and puts it back whole.
+FILL = "dd if=/dev/zero of={path} bs=1M 2>/dev/null; test ! -s {path} && exit 1; sync; true"
+
+
+@injects("tmp-full")
+def tmp_full(cluster, tmp_path, row):
+    """node2's /tmp a 16 MiB tmpfs, full: the collector cannot be written there, and the facts' error says why."""
+    node2 = cluster.node("node2")
+    in_mount_namespace(node2, "mount", "-t", "tmpfs", "-o", "size=16m,mode=1777", "tmpfs", "/tmp")
+    try:
+        in_mount_namespace(node2, "sh", "-c", FILL.format(path="/tmp/fill"))
+        verdict = run(cluster, tmp_path, row)
+    finally:
+        in_mount_namespace(node2, "umount", "/tmp")
+    assert checks(verdict)[("facts", "node2")]["remediation"].startswith("free it"), checks(verdict)[("facts", "node2")]
+    return verdict
+
+
+@injects("shm-dead-segments")
+def shm_dead_segments(cluster, tmp_path, row):
+    """node3's /dev/shm filled by a job that wrote its segments and died: named with the free space and the files no
+    live process owns."""
+    node3 = cluster.node("node3")
+    in_mount_namespace(node3, "mount", "-o", "remount,size=300m", "/dev/shm")
+    try:
+        # A crashed job's ranks: each wrote its segment (75 MiB, the last until ENOSPC) and exited.
+        segments = "for i in 0 1 2 3 4; do dd if=/dev/zero of=/dev/shm/nccl-Dead0$i bs=1M count=75; done 2>/dev/null"
+        on_node(node3, segments + "; true")
+        verdict = run(cluster, tmp_path, row)
+    finally:
+        on_node(node3, "rm -f /dev/shm/nccl-Dead0*", check=False)
+        in_mount_namespace(node3, "mount", "-o", "remount,size=1g", "/dev/shm")
+    dead = checks(verdict)[("shm.segments", "node3")]
+    assert dead["status"] == "WARN" and len(dead["data"]["dead"]) >= 4, dead
+    return verdict
+
+
+@injects("home-full")
+def home_full(cluster, tmp_path, row):
+    """node2's home directory (root's: the user clustercheck runs as) a 16 MiB tmpfs, full; SSH still lets in (the
+    key and dotfiles copied in first)."""
+    node2 = cluster.node("node2")
+    keep = "mkdir -p /run/home-full && cp -a /root/.ssh /root/.bashrc /root/.profile /run/home-full/"
+    on_node(node2, keep)
+    in_mount_namespace(node2, "mount", "-t", "tmpfs", "-o", "size=16m,mode=0700", "tmpfs", "/root")
+    try:
+        on_node(node2, "cp -a /run/home-full/. /root/")
+        in_mount_namespace(node2, "sh", "-c", FILL.format(path="/root/fill"))
+        verdict = run(cluster, tmp_path, row)
+    finally:
+        in_mount_namespace(node2, "umount", "/root")
+        on_node(node2, "rm -rf /run/home-full", check=False)
     return verdict
