@@ -971,6 +971,7 @@ def chrony_conf_drifted(cluster, tmp_path, row):
     assert files["fix_command"] == shlex.join(
         ["ansible-playbook", "site.yml", "-i", cluster.inventory, "--limit", "node2", "--tags", "base"]
     )
+    return verdict
 
 
 # Issue 50, section 1: a file system a job needs is full. Each fills a real file system on the node to its last
