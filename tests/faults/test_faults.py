@@ -830,3 +830,47 @@ def link_slowed_baseline(cluster, tmp_path, row):
     slowed = {c["key"] for c in throughput["data"]["changes"] if c["status"] == "FAIL"}
     assert slowed >= {"node2 -> node1", "node2 -> node3"}, throughput
     return verdict
+
+
+# A firewall drops or rejects part of the ports training uses (issue 50, 2): one rule, first in INPUT like a site's
+# own in front of ufw's, in the `firewall` row's chain; the run's own options pick the stage.
+EPHEMERAL_RULES = {
+    "ephemeral-drop": ("node3", "--dport 32768:45000 -m conntrack --ctstate NEW -j DROP"),
+    "ephemeral-reject": ("node2", "--dport 38000:48000 -j REJECT --reject-with tcp-reset"),
+}
+
+
+def _ephemeral_rule(cluster, tmp_path, row) -> Verdict:
+    name, match = EPHEMERAL_RULES[row.id]
+    node = cluster.node(name)
+    sources = ",".join(n.address for n in cluster.nodes if n.name != name)
+    on_node(
+        node,
+        "command -v iptables >/dev/null || (apt-get update -qq && "
+        "DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends iptables >/dev/null)",
+    )
+    on_node(
+        node, f"iptables -N {CHAIN} && iptables -I INPUT -j {CHAIN} && iptables -A {CHAIN} -s {sources} -p tcp {match}"
+    )
+    try:
+        verdict = run(cluster, tmp_path, row)
+    finally:
+        on_node(node, f"iptables -D INPUT -j {CHAIN}; iptables -F {CHAIN}; iptables -X {CHAIN}", check=False)
+    assert CHAIN not in on_node(node, "iptables -S")  # restored
+    found = checks(verdict)
+    sampled = found[("network.ports", name)]
+    assert sampled["data"]["blocked"] and sampled["data"]["connected"], sampled  # a part of the range, not all of it
+    assert sampled["data"]["from"] == sorted(n.name for n in cluster.nodes if n.name != name)
+    assert f"-A {CHAIN} " in sampled["message"]  # the node's own rule, quoted
+    assert found[("network.tcp", None)]["status"] == "PASS"  # the probe's own ports are open: the sample finds it
+    return verdict
+
+
+@injects("ephemeral-drop")
+def ephemeral_drop(cluster, tmp_path, row):
+    return _ephemeral_rule(cluster, tmp_path, row)
+
+
+@injects("ephemeral-reject")
+def ephemeral_reject(cluster, tmp_path, row):
+    return _ephemeral_rule(cluster, tmp_path, row)
