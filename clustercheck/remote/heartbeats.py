@@ -5,7 +5,7 @@ argv: OUT, the stage's output directory, then --sockets to add each rank's TCP s
 each rank's heartbeat by its number (OUT/heartbeat/rank-N.json: step, phase, pid) with its age in seconds, measured
 on the node's own clock; a heartbeat being written or gone is left out. With --sockets, each rank's "tcp": the rows
 of /proc/<pid>/net/tcp and tcp6 (raw, as the kernel prints them) whose inode is one of the rank's own sockets
-(/proc/<pid>/fd -> socket:[inode]): a stalled job's connections, read before it is stopped (facts/sockets.py).
+(the links socket:[inode] in /proc/<pid>/fd): a stalled job's connections, read before it is stopped (facts/sockets.py).
 """
 
 import glob

@@ -203,6 +203,7 @@ class Mesh:
         self.incoming: list[dict] = []
         self.sample_ports = [port for _, port in sampled or []]
         self.peer_samples: dict[str, list[int]] = {}  # every other node's sampled ports, from the go file
+        self.samples_known = False  # the go file gave the peers this node's sampled ports
         self.sample_outgoing: list[dict] = []  # the connections out to the peers' sampled ports
         for port in ports:
             sock, state = open_listener(self.address, port)
@@ -239,7 +240,9 @@ class Mesh:
             barrier["no_go"] = True  # the connections out are reported as not tried
             return barrier, 0.0
         barrier["go_after"] = round(time.monotonic() - started, 3)
-        self.peer_samples = {n: p for n, p in go_samples(go_file).items() if n in self.peers and n != self.me}
+        samples = go_samples(go_file)
+        self.samples_known = self.me in samples
+        self.peer_samples = {n: p for n, p in samples.items() if n in self.peers and n != self.me}
         return barrier, window
 
     def connect(self, deadline: float, no_go: bool = False) -> list[dict]:
@@ -247,7 +250,8 @@ class Mesh:
         and every peer connected in; returns each connection out's outcome, by peer and port. NO_GO: the barrier
         gave no go signal (DEADLINE has passed already)."""
         # A connection in is counted when the connector closes, after reading the token.
-        listening = sum(1 for s in self.listen_states if s["ok"] and not s.get("perf")) + len(self.sample_ports)
+        known = len(self.sample_ports) if self.samples_known else 0  # the peers connect to them only if told
+        listening = sum(1 for s in self.listen_states if s["ok"] and not s.get("perf")) + known
         expected_in = (len(self.peers) - 1) * listening
         # Each node starts with the peers after it in the list, so the nodes do not all connect to the same one first.
         names = list(self.peers)

@@ -837,10 +837,14 @@ def link_slowed_baseline(cluster, tmp_path, row):
 EPHEMERAL_RULES = {
     "ephemeral-drop": ("node3", "--dport 32768:45000 -m conntrack --ctstate NEW -j DROP"),
     "ephemeral-reject": ("node2", "--dport 38000:48000 -j REJECT --reject-with tcp-reset"),
+    # gloo's lower address listens, the higher connects (gloo/transport/tcp/pair.cc, Pair::connect): node1's ranks
+    # listen for node2's and node3's, on ports the kernel draws from its ip_local_port_range
+    "ephemeral-stall": ("node1", "--dport 32768:60999 -m conntrack --ctstate NEW -j DROP"),
 }
 
 
-def _ephemeral_rule(cluster, tmp_path, row) -> Verdict:
+def _with_rule(cluster, tmp_path, row) -> tuple[Verdict, dict]:
+    """ROW's rule on its node during the run; the verdict and the run's checks."""
     name, match = EPHEMERAL_RULES[row.id]
     node = cluster.node(name)
     sources = ",".join(n.address for n in cluster.nodes if n.name != name)
@@ -857,7 +861,12 @@ def _ephemeral_rule(cluster, tmp_path, row) -> Verdict:
     finally:
         on_node(node, f"iptables -D INPUT -j {CHAIN}; iptables -F {CHAIN}; iptables -X {CHAIN}", check=False)
     assert CHAIN not in on_node(node, "iptables -S")  # restored
-    found = checks(verdict)
+    return verdict, checks(verdict)
+
+
+def _sampled(cluster, tmp_path, row) -> Verdict:
+    verdict, found = _with_rule(cluster, tmp_path, row)
+    name = EPHEMERAL_RULES[row.id][0]
     sampled = found[("network.ports", name)]
     assert sampled["data"]["blocked"] and sampled["data"]["connected"], sampled  # a part of the range, not all of it
     assert sampled["data"]["from"] == sorted(n.name for n in cluster.nodes if n.name != name)
@@ -868,9 +877,21 @@ def _ephemeral_rule(cluster, tmp_path, row) -> Verdict:
 
 @injects("ephemeral-drop")
 def ephemeral_drop(cluster, tmp_path, row):
-    return _ephemeral_rule(cluster, tmp_path, row)
+    return _sampled(cluster, tmp_path, row)
 
 
 @injects("ephemeral-reject")
 def ephemeral_reject(cluster, tmp_path, row):
-    return _ephemeral_rule(cluster, tmp_path, row)
+    return _sampled(cluster, tmp_path, row)
+
+
+@injects("ephemeral-stall")
+def ephemeral_stall(cluster, tmp_path, row):
+    """The network stage skipped: the DDP job hangs, and its ranks' connections name node1."""
+    verdict, found = _with_rule(cluster, tmp_path, row)
+    ddp = found[("ddp_equivalence", None)]
+    assert ddp["data"]["stalled_nodes"] == ["node1"], ddp["message"]
+    (wait, *_) = ddp["data"]["connections"]["waits"]
+    assert wait["to"] == "node1" and wait["from"] == ["node2", "node3"] and wait["listening"], wait
+    assert f"-A {CHAIN} " in ddp["message"] and ddp["remediation"].startswith("On node1")
+    return verdict

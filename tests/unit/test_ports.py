@@ -73,10 +73,11 @@ def test_two_probes_connect_to_each_others_sampled_ports(tmp_path):
 
 def test_the_rules_covering_a_port_are_found():
     rules = firewall.port_rules({}, answer("iptables-S-ufw-cloudflareiptables-3.txt"))
-    assert rules == ("-A INPUT -p tcp -m multiport --dports 22 -j f2b-sshd",)
+    assert len(rules) == 1 and "--dports 22 " in rules[0]  # the fail2ban jump; the ufw rules match no port
     assert firewall.covering(rules, 22) == list(rules) and firewall.covering(rules, 23) == []
     nft = firewall.port_rules(answer("nft-input-policy-drop-opensnitch-1423.txt"), {})
-    assert firewall.covering(nft, 22) == ['tcp dport 22 accept comment "allow sshd"']
+    (covered,) = firewall.covering(nft, 22)
+    assert "dport 22 accept" in covered
 
 
 RECORDS = Path(__file__).parent / "records"
