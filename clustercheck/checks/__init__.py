@@ -6,8 +6,9 @@ The areas: connection, environment (python, torch, launch environment), gpu, xid
 (each GPU measured), gpuburn (the GPUs under load, with --burn), pcie, fabric (RDMA), system (OS, memory, disk, time,
 names, firewall), collectives (node-local and across nodes, bandwidth), transport (what NCCL/gloo really used),
 consistency, drift (the files the roles write, compared across the nodes), requests (the work an option asked for,
-done somewhere or said to be done nowhere), network, data (shared directory, data paths), ddp (with the checkpoint
-round trip), lightning, and baseline (this run against an earlier report, with --baseline).
+done somewhere or said to be done nowhere), network, ports (each node's ephemeral port range sampled), data (shared
+directory, data paths), ddp (with the checkpoint round trip), lightning, and baseline (this run against an earlier
+report, with --baseline).
 """
 
 # isort: off
@@ -30,6 +31,7 @@ from clustercheck.checks import consistency  # noqa: F401
 from clustercheck.checks import drift  # noqa: F401
 from clustercheck.checks import requests  # noqa: F401
 from clustercheck.checks import network  # noqa: F401
+from clustercheck.checks import ports  # noqa: F401
 from clustercheck.checks import data  # noqa: F401
 from clustercheck.checks import ddp  # noqa: F401
 from clustercheck.checks import lightning  # noqa: F401

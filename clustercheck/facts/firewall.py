@@ -158,10 +158,56 @@ def _judge(tool: str, chains: dict[str, Chain], verdict_of: Any) -> dict[str, An
     return {"active": False, "tool": None, "rules": rules, "seen": seen if rules else None}
 
 
+# A destination port match: iptables' --dport 32768:45000 or multiport's --dports 80,32768:45000 (iptables-extensions
+# (8), "tcp" and "multiport"); nft's `dport 32768-45000` or `dport { 80, 32768-45000 }` (nft(8), "PAYLOAD
+# EXPRESSION", tcp dport).
+IPTABLES_DPORT = re.compile(r"--dports? (\S+)")
+NFT_DPORT = re.compile(r"\bdport (?:\{([^}]*)\}|(\S+))")
+
+
+def port_rules(nft: dict[str, Any], iptables: dict[str, Any]) -> tuple[str, ...]:
+    """The filtering rules that match a destination port (a rule covering a port is quoted from these), from
+    `iptables -S` where it answers, else from `nft list ruleset` (under iptables-nft both list the same rules; nft's
+    nat tables, Docker's DNS redirection, filter nothing)."""
+    for answer, parse in ((iptables, parse_iptables), (nft, parse_nft)):
+        if "out" in answer and answer.get("rc") == 0:
+            chains = [c for c in parse(answer["out"]).values() if not c.table.endswith(" nat")]
+            rules = [r for c in chains for r in c.rules if IPTABLES_DPORT.search(r) or NFT_DPORT.search(r)]
+            if rules:
+                return tuple(rules)
+    return ()
+
+
+def dport_ranges(rule: str) -> list[tuple[int, int]]:
+    """The destination port ranges RULE matches (an iptables or nft rule), each (first, last); [] for none. A
+    negated match (`! --dport`, `dport != ...`) matches the ports outside: not given."""
+    found = IPTABLES_DPORT.search(rule)
+    if found and not re.search(r"!\s*--dports? ", rule):
+        spec, separator = found[1], ":"
+    elif (found := NFT_DPORT.search(rule)) and "dport !=" not in rule:
+        spec, separator = (found[1] or found[2]), "-"
+    else:
+        return []
+    ranges = []
+    for part in spec.replace(" ", "").split(","):
+        low, _, high = part.partition(separator)
+        if low.isdigit() and (high.isdigit() or not high):
+            ranges.append((int(low), int(high or low)))
+    return ranges
+
+
+def covering(rules: tuple[str, ...] | list[str], port: int) -> list[str]:
+    """The RULES whose destination ports include PORT."""
+    return [rule for rule in rules if any(low <= port <= high for low, high in dport_ranges(rule))]
+
+
 def firewall_state(ufw: dict[str, Any], nft: dict[str, Any], iptables: dict[str, Any]) -> dict[str, Any]:
     """Whether incoming traffic is filtered, and by what, from the three answers (each may be missing):
-    {"collected", "active" (filtered), "tool", "rules", "filter" (what filters it), "seen" (rules that do not)}."""
+    {"collected", "active" (filtered), "tool", "rules", "filter" (what filters it), "seen" (rules that do not),
+    "port_rules" (the rules that match a destination port)}."""
     state: dict[str, Any] = {"collected": False, "active": False, "tool": None, "rules": 0}
+    if rules := port_rules(nft, iptables):
+        state["port_rules"] = rules
     if "out" in ufw and ufw.get("rc") == 0:
         state["collected"] = True
         if "Status: active" in ufw["out"]:

@@ -132,6 +132,7 @@ class Firewall:
     rules: int
     filter: str | None = None  # what filters it, in words ("nftables chain input of table inet filter: ...")
     seen: str | None = None  # rules there are that filter nothing incoming ("nftables: 23 rule(s), Docker's, ...")
+    port_rules: tuple[str, ...] = ()  # the rules that match a destination port, as listed (facts/firewall.py)
 
 
 @dataclass(frozen=True)

@@ -137,12 +137,26 @@ def write_atomic(path: str, text: str) -> None:
 
 
 def read_go(path: str) -> float | None:
-    """The connect window the go file grants, or None while there is no go file."""
+    """The connect window the go file grants, or None while there is no go file. The file holds the seconds, or
+    {"window": SECONDS, "samples": {node: [port, ...]}} where the probes sample their ephemeral ranges."""
     try:
         with open(path) as fh:
-            return float(fh.read().strip() or "0")
-    except (OSError, ValueError):
+            text = fh.read().strip()
+        if text.startswith("{"):
+            return float(json.loads(text)["window"])
+        return float(text or "0")
+    except (OSError, ValueError, KeyError, TypeError):
         return None
+
+
+def go_samples(path: str) -> dict[str, list[int]]:
+    """The sampled ports of every node that listened on some, as the go file gives them ({} where it gives none)."""
+    try:
+        with open(path) as fh:
+            samples = json.loads(fh.read()).get("samples") or {}
+    except (OSError, ValueError, AttributeError):
+        return {}
+    return {str(node): [int(p) for p in ports] for node, ports in samples.items() if isinstance(ports, list)}
 
 
 def drain(selector: selectors.BaseSelector, key, peers: dict[str, str], me: str, incoming: list[dict]) -> None:
@@ -178,17 +192,26 @@ class Mesh:
     """This node's side of the mesh: ME among PEERS (name -> address), listening on PORTS on its own address, with
     the connections in (`incoming`) from the moment it listens."""
 
-    def __init__(self, me: str, peers: dict[str, str], ports: list[int], hostname: str) -> None:
+    def __init__(
+        self, me: str, peers: dict[str, str], ports: list[int], hostname: str, sampled: list | None = None
+    ) -> None:
+        """SAMPLED: (listener, port) for each port of this node's ephemeral range sampled (portsample.py)."""
         self.me, self.peers, self.ports, self.hostname = me, peers, ports, hostname
         self.address = peers[me]
         self.selector = selectors.DefaultSelector()
         self.listen_states: list[dict] = []
         self.incoming: list[dict] = []
+        self.sample_ports = [port for _, port in sampled or []]
+        self.peer_samples: dict[str, list[int]] = {}  # every other node's sampled ports, from the go file
+        self.samples_known = False  # the go file gave the peers this node's sampled ports
+        self.sample_outgoing: list[dict] = []  # the connections out to the peers' sampled ports
         for port in ports:
             sock, state = open_listener(self.address, port)
             self.listen_states.append(state)
             if sock:
                 self.selector.register(sock, selectors.EVENT_READ, "listener")
+        for sock, _ in sampled or []:
+            self.selector.register(sock, selectors.EVENT_READ, "listener")
 
     def serve(self, timeout: float) -> None:
         """One turn of the selector: connections out moved on, connections in accepted and read."""
@@ -205,7 +228,8 @@ class Mesh:
         READY_TIMEOUT seconds at most. Returns what the barrier saw (seconds from STARTED until ready and until the
         go signal; no_go without one) and the connect window the go file grants (0 without one)."""
         if ready_file:
-            write_atomic(ready_file, json.dumps({"listening": [s["port"] for s in self.listen_states if s["ok"]]}))
+            listening = [s["port"] for s in self.listen_states if s["ok"]]
+            write_atomic(ready_file, json.dumps({"listening": listening, "sample": self.sample_ports}))
         barrier: dict = {"ready_after": round(time.monotonic() - started, 3), "go_after": None}
         give_up = time.monotonic() + ready_timeout
         window = read_go(go_file)
@@ -216,6 +240,9 @@ class Mesh:
             barrier["no_go"] = True  # the connections out are reported as not tried
             return barrier, 0.0
         barrier["go_after"] = round(time.monotonic() - started, 3)
+        samples = go_samples(go_file)
+        self.samples_known = self.me in samples
+        self.peer_samples = {n: p for n, p in samples.items() if n in self.peers and n != self.me}
         return barrier, window
 
     def connect(self, deadline: float, no_go: bool = False) -> list[dict]:
@@ -223,11 +250,19 @@ class Mesh:
         and every peer connected in; returns each connection out's outcome, by peer and port. NO_GO: the barrier
         gave no go signal (DEADLINE has passed already)."""
         # A connection in is counted when the connector closes, after reading the token.
-        expected_in = (len(self.peers) - 1) * sum(1 for s in self.listen_states if s["ok"] and not s.get("perf"))
+        known = len(self.sample_ports) if self.samples_known else 0  # the peers connect to them only if told
+        listening = sum(1 for s in self.listen_states if s["ok"] and not s.get("perf")) + known
+        expected_in = (len(self.peers) - 1) * listening
         # Each node starts with the peers after it in the list, so the nodes do not all connect to the same one first.
         names = list(self.peers)
         order = names[names.index(self.me) + 1 :] + names[: names.index(self.me)]
         attempts = [Attempt(name, self.peers[name], port, self.address) for name in order for port in self.ports]
+        sampled = [
+            Attempt(name, self.peers[name], port, self.address)
+            for name in order
+            for port in self.peer_samples.get(name, [])
+        ]
+        attempts += sampled
         if no_go:
             for attempt in attempts:
                 attempt.result["detail"] = "no go signal from the controller"
@@ -240,7 +275,8 @@ class Mesh:
         for attempt in attempts:
             attempt.close(self.selector)
             attempt.result.pop("connected", None)
-        return [a.result for a in sorted(attempts, key=lambda a: (a.name, a.port))]
+        self.sample_outgoing = [a.result for a in sorted(sampled, key=lambda a: (a.name, a.port))]
+        return [a.result for a in sorted(attempts[: len(attempts) - len(sampled)], key=lambda a: (a.name, a.port))]
 
     def _attempt(self, attempts: list[Attempt], now: float) -> None:
         """The attempts past CONNECT_TIMEOUT given up, and the waiting ones started, IN_FLIGHT at a time at most."""

@@ -23,10 +23,15 @@ With --perf-port the probe then measures round trip time and throughput with one
 disjoint pairs (rounds.py): --rounds of them (default 8, or 'all': every pair), drawn from the node list shuffled
 by --seed, paced from the shared deadline so that no missing or slow node holds the others up.
 
+With --sample-seed the probe also listens on a port drawn from each eighth of its own ip_local_port_range
+(portsample.py: where gloo and NCCL listen), reports them in its ready file, and connects to the ports of every
+peer that the go file lists (the controller gathers them from the ready files): its record's `sample`.
+
     clustercheck-remote.pyz netprobe wait-ready FILE [--or GO] --timeout S
-                                    {"ready": true} once FILE exists; {"ready": false}, exit 1, at the timeout or
-                                    once GO does
-    clustercheck-remote.pyz netprobe go FILE SECONDS          write the go file atomically
+                                    {"ready": true, ...FILE's JSON} once FILE exists; {"ready": false}, exit 1,
+                                    at the timeout or once GO does
+    clustercheck-remote.pyz netprobe go FILE SECONDS [--samples -]
+                                    write the go file atomically (with every node's sampled ports, JSON on stdin)
     clustercheck-remote.pyz netprobe free-port                a port free on 127.0.0.1, for a node-local job
 """
 
@@ -41,6 +46,7 @@ import time
 
 from .mesh import Mesh, open_listener, write_atomic
 from .netinfo import interface_of, mtu_of, resolve
+from .portsample import open_sample
 from .rounds import DEFAULT_ROUNDS, MEASUREMENTS, PERF_SECONDS, perf_rounds, schedule
 
 
@@ -58,11 +64,16 @@ def mesh(
     measure: tuple[str, ...] = MEASUREMENTS,
     rounds: int | None = DEFAULT_ROUNDS,
     seed: int | None = None,
+    sample_seed: int | None = None,
 ) -> dict:
     """The probe on node ME: its mesh (after the barrier, with GO_FILE), then the perf rounds (with PERF_PORT and
-    something to MEASURE), then its names and interface; the record of it all."""
+    something to MEASURE), then its names and interface; the record of it all. With SAMPLE_SEED it also listens on
+    a sample of its ephemeral port range (portsample.py), and connects to the peers' samples the go file names."""
     started = time.monotonic()
-    node = Mesh(me, peers, ports, hostname)
+    sample = None
+    if sample_seed is not None:
+        sample = open_sample(peers[me], sample_seed, {*ports, perf_port or 0}, open_listener)
+    node = Mesh(me, peers, ports, hostname, sample["listeners"] if sample else None)
     perf_listener = None
     if perf_port and measure:  # listening before the barrier, like the others; served only once the mesh is done
         perf_listener, state = open_listener(node.address, perf_port)
@@ -93,6 +104,25 @@ def mesh(
         "seconds": round(time.monotonic() - started, 3),
         **({"barrier": barrier} if go_file else {}),
         **({"perf": perf, "rounds": len(plan)} if perf is not None else {}),
+        **({"sample": sample_record(node, sample)} if sample is not None else {}),
+    }
+
+
+def sample_record(node: Mesh, sample: dict) -> dict:
+    """What the probe learnt of the sampled ports: its own range, seed and ports (those it could not listen on with
+    why), the connections in to them by port, and its connections out to the peers' samples (as `outgoing`)."""
+    incoming = {str(port): 0 for port in node.sample_ports}
+    for connection in node.incoming:
+        if str(connection.get("port")) in incoming and connection.get("peer"):
+            incoming[str(connection["port"])] += 1
+    return {
+        "range": sample["range"],
+        "seed": sample["seed"],
+        "ports": node.sample_ports,
+        "not_listening": sample["failed"],
+        "incoming": incoming,
+        "peers": sorted(node.peer_samples),
+        "outgoing": node.sample_outgoing,
     }
 
 
@@ -103,8 +133,16 @@ def summarise(record: dict, peers: dict[str, str]) -> dict:
     cluster (a thousand nodes: 3 million entries for the controller to receive, parse and keep)."""
     outgoing, incoming, names = record["outgoing"], record["incoming"], record["resolve"]
     from_peers = {address for name, address in peers.items() if name != record["node"]}
+    sampled = set((record.get("sample") or {}).get("ports") or ())
+    incoming = [c for c in incoming if c.get("port") not in sampled]  # counted by port in the sample's record
+    summary = {}
+    if "sample" in record:  # failures listed, the rest counted, like the probe's own ports
+        out = record["sample"]["outgoing"]
+        failed = [o for o in out if o["result"] != "ok"]
+        summary["sample"] = {**record["sample"], "outgoing": {"ok": len(out) - len(failed), "failed": failed}}
     return {
         **record,
+        **summary,
         "outgoing": {
             "ok": sum(1 for o in outgoing if o["result"] == "ok"),
             "failed": [o for o in outgoing if o["result"] != "ok"],
@@ -173,6 +211,9 @@ def parser() -> argparse.ArgumentParser:
         help=f"perf rounds: partners each node is measured with, or 'all' for every pair (default {DEFAULT_ROUNDS})",
     )
     p_mesh.add_argument("--seed", type=int, default=None, help="shuffles the nodes before the rounds are drawn")
+    p_mesh.add_argument(
+        "--sample-seed", type=int, default=None, help="also listen on ports drawn across ip_local_port_range"
+    )
     p_mesh.add_argument("--go-file", default=None, help="connect only once this file exists (it holds the seconds)")
     p_mesh.add_argument("--ready-file", default=None, help="written once the listeners are up")
     p_mesh.add_argument("--ready-timeout", type=float, default=60.0, help="seconds to wait for the go file")
@@ -184,6 +225,7 @@ def parser() -> argparse.ArgumentParser:
     p_go = sub.add_parser("go", help="let a waiting probe connect for SECONDS")
     p_go.add_argument("file")
     p_go.add_argument("seconds", type=float)
+    p_go.add_argument("--samples", default=None, help="- : every node's sampled ports (JSON) from standard input")
     return parser
 
 
@@ -198,7 +240,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "wait-ready":
         return wait_ready(args.file, args.other, args.timeout)
     if args.command == "go":
-        write_atomic(args.file, f"{args.seconds:g}\n")
+        samples = json.loads(sys.stdin.read()) if args.samples == "-" else None
+        text = json.dumps({"window": args.seconds, "samples": samples}) if samples else f"{args.seconds:g}"
+        write_atomic(args.file, text + "\n")
         return 0
     try:
         peers, hostnames = read_peers(args.peers)
@@ -220,6 +264,7 @@ def main(argv: list[str] | None = None) -> int:
         measure=tuple(args.measure or MEASUREMENTS),
         rounds=args.rounds,
         seed=args.seed,
+        sample_seed=args.sample_seed,
     )
     print(json.dumps(summarise(record, peers)))
     return 0
@@ -233,7 +278,12 @@ def wait_ready(path: str, other: str | None, timeout: float) -> int:
             print(json.dumps({"ready": False}))
             return 1
         time.sleep(0.05)
-    print(json.dumps({"ready": True}))
+    try:  # what the probe listens on (mesh.py's barrier writes it atomically)
+        with open(path) as fh:
+            listening = json.load(fh)
+    except (OSError, ValueError):
+        listening = {}
+    print(json.dumps({**(listening if isinstance(listening, dict) else {}), "ready": True}))
     return 0
 
 

@@ -251,10 +251,10 @@ def collect_command(python: str, run_dir: str, stage: str) -> list[str]:
     return [python, "-c", bundle.source("rankcollect"), output_dir(run_dir, stage)]
 
 
-def progress_command(python: str, run_dir: str, stage: str) -> list[str]:
+def progress_command(python: str, run_dir: str, stage: str, sockets: bool = False) -> list[str]:
     """The command that prints every rank's heartbeat on a node: rank -> {step, phase, age in seconds}, the age
-    measured on the node's own clock (`heartbeats`): remote/heartbeats.py."""
-    return [python, "-c", bundle.source("heartbeats"), output_dir(run_dir, stage)]
+    measured on the node's own clock (`heartbeats`): remote/heartbeats.py. SOCKETS: with each rank's TCP rows."""
+    return [python, "-c", bundle.source("heartbeats"), output_dir(run_dir, stage), *(["--sockets"] if sockets else [])]
 
 
 def heartbeats(answer: object) -> dict[str, dict] | None:

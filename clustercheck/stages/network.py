@@ -17,12 +17,13 @@ never, is named as such, and its connections are not judged as the network's.
 from __future__ import annotations
 
 import ipaddress
+import json
 import random
 import threading
 import time
 from dataclasses import dataclass
 
-from clustercheck.checks import network, registry
+from clustercheck.checks import network, ports, registry
 from clustercheck.model import CheckResult, Status
 from clustercheck.remote import rounds as perf
 from clustercheck.stages import Context, Member, bundle, nodeprogram
@@ -42,6 +43,11 @@ STRAGGLER_GRACE = 30.0
 SCHEDULE_SEED = 0
 
 
+def ports_checked(selected) -> bool:
+    """Whether the ephemeral range is sampled: network.ports is selected (SELECTED: the selection's check_selected)."""
+    return selected("network.ports")
+
+
 def pick_ephemeral_port(rng: random.Random | None = None) -> int:
     """A port from the dynamic range for the second probe; the same on every node of one run."""
     return (rng or random.SystemRandom()).randint(*EPHEMERAL_RANGE)
@@ -54,11 +60,15 @@ def mesh_args(
     barrier: tuple[str, str, float] | None = None,
     perf: tuple[int, tuple[str, ...]] | None = None,
     rounds: int | None = perf.DEFAULT_ROUNDS,
+    sample_seed: int | None = None,
 ) -> list[str]:
     """The probe's arguments on node ME, which reads the nodes from its standard input (peer_list()).
     BARRIER: (ready file, go file, seconds to wait for the go file). PERF: (port, measurements) for the perf rounds
-    (network.plan()); none when no measurement is wanted. ROUNDS: how many perf rounds (None: every pair)."""
+    (network.plan()); none when no measurement is wanted. ROUNDS: how many perf rounds (None: every pair).
+    SAMPLE_SEED: the draw of the ports sampled across each node's ephemeral range (remote/portsample.py)."""
     args = ["mesh", "--self", me, "--duration", f"{duration:g}", "--peers", "-"]
+    if sample_seed is not None:
+        args += ["--sample-seed", str(sample_seed)]
     for port in ports:
         args += ["--port", str(port)]
     if barrier:
@@ -146,6 +156,7 @@ class Plan:
     rounds: int  # perf rounds
     peers: list[network.Peer]
     listed: str  # the node list, the same on every probe's standard input (peer_list)
+    sample_seed: int | None = None  # the draw of each node's sampled ephemeral ports (None: none sampled)
 
     @classmethod
     def of(cls, members: list[Member], config) -> Plan:
@@ -163,6 +174,8 @@ class Plan:
             round_count(peers, config.network_rounds),
             peers,
             peer_list(peers),
+            # a new draw each run, recorded in every node's record: the runs together cover the whole range
+            random.SystemRandom().randrange(2**31) if ports_checked(config.selection.check_selected) else None,
         )
 
     @property
@@ -180,6 +193,7 @@ class Probes:
         self.records: dict[str, dict] = {}
         self.errors: dict[str, str] = {}
         self.ready_after: dict[str, float] = {}  # node -> seconds until its probe listened
+        self.samples: dict[str, list[int]] = {}  # node -> the ports of its ephemeral range its probe listens on
         self.finished: dict[str, float] = {}  # node -> when its probe's answer came back
         self.abandoned: set[str] = set()  # nodes whose probe the stage stopped waiting for (STRAGGLER_GRACE)
         self.lock = threading.Lock()
@@ -207,6 +221,7 @@ class Probes:
             (ready, go, plan.wait + GO_SLACK),
             (plan.perf_port, plan.measure),
             config.network_rounds,
+            plan.sample_seed,
         )
         try:
             answer = nodeprogram.bundled(
@@ -257,10 +272,16 @@ class Probes:
         if answer.failure is None:
             with self.lock:
                 self.ready_after[m.name] = round(time.monotonic() - self.started, 3)
+                sampled = answer.value.get("sample") if isinstance(answer.value, dict) else None
+                if sampled:
+                    self.samples[m.name] = [int(port) for port in sampled]
 
     def go(self, m: Member) -> None:
         go = self.files(m)[1]
-        nodeprogram.bundled(m.transport, m.facts.python, "netprobe", "go", go, f"{self.plan.window:g}", timeout=30)
+        with self.lock:
+            samples = json.dumps(self.samples)
+        args = ("go", go, f"{self.plan.window:g}", "--samples", "-")
+        nodeprogram.bundled(m.transport, m.facts.python, "netprobe", *args, timeout=30, stdin=samples)
 
     def await_answers(self, paced_end: float) -> None:
         """Until every probe answered, or those still running are stragglers (past_waiting): their nodes' errors say
@@ -313,6 +334,9 @@ def judge(members: list[Member], ctx: Context, plan: Plan, probes: Probes) -> li
         ready_after=dict(probes.ready_after),
         measure=plan.measure,
     )
+    if plan.sample_seed is not None:
+        rules = {m.name: m.facts.firewall.port_rules if m.facts.firewall else () for m in members}
+        results += ports.sample_check(dict(probes.records), rules, cidr=cluster_network(members))
     if len(members) == 1:  # one node: the ranks meet on 127.0.0.1 whatever the hostname resolves to
         name = members[0].name
         results = [r for r in results if r.name != "network.resolve"]

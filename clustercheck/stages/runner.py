@@ -17,8 +17,9 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
+from clustercheck.checks import waits
 from clustercheck.reach import Reach, Started
 from clustercheck.stages import Member, launch, nodeprogram, rootcause, watchdog
 from clustercheck.transport import CommandResult, OutputSink
@@ -26,6 +27,7 @@ from clustercheck.transport import CommandResult, OutputSink
 FAILURE_GRACE = 5.0  # seconds the other nodes get to report their own failure before they are stopped
 POLL_INTERVAL = 5.0  # seconds between two heartbeat polls of a node (at most a quarter of the stall timeout)
 JOIN_WAIT = 30.0  # seconds a stopped node's torchrun gets to hand back its end
+SOCKETS_WAIT = 10.0  # seconds the nodes get to show a stalled job's connections before it is stopped
 
 # node -> (when its torchrun ended, its result, whether it ended on its own: before the runner stopped it)
 Ends = dict[str, tuple[float, CommandResult, bool]]
@@ -67,6 +69,8 @@ def run(
     job.start(plans, reach, timeout, argv, output)
     try:
         stall = job.watch_until_end()
+        if stall is not None:
+            stall = job.explained(stall)
     finally:
         job.done.set()
     return job.stop(reach, stall)
@@ -170,6 +174,43 @@ class Job:
                 if result.exit_status is not None:  # its torchrun's end came back: the node answered
                     self.dog.ended(name, now)
             return self.dog.stall(now)
+
+    def explained(self, stall: watchdog.Stall) -> watchdog.Stall:
+        """STALL with what its ranks' connections say (checks/waits.py), read on every node while the job still
+        runs, within SOCKETS_WAIT; as it was when no rank waits to connect or nothing could be read."""
+        assert self.watch is not None
+        rows: dict[str, list[list[str]]] = {}
+
+        def read(m: Member) -> None:
+            command = launch.progress_command(m.facts.python, m.transport.workdir, self.watch.stage, sockets=True)
+            answer = nodeprogram.call(m.transport, command, program="heartbeats", timeout=SOCKETS_WAIT)
+            beats = launch.heartbeats(answer.value) or {}
+            rows[m.name] = [b["tcp"] for b in beats.values() if isinstance(b.get("tcp"), list)]
+
+        with self.lock:  # a node that does not answer now would not answer this either
+            now = time.monotonic()
+            answering = [m for m in self.members if self.dog is None or self.dog.nodes[m.name].answers(now)]
+        readers = [threading.Thread(target=read, args=(m,), daemon=True) for m in answering]
+        for reader in readers:
+            reader.start()
+        give_up = time.monotonic() + SOCKETS_WAIT + 2
+        for reader in readers:
+            reader.join(max(0.0, give_up - time.monotonic()))
+        addresses = {  # the cluster address, the inventory's, and every address of the node's interfaces
+            m.name: {m.address, m.node.address, *(str(a.address.ip) for a in m.facts.addresses or [])}
+            for m in self.members
+        }
+        rules = {m.name: m.facts.firewall.port_rules if m.facts.firewall else () for m in self.members}
+        found = waits.explain(dict(rows), addresses, rules)
+        if found is None:
+            return stall
+        nodes, said, data = found
+        return replace(
+            stall,
+            nodes=nodes or stall.nodes,
+            message=f"{said} (the watchdog: {stall.message})",
+            data={**stall.data, "connections": data, **({"stalled_nodes": list(nodes)} if nodes else {})},
+        )
 
     def silent(self, now: float, stall: watchdog.Stall | None) -> set[str]:
         """The nodes of a failed job that no longer answer (their torchrun's end did not come back either): known

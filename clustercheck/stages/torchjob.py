@@ -311,7 +311,11 @@ def judged(results: list[CheckResult], outcome: JobOutcome) -> list[CheckResult]
 
 def _job_fix(outcome: JobOutcome, first: str | None) -> str:
     """The fix of a check the job's failure failed: for a job stopped at its deadline, raise --timeout, said on the
-    first such check only (FIRST: its name; the others point there); else where to read why a rank died."""
+    first such check only (FIRST: its name; the others point there); for a stall its ranks' connections explain,
+    what they say to do (checks/waits.py); else where to read why a rank died."""
+    connections = outcome.data.get("connections")
+    if isinstance(connections, dict) and connections.get("fix"):
+        return connections["fix"]
     if outcome.data.get("timed_out"):
         if first is not None:
             return f"The same job as {first}: see its fix."

@@ -20,6 +20,7 @@ from clustercheck.exitcodes import ExitCode
 
 CORE = ("--only", "core", "--skip", "local.*")
 DDP = ("--only", "ddp", "--skip", "local.*", "--nproc-per-node", "1")
+EPHEMERAL_FIREWALL = "a firewall drops or rejects part of the ports training uses"
 
 
 @dataclass(frozen=True)
@@ -452,5 +453,48 @@ ROWS = [
         45,
         CORE,
         mechanism="a file system a job needs is full",
+    ),
+    # A firewall drops part of the ports training uses (issue 50, 2): gloo and NCCL listen on ports the kernel draws
+    # from ip_local_port_range, not on the rendezvous port or the probe's own; the probe samples each node's range.
+    Fault(
+        "ephemeral-drop",
+        "one node's firewall drops new connections to part of its ephemeral port range (where gloo and NCCL listen)",
+        "iptables on node3: new TCP connections from the other nodes to ports 32768-45000 dropped (first in INPUT); "
+        "the rendezvous port and the probe's own ports (49152-60999) open",
+        ExitCode.CHECK_FAILED,
+        "network.ports",
+        "node3",
+        r"^node3 drops new connections to ports 32768-45000 of its ephemeral range 32768-60999 \(sampled [\d, ]+ "
+        r"timed out; [\d, ]+ connected\)",
+        150,  # 124 s on the torch test cluster with both cores busy (its facts: 53 s)
+        ("--skip", "local.*", "--only", "network", "--master-port", "29652"),
+        mechanism=EPHEMERAL_FIREWALL,
+    ),
+    Fault(
+        "ephemeral-reject",
+        "one node's firewall rejects (TCP reset) new connections to another part of its ephemeral port range",
+        "iptables on node2: TCP from the other nodes to ports 38000-48000 rejected with tcp-reset (first in INPUT)",
+        ExitCode.CHECK_FAILED,
+        "network.ports",
+        "node2",
+        r"^node2 rejects new connections to ports 38000-48000 of its ephemeral range 32768-60999 \(sampled [\d, ]+ "
+        r"refused; [\d, ]+ connected\)",
+        150,  # 124 s on the torch test cluster with both cores busy (its facts: 53 s)
+        ("--skip", "local.*", "--only", "network", "--master-port", "29653"),
+        mechanism=EPHEMERAL_FIREWALL,
+    ),
+    Fault(
+        "ephemeral-stall",
+        "one node's firewall drops new connections to its whole ephemeral port range, and only the DDP job runs",
+        "iptables on node1: new TCP connections from the other nodes to ports 32768-60999 dropped (first in INPUT; "
+        "the rendezvous port below it open); the run with the network stage skipped (`--only ddp`)",
+        ExitCode.CHECK_FAILED,
+        "ddp_equivalence",
+        "cluster",
+        r"node2 and node3 wait to connect to node1:\d+ \(a port node1's rank listens on\): node1 drops or rejects it",
+        150,
+        (*DDP, "--master-port", "29654"),  # the default stall timeout (60 s): torch starts slowly on a loaded machine
+        node="node1",
+        mechanism=EPHEMERAL_FIREWALL,
     ),
 ]

@@ -1028,3 +1028,68 @@ def home_full(cluster, tmp_path, row):
         in_mount_namespace(node2, "umount", "/root")
         on_node(node2, "rm -rf /run/home-full", check=False)
     return verdict
+
+
+# A firewall drops or rejects part of the ports training uses (issue 50, 2): one rule, first in INPUT like a site's
+# own in front of ufw's, in the `firewall` row's chain; the run's own options pick the stage.
+EPHEMERAL_RULES = {
+    "ephemeral-drop": ("node3", "--dport 32768:45000 -m conntrack --ctstate NEW -j DROP"),
+    "ephemeral-reject": ("node2", "--dport 38000:48000 -j REJECT --reject-with tcp-reset"),
+    # gloo's lower address listens, the higher connects (gloo/transport/tcp/pair.cc, Pair::connect): node1's ranks
+    # listen for node2's and node3's, on ports the kernel draws from its ip_local_port_range
+    "ephemeral-stall": ("node1", "--dport 32768:60999 -m conntrack --ctstate NEW -j DROP"),
+}
+
+
+def _with_rule(cluster, tmp_path, row) -> tuple[Verdict, dict]:
+    """ROW's rule on its node during the run; the verdict and the run's checks."""
+    name, match = EPHEMERAL_RULES[row.id]
+    node = cluster.node(name)
+    sources = ",".join(n.address for n in cluster.nodes if n.name != name)
+    on_node(
+        node,
+        "command -v iptables >/dev/null || (apt-get update -qq && "
+        "DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends iptables >/dev/null)",
+    )
+    on_node(
+        node, f"iptables -N {CHAIN} && iptables -I INPUT -j {CHAIN} && iptables -A {CHAIN} -s {sources} -p tcp {match}"
+    )
+    try:
+        verdict = run(cluster, tmp_path, row)
+    finally:
+        on_node(node, f"iptables -D INPUT -j {CHAIN}; iptables -F {CHAIN}; iptables -X {CHAIN}", check=False)
+    assert CHAIN not in on_node(node, "iptables -S")  # restored
+    return verdict, checks(verdict)
+
+
+def _sampled(cluster, tmp_path, row) -> Verdict:
+    verdict, found = _with_rule(cluster, tmp_path, row)
+    name = EPHEMERAL_RULES[row.id][0]
+    sampled = found[("network.ports", name)]
+    assert sampled["data"]["blocked"] and sampled["data"]["connected"], sampled  # a part of the range, not all of it
+    assert sampled["data"]["from"] == sorted(n.name for n in cluster.nodes if n.name != name)
+    assert f"-A {CHAIN} " in sampled["message"]  # the node's own rule, quoted
+    assert found[("network.tcp", None)]["status"] == "PASS"  # the probe's own ports are open: the sample finds it
+    return verdict
+
+
+@injects("ephemeral-drop")
+def ephemeral_drop(cluster, tmp_path, row):
+    return _sampled(cluster, tmp_path, row)
+
+
+@injects("ephemeral-reject")
+def ephemeral_reject(cluster, tmp_path, row):
+    return _sampled(cluster, tmp_path, row)
+
+
+@injects("ephemeral-stall")
+def ephemeral_stall(cluster, tmp_path, row):
+    """The network stage skipped: the DDP job hangs, and its ranks' connections name node1."""
+    verdict, found = _with_rule(cluster, tmp_path, row)
+    ddp = found[("ddp_equivalence", None)]
+    assert ddp["data"]["stalled_nodes"] == ["node1"], ddp["message"]
+    (wait, *_) = ddp["data"]["connections"]["waits"]
+    assert wait["to"] == "node1" and wait["from"] == ["node2", "node3"] and wait["listening"], wait
+    assert f"-A {CHAIN} " in ddp["message"] and ddp["remediation"].startswith("On node1")
+    return verdict
