@@ -81,9 +81,10 @@ def ulimit_memlock(facts: NodeFacts) -> Finding:
 
 @node_check(
     "disk.free",
-    proves="the root and temporary file systems have free space for checkpoints, caches and logs",
-    fix="Free space on that file system (checkpoints, caches and core dumps fill it); a small tmpfs on /tmp: "
-    "enlarge it (size= in /etc/fstab or tmp.mount) or point TMPDIR at a larger file system.",
+    proves="the root file system has free space for checkpoints, packages and logs (the temporary directory, /dev/shm "
+    "and the other paths a job writes: fs.space)",
+    fix="Free space on the root file system (checkpoints, caches, old kernels and core dumps fill it: "
+    "du -xsh /* | sort -h).",
     reads=("disks",),
 )
 def disk_free(facts: NodeFacts) -> Finding:

@@ -171,7 +171,7 @@ class NodeFacts:
     default_route: str | None = collected("commands.ip_route", read=readers.default_route)  # `ip route get` output
     mtus: dict[str, int] | None = fact(remote.mtus, mtus_by_iface)
     shm: Space | None = fact(remote.shm, Space.from_probe)
-    disks: list[Space] | None = collected("disk_root", "disk_tmp", read=readers.disks)
+    disks: list[Space] | None = collected("disk_root", read=readers.disks)
     memlock: Memlock | None = fact(remote.memlock, Memlock.from_probe)
     neigh: NeighThresholds | None = fact(remote.neigh_thresholds, NeighThresholds.from_probe)
     hostname: Hostname | None = fact(remote.hostname_facts, Hostname.from_probe)

@@ -177,15 +177,12 @@ def default_route(answer: Any) -> str | None:
     return route.get("out", "") if route.get("rc") == 0 else None
 
 
-def disks(root: Any, tmp: Any) -> list[Space]:
-    known = [
-        Space(d["path"], d["free_bytes"], d["total_bytes"])
-        for d in (root, tmp)
-        if isinstance(d, dict) and "free_bytes" in d
-    ]
-    if not known:
+def disks(root: Any) -> list[Space]:
+    """The root file system's space (the temporary directory and the other paths a job writes: the first command's
+    file system reading, facts/filesystems.py)."""
+    if not (isinstance(root, dict) and "free_bytes" in root):
         raise NotCollected(COULD_NOT_COLLECT)
-    return known
+    return [Space(root["path"], root["free_bytes"], root["total_bytes"])]
 
 
 def launch_env(files: Any) -> list[LaunchSetting] | Noted:

@@ -18,7 +18,6 @@ import resource
 import shutil
 import socket
 import sys
-import tempfile
 import threading
 import time
 
@@ -468,7 +467,6 @@ def main():
     # mount, a FIFO) is named as hung, and the others still answer.
     reads = {
         "disk_root": lambda: disk_free("/"),
-        "disk_tmp": lambda: disk_free(tempfile.gettempdir()),
         "launch_files": launch_files,
         "gpu_bridges": gpu_bridges,
         **PROBES,

@@ -44,6 +44,16 @@ class Fault:
         return self.node or self.where
 
 
+# The mechanisms several rows are instances of (docs/faults.md lists the rows by them): clustercheck finds the class,
+# so an instance no row shows is named the same way.
+NODE = "a node does not answer"
+REFUSED = "SSH refuses the node or its key"
+PORTS = "a firewall drops or rejects ports training uses"
+DIFFERS = "one node's software or configuration differs from the others'"
+STOPS = "a job stops making progress (a rank killed, a node frozen, Ctrl-C)"
+SPACE = "a file system a job needs is full or too small"
+SESSION = "the SSH session is not what a tool expects"
+
 ROWS = [
     Fault(
         "node-down",
@@ -55,6 +65,7 @@ ROWS = [
         r"^node2\b.*unreachable",
         45,
         ("--skip", "local.*", "--connect-timeout", "3"),
+        mechanism=NODE,
     ),
     Fault(
         "sshd-hung",
@@ -66,6 +77,7 @@ ROWS = [
         r"^node2\b.*sent no SSH banner",
         45,
         (*CORE, "--connect-timeout", "3"),
+        mechanism=NODE,
     ),
     Fault(
         "key-refused",
@@ -77,6 +89,7 @@ ROWS = [
         r"^node2\b.*authentication failed",
         45,
         CORE,
+        mechanism=REFUSED,
     ),
     Fault(
         "host-key-changed",
@@ -88,6 +101,7 @@ ROWS = [
         r"^node2: HOST KEY CHANGED",
         45,
         (*CORE, "--accept-new-host-keys"),
+        mechanism=REFUSED,
     ),
     Fault(
         "firewall",
@@ -100,6 +114,7 @@ ROWS = [
         120,
         ("--skip", "local.*", "--only", "network"),
         node="node3",
+        mechanism=PORTS,
     ),
     Fault(
         "hostname-loopback",
@@ -111,6 +126,7 @@ ROWS = [
         r"^node2: hostname node2 resolves only to loopback \(127\.0\.1\.1\)",
         45,
         CORE,
+        mechanism="a name resolves to an address the other nodes cannot use",
     ),
     Fault(
         "torch-version",
@@ -123,6 +139,7 @@ ROWS = [
         45,
         CORE,
         node="node3",
+        mechanism=DIFFERS,
     ),
     Fault(
         "rank-killed",
@@ -135,6 +152,7 @@ ROWS = [
         45,
         mid_run=True,
         node="node2",
+        mechanism=STOPS,
     ),
     Fault(
         "ddp-divergence",
@@ -147,6 +165,7 @@ ROWS = [
         180,
         (*DDP, "--master-port", "29671"),
         node="node3",
+        mechanism="training gives another result than one process",
     ),
     Fault(
         "chrony-stopped",
@@ -158,6 +177,7 @@ ROWS = [
         r"^node2: the clock is not synchronized: chronyd does not answer",
         45,
         CORE,
+        mechanism="a service the cluster needs is not running",
     ),
     Fault(
         "shm-64m",
@@ -169,17 +189,19 @@ ROWS = [
         r"^node3: /dev/shm is 64 MiB, less than 256 MiB",
         45,
         CORE,
+        mechanism=SPACE,
     ),
     Fault(
         "tmp-small",
         "a node short of disk in its temporary directory",
         "a 32 MiB tmpfs mounted on node3's /tmp (root in the node's mount namespace)",
         ExitCode.CHECK_FAILED,
-        "disk.free",
+        "fs.space",
         "node3",
-        r"^node3: low free disk: /tmp has \d+ MiB free of 32 MiB",
+        r"^node3: /tmp has \d+ MiB free of 32 MiB, less than 64 MiB",
         45,
         CORE,
+        mechanism=SPACE,
     ),
     Fault(
         "node-frozen",
@@ -192,6 +214,7 @@ ROWS = [
         110,
         mid_run=True,
         node="node2",
+        mechanism=STOPS,
     ),
     Fault(
         "node-frozen-start",
@@ -206,6 +229,7 @@ ROWS = [
         (*DDP, "--stall-timeout", "30", "--master-port", "29711"),
         mid_run=True,
         node="node2",
+        mechanism=STOPS,
     ),
     Fault(
         "node-frozen-stage",
@@ -220,6 +244,7 @@ ROWS = [
         ("--only", "collectives", "--skip", "local.*", "--stall-timeout", "30", "--master-port", "29721"),
         mid_run=True,
         node="node2",
+        mechanism=STOPS,
     ),
     Fault(
         "package-version",
@@ -232,6 +257,7 @@ ROWS = [
         45,
         CORE,
         node="node2",
+        mechanism=DIFFERS,
     ),
     Fault(
         "ctrl-c",
@@ -243,6 +269,7 @@ ROWS = [
         r"^clustercheck: interrupted",
         30,
         mid_run=True,
+        mechanism=STOPS,
     ),
     Fault(
         "gpus-missing",
@@ -255,6 +282,7 @@ ROWS = [
         45,
         CORE,
         node="all",
+        mechanism="the inventory expects what the node does not have",
     ),
     Fault(
         "ssh-max-sessions",
@@ -268,6 +296,7 @@ ROWS = [
         120,
         ("--only", "core", "--only", "network", "--only", "ddp", "--skip", "local.*", "--nproc-per-node", "1"),
         statuses=("PASS",),
+        mechanism=SESSION,
     ),
     Fault(
         "login-shell-output",
@@ -281,6 +310,7 @@ ROWS = [
         45,
         CORE,
         statuses=("WARN",),
+        mechanism=SESSION,
     ),
     Fault(
         "same-machine-twice",
@@ -293,6 +323,7 @@ ROWS = [
         45,
         ("--only", "core", "--only", "network", "--skip", "local.*"),
         node="node1",
+        mechanism="the inventory names one machine twice",
     ),
     Fault(
         "link-slowed-baseline",
@@ -306,6 +337,7 @@ ROWS = [
         60,
         ("--only", "network", "--skip", "local.*", "--master-port", "29625"),
         node="node2",
+        mechanism="a figure worse than the cluster's own baseline",
     ),
     # Issue 50, section 3: the way the inventory reaches a node, as Ansible's OpenSSH would (ProxyCommand, ProxyJump
     # hops, ssh's flags in the inventory's ssh arguments), or a one-line refusal naming the option and the node.
@@ -395,7 +427,7 @@ ROWS = [
         45,
         CORE,
         node="node3",
-        mechanism="a managed file drifted on one node",
+        mechanism=DIFFERS,
     ),
     Fault(
         "chrony-conf-drifted",
@@ -409,7 +441,7 @@ ROWS = [
         45,
         CORE,
         node="node2",
-        mechanism="a managed file drifted on one node",
+        mechanism=DIFFERS,
     ),
     # Issue 50, section 1: a file system a job needs, full (the mechanism: remote/filesystems.sh read by the first
     # command, judged by facts/filesystems.py's NEEDS; a program that could not be written explained by it).
@@ -425,7 +457,7 @@ ROWS = [
         45,
         CORE,
         statuses=("ERROR",),
-        mechanism="a file system a job needs is full",
+        mechanism=SPACE,
     ),
     Fault(
         "shm-dead-segments",
@@ -439,7 +471,7 @@ ROWS = [
         r"holds open or maps hold \d+ MiB: /dev/shm/nccl-Dead0",
         45,
         CORE,
-        mechanism="a file system a job needs is full",
+        mechanism=SPACE,
     ),
     Fault(
         "home-full",
@@ -452,7 +484,7 @@ ROWS = [
         r"^node2: /root \(the home directory\) has 0 bytes free of 16 MiB, less than 64 MiB",
         45,
         CORE,
-        mechanism="a file system a job needs is full",
+        mechanism=SPACE,
     ),
     # A firewall drops part of the ports training uses (issue 50, 2): gloo and NCCL listen on ports the kernel draws
     # from ip_local_port_range, not on the rendezvous port or the probe's own; the probe samples each node's range.

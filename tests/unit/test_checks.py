@@ -224,15 +224,15 @@ def recorded_node(name: str, cluster_size: int = 3) -> NodeFacts:
     )
 
 
-def test_a_small_shm_a_small_tmp_and_a_stopped_chrony_fail_with_their_causes():
-    """Recorded on a test node with /dev/shm remounted at 64 MiB, a 32 MiB tmpfs on /tmp and chrony stopped."""
+def test_a_small_shm_and_a_stopped_chrony_fail_with_their_causes():
+    """Recorded on a test node with /dev/shm remounted at 64 MiB, a 32 MiB tmpfs on /tmp and chrony stopped. The
+    small /tmp is fs.space's, from the first command's file system reading (test_filesystems.py), which this record
+    predates: disk.free judges the root file system alone, which has room."""
     results = by_name(recorded_node("facts-node3-shm-tmp-chrony.json"))
     shm = results["shm.size"]
     assert shm.status is Status.FAIL and shm.message.startswith("node3: /dev/shm is 64 MiB, less than 256 MiB")
     disk = results["disk.free"]
-    assert disk.status is Status.FAIL
-    assert disk.message.startswith("node3: low free disk: /tmp has 32 MiB free of 32 MiB, less than 1.0 GiB")
-    assert "/ has" not in disk.message  # the root file system has room: only /tmp is named
+    assert disk.status is Status.PASS and "/tmp" not in disk.message, disk.message
     clock = results["time.sync"]
     assert clock.status is Status.FAIL and "chronyd does not answer (506 Cannot talk to daemon)" in clock.message
     assert "systemctl enable --now chrony" in clock.remediation

@@ -24,7 +24,6 @@ def test_a_node_finding_gains_the_command_of_the_role_that_sets_it():
         assert fixed[name].status is Status.FAIL
         assert fixed[name].fix_command == command  # contract: the command a user runs
         assert fixed[name].remediation.endswith(f"Or rerun the role that sets it: {command}")
-    assert fixed["disk.free"].status is Status.FAIL and fixed["disk.free"].fix_command is None  # no role frees disk
     assert all(r.fix_command is None for r in fixed.values() if r.status in (Status.PASS, Status.SKIP))
     document = json_report.document(Report(list(fixed.values()), ["node3"]))
     jsonschema.Draft202012Validator(json.loads(report.schema_text())).validate(document)
