@@ -16,6 +16,9 @@ for a in "tmp=/tmp" "tmpdir=${TMPDIR:-}" "shm=/dev/shm" "home=${HOME:-}" "cache=
 done
 printf 'uid\t%s\n' "$(id -u)"
 find /dev/shm -maxdepth 1 -type f -printf 'shm\t%s\t%U\t%p\n' 2>/dev/null | head -n 1000
-find /proc/[0-9]*/fd -maxdepth 1 -lname '/dev/shm/*' -printf 'held\t%l\n' 2>/dev/null | sort -u
-awk '$6 ~ /^\/dev\/shm\// { print "held\t" $6 }' /proc/[0-9]*/maps 2>/dev/null | sort -u
+# Reading a process's maps takes its memory map's lock: a process stuck holding it (a page fault on a hung mount)
+# would stop the reader, so both reads are bounded (the kernel lets a reader waiting for that lock be killed).
+t=; command -v timeout >/dev/null && t="timeout -k 1 5"
+$t find /proc/[0-9]*/fd -maxdepth 1 -lname '/dev/shm/*' -printf 'held\t%l\n' 2>/dev/null | sort -u
+$t awk '$6 ~ /^\/dev\/shm\// { print "held\t" $6 }' /proc/[0-9]*/maps 2>/dev/null | sort -u
 true
