@@ -43,11 +43,13 @@ def sample_check(
     for source, sample in sorted(sampled.items()):
         for out in sample["outgoing"]["failed"]:
             failed.setdefault(out["to"], {}).setdefault(out["port"], {})[source] = out
+    blocked, lost = _attributed(failed, sampled)
     results = [
-        _unreached(node, sampled[node], failed[node], sampled, rules.get(node, ()), cidr)
-        for node in sorted(failed)
+        _unreached(node, sampled[node], blocked[node], sampled, rules.get(node, ()), cidr)
+        for node in sorted(blocked)
         if node in sampled
     ]
+    results += [_replies_lost(node, lost[node], cidr) for node in sorted(lost) if node not in blocked]
     if results:
         return results
     connections = sum(s["outgoing"]["ok"] for s in sampled.values())
@@ -62,6 +64,49 @@ def sample_check(
             data={"ranges": ranges, "ports": {n: s["ports"] for n, s in sampled.items()}, "seed": _seed(sampled)},
         )
     ]
+
+
+def _attributed(
+    failed: dict[str, dict[int, dict[str, dict]]], sampled: dict[str, dict]
+) -> tuple[dict[str, dict[int, dict[str, dict]]], dict[str, list[dict]]]:
+    """Which side each failed connection tells of. A connection carries the target's sampled port one way and the
+    source's own ephemeral port the other (its replies): a port of the target that another peer reached is open on
+    the target, so that source's failure there is its own (the replies to its ephemeral port dropped, a stateless
+    rule on the source); a port every peer that tried failed on (or the only peer) is the target's. Returns the
+    target -> port -> source -> failure of the ports the targets do not accept, and the source -> failures whose
+    replies did not come back."""
+    blocked: dict[str, dict[int, dict[str, dict]]] = {}
+    lost: dict[str, list[dict]] = {}
+    for target, by_port in failed.items():
+        tried = {n for n, s in sampled.items() if n != target and target in s.get("peers", [])}
+        for port, by_source in by_port.items():
+            if len(tried) < 2 or set(by_source) >= tried:
+                blocked.setdefault(target, {})[port] = by_source
+            else:
+                for source, out in by_source.items():
+                    lost.setdefault(source, []).append(out)
+    return blocked, lost
+
+
+def _replies_lost(node: str, outs: list[dict], cidr: str | None) -> CheckResult:
+    """The FAIL naming NODE, whose connections failed to ports its peers' other peers reached: the replies to its
+    own ephemeral ports did not come back."""
+    shown = ", ".join(f"{o['to']}:{o['port']} ({_said(o['result'])})" for o in outs[:4])
+    more = f" and {len(outs) - 4} more" if len(outs) > 4 else ""
+    source = cidr or "the cluster network"
+    return emit(
+        "network.ports",
+        Status.FAIL,
+        f"{node}'s connections to other nodes' sampled ephemeral ports failed where other nodes connected to the same "
+        f"ports ({shown}{more}): the replies to {node}'s own ephemeral ports are dropped or rejected, most often by "
+        f"a rule on {node} that filters its ephemeral range and lets no established connection through: every "
+        "torch job with this node hangs or fails at its first connection",
+        host=node,
+        remediation=f"On {node}, let established connections' replies in ahead of its other rules (`iptables -I INPUT "
+        "-m conntrack --ctstate ESTABLISHED,RELATED -j ACCEPT`) and allow TCP from "
+        f"{source} to its ephemeral range (ip_local_port_range); inspect with `iptables -S`, `nft list ruleset`.",
+        data={"node": node, "replies_lost": outs},
+    )
 
 
 def _seed(sampled: dict[str, dict]) -> int | None:

@@ -123,3 +123,44 @@ def test_no_sample_is_a_skip():
     bare = {n: {k: v for k, v in r.items() if k != "sample"} for n, r in records.items()}
     (found,) = ports.sample_check(bare, {})
     assert found.status is Status.SKIP
+
+
+def _sample(peers: list[str], ports: list[int], failed: list[tuple[str, int]]) -> dict:
+    """A probe's sample (the shape remote/mesh.py records) with the connections to FAILED timed out: a scenario for
+    the judgement, not a recorded output (the recorded ones are above)."""
+    lost = [{"to": to, "port": port, "result": "timeout", "detail": "no answer within 2 s"} for to, port in failed]
+    return {
+        "range": [32768, 60999],
+        "seed": 3,
+        "ports": ports,
+        "incoming": {str(p): 1 for p in ports},
+        "peers": peers,
+        "outgoing": {"ok": 2 * len(peers) - len(lost), "failed": lost},
+    }
+
+
+def test_a_node_that_drops_everything_is_named_and_the_nodes_it_cannot_reach_are_not():
+    """node3 drops every packet from the other nodes (the `firewall` fault row): its peers cannot reach its ports,
+    and its own connections get no replies. node1's and node2's ports, which the other peer reached, are open: the
+    failures to them are node3's, not theirs."""
+    ports_of = {"node1": [40000, 50000], "node2": [41000, 51000], "node3": [42000, 52000]}
+    records = {
+        "node1": {"sample": _sample(["node2", "node3"], ports_of["node1"], [("node3", 42000), ("node3", 52000)])},
+        "node2": {"sample": _sample(["node1", "node3"], ports_of["node2"], [("node3", 42000), ("node3", 52000)])},
+        "node3": {
+            "sample": _sample(
+                ["node1", "node2"], ports_of["node3"], [(n, p) for n in ("node1", "node2") for p in ports_of[n]]
+            )
+        },
+    }
+    found = ports.sample_check(records, {})
+    assert [(r.host, r.status) for r in found] == [("node3", Status.FAIL)]
+    assert found[0].data["from"] == ["node1", "node2"] and found[0].data["blocked"] == [42000, 52000]
+    # node3 alone cannot reach node1's 40000, which node2 reached: the replies to node3 are lost on their way back
+    records["node1"]["sample"]["outgoing"]["failed"] = []
+    records["node2"]["sample"]["outgoing"]["failed"] = []
+    (lost,) = ports.sample_check(records, {})
+    assert lost.host == "node3" and "replies" in lost.message and "ESTABLISHED" in lost.remediation
+    assert {(o["to"], o["port"]) for o in lost.data["replies_lost"]} == {
+        (n, p) for n in ("node1", "node2") for p in ports_of[n]
+    }
