@@ -104,6 +104,7 @@ class ProxyCommandSocket(paramiko.ProxyCommand):
         )
         self.timeout = None
         self.said: str | None = None
+        self._closing = threading.Lock()  # paramiko's transport thread and the connection's owner both close it
 
     def recv(self, size: int) -> bytes:
         """What the program wrote, at most SIZE bytes, as a socket gives it; EOFError once it has closed its output."""
@@ -125,6 +126,8 @@ class ProxyCommandSocket(paramiko.ProxyCommand):
                 status = self.process.wait(timeout=1)
             except subprocess.TimeoutExpired:
                 return "the ProxyCommand gave no SSH connection"
+            if self.stderr.closed:
+                return f"the ProxyCommand exited with status {status}"
             self.stderr.seek(0)
             lines = self.stderr.read().decode(errors="replace").strip().splitlines()
             said = f": {lines[-1].strip()}" if lines else ""
@@ -132,16 +135,21 @@ class ProxyCommandSocket(paramiko.ProxyCommand):
         return self.said
 
     def close(self) -> None:
-        if self.process.poll() is None:
-            self.process.terminate()
-        if self.said is None and not self.stderr.closed:
-            self.failure()
-        try:
-            self.process.wait(timeout=2)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
-        self.stderr.close()
+        """The program stopped and its stderr read (once: paramiko's transport thread closes its socket as the
+        connection ends, and so does the connection's owner, at the same moment)."""
+        with self._closing:
+            if self.stderr.closed:
+                return
+            if self.process.poll() is None:
+                self.process.terminate()
+            if self.said is None:
+                self.failure()
+            try:
+                self.process.wait(timeout=2)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+            self.stderr.close()
 
 
 class Connection:

@@ -5,6 +5,7 @@ cannot honour refused in one line naming it and the node (exit 4), never met as 
 from __future__ import annotations
 
 import builtins
+import threading
 
 import paramiko
 import pytest
@@ -178,3 +179,28 @@ def _empty(tmp_path):
     path = tmp_path / "empty_ssh_config"
     path.write_text("")
     return path
+
+
+def test_a_proxycommand_closed_by_two_threads_at_once_is_closed_once_and_says_nothing():
+    """paramiko's transport thread closes its socket as the connection ends, and the connection's owner closes it
+    at the same moment: the second close must find it closed (a clean-clone run printed 'Exception in thread':
+    ValueError: seek of closed file), and the program is stopped either way."""
+    from clustercheck.transport.connection import ProxyCommandSocket
+
+    for _ in range(10):
+        sock = ProxyCommandSocket("sleep 30")
+        errors: list[BaseException] = []
+
+        def close(sock=sock, errors=errors) -> None:
+            try:
+                sock.close()
+            except BaseException as exc:
+                errors.append(exc)
+
+        threads = [threading.Thread(target=close) for _ in range(3)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(10)
+        assert not errors, errors
+        assert sock.process.poll() is not None and sock.stderr.closed
