@@ -2,7 +2,9 @@
 what the figures suspect: remote/pairs.py, the same functions the ranks used).
 
 A figure is one direction of one rail between two nodes (an edge: src -> dst on rail k, GB/s), measured where it
-arrived. An edge is slow under half its rail's median, or under the floor (--min-pair-busbw). Then, per rail:
+arrived. An edge is slow under a share of its rail's reference (the median over the nodes of each node's best
+figure on the rail: 0.7 over NCCL, 0.2 for gloo on CPU ranks, remote/pairs.py's SLOW_RATIO), or under the floor
+(--min-pair-busbw). Then, per rail:
 - a node's rail slow with two or more different partners, and again in the confirm round against a node no slow
   figure touched: FAIL naming the node, the local rank (GPU), the interface, its figure against the median and the
   floor; every rail of a node so: the node itself; not again in the confirm round: WARN (transient);
@@ -35,9 +37,9 @@ declare(
     stage="collectives",
     scope="node",
     proves="each of the node's rails (local rank i, its GPU and interface or HCA) moves data to and from its "
-    "partners in rounds of node pairs (send/recv, rail-aligned) at no less than half its rail's median over the "
-    "cluster and the floor (--min-pair-busbw), slow with two or more partners and again in a confirm round "
-    "against a healthy node: FAIL",
+    "partners in rounds of node pairs (send/recv, rail-aligned) at no less than a share of its rail's figure over "
+    "the cluster (0.7 with NCCL, 0.2 with gloo on CPU) and the floor (--min-pair-busbw); slow with two or more "
+    "partners and again in a confirm round against a healthy node: FAIL",
     fix="Check that rail's link: `ethtool IFACE` / `ibstat` (speed, errors), `tc qdisc show dev IFACE` (a shaper), "
     "the cable, transceiver and switch port; every rail of a node slow points at the node (its PCIe, NUMA "
     "placement, firmware).",
@@ -68,6 +70,7 @@ class Rails:
     size: int
     rounds: int
     bisection: list = field(default_factory=list)
+    backend: str = "gloo"
 
 
 def read(records: list[dict]) -> Rails | None:
@@ -98,6 +101,7 @@ def read(records: list[dict]) -> Rails | None:
         size=size,
         rounds=len(schedule),
         bisection=head.get("bisection") or [],
+        backend=first.get("backend") or "gloo",
     )
 
 
@@ -108,13 +112,12 @@ def evaluate(records: list[dict], hosts: list[str], floor: float | None = None) 
     if rails is None:
         why = "the pair rounds did not run (one node, or the job ended before them)"
         return [emit(NODE, Status.SKIP, why, host=h) for h in hosts] + [emit(PATHS, Status.SKIP, why)]
-    medians = pairs.rail_medians(rails.edges)
-    slow = pairs.slow_edges(rails.edges, floor)
+    medians = pairs.rail_reference(rails.edges)
+    ratio = pairs.SLOW_RATIO.get(rails.backend, pairs.SLOW_RATIO["gloo"])
+    slow = pairs.slow_edges(rails.edges, floor, ratio)
     suspect_rails, suspect_pairs = pairs.suspects(slow)
-    again = pairs.slow_edges({**rails.edges, **rails.confirm}, floor) & set(rails.confirm)
-    results = [
-        _node_result(i, name, rails, medians, suspect_rails, again, floor) for i, name in enumerate(rails.names)
-    ]
+    again = pairs.slow_edges(rails.confirm, floor, ratio, reference=medians)
+    results = [_node_result(i, name, rails, medians, suspect_rails, again, floor) for i, name in enumerate(rails.names)]
     done = set(rails.names)
     results += [emit(NODE, Status.SKIP, "no pair-round figures of this node", host=h) for h in hosts if h not in done]
     results.append(_paths_result(rails, suspect_pairs, again, medians))
@@ -137,20 +140,17 @@ def _node_result(node: int, name: str, rails: Rails, medians, suspect_rails, aga
                 "recv_gbps": {rails.names[p]: round(v, 4) for p, v in sorted(got.items())},
                 "send_gbps": {rails.names[p]: round(v, 4) for p, v in sorted(sent.items())},
                 "median_gbps": median_in,
-                "rail_median_gbps": medians.get(rail),
+                "rail_reference_gbps": medians.get(rail),
             }
         )
         if median_in is not None:
             measures += RAIL.of(median_in * GB, host=name, rail=str(rail), interface=iface or "")
-        for direction in ("out", "in"):
-            partners = suspect_rails.get((node, rail, direction))
-            if not partners:
-                continue
-            figures = sent if direction == "out" else got
-            repeated = any(
-                (e[0] == node if direction == "out" else e[1] == node) and e[2] == rail for e in again
-            )
-            text = _rail_text(rails, node, rail, direction, partners, figures, medians.get(rail), floor)
+        sides = {d: suspect_rails.get((node, rail, d)) for d in ("out", "in")}
+        if any(sides.values()):
+            # slow again in the confirm round, or no confirm for it (no node left that no slow figure touched)
+            confirmed = [e for e in rails.confirm if node in e[:2] and e[2] == rail]
+            repeated = not confirmed or any(e in again for e in confirmed)
+            text = _rail_text(rails, node, rail, sides, sent, got, medians.get(rail), floor)
             (problems if repeated else transient).append((rail, text))
     data = {"rails": rows, "seed": rails.seed, "bytes": rails.size, "rounds": rails.rounds, "floor_gbps": floor}
     failed_rails = sorted({rail for rail, _ in problems})
@@ -163,7 +163,8 @@ def _node_result(node: int, name: str, rails: Rails, medians, suspect_rails, aga
         )
         return emit(NODE, Status.FAIL, message, host=name, remediation=fix, data=data, measures=tuple(measures))
     if problems:
-        return emit(NODE, Status.FAIL, "; ".join(t for _, t in problems), host=name, data=data, measures=tuple(measures))
+        message = "; ".join(t for _, t in problems)
+        return emit(NODE, Status.FAIL, message, host=name, data=data, measures=tuple(measures))
     if transient:
         message = "; ".join(t for _, t in transient) + " (not again in the confirm round: transient)"
         return emit(NODE, Status.WARN, message, host=name, data=data, measures=tuple(measures))
@@ -187,17 +188,22 @@ def _iface(iface: str | None) -> str:
     return f" ({iface})" if iface else ""
 
 
-def _rail_text(rails: Rails, node, rail, direction, partners, figures, median, floor) -> str:
-    """What a slow rail does: the node, local rank (GPU) and interface, its figures with the partners named,
-    against the rail's median and the floor."""
-    name = rails.names[node]
-    verb = "sends to" if direction == "out" else "receives from"
-    shown = ", ".join(f"{rails.names[p]} {figures[p]:.3g}" for p in sorted(partners) if p in figures)
-    against = f"the rail's median {median:.3g} GB/s" if median else "its rail's median"
+def _rail_text(rails: Rails, node, rail, sides, sent, got, reference, floor) -> str:
+    """What a slow rail does: the node, local rank (GPU) and interface, its slow figures with the partners named,
+    against the rail's reference and the floor."""
+    iface = rails.interfaces.get((node, rail))
+    partners = set().union(*(p for p in sides.values() if p))
+    shown = []
+    for direction, figures, verb in (("out", sent, "sends"), ("in", got, "receives")):
+        if sides.get(direction):
+            listed = ", ".join(f"{rails.names[p]} {figures[p]:.3g}" for p in sorted(sides[direction]) if p in figures)
+            shown.append(f"{verb} {listed}")
+    against = f"the rail's {reference:.3g} GB/s (the median of each node's best)" if reference else "its rail's"
     if floor:
         against += f", floor {floor:g} GB/s"
-    where = f"rail {rail} (local rank {rail}, GPU {rail}{', ' + rails.interfaces.get((node, rail)) if rails.interfaces.get((node, rail)) else ''})"
-    return f"{name} {where} {verb} {len(partners)} partners slowly: {shown} GB/s against {against}"
+    gpu = f", GPU {rail}" if rails.backend == "nccl" else ""  # on GPUs local rank i drives GPU i
+    where = f"rail {rail} (local rank {rail}{gpu}{', ' + iface if iface else ''})"
+    return f"{rails.names[node]} {where} slow with {len(partners)} partners: {'; '.join(shown)} GB/s against {against}"
 
 
 def _paths_result(rails: Rails, suspect_pairs, again, medians) -> CheckResult:
@@ -206,7 +212,7 @@ def _paths_result(rails: Rails, suspect_pairs, again, medians) -> CheckResult:
         text = f"{rails.names[a]} <-> {rails.names[b]}, rail {rail}"
         edges = [(a, b, rail), (b, a, rail)]
         figures = [rails.edges[e] for e in edges if e in rails.edges]
-        text += f" ({min(figures):.3g} GB/s against the rail's median {medians.get(rail, 0):.3g})" if figures else ""
+        text += f" ({min(figures):.3g} GB/s against the rail's {medians.get(rail, 0):.3g})" if figures else ""
         (failed if any(e in again for e in edges) else transient).append(text)
     boundary = _boundary(rails)
     data = {
@@ -216,7 +222,8 @@ def _paths_result(rails: Rails, suspect_pairs, again, medians) -> CheckResult:
         "edges": [[rails.names[s], rails.names[d], k, round(v, 4)] for (s, d, k), v in sorted(rails.edges.items())],
     }
     if failed:
-        return emit(PATHS, Status.FAIL, "slow path(s), slow again in the confirm round: " + "; ".join(failed), data=data)
+        message = "slow path(s), slow again in the confirm round: " + "; ".join(failed)
+        return emit(PATHS, Status.FAIL, message, data=data)
     if boundary:
         return emit(PATHS, Status.FAIL, boundary, data=data)
     if transient:
@@ -239,12 +246,11 @@ def _boundary(rails: Rails) -> str:
         return ""
     last = rails.bisection[-1]
     slowest = min(last, key=lambda g: g["busbw_gbps"])
-    groups = " | ".join(
-        f"{', '.join(rails.names[n] for n in g['nodes'])}: {g['busbw_gbps']:.3g} GB/s" for g in last
-    )
+    groups = " | ".join(f"{', '.join(rails.names[n] for n in g['nodes'])}: {g['busbw_gbps']:.3g} GB/s" for g in last)
+    named = ", ".join(rails.names[n] for n in slowest["nodes"])
     return (
         "the pairs are clean but the all-node all_reduce is under its floor; bisection down to "
-        f"{groups}: a switch or spine suspect between these groups (slowest {', '.join(rails.names[n] for n in slowest['nodes'])})"
+        f"{groups}: a switch or spine suspect between these groups (slowest {named})"
     )
 
 

@@ -155,8 +155,8 @@ class NetworkRounds(click.ParamType):
     type=click.FloatRange(min=0, min_open=True),
     default=None,
     metavar="GBPS",
-    help="The floor of one rail's send/recv figure between two nodes, in GB/s (default: half the rail's median "
-    "over the cluster only).",
+    help="The floor of one rail's send/recv figure between two nodes, in GB/s (default: none; a rail is "
+    "also judged against its figure over the cluster).",
 )
 @options.ssh
 @click.option(
