@@ -35,7 +35,7 @@ def add_arguments(parser) -> None:
     parser.add_argument(
         "--pair-bytes", type=int, default=None, help="bytes an exchange (default 256 MiB GPU, 4 MiB CPU)"
     )
-    parser.add_argument("--pair-iters", type=int, default=None, help="timed exchanges per pair (default 5 GPU, 3 CPU)")
+    parser.add_argument("--pair-iters", type=int, default=None, help="timed exchanges per pair (default 5)")
     parser.add_argument("--pair-floor", type=float, default=0.0, help="GB/s under which a pair figure is slow")
     parser.add_argument(
         "--bisect-below",
@@ -50,7 +50,7 @@ def run(torch, dist, device, args, groups: list[list[int]], mine: int, world_bus
     local_rank = groups[mine].index(dist.get_rank())
     cuda = device.type == "cuda"
     size = args.pair_bytes or (GPU_PAIR_BYTES if cuda else CPU_PAIR_BYTES)
-    iters = args.pair_iters or (5 if cuda else 3)
+    iters = args.pair_iters or 5
     rounds = pairs.schedule(len(groups), args.pair_seed, args.pair_rounds)
     send = torch.ones(size // 4, dtype=torch.float32, device=device)
     recv = torch.empty_like(send)

@@ -16,10 +16,11 @@ import random
 
 DEFAULT_ROUNDS = 6  # every node meets up to this many partners: enough to tell "slow with two or more" from one
 # An edge under this share of its rail's reference is slow: NCCL's large send/recv over RDMA is steady run to run
-# (SuperBench calls a pair 5 % under its baseline defective); gloo on CPU ranks that share the node's cores with
-# everything else varies several times between healthy pairs even in the best of its exchanges, so only a collapse
-# counts there.
-SLOW_RATIO = {"nccl": 0.7, "gloo": 0.2}
+# (SuperBench calls a pair 5 % under its baseline defective). gloo on CPU ranks that share the node's cores with
+# everything else is not: ten healthy runs on the 3-node test cluster (2 cores for 6 ranks and more) gave figures
+# from 0.12 to 1 times the reference even as the best of their exchanges, so there only a collapse (a twentieth)
+# counts: a rail shaped to 100 Mbit/s among ~1.5 GB/s ones is a hundredth.
+SLOW_RATIO = {"nccl": 0.7, "gloo": 0.05}
 
 
 def schedule(n, seed, max_rounds=DEFAULT_ROUNDS):
