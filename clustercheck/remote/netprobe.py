@@ -3,7 +3,9 @@
 
     clustercheck-remote.pyz netprobe mesh --self NAME --peers FILE --port 29500 --port 49731 [--duration 10]
 
---peers names every node, one per line: NAME ADDRESS [HOSTNAME] (the hostname to resolve, default NAME); `-` reads
+--peers names every node, one per line: NAME ADDRESS [HOSTNAME] [resolves=CLUSTER_ADDRESS] (the hostname to
+resolve, default NAME; the address it must resolve to where the probe runs over another one, the training
+interface's: stages/network.py); `-` reads
 the list from standard input, as the controller sends it: the command line stays the same size however many nodes
 there are (one shell argument is limited to 128 KiB on Linux, a few thousand peers).
 
@@ -126,11 +128,12 @@ def sample_record(node: Mesh, sample: dict) -> dict:
     }
 
 
-def summarise(record: dict, peers: dict[str, str]) -> dict:
+def summarise(record: dict, peers: dict[str, str], resolves: dict[str, str] | None = None) -> dict:
     """What the probe prints: RECORD (mesh()'s) with only what differs from what was expected. A connection out that
-    succeeded, a connection in from a peer and a name that resolves to exactly the address the controller gave
-    (PEERS) are counted, not listed: listing them is 2 (N-1) connections and N names per node, N² over the
-    cluster (a thousand nodes: 3 million entries for the controller to receive, parse and keep)."""
+    succeeded, a connection in from a peer and a name whose first address is the one the controller gave (PEERS;
+    resolve_summary) are counted, not listed: listing them is 2 (N-1) connections and N names per node, N² over
+    the cluster (a thousand nodes: 3 million entries for the controller to receive, parse and keep). RESOLVES: name
+    -> the address its name must resolve to where it is not its PEERS address (parse_peer_list)."""
     outgoing, incoming, names = record["outgoing"], record["incoming"], record["resolve"]
     from_peers = {address for name, address in peers.items() if name != record["node"]}
     sampled = set((record.get("sample") or {}).get("ports") or ())
@@ -151,29 +154,64 @@ def summarise(record: dict, peers: dict[str, str]) -> dict:
             "peers": sum(1 for c in incoming if c["from"] in from_peers),
             "others": [c for c in incoming if c["from"] not in from_peers],
         },
-        "resolve": {
-            "names": len(names),
-            "unexpected": {n: a for n, a in names.items() if a.get("addresses") != [peers.get(n)]},
-        },
+        "resolve": resolve_summary(names, {**peers, **(resolves or {})}),
     }
 
 
-def parse_peers(text: str) -> tuple[dict[str, str], dict[str, str]]:
-    """--peers' list: one node per line, NAME ADDRESS [HOSTNAME]; (name -> address, name -> hostname where given).
-    ValueError names a line that is not one."""
+ALSO_LISTED = 8  # names whose extra addresses are listed (a node's own name, mostly); the rest are counted
+
+
+def resolve_summary(names: dict[str, dict], peers: dict[str, str]) -> dict:
+    """NAMES' answers (name -> resolve()) against the addresses the controller gave (PEERS), judged by the first
+    address, the one the ranks use: getaddrinfo's first answer is what gloo binds and what torch's TCPStore and
+    torchrun's rendezvous connect to first. A name whose first address is the expected one is counted; the
+    addresses after it (a multi-homed host's /etc/hosts has a line per network for its own name, as Docker writes
+    them) are kept under `also` for the first ALSO_LISTED names. Any other answer is listed in `unexpected`."""
+    unexpected, also = {}, {}
+    for name, answer in names.items():
+        addresses = answer.get("addresses") or []
+        if addresses[:1] != [peers.get(name)]:
+            unexpected[name] = answer
+        elif len(addresses) > 1:
+            also[name] = addresses[1:]
+    summary: dict = {"names": len(names), "unexpected": unexpected}
+    if also:
+        summary["also"] = dict(sorted(also.items())[:ALSO_LISTED])
+        summary["also_names"] = len(also)
+    return summary
+
+
+RESOLVES = "resolves="  # a --peers field: the address the node's name must resolve to, where not ADDRESS
+
+
+def parse_peer_list(text: str) -> tuple[dict[str, str], dict[str, str], dict[str, str]]:
+    """--peers' list: one node per line, NAME ADDRESS [HOSTNAME] [resolves=CLUSTER_ADDRESS]; (name -> address,
+    name -> hostname where given, name -> the address its name must resolve to where it is not ADDRESS: the probe
+    runs over the training interface's address, the name resolves to the cluster address). ValueError names a line
+    that is not one."""
     peers: dict[str, str] = {}
     hostnames: dict[str, str] = {}
+    resolves: dict[str, str] = {}
     for number, line in enumerate(text.splitlines(), 1):
         fields = line.split()
         if not fields:
             continue
+        if fields[-1].startswith(RESOLVES) and len(fields) > 2:
+            resolves[fields[0]] = fields.pop()[len(RESOLVES) :]
         if len(fields) > 3 or len(fields) < 2:
-            raise ValueError(f"line {number}: expected NAME ADDRESS [HOSTNAME], not {line.strip()!r}")
+            expected = f"NAME ADDRESS [HOSTNAME] [{RESOLVES}ADDRESS]"
+            raise ValueError(f"line {number}: expected {expected}, not {line.strip()!r}")
         peers[fields[0]] = fields[1]
         if len(fields) == 3:
             hostnames[fields[0]] = fields[2]
     if not peers:
         raise ValueError("no node listed")
+    return peers, hostnames, resolves
+
+
+def parse_peers(text: str) -> tuple[dict[str, str], dict[str, str]]:
+    """--peers' list (parse_peer_list): (name -> address, name -> hostname where given)."""
+    peers, hostnames, _ = parse_peer_list(text)
     return peers, hostnames
 
 
@@ -245,7 +283,7 @@ def main(argv: list[str] | None = None) -> int:
         write_atomic(args.file, text + "\n")
         return 0
     try:
-        peers, hostnames = read_peers(args.peers)
+        peers, hostnames, resolves = read_peers(args.peers)
     except (OSError, UnicodeDecodeError, ValueError) as exc:
         commands.error(f"--peers {args.peers}: {exc}")
     if args.me not in peers:
@@ -266,7 +304,7 @@ def main(argv: list[str] | None = None) -> int:
         seed=args.seed,
         sample_seed=args.sample_seed,
     )
-    print(json.dumps(summarise(record, peers)))
+    print(json.dumps(summarise(record, peers, resolves)))
     return 0
 
 
@@ -287,12 +325,12 @@ def wait_ready(path: str, other: str | None, timeout: float) -> int:
     return 0
 
 
-def read_peers(source: str) -> tuple[dict[str, str], dict[str, str]]:
-    """--peers' list from the file SOURCE, or standard input for `-` (parse_peers)."""
+def read_peers(source: str) -> tuple[dict[str, str], dict[str, str], dict[str, str]]:
+    """--peers' list from the file SOURCE, or standard input for `-` (parse_peer_list)."""
     if source == "-":
-        return parse_peers(sys.stdin.read())
+        return parse_peer_list(sys.stdin.read())
     with open(source) as fh:
-        return parse_peers(fh.read())
+        return parse_peer_list(fh.read())
 
 
 if __name__ == "__main__":

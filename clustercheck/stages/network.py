@@ -21,9 +21,10 @@ import json
 import random
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 
 from clustercheck.checks import network, ports, registry
+from clustercheck.facts import trainnet
 from clustercheck.model import CheckResult, Status
 from clustercheck.remote import rounds as perf
 from clustercheck.stages import Context, Member, bundle, nodeprogram
@@ -83,11 +84,13 @@ def mesh_args(
 
 
 def peer_list(peers: list[network.Peer]) -> str:
-    """The probe's --peers list: a line per node, NAME ADDRESS, and the hostname to resolve where it is not NAME."""
+    """The probe's --peers list: a line per node, NAME ADDRESS, the hostname to resolve where it is not NAME, and
+    the address it must resolve to where the probe runs over another one (netprobe.parse_peer_list)."""
     lines = []
     for peer in peers:
         other = peer.hostname if peer.hostname and peer.hostname != peer.name else ""
-        lines.append(f"{peer.name} {peer.address} {other}".rstrip())
+        resolves = f"resolves={peer.cluster_address}" if peer.resolves_to != peer.address else ""
+        lines.append(" ".join(word for word in (peer.name, peer.address, other, resolves) if word))
     return "\n".join(lines) + "\n"
 
 
@@ -144,6 +147,46 @@ def cluster_network(members: list[Member]) -> str | None:
     return networks.pop() if len(networks) == 1 else None
 
 
+def training_path(m: Member, alone: bool = False) -> trainnet.TrainingPath:
+    """The interface and address M's training traffic uses (facts/trainnet.py), which the probe runs over: the
+    NCCL_SOCKET_IFNAME/GLOO_SOCKET_IFNAME its environment files give a user's torchrun, else its cluster interface.
+    ALONE: a one-node run, whose ranks meet on loopback."""
+    if alone:
+        return trainnet.TrainingPath(m.interface, m.address, "one node: its ranks meet on loopback")
+    settings = [(f"{s.file}:{s.line}", s.name, s.value) for s in m.facts.launch_env or []]
+    addresses = [(a.iface, str(a.address.ip)) for a in m.facts.addresses or [] if a.address.version == 4]
+    return trainnet.training_path(settings, addresses, (m.interface, m.address), m.node.address, m.gpus)
+
+
+PATH_CHECKS = ("network.tcp", "network.rtt", "network.throughput", "network.ports")  # run over the training path
+
+
+def with_paths(results: list[CheckResult], paths: dict[str, trainnet.TrainingPath]) -> list[CheckResult]:
+    """RESULTS with the path every node's probe ran over in the data of the checks measured on it (PATH_CHECKS),
+    and said in their message where a node's training traffic leaves through another interface than its cluster
+    address (the network training uses is the one proven)."""
+    data = {name: {"interface": p.interface, "address": p.address, "why": p.why} for name, p in paths.items()}
+    groups: dict[tuple, list[str]] = {}  # (interface, why) -> the nodes whose probe ran over it, for that reason
+    for name, p in sorted(paths.items()):
+        if p.elsewhere:
+            groups.setdefault((p.interface, p.why), []).append(name)
+    note = ""
+    if groups:
+        shown = "; ".join(
+            f"{_names(nodes)} over {interface} ({why})" for (interface, why), nodes in sorted(groups.items())[:3]
+        )
+        more = f"; and {len(groups) - 3} more" if len(groups) > 3 else ""
+        note = f" (on the network training uses, not the SSH addresses: {shown}{more})"
+    return [
+        replace(r, message=r.message + note, data={**r.data, "paths": data}) if r.name in PATH_CHECKS else r
+        for r in results
+    ]
+
+
+def _names(nodes: list[str]) -> str:
+    return ", ".join(nodes[:3]) + (f" and {len(nodes) - 3} more" if len(nodes) > 3 else "")
+
+
 @dataclass(frozen=True)
 class Plan:
     """What every node's probe of one run is told: the ports, the measurements, and its times."""
@@ -157,6 +200,7 @@ class Plan:
     peers: list[network.Peer]
     listed: str  # the node list, the same on every probe's standard input (peer_list)
     sample_seed: int | None = None  # the draw of each node's sampled ephemeral ports (None: none sampled)
+    paths: dict[str, trainnet.TrainingPath] = field(default_factory=dict)  # node -> what its probe runs over
 
     @classmethod
     def of(cls, members: list[Member], config) -> Plan:
@@ -164,7 +208,10 @@ class Plan:
         perf_port = pick_ephemeral_port()
         while perf_port in (port, config.master_port):
             perf_port = pick_ephemeral_port()
-        peers = [network.Peer(m.name, m.address, m.hostname) for m in members]
+        paths = {m.name: training_path(m, alone=len(members) == 1) for m in members}
+        # The probe runs over each node's training address; its name must still resolve to its cluster address.
+        moved = {m.name: m.address for m in members if paths[m.name].address != m.address}
+        peers = [network.Peer(m.name, paths[m.name].address, m.hostname, moved.get(m.name)) for m in members]
         return cls(
             port,
             perf_port,
@@ -176,6 +223,7 @@ class Plan:
             peer_list(peers),
             # a new draw each run, recorded in every node's record: the runs together cover the whole range
             random.SystemRandom().randrange(2**31) if ports_checked(config.selection.check_selected) else None,
+            paths,
         )
 
     @property
@@ -337,6 +385,7 @@ def judge(members: list[Member], ctx: Context, plan: Plan, probes: Probes) -> li
     if plan.sample_seed is not None:
         rules = {m.name: m.facts.firewall.port_rules if m.facts.firewall else () for m in members}
         results += ports.sample_check(dict(probes.records), rules, cidr=cluster_network(members))
+    results = with_paths(results, plan.paths)
     if len(members) == 1:  # one node: the ranks meet on 127.0.0.1 whatever the hostname resolves to
         name = members[0].name
         results = [r for r in results if r.name != "network.resolve"]
