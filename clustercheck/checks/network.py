@@ -302,7 +302,11 @@ def busy_ports(records: dict[str, dict], master: str, master_port: int) -> list[
     for name, record in sorted(records.items()):
         busy = [s for s in record["listen"] if not s["ok"] and not (name == master and s["port"] == master_port)]
         if not busy:
-            ports = ", ".join(str(s["port"]) for s in record["listen"] if s["ok"])
+            ports = ", ".join(
+                f"{s['port']} (the rendezvous, at {s['address']})" if s.get("rendezvous") else str(s["port"])
+                for s in record["listen"]
+                if s["ok"]
+            )
             results.append(
                 emit(
                     "network.listen",

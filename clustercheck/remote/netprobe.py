@@ -40,13 +40,16 @@ peer that the go file lists (the controller gathers them from the ready files): 
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import os
+import select
 import socket
 import sys
+import threading
 import time
 
-from .mesh import Mesh, open_listener, write_atomic
+from .mesh import CONNECT_ERRORS, CONNECT_TIMEOUT, RETRY_AFTER, TOKEN, Mesh, open_listener, write_atomic
 from .netinfo import interface_of, mtu_of, resolve
 from .portsample import open_sample
 from .rounds import DEFAULT_ROUNDS, MEASUREMENTS, PERF_SECONDS, perf_rounds, schedule
@@ -67,10 +70,15 @@ def mesh(
     rounds: int | None = DEFAULT_ROUNDS,
     seed: int | None = None,
     sample_seed: int | None = None,
+    rendezvous: tuple[str, str] | None = None,
+    resolves: dict[str, str] | None = None,
 ) -> dict:
     """The probe on node ME: its mesh (after the barrier, with GO_FILE), then the perf rounds (with PERF_PORT and
     something to MEASURE), then its names and interface; the record of it all. With SAMPLE_SEED it also listens on
-    a sample of its ephemeral port range (portsample.py), and connects to the peers' samples the go file names."""
+    a sample of its ephemeral port range (portsample.py), and connects to the peers' samples the go file names.
+    RENDEZVOUS: (master, address) where the probe runs over the training addresses but torchrun's rendezvous
+    meets at the master's cluster address (RESOLVES: name -> cluster address): the master listens there on the
+    master port (PORTS' first) too, and every other node connects to it from its own cluster address."""
     started = time.monotonic()
     sample = None
     if sample_seed is not None:
@@ -80,11 +88,18 @@ def mesh(
     if perf_port and measure:  # listening before the barrier, like the others; served only once the mesh is done
         perf_listener, state = open_listener(node.address, perf_port)
         node.listen_states.append({**state, "perf": True})
+    meeting = Meeting(me, rendezvous, ports[0], resolves or {}, peers) if rendezvous else None
+    if meeting is not None:
+        meeting.listen(node.listen_states)
     barrier: dict = {}
     if go_file:
         barrier, duration = node.barrier(go_file, ready_file, ready_timeout, started)
     deadline = time.monotonic() + duration
+    if meeting is not None and not barrier.get("no_go"):
+        meeting.start(deadline)
     outgoing = node.connect(deadline, no_go=bool(barrier.get("no_go")))
+    if meeting is not None:
+        outgoing += meeting.finish(deadline)
     node.close()
     perf, plan = None, []
     if perf_listener is not None:
@@ -108,6 +123,84 @@ def mesh(
         **({"perf": perf, "rounds": len(plan)} if perf is not None else {}),
         **({"sample": sample_record(node, sample)} if sample is not None else {}),
     }
+
+
+class Meeting:
+    """The rendezvous where it is not on the probed addresses: torchrun's --master-addr is the master's cluster
+    address while the ranks' traffic goes over the training interface. The master answers on (its cluster address,
+    the master port) with the mesh's token; every other node connects once from its own cluster address, retrying
+    until the connect deadline, in a thread beside the mesh's own connections."""
+
+    def __init__(self, me: str, rendezvous: tuple[str, str], port: int, resolves: dict, peers: dict) -> None:
+        self.me, (self.master, self.address), self.port = me, rendezvous, port
+        self.source = resolves.get(me, peers[me])
+        self.listener: socket.socket | None = None
+        self.stop = threading.Event()
+        self.result: dict = {}
+        self.thread: threading.Thread | None = None
+
+    def listen(self, states: list[dict]) -> None:
+        if self.me == self.master:
+            self.listener, state = open_listener(self.address, self.port)
+            states.append({**state, "address": self.address, "rendezvous": True})
+
+    def start(self, deadline: float) -> None:
+        work = self.serve if self.me == self.master else lambda: self.connect(deadline)
+        if self.me != self.master or self.listener is not None:
+            self.thread = threading.Thread(target=work, daemon=True)
+            self.thread.start()
+
+    def serve(self) -> None:
+        assert self.listener is not None
+        while not self.stop.is_set():
+            if select.select([self.listener], [], [], 0.2)[0]:
+                try:
+                    conn, _ = self.listener.accept()
+                    conn.sendall(TOKEN + self.me.encode() + b"\n")
+                    conn.close()
+                except OSError:
+                    continue
+
+    def connect(self, deadline: float) -> None:
+        result = {"to": self.master, "port": self.port, "address": self.address, "rendezvous": True, "attempts": 0}
+        result.update(result="not-tried", detail="deadline")
+        while time.monotonic() < deadline and result["result"] != "ok":
+            result["attempts"] += 1
+            result.update(self.attempt(max(0.1, min(CONNECT_TIMEOUT, deadline - time.monotonic()))))
+            if result["result"] != "ok":
+                time.sleep(RETRY_AFTER)
+        self.result = result
+
+    def attempt(self, timeout: float) -> dict:
+        where = f"the rendezvous at {self.address}:{self.port} from {self.source}"
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.settimeout(timeout)
+            try:
+                sock.bind((self.source, 0))
+                sock.connect((self.address, self.port))
+                answer = sock.recv(256)
+            except socket.timeout:  # noqa: UP041 (Python 3.8 on the node: not TimeoutError before 3.10)
+                return {"result": "timeout", "detail": f"{where}: no answer within {timeout:.1f} s"}
+            except OSError as exc:
+                code = exc.errno or errno.EINVAL
+                return {"result": CONNECT_ERRORS.get(code, "error"), "detail": f"{where}: {os.strerror(code)}"}
+        if answer.startswith(TOKEN):
+            return {"result": "ok", "detail": where}
+        return {"result": "wrong-service", "detail": f"{where}: answered {answer[:40]!r}, not clustercheck's probe"}
+
+    def finish(self, deadline: float) -> list[dict]:
+        """This node's connection to the rendezvous; none on the master, whose listener answers until DEADLINE,
+        when the others stop trying (the perf rounds start then: the wait costs no time)."""
+        if self.thread is not None and self.me != self.master:
+            self.thread.join(max(0.0, deadline - time.monotonic()) + CONNECT_TIMEOUT + 1)
+        if self.me == self.master:
+            time.sleep(max(0.0, deadline - time.monotonic()))
+        self.stop.set()
+        if self.thread is not None and self.me == self.master:
+            self.thread.join(1)
+        if self.listener is not None:
+            self.listener.close()
+        return [self.result] if self.result else []
 
 
 def sample_record(node: Mesh, sample: dict) -> dict:
@@ -252,6 +345,12 @@ def parser() -> argparse.ArgumentParser:
     p_mesh.add_argument(
         "--sample-seed", type=int, default=None, help="also listen on ports drawn across ip_local_port_range"
     )
+    p_mesh.add_argument(
+        "--rendezvous",
+        metavar="MASTER",
+        default=None,
+        help="also meet at MASTER's cluster address (its resolves= in --peers) on the first --port",
+    )
     p_mesh.add_argument("--go-file", default=None, help="connect only once this file exists (it holds the seconds)")
     p_mesh.add_argument("--ready-file", default=None, help="written once the listeners are up")
     p_mesh.add_argument("--ready-timeout", type=float, default=60.0, help="seconds to wait for the go file")
@@ -303,9 +402,16 @@ def main(argv: list[str] | None = None) -> int:
         rounds=args.rounds,
         seed=args.seed,
         sample_seed=args.sample_seed,
+        rendezvous=rendezvous_of(args.rendezvous, resolves),
+        resolves=resolves,
     )
     print(json.dumps(summarise(record, peers, resolves)))
     return 0
+
+
+def rendezvous_of(master: str | None, resolves: dict[str, str]) -> tuple[str, str] | None:
+    """--rendezvous MASTER: (MASTER, its cluster address) where the probe runs over another address of it."""
+    return (master, resolves[master]) if master and master in resolves else None
 
 
 def wait_ready(path: str, other: str | None, timeout: float) -> int:

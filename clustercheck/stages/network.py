@@ -62,12 +62,17 @@ def mesh_args(
     perf: tuple[int, tuple[str, ...]] | None = None,
     rounds: int | None = perf.DEFAULT_ROUNDS,
     sample_seed: int | None = None,
+    rendezvous: str | None = None,
 ) -> list[str]:
     """The probe's arguments on node ME, which reads the nodes from its standard input (peer_list()).
     BARRIER: (ready file, go file, seconds to wait for the go file). PERF: (port, measurements) for the perf rounds
     (network.plan()); none when no measurement is wanted. ROUNDS: how many perf rounds (None: every pair).
-    SAMPLE_SEED: the draw of the ports sampled across each node's ephemeral range (remote/portsample.py)."""
+    SAMPLE_SEED: the draw of the ports sampled across each node's ephemeral range (remote/portsample.py).
+    RENDEZVOUS: the master, where the probe runs over its training address but torchrun meets at its cluster
+    address: the master port is also tried there (netprobe.Meeting)."""
     args = ["mesh", "--self", me, "--duration", f"{duration:g}", "--peers", "-"]
+    if rendezvous:
+        args += ["--rendezvous", rendezvous]
     if sample_seed is not None:
         args += ["--sample-seed", str(sample_seed)]
     for port in ports:
@@ -124,12 +129,20 @@ def past_waiting(finished: dict[str, float], nodes: int, paced_end: float, now: 
     return now - max(max(finished.values()), paced_end) > STRAGGLER_GRACE
 
 
-def cluster_network(members: list[Member]) -> str | None:
+def cluster_network(members: list[Member], paths: dict[str, trainnet.TrainingPath] | None = None) -> str | None:
     """The network the nodes talk over, for the advice that names it (a firewall rule): the inventory's
-    cluster_cidr, else the network of each node's cluster address on its cluster interface. None unless every
-    node gives the same one."""
+    cluster_cidr, else the network of each node's cluster address on its cluster interface; where the probe ran
+    over another address (PATHS: the training interface's), that address's network. None unless every node gives
+    the same one."""
     networks = set()
     for m in members:
+        path = (paths or {}).get(m.name)
+        if path is not None and path.address != m.address:
+            found = [str(a.address.network) for a in m.facts.addresses or [] if str(a.address.ip) == path.address]
+            if not found:
+                return None
+            networks.add(found[0])
+            continue
         if m.node.cluster_cidr:
             try:
                 networks.add(str(ipaddress.ip_network(m.node.cluster_cidr, strict=False)))
@@ -161,10 +174,13 @@ def training_path(m: Member, alone: bool = False) -> trainnet.TrainingPath:
 PATH_CHECKS = ("network.tcp", "network.rtt", "network.throughput", "network.ports")  # run over the training path
 
 
-def with_paths(results: list[CheckResult], paths: dict[str, trainnet.TrainingPath]) -> list[CheckResult]:
+def with_paths(
+    results: list[CheckResult], paths: dict[str, trainnet.TrainingPath], rendezvous: str = ""
+) -> list[CheckResult]:
     """RESULTS with the path every node's probe ran over in the data of the checks measured on it (PATH_CHECKS),
     and said in their message where a node's training traffic leaves through another interface than its cluster
-    address (the network training uses is the one proven)."""
+    address (the network training uses is the one proven); RENDEZVOUS: what network.tcp also says of the master
+    port at the master's cluster address."""
     data = {name: {"interface": p.interface, "address": p.address, "why": p.why} for name, p in paths.items()}
     groups: dict[tuple, list[str]] = {}  # (interface, why) -> the nodes whose probe ran over it, for that reason
     for name, p in sorted(paths.items()):
@@ -178,7 +194,13 @@ def with_paths(results: list[CheckResult], paths: dict[str, trainnet.TrainingPat
         more = f"; and {len(groups) - 3} more" if len(groups) > 3 else ""
         note = f" (on the network training uses, not the SSH addresses: {shown}{more})"
     return [
-        replace(r, message=r.message + note, data={**r.data, "paths": data}) if r.name in PATH_CHECKS else r
+        replace(
+            r,
+            message=r.message + (f"; {rendezvous}" if rendezvous and r.name == "network.tcp" else "") + note,
+            data={**r.data, "paths": data},
+        )
+        if r.name in PATH_CHECKS
+        else r
         for r in results
     ]
 
@@ -201,6 +223,13 @@ class Plan:
     listed: str  # the node list, the same on every probe's standard input (peer_list)
     sample_seed: int | None = None  # the draw of each node's sampled ephemeral ports (None: none sampled)
     paths: dict[str, trainnet.TrainingPath] = field(default_factory=dict)  # node -> what its probe runs over
+
+    @property
+    def rendezvous(self) -> str | None:
+        """The master, where its probe runs over another address than torchrun's --master-addr (its cluster
+        address, the first peer's resolves=): the master port is tried there too."""
+        first = self.peers[0] if self.peers else None
+        return first.name if first is not None and first.resolves_to != first.address else None
 
     @classmethod
     def of(cls, members: list[Member], config) -> Plan:
@@ -270,6 +299,7 @@ class Probes:
             (plan.perf_port, plan.measure),
             config.network_rounds,
             plan.sample_seed,
+            plan.rendezvous,
         )
         try:
             answer = nodeprogram.bundled(
@@ -377,15 +407,21 @@ def judge(members: list[Member], ctx: Context, plan: Plan, probes: Probes) -> li
         master=members[0].name,
         master_port=config.master_port,
         errors=dict(probes.errors),
-        cidr=cluster_network(members),
+        cidr=cluster_network(members, plan.paths),
         not_ready={m.name: plan.wait for m in members if m.name not in probes.ready_after},
         ready_after=dict(probes.ready_after),
         measure=plan.measure,
     )
     if plan.sample_seed is not None:
         rules = {m.name: m.facts.firewall.port_rules if m.facts.firewall else () for m in members}
-        results += ports.sample_check(dict(probes.records), rules, cidr=cluster_network(members))
-    results = with_paths(results, plan.paths)
+        results += ports.sample_check(dict(probes.records), rules, cidr=cluster_network(members, plan.paths))
+    meeting = ""
+    if plan.rendezvous:
+        master = plan.peers[0]
+        meeting = (
+            f"the rendezvous also tried at {master.name}'s cluster address {master.resolves_to}:{config.master_port}"
+        )
+    results = with_paths(results, plan.paths, meeting)
     if len(members) == 1:  # one node: the ranks meet on 127.0.0.1 whatever the hostname resolves to
         name = members[0].name
         results = [r for r in results if r.name != "network.resolve"]

@@ -143,3 +143,48 @@ def test_the_plan_gives_each_probe_the_address_its_training_traffic_uses():
     plan = stage.Plan.of(members, config)
     assert plan.listed == "node1 172.31.1.11 resolves=172.30.80.11\nnode2 172.30.80.12\n"
     assert plan.paths["node1"].interface == "eth1" and not plan.paths["node2"].elsewhere
+
+
+def test_the_rendezvous_is_tried_at_the_masters_cluster_address_when_the_probe_runs_elsewhere():
+    """torchrun's --master-addr is the master's cluster address while the ranks' traffic goes over the training
+    interface: the master port is tried there too (netprobe.Meeting), a refusal named as a failed connection."""
+    import socket
+    import time
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    peers, resolves = {"node1": "127.0.0.1", "node2": "127.0.0.1"}, {"node1": "127.0.0.1"}
+    assert netprobe.rendezvous_of("node1", resolves) == ("node1", "127.0.0.1")
+    assert netprobe.rendezvous_of("node1", {}) is None  # the probe's own addresses are the rendezvous's
+    master = netprobe.Meeting("node1", ("node1", "127.0.0.1"), port, resolves, peers)
+    other = netprobe.Meeting("node2", ("node1", "127.0.0.1"), port, resolves, peers)
+    states: list[dict] = []
+    master.listen(states)
+    assert states == [{"port": port, "ok": True, "address": "127.0.0.1", "rendezvous": True}]
+    deadline = time.monotonic() + 1.0
+    master.start(deadline)
+    other.start(deadline)
+    (connection,) = other.finish(deadline)
+    assert master.finish(deadline) == []
+    assert connection["result"] == "ok" and connection["to"] == "node1" and connection["rendezvous"]
+    # Nobody listening any more: refused, and the far side is named with the address tried.
+    late = netprobe.Meeting("node2", ("node1", "127.0.0.1"), port, resolves, peers)
+    late.start(time.monotonic() + 0.5)
+    (refused,) = late.finish(time.monotonic() + 0.5)
+    assert refused["result"] == "refused" and f"127.0.0.1:{port}" in refused["detail"]
+
+
+def test_the_firewall_advice_names_the_network_the_probe_ran_over():
+    from test_network import member
+
+    nodes = [
+        member(n, f"172.30.80.1{i}", "eth0", [("eth0", f"172.30.80.1{i}/24"), ("eth1", f"172.31.1.1{i}/24")])
+        for i, n in enumerate(("node1", "node2"), 1)
+    ]
+    assert stage.cluster_network(nodes) == "172.30.80.0/24"
+    moved = {
+        m.name: trainnet.TrainingPath("eth1", f"172.31.1.1{i}", "GLOO_SOCKET_IFNAME=eth1", trainnet.GLOO, True)
+        for i, m in enumerate(nodes, 1)
+    }
+    assert stage.cluster_network(nodes, moved) == "172.31.1.0/24"
