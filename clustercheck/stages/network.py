@@ -177,10 +177,10 @@ PATH_CHECKS = ("network.tcp", "network.rtt", "network.throughput", "network.port
 def with_paths(
     results: list[CheckResult], paths: dict[str, trainnet.TrainingPath], rendezvous: str = ""
 ) -> list[CheckResult]:
-    """RESULTS with the path every node's probe ran over in the data of the checks measured on it (PATH_CHECKS),
-    and said in their message where a node's training traffic leaves through another interface than its cluster
-    address (the network training uses is the one proven); RENDEZVOUS: what network.tcp also says of the master
-    port at the master's cluster address."""
+    """RESULTS with the path every node's probe ran over in network.tcp's data, and said in the message of the
+    checks measured on it (PATH_CHECKS) where a node's training traffic leaves through another interface than its
+    cluster address (the network training uses is the one proven); RENDEZVOUS: what network.tcp also says of the
+    master port at the master's cluster address."""
     data = {name: {"interface": p.interface, "address": p.address, "why": p.why} for name, p in paths.items()}
     groups: dict[tuple, list[str]] = {}  # (interface, why) -> the nodes whose probe ran over it, for that reason
     for name, p in sorted(paths.items()):
@@ -197,7 +197,8 @@ def with_paths(
         replace(
             r,
             message=r.message + (f"; {rendezvous}" if rendezvous and r.name == "network.tcp" else "") + note,
-            data={**r.data, "paths": data},
+            # once in the report (network.tcp's): N entries, a report of thousands of nodes carries them once
+            data={**r.data, "paths": data} if r.name == "network.tcp" else r.data,
         )
         if r.name in PATH_CHECKS
         else r
