@@ -162,10 +162,19 @@ def cluster_name(suffix: str) -> str:
 
 @contextlib.contextmanager
 def test_cluster(
-    size: int, suffix: str, *, reuse: bool, keep: bool, os_name: str | list[str] = "debian12", user: str = "root"
+    size: int,
+    suffix: str,
+    *,
+    reuse: bool,
+    keep: bool,
+    os_name: str | list[str] = "debian12",
+    user: str = "root",
+    image: str = "",
+    rails: int = 0,
 ) -> Iterator[Nodes]:
     """SIZE test nodes (OS_NAME: one name for all, or one per node) named $TESTCLUSTER_NAME + SUFFIX: with REUSE
-    the ones already up with the same shape, else brought up afresh and taken down afterwards unless KEEP."""
+    the ones already up with the same shape, else brought up afresh and taken down afterwards unless KEEP. IMAGE and
+    RAILS as testcluster.up's (a node image of its own, data networks besides the cluster's)."""
     name = cluster_name(suffix)
     wanted = [os_name] * size if isinstance(os_name, str) else list(os_name)
     if size > 20:  # systemd in many containers needs more inotify instances than the kernel's default
@@ -176,6 +185,7 @@ def test_cluster(
             found = testcluster.Cluster.load(name)
             running = testcluster.docker("ps", "-q", "--filter", f"label={testcluster.LABEL}={name}").stdout.split()
             same = [n.os for n in found.nodes] == [testcluster.distro(o).os for o in wanted] and found.user == user
+            same = same and len(found.rails) == rails
             if same and len(running) == size:
                 cluster = found
                 say(f"benchmark: reusing the test cluster {name} ({size} nodes)")
@@ -183,7 +193,7 @@ def test_cluster(
     if cluster is None:
         say(f"benchmark: bringing up the test cluster {name}: {size} node(s), {', '.join(sorted(set(wanted)))}")
         try:
-            cluster = testcluster.up(size, name=name, os_name=wanted, user=user)
+            cluster = testcluster.up(size, name=name, os_name=wanted, user=user, image=image, rails=rails)
         except testcluster.ClusterError as exc:
             raise BenchmarkError(f"the test cluster did not come up: {exc}") from exc
     config = Path(cluster.state_dir) / "empty_ssh_config"
