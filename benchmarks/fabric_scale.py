@@ -44,6 +44,7 @@ def collectives_run(nodes: common.Nodes, run_dir: str, nproc: int, *extra: str) 
     )
     paths = next((c for c in report["checks"] if c["name"] == "fabric.paths"), {})
     return {
+        "pair_rounds_s": (paths.get("data") or {}).get("seconds"),
         "wall_s": round(timing.wall, 1),
         "collectives_stage_s": stage,
         "exit": timing.returncode,

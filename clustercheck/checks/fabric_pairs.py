@@ -71,6 +71,7 @@ class Rails:
     rounds: int
     bisection: list = field(default_factory=list)
     backend: str = "gloo"
+    seconds: float | None = None  # the rounds, the confirm round and any bisection, on the slowest rank
 
 
 def read(records: list[dict]) -> Rails | None:
@@ -102,6 +103,7 @@ def read(records: list[dict]) -> Rails | None:
         rounds=len(schedule),
         bisection=head.get("bisection") or [],
         backend=first.get("backend") or "gloo",
+        seconds=max((r["fabric"].get("seconds") or 0.0 for r in fabric), default=None),
     )
 
 
@@ -226,6 +228,7 @@ def _paths_result(rails: Rails, suspect_pairs, again, medians) -> CheckResult:
         "paths": failed,
         "transient": transient,
         "bisection": rails.bisection,
+        "seconds": rails.seconds,
         "edges": [[rails.names[s], rails.names[d], k, round(v, 4)] for (s, d, k), v in sorted(rails.edges.items())],
     }
     if failed:

@@ -47,6 +47,7 @@ def add_arguments(parser) -> None:
 
 def run(torch, dist, device, args, groups: list[list[int]], mine: int, world_busbw: float | None) -> dict:
     """The pair rounds, the confirm round and any bisection, as this rank's record of them."""
+    started = time.monotonic()
     local_rank = groups[mine].index(dist.get_rank())
     cuda = device.type == "cuda"
     size = args.pair_bytes or (GPU_PAIR_BYTES if cuda else CPU_PAIR_BYTES)
@@ -78,6 +79,7 @@ def run(torch, dist, device, args, groups: list[list[int]], mine: int, world_bus
         levels = bisect(torch, dist, device, groups, mine, args.bisect_below)
         if dist.get_rank() == 0:
             record["bisection"] = levels
+    record["seconds"] = round(time.monotonic() - started, 3)
     return record
 
 
