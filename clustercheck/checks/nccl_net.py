@@ -82,28 +82,42 @@ def gloo_fabric(bound: dict[str, Any]) -> Fabric | None:
     return Fabric("Socket", False, len(bound["interfaces"])) if bound["interfaces"] else None
 
 
-def against_majority(name: str | None, fabrics: dict[str, Fabric | None] | None) -> Finding | None:
+class Fabrics:
+    """Every node's fabric (node -> Fabric, None where unknown), grouped once: each node's judgement reads the
+    groups, so judging N nodes costs N, not N squared."""
+
+    def __init__(self, fabrics: dict[str, Fabric | None]):
+        self.of = {n: f for n, f in fabrics.items() if f is not None}
+        self.groups: dict[Fabric, list[str]] = {}
+        for node in sorted(self.of):
+            self.groups.setdefault(self.of[node], []).append(node)
+        self.ranked = sorted(self.groups.items(), key=lambda g: (-len(g[1]), g[0].describe()))
+
+
+def against_majority(name: str | None, fabrics: Fabrics | dict[str, Fabric | None] | None) -> Finding | None:
     """FAIL where node NAME's fabric differs from the one most nodes use (or where the nodes split with no
     majority), naming what it uses and what the others use; None where it agrees or nothing is known."""
-    if not name or not fabrics or fabrics.get(name) is None:
+    if not name or not fabrics:
         return None
-    known = {n: f for n, f in fabrics.items() if f is not None}
-    counts = Counter(known.values())
-    if len(counts) < 2:
+    known = fabrics if isinstance(fabrics, Fabrics) else Fabrics(fabrics)
+    mine = known.of.get(name)
+    if mine is None or len(known.groups) < 2:
         return None
-    mine = known[name]
-    top, top_n = counts.most_common(1)[0]
-    if mine == top and top_n * 2 > len(known):
+    total = len(known.of)
+    top, top_nodes = known.ranked[0]
+    majority = len(top_nodes) * 2 > total
+    if mine == top and majority:
         return None
-    others = Counter(f for n, f in known.items() if n != name and f != mine)
+    others = [(f, nodes) for f, nodes in known.ranked if f != mine]
     usage = "; ".join(
-        f"{n} of {len(known)} nodes {'uses' if n == 1 else 'use'} {f.describe()}" for f, n in others.most_common()
+        f"{len(nodes)} of {total} nodes {'uses' if len(nodes) == 1 else 'use'} {f.describe()}" for f, nodes in others
     )
-    peers = sorted(n for n, f in known.items() if n != name and f != mine)
-    shown = ", ".join(peers[:5]) + (f" and {len(peers) - 5} more" if len(peers) > 5 else "")
-    split = "" if top_n * 2 > len(known) else " (no fabric has a majority: the nodes disagree)"
+    count = sum(len(nodes) for _, nodes in others)
+    peers = [n for _, nodes in others for n in nodes[:5]][:5]
+    shown = ", ".join(peers) + (f" and {count - len(peers)} more" if count > len(peers) else "")
+    split = "" if majority else " (no fabric has a majority: the nodes disagree)"
     message = f"its fabric differs from the others'{split}: it uses {mine.describe()}; {usage} ({shown})"
-    theirs = others.most_common(1)[0][0]  # the majority's, or where none has one the largest other group's
+    theirs = others[0][0]  # the majority's, or where none has one the largest other group's
     return fail(message, fix=_majority_fix(mine, theirs), majority=theirs.describe())
 
 
@@ -195,7 +209,7 @@ def judge_nccl(
     t: NcclTransport,
     facts: NodeFacts,
     expect: str | None,
-    fabrics: dict[str, Fabric | None] | None = None,
+    fabrics: Fabrics | dict[str, Fabric | None] | None = None,
 ) -> Finding:
     """This node's NCCL transport against EXPECT, then against the other nodes' FABRICS (node -> nccl_fabric, this
     node's among them), then against its hardware."""
@@ -293,7 +307,7 @@ def judge_gloo(
     cluster_interface: str | None,
     master_port: int,
     expect: str | None,
-    fabrics: dict[str, Fabric | None] | None = None,
+    fabrics: Fabrics | dict[str, Fabric | None] | None = None,
 ) -> Finding:
     """This node's gloo ranks' connections against EXPECT, the other nodes' FABRICS (node -> gloo_fabric, this
     node's among them) and the cluster interface."""

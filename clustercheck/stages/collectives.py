@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import random
 import time
+from typing import Any
 
 from clustercheck.checks import collectives, fabric_pairs, nccl_net, registry
 from clustercheck.model import CheckResult, Status
@@ -63,8 +64,11 @@ def transport_results(members: list[Member], outcome: torchjob.JobOutcome, ctx: 
     the job started, not a node-local job's), or for gloo the interface each rank's connections bound to; each
     node judged beside the others' fabrics too (a node whose fabric differs from the majority's FAILs)."""
     config = ctx.config
-    seen: dict[str, object] = {}
+    seen: dict[str, Any] = {}
     fabrics: dict[str, nccl_net.Fabric | None] = {}
+    by_node: dict[str, list[dict]] = {}
+    for r in outcome.records if outcome.backend != "nccl" else ():
+        by_node.setdefault(r.get("node"), []).append(r)
     for m in members:
         if outcome.backend == "nccl":
             since = started + (m.facts.clock_offset or 0.0) - 2.0
@@ -76,16 +80,17 @@ def transport_results(members: list[Member], outcome: torchjob.JobOutcome, ctx: 
             seen[m.name] = parsed = nccl_net.parse_nccl_log("\n".join(logs))
             fabrics[m.name] = nccl_net.nccl_fabric(parsed)
         else:
-            seen[m.name] = records = [r for r in outcome.records if r.get("node") == m.name]
+            seen[m.name] = records = by_node.get(m.name, [])
             bound = nccl_net.gloo_interface(records, m.facts, config.master_port)
             fabrics[m.name] = nccl_net.gloo_fabric(bound)
+    grouped = nccl_net.Fabrics(fabrics)
     out = []
     for m in members:
         expect = config.expect_transport or m.node.expect_transport
         if outcome.backend == "nccl":
-            finding = nccl_net.judge_nccl(seen[m.name], m.facts, expect, fabrics)
+            finding = nccl_net.judge_nccl(seen[m.name], m.facts, expect, grouped)
         else:
-            finding = nccl_net.judge_gloo(seen[m.name], m.facts, m.interface, config.master_port, expect, fabrics)
+            finding = nccl_net.judge_gloo(seen[m.name], m.facts, m.interface, config.master_port, expect, grouped)
         out.append(nccl_net.TRANSPORT.result(m.name, finding))
     return out
 
