@@ -263,15 +263,19 @@ def gloo_interface(records: list[dict], facts: NodeFacts, master_port: int) -> d
     rails: dict[str, dict] = {}
     for record in records:
         mine: Counter = Counter()
+        listening: Counter = Counter()
         for e in record.get("endpoints") or []:
-            if e.get("state") != "established" or master_port in (e.get("local_port"), e.get("remote_port")):
+            if master_port in (e.get("local_port"), e.get("remote_port")):
                 continue
-            mine[e.get("local")] += 1
+            if e.get("state") == "established":
+                mine[e.get("local")] += 1
+            elif e.get("state") == "listen" and not _wildcard(e.get("local")):
+                listening[e.get("local")] += 1
         addresses.update(mine)
         for address, n in mine.items():
             interfaces[_interface(by_address, address)] += n
-        if mine and record.get("local_rank") is not None:
-            rails[str(record["local_rank"])] = _gloo_rail(by_address, mine)
+        if (mine or listening) and record.get("local_rank") is not None:
+            rails[str(record["local_rank"])] = _gloo_rail(by_address, mine, listening)
     return {
         "addresses": sorted(a for a in addresses if a),
         "interfaces": [i for i, _ in interfaces.most_common()],
@@ -283,15 +287,22 @@ def _interface(by_address: dict[str, str], address: Any) -> str:
     return by_address.get(str(address)) or ("lo" if _loopback(address) else f"? ({address})")
 
 
-def _gloo_rail(by_address: dict[str, str], addresses: Counter) -> dict[str, Any]:
-    """One rank's rail: the interface of the local address most of its connections bound to."""
-    address = addresses.most_common(1)[0][0]
+def _wildcard(address: Any) -> bool:
+    return str(address) in ("0.0.0.0", "::", "None")
+
+
+def _gloo_rail(by_address: dict[str, str], connected: Counter, listening: Counter) -> dict[str, Any]:
+    """One rank's rail: the interface of the address its gloo device listens on (GLOO_SOCKET_IFNAME's: the rank
+    binds it), else of the local address most of its connections bound to. Its connections alone do not tell: a
+    connection's local address is the one the route to the peer's listening address takes, so a rank on rail 1
+    reaches the peers on rail 0 through rail 0 (seen on the test cluster's two rails)."""
+    address = (listening or connected).most_common(1)[0][0]
     iface = _interface(by_address, address)
     rail = {"device": iface, "port": None, "kind": "Socket", "gdr": False, "interface": iface, "address": address}
-    ifaces = sorted({_interface(by_address, a) for a in addresses})
+    ifaces = sorted({_interface(by_address, a) for a in connected})
     if len(ifaces) > 1:
-        rail["devices"] = ifaces
-    return {**rail, "connections": sum(addresses.values())}
+        rail["devices"] = ifaces  # the interfaces its connections went through
+    return {**rail, "connections": sum(connected.values())}
 
 
 def _loopback(address: Any) -> bool:
@@ -308,9 +319,11 @@ def judge_gloo(
     master_port: int,
     expect: str | None,
     fabrics: Fabrics | dict[str, Fabric | None] | None = None,
+    rails: tuple[str, ...] = (),
 ) -> Finding:
     """This node's gloo ranks' connections against EXPECT, the other nodes' FABRICS (node -> gloo_fabric, this
-    node's among them) and the cluster interface."""
+    node's among them), and the interface each rank should bind: local rank i its rail, item i mod len of RAILS
+    (the inventory's cluster_rail_interfaces), else the cluster interface."""
     bound = gloo_interface(records, facts, master_port)
     fabric = gloo_fabric(bound)
     data: dict[str, Any] = {
@@ -333,6 +346,27 @@ def judge_gloo(
         return fail(f"{what}: gloo runs over TCP sockets, {expect} was expected (NCCL on GPUs uses RDMA)", **data)
     if odd := against_majority(facts.node.name, fabrics):
         return fail(f"{odd.message}; {what}", fix=odd.fix, **{**data, **odd.data})
-    if cluster_interface and bound["interfaces"] != [cluster_interface]:
+    if rails:
+        if off := off_rail(bound["rails"], rails):
+            return fail(f"{what}: {off}", fix=RAIL_FIX, **data)
+    elif cluster_interface and bound["interfaces"] != [cluster_interface]:
         return fail(f"{what}, not only the cluster interface {cluster_interface}", **data)
     return passed(what, **data)
+
+
+RAIL_FIX = (
+    "Give every node the interfaces cluster_rail_interfaces names, each with an address on its rail's network "
+    "(ip -br addr), and leave GLOO_SOCKET_IFNAME/NCCL_SOCKET_IFNAME unset in the job's environment (each rank "
+    "binds its rail itself)."
+)
+
+
+def off_rail(bound: dict[str, dict], rails: tuple[str, ...]) -> str:
+    """The local ranks whose connections mostly bound another interface than their rail (local rank i: RAILS[i mod
+    len]), in words; empty where each is on its own."""
+    off = [
+        f"local rank {key} bound to {rail['interface']}, not its rail {rails[int(key) % len(rails)]}"
+        for key, rail in sorted(bound.items(), key=lambda kv: int(kv[0]))
+        if rail["interface"] != rails[int(key) % len(rails)]
+    ]
+    return "; ".join(off) + (" (cluster_rail_interfaces)" if off else "")

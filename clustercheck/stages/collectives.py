@@ -90,7 +90,10 @@ def transport_results(members: list[Member], outcome: torchjob.JobOutcome, ctx: 
         if outcome.backend == "nccl":
             finding = nccl_net.judge_nccl(seen[m.name], m.facts, expect, grouped)
         else:
-            finding = nccl_net.judge_gloo(seen[m.name], m.facts, m.interface, config.master_port, expect, grouped)
+            rails = m.node.rail_interfaces
+            finding = nccl_net.judge_gloo(
+                seen[m.name], m.facts, m.interface, config.master_port, expect, grouped, rails
+            )
         out.append(nccl_net.TRANSPORT.result(m.name, finding))
     return out
 

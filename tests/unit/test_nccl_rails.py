@@ -5,6 +5,7 @@ expectation set."""
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 
@@ -195,3 +196,88 @@ def test_a_gloo_node_whose_ranks_use_fewer_interfaces_than_the_others_fails():
     odd = nccl_net.judge_gloo(records["node2"], nodes["node2"], None, 29500, None, fabrics)
     assert odd.status is Status.FAIL and says(odd.message, "Socket, 1 device", "2 of 3 nodes use Socket, 2 devices")
     assert nccl_net.judge_gloo(records["node1"], nodes["node1"], None, 29500, None, fabrics).status is Status.PASS
+
+
+def test_with_rails_each_local_rank_must_bind_its_own_rail_not_the_cluster_interface():
+    on_rails = [rank(0, "10.1.0.5", "10.1.0.6"), rank(1, "10.2.0.5", "10.2.0.6"), rank(2, "10.1.0.5", "10.1.0.7")]
+    node = rails_node("node1")
+    found = nccl_net.judge_gloo(on_rails, node, "eth0", 29500, None, rails=("eth1", "eth2"))
+    assert found.status is Status.PASS  # local rank 2 on eth1: item 2 mod 2
+    swapped = [rank(0, "10.2.0.5", "10.2.0.6"), rank(1, "10.2.0.5", "10.2.0.6")]
+    off = nccl_net.judge_gloo(swapped, node, "eth0", 29500, None, rails=("eth1", "eth2"))
+    assert off.status is Status.FAIL
+    assert says(off.message, "local rank 0 bound to eth2, not its rail eth1", "cluster_rail_interfaces")
+    assert "local rank 1" not in off.message and "ip -br addr" in off.fix
+    # Without rails the cluster interface stays the rule.
+    assert nccl_net.judge_gloo(on_rails, node, "eth0", 29500, None).status is Status.FAIL
+
+
+def test_a_gloo_rank_s_rail_is_its_listening_address_not_where_its_connections_went():
+    # As on the test cluster's two rails: local rank 1 listens on its rail (eth2), but reaches the peers on rail 0
+    # through eth1 (the route to their listening address), so most of its connections are on eth1.
+    def conn(local, remote):
+        return {"local": local, "local_port": 40000, "remote": remote, "remote_port": 41000, "state": "established"}
+
+    listen = {"local": "10.2.0.5", "local_port": 45000, "remote": "0.0.0.0", "remote_port": 0, "state": "listen"}
+    store = {"local": "0.0.0.0", "local_port": 29500, "remote": "0.0.0.0", "remote_port": 0, "state": "listen"}
+    one = {
+        "local_rank": 1,
+        "endpoints": [
+            listen,
+            store,
+            conn("10.1.0.5", "10.1.0.6"),
+            conn("10.1.0.5", "10.1.0.7"),
+            conn("10.1.0.5", "10.1.0.5"),
+            conn("10.2.0.5", "10.2.0.6"),
+            conn("10.2.0.5", "10.2.0.7"),
+        ],
+    }
+    found = nccl_net.judge_gloo([one], rails_node("node1"), "eth0", 29500, None, rails=("eth1", "eth2"))
+    assert found.status is Status.PASS, found.message
+    assert found.data["rails"]["1"]["interface"] == "eth2" and found.data["rails"]["1"]["devices"] == ["eth1", "eth2"]
+
+
+RECORDS = Path(__file__).parent / "records"
+TEST_RAILS_IP = "\n".join(
+    f"{i}: {iface}    inet 172.30.{net}.{{host}}/24 brd 172.30.{net}.255 scope global {iface}\\       valid_lft forever"
+    for i, iface, net in ((2, "eth0", 80), (3, "eth1", 84), (4, "eth2", 85))
+)
+
+
+def gloo_transport(tmp_path, rails: tuple[str, ...]):
+    """transport.network of the three test nodes, judged by the collectives stage on their ranks' recorded
+    records (tests/unit/records/collectives-gloo-rails-3x2.json), the inventory naming RAILS."""
+    from dataclasses import replace
+
+    from clustercheck.config import RunConfig
+    from clustercheck.reach import Fanout
+    from clustercheck.stages import Context, Member, collectives, torchjob
+    from clustercheck.transport import factory
+
+    records = json.loads((RECORDS / "collectives-gloo-rails-3x2.json").read_text())
+    config = RunConfig(run_dir=tmp_path, master_port=29631)
+    members = []
+    for n in (1, 2, 3):
+        route = f"1.1.1.1 via 172.30.80.1 dev eth0 src 172.30.80.1{n} uid 0"
+        ip = {"rc": 0, "out": TEST_RAILS_IP.replace("{host}", f"1{n}")}
+        node = facts(f"node{n}", commands={"ip_addr": ip, "ip_route": {"rc": 0, "out": route}})
+        node = replace(node, node=replace(node.node, rail_interfaces=rails))
+        members.append(Member(node.node, None, node, f"172.30.80.1{n}", "eth0", f"node{n}", 2))
+    outcome = torchjob.JobOutcome([{**r, "node": r["host"]} for r in records], 6, "gloo")
+    ctx = Context(config, lambda h, s: None, ("node1", "node2", "node3"), Fanout(factory.default(config.ssh)))
+    return {r.host: r for r in collectives.transport_results(members, outcome, ctx, time.time())}
+
+
+def test_the_test_clusters_gloo_ranks_each_on_their_rail_pass_with_the_rail_map(tmp_path):
+    results = gloo_transport(tmp_path, ("eth1", "eth2"))
+    for name, result in results.items():
+        assert result.status is Status.PASS, result.message
+        assert says(result.message, name, "eth1 (local rank 0)", "eth2 (local rank 1)")
+        assert [result.data["rails"][k]["interface"] for k in ("0", "1")] == ["eth1", "eth2"]
+    assert results["node2"].data["rails"]["1"]["address"] == "172.30.85.12"
+
+
+def test_ranks_off_the_rail_the_inventory_gives_them_are_named(tmp_path):
+    results = gloo_transport(tmp_path, ("eth2", "eth1"))  # the same runs judged against rails named the other way
+    assert {r.status for r in results.values()} == {Status.FAIL}
+    assert says(results["node3"].message, "node3", "local rank 0 bound to eth1, not its rail eth2", "local rank 1")
