@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import random
 import time
+from typing import Any
 
 from clustercheck.checks import collectives, fabric_pairs, nccl_net, registry
 from clustercheck.model import CheckResult, Status
@@ -60,11 +61,15 @@ def run(members: list[Member], ctx: Context) -> list[CheckResult]:
 
 def transport_results(members: list[Member], outcome: torchjob.JobOutcome, ctx: Context, started: float):
     """transport.network per node: what NCCL's INFO log of the torch job says (the nccl-*.log files written since
-    the job started, not a node-local job's), or for gloo the interface the ranks' connections bound to."""
+    the job started, not a node-local job's), or for gloo the interface each rank's connections bound to; each
+    node judged beside the others' fabrics too (a node whose fabric differs from the majority's FAILs)."""
     config = ctx.config
-    out = []
+    seen: dict[str, Any] = {}
+    fabrics: dict[str, nccl_net.Fabric | None] = {}
+    by_node: dict[str, list[dict]] = {}
+    for r in outcome.records if outcome.backend != "nccl" else ():
+        by_node.setdefault(r.get("node"), []).append(r)
     for m in members:
-        expect = config.expect_transport or m.node.expect_transport
         if outcome.backend == "nccl":
             since = started + (m.facts.clock_offset or 0.0) - 2.0
             logs = [
@@ -72,10 +77,23 @@ def transport_results(members: list[Member], outcome: torchjob.JobOutcome, ctx: 
                 for p in sorted(config.host_dir(m.name).glob("nccl-*.log"))
                 if p.stat().st_mtime >= since
             ]
-            finding = nccl_net.judge_nccl(nccl_net.parse_nccl_log("\n".join(logs)), m.facts, expect)
+            seen[m.name] = parsed = nccl_net.parse_nccl_log("\n".join(logs))
+            fabrics[m.name] = nccl_net.nccl_fabric(parsed)
         else:
-            records = [r for r in outcome.records if r.get("node") == m.name]
-            finding = nccl_net.judge_gloo(records, m.facts, m.interface, config.master_port, expect)
+            seen[m.name] = records = by_node.get(m.name, [])
+            bound = nccl_net.gloo_interface(records, m.facts, config.master_port)
+            fabrics[m.name] = nccl_net.gloo_fabric(bound)
+    grouped = nccl_net.Fabrics(fabrics)
+    out = []
+    for m in members:
+        expect = config.expect_transport or m.node.expect_transport
+        if outcome.backend == "nccl":
+            finding = nccl_net.judge_nccl(seen[m.name], m.facts, expect, grouped)
+        else:
+            rails = m.node.rail_interfaces
+            finding = nccl_net.judge_gloo(
+                seen[m.name], m.facts, m.interface, config.master_port, expect, grouped, rails
+            )
         out.append(nccl_net.TRANSPORT.result(m.name, finding))
     return out
 
