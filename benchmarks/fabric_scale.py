@@ -26,7 +26,17 @@ TC = "tc qdisc add dev {iface} root tbf rate 100mbit burst 32kbit latency 400ms"
 
 def collectives_run(nodes: common.Nodes, run_dir: str, nproc: int, *extra: str) -> dict:
     argv = [common.clustercheck_exe(), "run", *nodes.clustercheck_args(), "--only", "collectives"]
-    argv += ["--skip", "local.*", "--nproc-per-node", str(nproc), "--timeout", "900", *extra]
+    argv += [
+        "--skip",
+        "local.*",
+        "--nproc-per-node",
+        str(nproc),
+        "--timeout",
+        "900",
+        "--command-timeout",
+        "600",
+        *extra,
+    ]
     argv += ["--format", "json", "--run-dir", run_dir]
     timing = common.timed(argv)
     try:
@@ -49,7 +59,7 @@ def collectives_run(nodes: common.Nodes, run_dir: str, nproc: int, *extra: str) 
         "collectives_stage_s": stage,
         "exit": timing.returncode,
         "rail_figures": figures,
-        "rounds": ((paths.get("data") or {}).get("edges") and len({(e[0], e[1]) for e in paths["data"]["edges"]})),
+        "node_pairs": len({frozenset(e[:2]) for e in (paths.get("data") or {}).get("edges") or []}),
         "named": found,
     }
 
