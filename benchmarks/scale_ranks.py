@@ -72,9 +72,7 @@ class RankRecords:
                 for e in self.local.get("endpoints", [])
             ]
             lines.append(
-                json.dumps(
-                    {**self.local, **own, "part": "local", "world_size": self.ranks, "group_rank": local_rank}
-                )
+                json.dumps({**self.local, **own, "part": "local", "world_size": self.ranks, "group_rank": local_rank})
             )
             bandwidth = dict(self.collectives["bandwidth"])
             intra = bandwidth.get("intra_node")

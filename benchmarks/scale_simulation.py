@@ -59,9 +59,9 @@ from clustercheck.transport import PUT, CommandResult, SessionQuirks, workdir_fo
 from clustercheck.transport.factory import Connected  # noqa: E402
 
 try:
-    from benchmarks.scale_ranks import RankRecords  # noqa: E402
+    from benchmarks.scale_ranks import RankRecords
 except ImportError:  # run as a script: benchmarks/ is on the path
-    from scale_ranks import RankRecords  # noqa: E402
+    from scale_ranks import RankRecords
 
 DATA = Path(__file__).resolve().parent / "data"
 CORE_RECORD = DATA / "scale-core-localhost.json"
