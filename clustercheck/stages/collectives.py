@@ -56,7 +56,7 @@ def transport_results(members: list[Member], outcome: torchjob.JobOutcome, ctx: 
             ]
             finding = nccl_net.judge_nccl(nccl_net.parse_nccl_log("\n".join(logs)), m.facts, expect)
         else:
-            records = [r for r in outcome.records if r.get("node") == m.name]
+            records = outcome.of_node(m.name)
             finding = nccl_net.judge_gloo(records, m.facts, m.interface, config.master_port, expect)
         out.append(nccl_net.TRANSPORT.result(m.name, finding))
     return out
