@@ -19,6 +19,7 @@ from clustercheck.checks.consistency import DEFAULT_MAX_CLOCK_OFFSET
 from clustercheck.container import Container
 from clustercheck.exitcodes import UsageError
 from clustercheck.remote.netprobe import DEFAULT_ROUNDS
+from clustercheck.remote.pairs import DEFAULT_ROUNDS as PAIR_ROUNDS
 from clustercheck.selection import Selection
 from clustercheck.transport.params import SshSettings
 
@@ -51,6 +52,8 @@ class RunOptions(NodeOptions):
     job_timeout: float = float(DEFAULT_JOB_TIMEOUT)  # --timeout: each torch job (local collectives, collectives, DDP)
     stall_timeout: float = float(DEFAULT_STALL_TIMEOUT)  # a torch job's ranks silent this long on one node: named
     network_rounds: int | None = DEFAULT_ROUNDS  # --network-rounds: partners each node is measured with (None: all)
+    pair_rounds: int | None = PAIR_ROUNDS  # --pair-rounds: the fabric's rounds of node pairs (None: all, 0: none)
+    min_pair_busbw: float | None = None  # --min-pair-busbw: one rail's send/recv floor between two nodes, GB/s
     clock_bound: float = DEFAULT_MAX_CLOCK_OFFSET  # --max-clock-offset
     shared_dir: str | None = None  # --shared-dir: one filesystem on every node (the checkpoint goes there)
     dcgm_level: int | None = None  # --dcgm-level: run dcgmi diag -r LEVEL on nodes that have it

@@ -28,6 +28,7 @@ LOCAL_NAMES = {"localhost", "127.0.0.1", "::1"}
 PYTHON_VAR = "clustercheck_python"  # the environment's python (else /etc/clustercheck/python, else python3)
 GPUS_VAR = "gpus_per_node"  # GPUs expected on each node (0: none; unset: whatever is there)
 INTERFACE_VAR = "cluster_interface"  # the interface nodes talk to each other on
+RAILS_VAR = "cluster_rail_interfaces"  # the data networks training uses: local rank i binds item i mod len
 MIN_BUSBW_VAR = "clustercheck_min_busbw"  # all_reduce busbw threshold, FAIL[:WARN] in GB/s (like --min-busbw)
 DATA_PATHS_VAR = "clustercheck_data_paths"  # paths that must hold the same data on every node (like --data-path)
 CIDR_VAR = "cluster_cidr"  # the cluster network, used to find the interface when none is named
@@ -51,6 +52,7 @@ READ_VARS = (
     PYTHON_VAR,
     GPUS_VAR,
     INTERFACE_VAR,
+    RAILS_VAR,
     CIDR_VAR,
     DATA_PATHS_VAR,
     EXPECT_TRANSPORT_VAR,
@@ -76,6 +78,7 @@ class Node:
     python: str | None = None  # None: /etc/clustercheck/python on the node, else python3
     gpus_expected: int | None = None  # None: not stated; GPU checks skip on a node without GPUs
     cluster_interface: str | None = None
+    rail_interfaces: tuple[str, ...] = ()  # cluster_rail_interfaces
     cluster_cidr: str | None = None
     min_busbw: str | None = None  # clustercheck_min_busbw
     data_paths: tuple[str, ...] = ()  # clustercheck_data_paths
@@ -301,6 +304,7 @@ def node_from_vars(name: str, hostvars: dict[str, Any]) -> Node:
         python=_text(hostvars.get(PYTHON_VAR)),
         gpus_expected=gpus,
         cluster_interface=_text(hostvars.get(INTERFACE_VAR)),
+        rail_interfaces=_rails(name, hostvars.get(RAILS_VAR)),
         cluster_cidr=_text(hostvars.get(CIDR_VAR)),
         min_busbw=_text(hostvars.get(MIN_BUSBW_VAR)),
         data_paths=_paths(name, hostvars.get(DATA_PATHS_VAR)),
@@ -322,6 +326,18 @@ def _paths(name: str, value: Any) -> tuple[str, ...]:
     if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
         raise InventoryError(f"{name}: {DATA_PATHS_VAR} must be a list of paths")
     return tuple(v.strip() for v in value if v.strip())
+
+
+def _rails(name: str, value: Any) -> tuple[str, ...]:
+    """cluster_rail_interfaces: a list of interface names (or one comma-separated string)."""
+    if value in (None, "", []):
+        return ()
+    if isinstance(value, str):
+        value = value.split(",")
+    names = [v.strip() for v in value if isinstance(v, str) and v.strip()] if isinstance(value, list) else []
+    if not names or len(names) != len(value) or any(not re.fullmatch(r"[A-Za-z0-9_.:@-]{1,15}", n) for n in names):
+        raise InventoryError(f"{name}: {RAILS_VAR} must be a list of interface names, e.g. [ib0, ib1] or [eth1, eth2]")
+    return tuple(names)
 
 
 def distributions(name: str, specifiers: Any) -> tuple[str, ...]:

@@ -45,7 +45,7 @@ DECLARED = (  # in the order they run
     Stage(
         "collectives",
         "the run's one torch job (one torchrun on every node, one process group per rank, shared by the torch "
-        "stages): collective correctness and an all_reduce bandwidth sweep",
+        "stages): collective correctness, an all_reduce bandwidth sweep, then rounds of node pairs over every rail",
         needs_torch=True,
     ),
     Stage(

@@ -48,18 +48,21 @@ _LANE = f"-{os.environ['PYTEST_XDIST_WORKER']}" if os.environ.get("PYTEST_XDIST_
 
 
 @contextlib.contextmanager
-def own_cluster(size: int, what: str, suffix: str = "", os_name=testcluster.DEFAULT_OS, user: str = "root", image=None):
+def own_cluster(
+    size: int, what: str, suffix: str = "", os_name=testcluster.DEFAULT_OS, user: str = "root", image=None, rails=0
+):
     """SIZE fresh nodes under the name TESTCLUSTER_NAME (default cc) + SUFFIX, removed afterwards.
 
     TESTCLUSTER_NAME names the cluster, so separate checkouts can test side by side; a pytest-xdist worker adds
     its own name (-gw1), so two lanes never share a cluster by accident. OS_NAME and USER as for testcluster.up:
     one OS or one per node; the login user (passwordless sudo) when not root. IMAGE: a function that returns the
-    image to start the nodes from instead of OS_NAME's (testcluster.up's image), called once Docker answers.
+    image to start the nodes from instead of OS_NAME's (testcluster.up's image), called once Docker answers. RAILS:
+    data networks besides the cluster network (testcluster.up's).
     """
     _need_docker()
     name = os.environ.get("TESTCLUSTER_NAME", testcluster.DEFAULT_NAME) + _LANE + suffix
     try:
-        up = testcluster.up(size, name=name, os_name=os_name, user=user, image=image() if image else "")
+        up = testcluster.up(size, name=name, os_name=os_name, user=user, image=image() if image else "", rails=rails)
     except testcluster.ClusterError as exc:
         pytest.fail(f"{what} did not come up: {exc}")
     try:
@@ -110,8 +113,10 @@ def torch_cluster(wheelhouse):
 def converged_cluster(wheelhouse):
     """Three fresh Debian 12 nodes after one run of site.yml with the test variables, as users check a cluster:
     chrony (node1 serving), /etc/hosts, firewall, SSH trust, Slurm, Docker (masked), and a venv with torch recorded in
-    /etc/clustercheck/python. The run's output and duration are on it as `converge_output` and `converge_seconds`."""
-    with own_cluster(3, "converged test cluster", "-site") as up:
+    /etc/clustercheck/python. The run's output and duration are on it as `converge_output` and `converge_seconds`.
+    Two data networks ("rails", eth1 and eth2) besides the cluster network, named in cluster_rail_interfaces: the
+    torch jobs bind local rank i to rail i, and the firewall role lets them in."""
+    with own_cluster(3, "converged test cluster", "-site", rails=2) as up:
         converge(up, wheelhouse)
         yield up
 

@@ -4,11 +4,11 @@ then the checks each multi-node stage emits.
 
 The areas: connection, environment (python, torch, launch environment), gpu, xid (the kernel's Xid lines), gpuperf
 (each GPU measured), gpuburn (the GPUs under load, with --burn), pcie, fabric (RDMA), system (OS, memory, disk, time,
-names, firewall), collectives (node-local and across nodes, bandwidth), transport (what NCCL/gloo really used),
-consistency, drift (the files the roles write, compared across the nodes), requests (the work an option asked for,
-done somewhere or said to be done nowhere), network, ports (each node's ephemeral port range sampled), data (shared
-directory, data paths), ddp (with the checkpoint round trip), lightning, and baseline (this run against an earlier
-report, with --baseline).
+names, firewall), collectives (node-local and across nodes, bandwidth), fabric_pairs (the rails, pair by pair),
+transport (what NCCL/gloo really used), consistency, drift (the files the roles write, compared across the nodes),
+requests (the work an option asked for, done somewhere or said to be done nowhere), network, ports (each node's
+ephemeral port range sampled), data (shared directory, data paths), ddp (with the checkpoint round trip), lightning,
+and baseline (this run against an earlier report, with --baseline).
 """
 
 # isort: off
@@ -27,6 +27,7 @@ from clustercheck.checks import filesystems  # noqa: F401
 from clustercheck.checks import epilog  # noqa: F401
 from clustercheck.checks import collectives  # noqa: F401
 from clustercheck.checks import nccl_net  # noqa: F401
+from clustercheck.checks import fabric_pairs  # noqa: F401
 from clustercheck.checks import consistency  # noqa: F401
 from clustercheck.checks import drift  # noqa: F401
 from clustercheck.checks import requests  # noqa: F401

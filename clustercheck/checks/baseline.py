@@ -88,6 +88,11 @@ for _figure, _proves in (
         "than its tolerance",
     ),
     (
+        "fabric",
+        "no node's rail (its median send/recv figure in the fabric pair rounds, fabric.pairs) has fallen below the "
+        "baseline report's by more than its tolerance",
+    ),
+    (
         "ddp_step",
         "the DDP stage's time per training step (the median of its timed steps) has not risen above the baseline "
         "report's by more than its tolerance beyond the spread of both runs",
@@ -140,7 +145,7 @@ def _source(baseline: Baseline) -> str:
     return baseline.source + (f" of {started}" if started else "")
 
 
-CLUSTER_FIGURES = ("busbw", "rtt", "throughput", "ddp_step")  # one result each
+CLUSTER_FIGURES = ("busbw", "rtt", "throughput", "fabric", "ddp_step")  # one result each
 # one result per node, and what its SKIP says where the node has none of the figure now
 NODE_FIGURES = {"collector": "its facts were not collected now", GPU_PERF: "no GPU of it measured now"}
 

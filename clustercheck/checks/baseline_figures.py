@@ -51,6 +51,7 @@ _UNITS = {
     "busbw": lambda v: f"{v:.3g} GB/s",
     "rtt": lambda v: f"{v:.2f} ms",
     "throughput": _throughput,
+    "fabric": lambda v: f"{v:.3g} GB/s",
     "ddp_step": _seconds,
     "collector": lambda v: f"{v:.1f} s",
 }
@@ -61,6 +62,7 @@ FIGURES = {
         Figure("busbw", "", True, 10, 25),
         Figure("rtt", "round trip", False, 50, 200, floor=RTT_MARGIN_MS),
         Figure("throughput", "throughput", True, 20, 50),
+        Figure("fabric", "send/recv", True, 20, 50),
         Figure("ddp_step", "", False, 20, 50),
         Figure("collector", "facts collector", False, 50, 200, floor=1.0),
         Figure(GPU_PERF, "", True, 10, 25),
@@ -97,8 +99,8 @@ def _on_cpu(backend: Any) -> str:
 
 def figures(checks: list[dict]) -> dict[str, dict[str, Measure]]:
     """Figure name -> {node or pair -> Measure} from a report's checks (what the run measured; a SKIP measured
-    nothing). Units: busbw GB/s, rtt ms, throughput Mbit/s, ddp_step and collector seconds; gpu_perf each GPU
-    figure's own, keyed by node, bus id and figure (gpuperf.report_figures)."""
+    nothing). Units: busbw GB/s, rtt ms, throughput Mbit/s, fabric GB/s (a node's rail), ddp_step and collector
+    seconds; gpu_perf each GPU figure's own, keyed by node, bus id and figure (gpuperf.report_figures)."""
     out: dict[str, dict[str, Measure]] = {name: {} for name in FIGURES}
     for check in checks:
         if check.get("status") == "SKIP":
@@ -121,6 +123,13 @@ def figures(checks: list[dict]) -> dict[str, dict[str, Measure]]:
                 rate = _number(flow.get("mbps"))
                 if rate is not None:
                     out["throughput"][f"{flow['from']} -> {flow['to']}"] = Measure(rate)
+        elif name == "fabric.pairs" and host is not None:
+            for row in data.get("rails") or []:
+                median = _number(row.get("median_gbps"))
+                if median is not None:
+                    iface = f" ({row['interface']})" if row.get("interface") else ""
+                    setting = _on_cpu(data.get("backend"))
+                    out["fabric"][f"{host} rail {row.get('rail')}{iface}"] = Measure(median, None, setting)
         elif name == "ddp_equivalence":
             batch, rate = _number(data.get("global_batch")), _number(data.get("ddp_samples_per_s"))
             if batch and rate:

@@ -45,14 +45,16 @@ declare(
     stage=STAGE,
     scope="cluster",
     proves="every node reaches every other node over TCP on the master port and an ephemeral port (A -> B for "
-    "every pair), from and to its cluster address",
+    "every pair), from and to the address its training traffic uses (the interface NCCL_SOCKET_IFNAME or "
+    "GLOO_SOCKET_IFNAME name in its environment files, else the cluster interface; the report says which)",
     fix="Allow all TCP from the cluster network on every node (the setup playbook's firewall role); check routes.",
 )
 declare(
     "network.resolve",
     stage=STAGE,
     scope="node",
-    proves="on every node, every node's hostname resolves to the same non-loopback cluster address",
+    proves="on every node, every node's hostname resolves first (getaddrinfo's first answer: what gloo binds and "
+    "torch's rendezvous connects to) to the same non-loopback cluster address; addresses listed after it are noted",
     fix="Give every node the same /etc/hosts entries mapping each hostname to its cluster address.",
 )
 declare(
@@ -123,6 +125,12 @@ class Peer:
     name: str  # the node's name in reports (the inventory name)
     address: str  # the node's address on the cluster network
     hostname: str | None = None  # the name torch and NCCL see (`hostname` on the node); default: NAME
+    # where its name must resolve, where ADDRESS is another one (the training interface's: facts/trainnet.py)
+    cluster_address: str | None = None
+
+    @property
+    def resolves_to(self) -> str:
+        return self.cluster_address or self.address
 
 
 def evaluate(
@@ -294,7 +302,11 @@ def busy_ports(records: dict[str, dict], master: str, master_port: int) -> list[
     for name, record in sorted(records.items()):
         busy = [s for s in record["listen"] if not s["ok"] and not (name == master and s["port"] == master_port)]
         if not busy:
-            ports = ", ".join(str(s["port"]) for s in record["listen"] if s["ok"])
+            ports = ", ".join(
+                f"{s['port']} (the rendezvous, at {s['address']})" if s.get("rendezvous") else str(s["port"])
+                for s in record["listen"]
+                if s["ok"]
+            )
             results.append(
                 emit(
                     "network.listen",
@@ -406,14 +418,16 @@ def _is_loopback(addr: str) -> bool:
 
 
 def resolve_checks(records: dict[str, dict], peers: list[Peer]) -> list[CheckResult]:
-    """Every node resolves every node's hostname to the same non-loopback address, the cluster address."""
-    address = {p.name: p.address for p in peers}
+    """Every node resolves every node's hostname first to the same non-loopback address, the cluster address.
+    Judged by the first address (netprobe.resolve_summary): the one the ranks use. A multi-homed node's own name
+    also resolving to its other networks' addresses after it (Docker writes a hosts line per network) is fine."""
+    address = {p.name: p.resolves_to for p in peers}
     # What most nodes resolve each name to, to name the odd ones out. A record lists only the names that did not
     # resolve to exactly the cluster address (netprobe.summarise): the nodes that do not list a name got that.
     listed: dict[str, Counter] = {}
     for record in records.values():
         for name, answer in record["resolve"]["unexpected"].items():
-            listed.setdefault(name, Counter())[tuple(answer.get("addresses") or ())] += 1
+            listed.setdefault(name, Counter())[tuple(answer.get("addresses") or ())[:1]] += 1
     seen: dict[str, Counter] = {}  # name -> how many nodes got each answer (no answer is no vote)
     for name, answers in listed.items():
         counts = Counter({(address[name],): len(records) - sum(answers.values())} if name in address else {})
@@ -423,16 +437,16 @@ def resolve_checks(records: dict[str, dict], peers: list[Peer]) -> list[CheckRes
     majorities = {name: counts.most_common(1)[0][0] for name, counts in seen.items() if counts}
     # Where most nodes agree on another address, the nodes that got the cluster address are the odd ones out.
     outvoted = {
-        p.name: {"hostname": p.hostname or p.name, "addresses": [p.address]}
+        p.name: {"hostname": p.hostname or p.name, "addresses": [p.resolves_to]}
         for p in peers
-        if p.name in majorities and majorities[p.name] != (p.address,)
+        if p.name in majorities and majorities[p.name] != (p.resolves_to,)
     }
     results = []
     for resolver, record in sorted(records.items()):
         problems, warnings, loopback = [], [], []
         odd: dict[str, dict] = {}  # the answers behind a problem or warning (all of them: the run directory)
         for name, answer in sorted({**outvoted, **record["resolve"]["unexpected"]}.items()):
-            addrs = answer.get("addresses") or []
+            addrs = (answer.get("addresses") or [])[:1]  # the first: what the ranks use
             host = answer.get("hostname", name)
             label = host if host == name else f"{host} ({name})"
             if not addrs:
@@ -449,7 +463,7 @@ def resolve_checks(records: dict[str, dict], peers: list[Peer]) -> list[CheckRes
                 problems.append(f"{label} resolves to {', '.join(addrs)}, other nodes get {', '.join(majority)}")
                 odd[name] = answer
             elif name in address and address[name] not in addrs:
-                warnings.append(f"{label} resolves to {', '.join(addrs)}, not its cluster address {address[name]}")
+                warnings.append(f"{label} resolves first to {addrs[0]}, not its cluster address {address[name]}")
                 odd[name] = answer
         if problems:
             status, text = Status.FAIL, "name resolution: " + "; ".join(problems)
@@ -465,7 +479,10 @@ def resolve_checks(records: dict[str, dict], peers: list[Peer]) -> list[CheckRes
             )
         else:
             status, remedy = Status.PASS, ""
-            text = f"all {record['resolve']['names']} node names resolve to their cluster addresses"
+            text = f"all {record['resolve']['names']} node names resolve first to their cluster addresses"
+            also = record["resolve"].get("also") or {}
+            if also:  # what the ranks do not use, said so that a reader of the hosts file is not surprised
+                text += " (" + "; ".join(f"{n} also to {', '.join(a)}" for n, a in sorted(also.items())) + ")"
         results.append(
             emit(
                 "network.resolve",
@@ -474,7 +491,11 @@ def resolve_checks(records: dict[str, dict], peers: list[Peer]) -> list[CheckRes
                 host=resolver,
                 remediation=remedy,
                 # Not every answer: N nodes resolving N names is N² of them, most of a 1,000-node report's size.
-                data={"names": record["resolve"]["names"], "unexpected": odd},
+                data={
+                    "names": record["resolve"]["names"],
+                    "unexpected": odd,
+                    **({"also": record["resolve"]["also"]} if record["resolve"].get("also") else {}),
+                },
             )
         )
     return results

@@ -20,7 +20,8 @@ declare(
     stage=STAGE,
     scope="cluster",
     proves="every node reaches every other node on a sample of that node's own ephemeral port range "
-    "(ip_local_port_range, where gloo and NCCL listen: a port drawn from each eighth, anew each run)",
+    "(ip_local_port_range, where gloo and NCCL listen: a port drawn from each eighth, anew each run), on the address "
+    "training traffic uses (the interface NCCL_SOCKET_IFNAME/GLOO_SOCKET_IFNAME name, else the cluster interface)",
     fix="Allow TCP from the cluster network to the whole ephemeral port range (ip_local_port_range) on every node "
     "(the setup playbook's firewall role opens the cluster network).",
 )

@@ -20,6 +20,7 @@ from clustercheck.config import (
     DEFAULT_STALL_TIMEOUT,
 )
 from clustercheck.remote.netprobe import DEFAULT_ROUNDS, parse_rounds
+from clustercheck.remote.pairs import DEFAULT_ROUNDS as PAIR_ROUNDS
 from clustercheck.run.verify import RunRequest, SlurmRun, run
 from clustercheck.selection import STAGES
 
@@ -139,6 +140,23 @@ class NetworkRounds(click.ParamType):
     metavar="N|all",
     help="Rounds of the network stage's round trip and throughput measurement: each node is measured with N "
     "partners, whatever the cluster's size; 'all' measures every pair (N-1 rounds for N nodes).",
+)
+@click.option(
+    "--pair-rounds",
+    type=NetworkRounds(),
+    default=str(PAIR_ROUNDS),
+    show_default=True,
+    metavar="N|all",
+    help="Rounds of node pairs in the collectives stage's fabric check (each node's rails measured with N "
+    "partners, whatever the cluster's size); 'all': every pair. --skip 'fabric.p*' leaves them out.",
+)
+@click.option(
+    "--min-pair-busbw",
+    type=click.FloatRange(min=0, min_open=True),
+    default=None,
+    metavar="GBPS",
+    help="The floor of one rail's send/recv figure between two nodes, in GB/s (default: none; a rail is "
+    "also judged against its figure over the cluster).",
 )
 @options.ssh
 @click.option(

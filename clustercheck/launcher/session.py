@@ -122,7 +122,8 @@ class Launch:
             o.command,
             job_id=self.job_id,
             master_port=o.master_port,
-            interfaces={m.name: m.interface for m in self.members},
+            # With rails, the job's sockets use them all (gloo round-robin over the list, NCCL one socket per rail).
+            interfaces={m.name: ",".join(m.node.rail_interfaces) or m.interface for m in self.members},
             log_dirs={name: f"{directory}/ranks" for name, directory in job_dirs.items()},
             job_dirs=job_dirs,
             nproc_override=o.nproc_per_node,

@@ -22,6 +22,7 @@ import socket
 import time
 import zlib
 
+from . import fabricpairs
 from .common import exit_now, progress, rank_identity, run_rank, start_process_group
 from .endpoints import tcp_endpoints
 
@@ -200,6 +201,7 @@ def parser() -> argparse.ArgumentParser:
         default="auto",
         help="also sweep inside each node (auto: on multi-GPU nodes of a multi-node job)",
     )
+    fabricpairs.add_arguments(parser)
     return parser
 
 
@@ -214,6 +216,11 @@ def part(args, torch, dist, device, record: dict) -> None:
     if args.bandwidth:
         local_world = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
         record["bandwidth"] = run_bandwidth(torch, dist, device, args, local_world)
+        groups, mine = node_groups(torch, dist, device, node_key())
+        if args.pair_rounds and len(groups) > 1:
+            world = record["bandwidth"]["world"]
+            busbw = max(row["busbw_gbps"] for row in world) if world else None
+            record["fabric"] = fabricpairs.run(torch, dist, device, args, groups, mine, busbw)
     record["endpoints"] = tcp_endpoints()  # the addresses the backend's sockets really bound to
     dist.barrier()
 

@@ -37,12 +37,26 @@ def rank_identity() -> dict:
     }
 
 
+RAILS_ENV = "CLUSTERCHECK_RAIL_INTERFACES"  # the inventory's cluster_rail_interfaces, comma-separated
+
+
+def rail_interface(local_rank: int):
+    """The interface this rank's process group traffic goes through: item LOCAL_RANK mod len of the rails the
+    controller gave (RAILS_ENV), else None (the node's cluster interface, as GLOO_SOCKET_IFNAME already says)."""
+    rails = [r for r in os.environ.get(RAILS_ENV, "").split(",") if r]
+    return rails[local_rank % len(rails)] if rails else None
+
+
 def start_process_group(torch, dist, backend: str, local_rank: int):
     """Join the job's process group; returns this rank's device. With NCCL the rank's GPU is bound first and named to
     the group (torch >= 2.3's device_id), so NCCL need not guess the device from the global rank, which hangs a job
-    whose ranks map to GPUs unevenly (torch warns so on every barrier otherwise)."""
+    whose ranks map to GPUs unevenly (torch warns so on every barrier otherwise). With rails, the rank's sockets
+    (gloo's, NCCL's socket transport) bind to its rail's interface first."""
     import inspect
 
+    rail = rail_interface(local_rank)
+    if rail:
+        os.environ["GLOO_SOCKET_IFNAME"] = os.environ["NCCL_SOCKET_IFNAME"] = rail
     if backend != "nccl":
         dist.init_process_group(backend=backend)
         return torch.device("cpu")

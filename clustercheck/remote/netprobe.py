@@ -3,7 +3,9 @@
 
     clustercheck-remote.pyz netprobe mesh --self NAME --peers FILE --port 29500 --port 49731 [--duration 10]
 
---peers names every node, one per line: NAME ADDRESS [HOSTNAME] (the hostname to resolve, default NAME); `-` reads
+--peers names every node, one per line: NAME ADDRESS [HOSTNAME] [resolves=CLUSTER_ADDRESS] (the hostname to
+resolve, default NAME; the address it must resolve to where the probe runs over another one, the training
+interface's: stages/network.py); `-` reads
 the list from standard input, as the controller sends it: the command line stays the same size however many nodes
 there are (one shell argument is limited to 128 KiB on Linux, a few thousand peers).
 
@@ -38,13 +40,16 @@ peer that the go file lists (the controller gathers them from the ready files): 
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import os
+import select
 import socket
 import sys
+import threading
 import time
 
-from .mesh import Mesh, open_listener, write_atomic
+from .mesh import CONNECT_ERRORS, CONNECT_TIMEOUT, RETRY_AFTER, TOKEN, Mesh, open_listener, write_atomic
 from .netinfo import interface_of, mtu_of, resolve
 from .portsample import open_sample
 from .rounds import DEFAULT_ROUNDS, MEASUREMENTS, PERF_SECONDS, perf_rounds, schedule
@@ -65,10 +70,15 @@ def mesh(
     rounds: int | None = DEFAULT_ROUNDS,
     seed: int | None = None,
     sample_seed: int | None = None,
+    rendezvous: tuple[str, str] | None = None,
+    resolves: dict[str, str] | None = None,
 ) -> dict:
     """The probe on node ME: its mesh (after the barrier, with GO_FILE), then the perf rounds (with PERF_PORT and
     something to MEASURE), then its names and interface; the record of it all. With SAMPLE_SEED it also listens on
-    a sample of its ephemeral port range (portsample.py), and connects to the peers' samples the go file names."""
+    a sample of its ephemeral port range (portsample.py), and connects to the peers' samples the go file names.
+    RENDEZVOUS: (master, address) where the probe runs over the training addresses but torchrun's rendezvous
+    meets at the master's cluster address (RESOLVES: name -> cluster address): the master listens there on the
+    master port (PORTS' first) too, and every other node connects to it from its own cluster address."""
     started = time.monotonic()
     sample = None
     if sample_seed is not None:
@@ -78,11 +88,18 @@ def mesh(
     if perf_port and measure:  # listening before the barrier, like the others; served only once the mesh is done
         perf_listener, state = open_listener(node.address, perf_port)
         node.listen_states.append({**state, "perf": True})
+    meeting = Meeting(me, rendezvous, ports[0], resolves or {}, peers) if rendezvous else None
+    if meeting is not None:
+        meeting.listen(node.listen_states)
     barrier: dict = {}
     if go_file:
         barrier, duration = node.barrier(go_file, ready_file, ready_timeout, started)
     deadline = time.monotonic() + duration
+    if meeting is not None and not barrier.get("no_go"):
+        meeting.start(deadline)
     outgoing = node.connect(deadline, no_go=bool(barrier.get("no_go")))
+    if meeting is not None:
+        outgoing += meeting.finish(deadline)
     node.close()
     perf, plan = None, []
     if perf_listener is not None:
@@ -108,6 +125,84 @@ def mesh(
     }
 
 
+class Meeting:
+    """The rendezvous where it is not on the probed addresses: torchrun's --master-addr is the master's cluster
+    address while the ranks' traffic goes over the training interface. The master answers on (its cluster address,
+    the master port) with the mesh's token; every other node connects once from its own cluster address, retrying
+    until the connect deadline, in a thread beside the mesh's own connections."""
+
+    def __init__(self, me: str, rendezvous: tuple[str, str], port: int, resolves: dict, peers: dict) -> None:
+        self.me, (self.master, self.address), self.port = me, rendezvous, port
+        self.source = resolves.get(me, peers[me])
+        self.listener: socket.socket | None = None
+        self.stop = threading.Event()
+        self.result: dict = {}
+        self.thread: threading.Thread | None = None
+
+    def listen(self, states: list[dict]) -> None:
+        if self.me == self.master:
+            self.listener, state = open_listener(self.address, self.port)
+            states.append({**state, "address": self.address, "rendezvous": True})
+
+    def start(self, deadline: float) -> None:
+        work = self.serve if self.me == self.master else lambda: self.connect(deadline)
+        if self.me != self.master or self.listener is not None:
+            self.thread = threading.Thread(target=work, daemon=True)
+            self.thread.start()
+
+    def serve(self) -> None:
+        assert self.listener is not None
+        while not self.stop.is_set():
+            if select.select([self.listener], [], [], 0.2)[0]:
+                try:
+                    conn, _ = self.listener.accept()
+                    conn.sendall(TOKEN + self.me.encode() + b"\n")
+                    conn.close()
+                except OSError:
+                    continue
+
+    def connect(self, deadline: float) -> None:
+        result = {"to": self.master, "port": self.port, "address": self.address, "rendezvous": True, "attempts": 0}
+        result.update(result="not-tried", detail="deadline")
+        while time.monotonic() < deadline and result["result"] != "ok":
+            result["attempts"] += 1
+            result.update(self.attempt(max(0.1, min(CONNECT_TIMEOUT, deadline - time.monotonic()))))
+            if result["result"] != "ok":
+                time.sleep(RETRY_AFTER)
+        self.result = result
+
+    def attempt(self, timeout: float) -> dict:
+        where = f"the rendezvous at {self.address}:{self.port} from {self.source}"
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.settimeout(timeout)
+            try:
+                sock.bind((self.source, 0))
+                sock.connect((self.address, self.port))
+                answer = sock.recv(256)
+            except socket.timeout:  # noqa: UP041 (Python 3.8 on the node: not TimeoutError before 3.10)
+                return {"result": "timeout", "detail": f"{where}: no answer within {timeout:.1f} s"}
+            except OSError as exc:
+                code = exc.errno or errno.EINVAL
+                return {"result": CONNECT_ERRORS.get(code, "error"), "detail": f"{where}: {os.strerror(code)}"}
+        if answer.startswith(TOKEN):
+            return {"result": "ok", "detail": where}
+        return {"result": "wrong-service", "detail": f"{where}: answered {answer[:40]!r}, not clustercheck's probe"}
+
+    def finish(self, deadline: float) -> list[dict]:
+        """This node's connection to the rendezvous; none on the master, whose listener answers until DEADLINE,
+        when the others stop trying (the perf rounds start then: the wait costs no time)."""
+        if self.thread is not None and self.me != self.master:
+            self.thread.join(max(0.0, deadline - time.monotonic()) + CONNECT_TIMEOUT + 1)
+        if self.me == self.master:
+            time.sleep(max(0.0, deadline - time.monotonic()))
+        self.stop.set()
+        if self.thread is not None and self.me == self.master:
+            self.thread.join(1)
+        if self.listener is not None:
+            self.listener.close()
+        return [self.result] if self.result else []
+
+
 def sample_record(node: Mesh, sample: dict) -> dict:
     """What the probe learnt of the sampled ports: its own range, seed and ports (those it could not listen on with
     why), the connections in to them by port, and its connections out to the peers' samples (as `outgoing`)."""
@@ -126,11 +221,12 @@ def sample_record(node: Mesh, sample: dict) -> dict:
     }
 
 
-def summarise(record: dict, peers: dict[str, str]) -> dict:
+def summarise(record: dict, peers: dict[str, str], resolves: dict[str, str] | None = None) -> dict:
     """What the probe prints: RECORD (mesh()'s) with only what differs from what was expected. A connection out that
-    succeeded, a connection in from a peer and a name that resolves to exactly the address the controller gave
-    (PEERS) are counted, not listed: listing them is 2 (N-1) connections and N names per node, N² over the
-    cluster (a thousand nodes: 3 million entries for the controller to receive, parse and keep)."""
+    succeeded, a connection in from a peer and a name whose first address is the one the controller gave (PEERS;
+    resolve_summary) are counted, not listed: listing them is 2 (N-1) connections and N names per node, N² over
+    the cluster (a thousand nodes: 3 million entries for the controller to receive, parse and keep). RESOLVES: name
+    -> the address its name must resolve to where it is not its PEERS address (parse_peer_list)."""
     outgoing, incoming, names = record["outgoing"], record["incoming"], record["resolve"]
     from_peers = {address for name, address in peers.items() if name != record["node"]}
     sampled = set((record.get("sample") or {}).get("ports") or ())
@@ -151,29 +247,64 @@ def summarise(record: dict, peers: dict[str, str]) -> dict:
             "peers": sum(1 for c in incoming if c["from"] in from_peers),
             "others": [c for c in incoming if c["from"] not in from_peers],
         },
-        "resolve": {
-            "names": len(names),
-            "unexpected": {n: a for n, a in names.items() if a.get("addresses") != [peers.get(n)]},
-        },
+        "resolve": resolve_summary(names, {**peers, **(resolves or {})}),
     }
 
 
-def parse_peers(text: str) -> tuple[dict[str, str], dict[str, str]]:
-    """--peers' list: one node per line, NAME ADDRESS [HOSTNAME]; (name -> address, name -> hostname where given).
-    ValueError names a line that is not one."""
+ALSO_LISTED = 8  # names whose extra addresses are listed (a node's own name, mostly); the rest are counted
+
+
+def resolve_summary(names: dict[str, dict], peers: dict[str, str]) -> dict:
+    """NAMES' answers (name -> resolve()) against the addresses the controller gave (PEERS), judged by the first
+    address, the one the ranks use: getaddrinfo's first answer is what gloo binds and what torch's TCPStore and
+    torchrun's rendezvous connect to first. A name whose first address is the expected one is counted; the
+    addresses after it (a multi-homed host's /etc/hosts has a line per network for its own name, as Docker writes
+    them) are kept under `also` for the first ALSO_LISTED names. Any other answer is listed in `unexpected`."""
+    unexpected, also = {}, {}
+    for name, answer in names.items():
+        addresses = answer.get("addresses") or []
+        if addresses[:1] != [peers.get(name)]:
+            unexpected[name] = answer
+        elif len(addresses) > 1:
+            also[name] = addresses[1:]
+    summary: dict = {"names": len(names), "unexpected": unexpected}
+    if also:
+        summary["also"] = dict(sorted(also.items())[:ALSO_LISTED])
+        summary["also_names"] = len(also)
+    return summary
+
+
+RESOLVES = "resolves="  # a --peers field: the address the node's name must resolve to, where not ADDRESS
+
+
+def parse_peer_list(text: str) -> tuple[dict[str, str], dict[str, str], dict[str, str]]:
+    """--peers' list: one node per line, NAME ADDRESS [HOSTNAME] [resolves=CLUSTER_ADDRESS]; (name -> address,
+    name -> hostname where given, name -> the address its name must resolve to where it is not ADDRESS: the probe
+    runs over the training interface's address, the name resolves to the cluster address). ValueError names a line
+    that is not one."""
     peers: dict[str, str] = {}
     hostnames: dict[str, str] = {}
+    resolves: dict[str, str] = {}
     for number, line in enumerate(text.splitlines(), 1):
         fields = line.split()
         if not fields:
             continue
+        if fields[-1].startswith(RESOLVES) and len(fields) > 2:
+            resolves[fields[0]] = fields.pop()[len(RESOLVES) :]
         if len(fields) > 3 or len(fields) < 2:
-            raise ValueError(f"line {number}: expected NAME ADDRESS [HOSTNAME], not {line.strip()!r}")
+            expected = f"NAME ADDRESS [HOSTNAME] [{RESOLVES}ADDRESS]"
+            raise ValueError(f"line {number}: expected {expected}, not {line.strip()!r}")
         peers[fields[0]] = fields[1]
         if len(fields) == 3:
             hostnames[fields[0]] = fields[2]
     if not peers:
         raise ValueError("no node listed")
+    return peers, hostnames, resolves
+
+
+def parse_peers(text: str) -> tuple[dict[str, str], dict[str, str]]:
+    """--peers' list (parse_peer_list): (name -> address, name -> hostname where given)."""
+    peers, hostnames, _ = parse_peer_list(text)
     return peers, hostnames
 
 
@@ -214,6 +345,12 @@ def parser() -> argparse.ArgumentParser:
     p_mesh.add_argument(
         "--sample-seed", type=int, default=None, help="also listen on ports drawn across ip_local_port_range"
     )
+    p_mesh.add_argument(
+        "--rendezvous",
+        metavar="MASTER",
+        default=None,
+        help="also meet at MASTER's cluster address (its resolves= in --peers) on the first --port",
+    )
     p_mesh.add_argument("--go-file", default=None, help="connect only once this file exists (it holds the seconds)")
     p_mesh.add_argument("--ready-file", default=None, help="written once the listeners are up")
     p_mesh.add_argument("--ready-timeout", type=float, default=60.0, help="seconds to wait for the go file")
@@ -245,7 +382,7 @@ def main(argv: list[str] | None = None) -> int:
         write_atomic(args.file, text + "\n")
         return 0
     try:
-        peers, hostnames = read_peers(args.peers)
+        peers, hostnames, resolves = read_peers(args.peers)
     except (OSError, UnicodeDecodeError, ValueError) as exc:
         commands.error(f"--peers {args.peers}: {exc}")
     if args.me not in peers:
@@ -265,9 +402,16 @@ def main(argv: list[str] | None = None) -> int:
         rounds=args.rounds,
         seed=args.seed,
         sample_seed=args.sample_seed,
+        rendezvous=rendezvous_of(args.rendezvous, resolves),
+        resolves=resolves,
     )
-    print(json.dumps(summarise(record, peers)))
+    print(json.dumps(summarise(record, peers, resolves)))
     return 0
+
+
+def rendezvous_of(master: str | None, resolves: dict[str, str]) -> tuple[str, str] | None:
+    """--rendezvous MASTER: (MASTER, its cluster address) where the probe runs over another address of it."""
+    return (master, resolves[master]) if master and master in resolves else None
 
 
 def wait_ready(path: str, other: str | None, timeout: float) -> int:
@@ -287,12 +431,12 @@ def wait_ready(path: str, other: str | None, timeout: float) -> int:
     return 0
 
 
-def read_peers(source: str) -> tuple[dict[str, str], dict[str, str]]:
-    """--peers' list from the file SOURCE, or standard input for `-` (parse_peers)."""
+def read_peers(source: str) -> tuple[dict[str, str], dict[str, str], dict[str, str]]:
+    """--peers' list from the file SOURCE, or standard input for `-` (parse_peer_list)."""
     if source == "-":
-        return parse_peers(sys.stdin.read())
+        return parse_peer_list(sys.stdin.read())
     with open(source) as fh:
-        return parse_peers(fh.read())
+        return parse_peer_list(fh.read())
 
 
 if __name__ == "__main__":

@@ -4,9 +4,10 @@ all_reduce bandwidth sweep; and the same worker across one node's own ranks as a
 
 from __future__ import annotations
 
+import random
 import time
 
-from clustercheck.checks import collectives, nccl_net, registry
+from clustercheck.checks import collectives, fabric_pairs, nccl_net, registry
 from clustercheck.model import CheckResult, Status
 from clustercheck.stages import Context, Member, launch, torchjob
 from clustercheck.transport import TransportError
@@ -16,8 +17,23 @@ LOCAL_STAGE = "local-collectives"  # the node-local job's directory on the node 
 
 
 def part_args(members: list[Member], ctx: Context) -> list[str]:
-    """Its part's arguments in the run's torch job: none (the bandwidth thresholds are judged here)."""
-    return []
+    """Its part's arguments in the run's torch job: the fabric pair rounds' (their number, a seed drawn for this
+    run and written in the report, the floor; the all-node floor under which clean pairs lead to a bisection)."""
+    config = ctx.config
+    selection = config.selection
+    if not (selection.check_selected(fabric_pairs.NODE) or selection.check_selected(fabric_pairs.PATHS)):
+        return ["--pair-rounds", "0"]
+    rounds = config.pair_rounds if config.pair_rounds is not None else len(members)  # None: every pair
+    args = ["--pair-rounds", str(rounds), "--pair-seed", str(random.randrange(1 << 31))]
+    if config.min_pair_busbw:
+        args += ["--pair-floor", str(config.min_pair_busbw)]
+    try:
+        fail_below = collectives.parse_min_busbw(config.min_busbw).fail_below
+    except collectives.ThresholdError:
+        fail_below = None  # the stage reports the bad threshold itself
+    if fail_below:
+        args += ["--bisect-below", str(fail_below)]
+    return args
 
 
 def run(members: list[Member], ctx: Context) -> list[CheckResult]:
@@ -29,14 +45,16 @@ def run(members: list[Member], ctx: Context) -> list[CheckResult]:
     except (launch.LaunchError, collectives.ThresholdError, TransportError, OSError) as exc:
         return [
             registry.emit(name, Status.ERROR, f"{name}: {exc}", remediation=launch.launch_fix(exc))
-            for name in (*collectives.COLLECTIVES, "allreduce.bandwidth")
+            for name in (*collectives.COLLECTIVES, "allreduce.bandwidth", fabric_pairs.PATHS)
         ] + [
-            nccl_net.TRANSPORT.result(m.name, registry.skip(f"the collectives job did not start: {exc}"))
+            registry.result(check, m.name, registry.skip(f"the collectives job did not start: {exc}"))
             for m in members
+            for check in (nccl_net.TRANSPORT.name, fabric_pairs.NODE)
         ]
     results = collectives.evaluate(outcome.records, outcome.world_size)
     intra = {m.name: collectives.intra_node_thresholds(m.facts, thresholds) for m in members}
     results += collectives.evaluate_bandwidth(outcome.records, outcome.world_size, thresholds, hosts, intra)
+    results += fabric_pairs.evaluate(outcome.records, hosts, ctx.config.min_pair_busbw)
     return torchjob.judged(results, outcome) + transport_results(members, outcome, ctx, job.started or time.time())
 
 

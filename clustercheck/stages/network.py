@@ -21,9 +21,10 @@ import json
 import random
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 
 from clustercheck.checks import network, ports, registry
+from clustercheck.facts import trainnet
 from clustercheck.model import CheckResult, Status
 from clustercheck.remote import rounds as perf
 from clustercheck.stages import Context, Member, bundle, nodeprogram
@@ -61,12 +62,17 @@ def mesh_args(
     perf: tuple[int, tuple[str, ...]] | None = None,
     rounds: int | None = perf.DEFAULT_ROUNDS,
     sample_seed: int | None = None,
+    rendezvous: str | None = None,
 ) -> list[str]:
     """The probe's arguments on node ME, which reads the nodes from its standard input (peer_list()).
     BARRIER: (ready file, go file, seconds to wait for the go file). PERF: (port, measurements) for the perf rounds
     (network.plan()); none when no measurement is wanted. ROUNDS: how many perf rounds (None: every pair).
-    SAMPLE_SEED: the draw of the ports sampled across each node's ephemeral range (remote/portsample.py)."""
+    SAMPLE_SEED: the draw of the ports sampled across each node's ephemeral range (remote/portsample.py).
+    RENDEZVOUS: the master, where the probe runs over its training address but torchrun meets at its cluster
+    address: the master port is also tried there (netprobe.Meeting)."""
     args = ["mesh", "--self", me, "--duration", f"{duration:g}", "--peers", "-"]
+    if rendezvous:
+        args += ["--rendezvous", rendezvous]
     if sample_seed is not None:
         args += ["--sample-seed", str(sample_seed)]
     for port in ports:
@@ -83,11 +89,13 @@ def mesh_args(
 
 
 def peer_list(peers: list[network.Peer]) -> str:
-    """The probe's --peers list: a line per node, NAME ADDRESS, and the hostname to resolve where it is not NAME."""
+    """The probe's --peers list: a line per node, NAME ADDRESS, the hostname to resolve where it is not NAME, and
+    the address it must resolve to where the probe runs over another one (netprobe.parse_peer_list)."""
     lines = []
     for peer in peers:
         other = peer.hostname if peer.hostname and peer.hostname != peer.name else ""
-        lines.append(f"{peer.name} {peer.address} {other}".rstrip())
+        resolves = f"resolves={peer.cluster_address}" if peer.resolves_to != peer.address else ""
+        lines.append(" ".join(word for word in (peer.name, peer.address, other, resolves) if word))
     return "\n".join(lines) + "\n"
 
 
@@ -121,12 +129,20 @@ def past_waiting(finished: dict[str, float], nodes: int, paced_end: float, now: 
     return now - max(max(finished.values()), paced_end) > STRAGGLER_GRACE
 
 
-def cluster_network(members: list[Member]) -> str | None:
+def cluster_network(members: list[Member], paths: dict[str, trainnet.TrainingPath] | None = None) -> str | None:
     """The network the nodes talk over, for the advice that names it (a firewall rule): the inventory's
-    cluster_cidr, else the network of each node's cluster address on its cluster interface. None unless every
-    node gives the same one."""
+    cluster_cidr, else the network of each node's cluster address on its cluster interface; where the probe ran
+    over another address (PATHS: the training interface's), that address's network. None unless every node gives
+    the same one."""
     networks = set()
     for m in members:
+        path = (paths or {}).get(m.name)
+        if path is not None and path.address != m.address:
+            found = [str(a.address.network) for a in m.facts.addresses or [] if str(a.address.ip) == path.address]
+            if not found:
+                return None
+            networks.add(found[0])
+            continue
         if m.node.cluster_cidr:
             try:
                 networks.add(str(ipaddress.ip_network(m.node.cluster_cidr, strict=False)))
@@ -144,6 +160,56 @@ def cluster_network(members: list[Member]) -> str | None:
     return networks.pop() if len(networks) == 1 else None
 
 
+def training_path(m: Member, alone: bool = False) -> trainnet.TrainingPath:
+    """The interface and address M's training traffic uses (facts/trainnet.py), which the probe runs over: the
+    NCCL_SOCKET_IFNAME/GLOO_SOCKET_IFNAME its environment files give a user's torchrun, else its cluster interface.
+    ALONE: a one-node run, whose ranks meet on loopback."""
+    if alone:
+        return trainnet.TrainingPath(m.interface, m.address, "one node: its ranks meet on loopback")
+    settings = [(f"{s.file}:{s.line}", s.name, s.value) for s in m.facts.launch_env or []]
+    addresses = [(a.iface, str(a.address.ip)) for a in m.facts.addresses or [] if a.address.version == 4]
+    return trainnet.training_path(settings, addresses, (m.interface, m.address), m.node.address, m.gpus)
+
+
+PATH_CHECKS = ("network.tcp", "network.rtt", "network.throughput", "network.ports")  # run over the training path
+
+
+def with_paths(
+    results: list[CheckResult], paths: dict[str, trainnet.TrainingPath], rendezvous: str = ""
+) -> list[CheckResult]:
+    """RESULTS with the path every node's probe ran over in network.tcp's data, and said in the message of the
+    checks measured on it (PATH_CHECKS) where a node's training traffic leaves through another interface than its
+    cluster address (the network training uses is the one proven); RENDEZVOUS: what network.tcp also says of the
+    master port at the master's cluster address."""
+    data = {name: {"interface": p.interface, "address": p.address, "why": p.why} for name, p in paths.items()}
+    groups: dict[tuple, list[str]] = {}  # (interface, why) -> the nodes whose probe ran over it, for that reason
+    for name, p in sorted(paths.items()):
+        if p.elsewhere:
+            groups.setdefault((p.interface, p.why), []).append(name)
+    note = ""
+    if groups:
+        shown = "; ".join(
+            f"{_names(nodes)} over {interface} ({why})" for (interface, why), nodes in sorted(groups.items())[:3]
+        )
+        more = f"; and {len(groups) - 3} more" if len(groups) > 3 else ""
+        note = f" (on the network training uses, not the SSH addresses: {shown}{more})"
+    return [
+        replace(
+            r,
+            message=r.message + (f"; {rendezvous}" if rendezvous and r.name == "network.tcp" else "") + note,
+            # once in the report (network.tcp's): N entries, a report of thousands of nodes carries them once
+            data={**r.data, "paths": data} if r.name == "network.tcp" else r.data,
+        )
+        if r.name in PATH_CHECKS
+        else r
+        for r in results
+    ]
+
+
+def _names(nodes: list[str]) -> str:
+    return ", ".join(nodes[:3]) + (f" and {len(nodes) - 3} more" if len(nodes) > 3 else "")
+
+
 @dataclass(frozen=True)
 class Plan:
     """What every node's probe of one run is told: the ports, the measurements, and its times."""
@@ -157,6 +223,14 @@ class Plan:
     peers: list[network.Peer]
     listed: str  # the node list, the same on every probe's standard input (peer_list)
     sample_seed: int | None = None  # the draw of each node's sampled ephemeral ports (None: none sampled)
+    paths: dict[str, trainnet.TrainingPath] = field(default_factory=dict)  # node -> what its probe runs over
+
+    @property
+    def rendezvous(self) -> str | None:
+        """The master, where its probe runs over another address than torchrun's --master-addr (its cluster
+        address, the first peer's resolves=): the master port is tried there too."""
+        first = self.peers[0] if self.peers else None
+        return first.name if first is not None and first.resolves_to != first.address else None
 
     @classmethod
     def of(cls, members: list[Member], config) -> Plan:
@@ -164,7 +238,10 @@ class Plan:
         perf_port = pick_ephemeral_port()
         while perf_port in (port, config.master_port):
             perf_port = pick_ephemeral_port()
-        peers = [network.Peer(m.name, m.address, m.hostname) for m in members]
+        paths = {m.name: training_path(m, alone=len(members) == 1) for m in members}
+        # The probe runs over each node's training address; its name must still resolve to its cluster address.
+        moved = {m.name: m.address for m in members if paths[m.name].address != m.address}
+        peers = [network.Peer(m.name, paths[m.name].address, m.hostname, moved.get(m.name)) for m in members]
         return cls(
             port,
             perf_port,
@@ -176,6 +253,7 @@ class Plan:
             peer_list(peers),
             # a new draw each run, recorded in every node's record: the runs together cover the whole range
             random.SystemRandom().randrange(2**31) if ports_checked(config.selection.check_selected) else None,
+            paths,
         )
 
     @property
@@ -222,6 +300,7 @@ class Probes:
             (plan.perf_port, plan.measure),
             config.network_rounds,
             plan.sample_seed,
+            plan.rendezvous,
         )
         try:
             answer = nodeprogram.bundled(
@@ -329,14 +408,21 @@ def judge(members: list[Member], ctx: Context, plan: Plan, probes: Probes) -> li
         master=members[0].name,
         master_port=config.master_port,
         errors=dict(probes.errors),
-        cidr=cluster_network(members),
+        cidr=cluster_network(members, plan.paths),
         not_ready={m.name: plan.wait for m in members if m.name not in probes.ready_after},
         ready_after=dict(probes.ready_after),
         measure=plan.measure,
     )
     if plan.sample_seed is not None:
         rules = {m.name: m.facts.firewall.port_rules if m.facts.firewall else () for m in members}
-        results += ports.sample_check(dict(probes.records), rules, cidr=cluster_network(members))
+        results += ports.sample_check(dict(probes.records), rules, cidr=cluster_network(members, plan.paths))
+    meeting = ""
+    if plan.rendezvous:
+        master = plan.peers[0]
+        meeting = (
+            f"the rendezvous also tried at {master.name}'s cluster address {master.resolves_to}:{config.master_port}"
+        )
+    results = with_paths(results, plan.paths, meeting)
     if len(members) == 1:  # one node: the ranks meet on 127.0.0.1 whatever the hostname resolves to
         name = members[0].name
         results = [r for r in results if r.name != "network.resolve"]

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from clustercheck.checks import registry
 from clustercheck.model import CheckResult, Status
+from clustercheck.remote.common import RAILS_ENV
 from clustercheck.stages import Context, Member, bundle, launch, nodeprogram, runner
 from clustercheck.transport import CommandResult, TransportError
 
@@ -138,6 +139,8 @@ def plan(
         iface = "lo" if single_node else m.interface
         if iface:
             per_node_env[m.name] = {"NCCL_SOCKET_IFNAME": iface, "GLOO_SOCKET_IFNAME": iface}
+        if m.node.rail_interfaces and not single_node:  # each rank binds its own rail (remote/common.py)
+            per_node_env.setdefault(m.name, {})[RAILS_ENV] = ",".join(m.node.rail_interfaces)
     return launch.plan(
         specs,
         worker=worker,

@@ -230,3 +230,46 @@ def test_a_node_frozen_during_the_rounds_costs_its_own_pairs_and_the_stage_goes_
     limit += stage.perf_time(stage.round_count(peers, 8)) + 30
     seconds = next(s["duration_s"] for s in report["stages"] if s["name"] == "network")
     assert seconds < limit - 20, f"the network stage took {seconds} s, node3's probe's time limit is {limit} s"
+
+
+def test_rails_the_probe_runs_over_the_training_interface_and_own_names_on_every_network_pass(bare_cluster, tmp_path):
+    """Two extra Docker networks ("rails") on every node: Docker writes a hosts line per network for the node's own
+    name, so it resolves to its cluster address first, then its rail addresses (network.resolve PASSes, naming
+    them). /etc/environment's GLOO_SOCKET_IFNAME=eth1 moves the training traffic to rail 1: the probe runs over it
+    (every node's path in the data, the master port also tried at node1's cluster address), and a tbf on node3's
+    eth1 (10 Mbit/s) is named there. Everything is removed afterwards."""
+    import subprocess
+
+    rails = [f"{bare_cluster.name}-trainnet-rail{r}" for r in (1, 2)]
+    env_before = {}
+    try:
+        for rail in rails:
+            subprocess.run(["docker", "network", "create", "--label", "clustercheck-test=rails", rail], check=True)
+            for node in bare_cluster.nodes:
+                subprocess.run(["docker", "network", "connect", rail, node.container], check=True)
+        for node in bare_cluster.nodes:
+            env_before[node.name] = on(node, "cat /etc/environment 2>/dev/null || true").stdout
+            on(node, "echo GLOO_SOCKET_IFNAME=eth1 >> /etc/environment")
+        node3 = bare_cluster.node("node3")
+        on(node3, "tc qdisc add dev eth1 root tbf rate 10mbit burst 32kbit latency 400ms")
+        proc = clustercheck(bare_cluster, tmp_path, "--only", "network", "--format", "json", "--master-port", "29639")
+    finally:
+        for node in bare_cluster.nodes:
+            on(node, "tc qdisc del dev eth1 root 2>/dev/null || true", check=False)
+            if node.name in env_before:
+                on(node, f"printf %s {shlex.quote(env_before[node.name])} > /etc/environment", check=False)
+            for rail in rails:
+                subprocess.run(["docker", "network", "disconnect", rail, node.container], capture_output=True)
+        for rail in rails:
+            subprocess.run(["docker", "network", "rm", rail], capture_output=True)
+    checks = {(c["name"], c["host"]): c for c in json.loads(proc.stdout)["checks"]}
+    for node in bare_cluster.nodes:
+        resolve = checks[("network.resolve", node.name)]
+        assert resolve["status"] == "PASS", resolve
+        assert len(resolve["data"]["also"][node.name]) == 2  # its two rail addresses, after the cluster address
+    tcp = checks[("network.tcp", None)]
+    assert tcp["status"] == "PASS", tcp
+    assert {p["interface"] for p in tcp["data"]["paths"].values()} == {"eth1"}
+    assert "GLOO_SOCKET_IFNAME=eth1" in tcp["message"] and "the rendezvous also tried at node1" in tcp["message"]
+    throughput = checks[("network.throughput", None)]
+    assert throughput["status"] in ("WARN", "FAIL") and "node3" in throughput["message"], throughput

@@ -125,6 +125,13 @@ class Cluster:
     user: str = "root"
     # The apt proxy the Ubuntu nodes use (the control machine's apt-cacher-ng), or "".
     apt_proxy: str = ""
+    # The data networks ("rails") besides the cluster network: each one's subnet; every node is on each, as eth1,
+    # eth2... in order, and the inventory names them in cluster_rail_interfaces.
+    rails: list[str] = field(default_factory=list)
+
+    @property
+    def rail_interfaces(self) -> list[str]:
+        return [f"eth{i}" for i in range(1, len(self.rails) + 1)]
 
     @property
     def key_file(self) -> str:
@@ -233,8 +240,10 @@ def _write_inventory(cluster: Cluster) -> None:
         f"ansible_ssh_private_key_file={cluster.key_file}",
         f"ansible_ssh_common_args='-o UserKnownHostsFile={cluster.known_hosts} -o StrictHostKeyChecking=yes'",
         f"cluster_cidr={cluster.subnet}",
-        "",
     ]
+    if cluster.rails:
+        lines.append(f"cluster_rail_interfaces={json.dumps(cluster.rail_interfaces, separators=(',', ':'))}")
+    lines.append("")
     Path(cluster.inventory).write_text("\n".join(lines))
 
 
@@ -260,6 +269,30 @@ def _node_setup_script(user: str, apt_proxy: str) -> str:
     return "\n".join(script)
 
 
+def _network(network: str, name: str) -> ipaddress.IPv4Network:
+    """Create the bridge network NETWORK of cluster NAME on a free /24; its subnet."""
+    for attempt in range(5):  # another cluster may take the same subnet between our look and our create
+        subnet = _free_subnet()
+        created = docker(
+            "network",
+            "create",
+            "--driver",
+            "bridge",
+            "--subnet",
+            str(subnet),
+            "--label",
+            f"{LABEL}={name}",
+            network,
+            check=False,
+        )
+        if created.returncode == 0:
+            return subnet
+        if attempt == 4:
+            raise ClusterError(f"docker network create {network} failed: {created.stderr.strip()}")
+        time.sleep(1)
+    raise AssertionError("unreachable")
+
+
 def _gateway(network: str, subnet: ipaddress.IPv4Network) -> str:
     out = docker("network", "inspect", "--format", "{{range .IPAM.Config}}{{.Gateway}}{{end}}", network).stdout
     return out.strip() or str(next(subnet.hosts()))
@@ -272,12 +305,14 @@ def up(
     os_name: str | list[str] = DEFAULT_OS,
     user: str = "root",
     image: str = "",
+    rails: int = 0,
 ) -> Cluster:
     """Start COUNT nodes named node1..nodeN on a private network; replaces leftovers of NAME.
 
     OS_NAME: one OS for every node, or a list with one per node. USER: the login user; anyone but root gets
     passwordless sudo and root gets no key. IMAGE: an image made from OS_NAME's node image (one OS for every
-    node) to start the nodes from instead, such as one with torch installed (tests/cluster/torchenv.py).
+    node) to start the nodes from instead, such as one with torch installed (tests/cluster/torchenv.py). RAILS:
+    data networks besides the cluster network, each node on every one (eth1, eth2...; cluster_rail_interfaces).
     """
     if count < 1:
         raise ClusterError("a cluster needs at least one node")
@@ -301,25 +336,8 @@ def up(
     public_key = (state / "id_ed25519.pub").read_text().strip()
 
     network = f"{name}-net"
-    for attempt in range(5):  # another cluster may take the same subnet between our look and our create
-        subnet = _free_subnet()
-        created = docker(
-            "network",
-            "create",
-            "--driver",
-            "bridge",
-            "--subnet",
-            str(subnet),
-            "--label",
-            f"{LABEL}={name}",
-            network,
-            check=False,
-        )
-        if created.returncode == 0:
-            break
-        if attempt == 4:
-            raise ClusterError(f"docker network create {network} failed: {created.stderr.strip()}")
-        time.sleep(1)
+    subnet = _network(network, name)
+    rail_nets = [(f"{name}-rail{k}", _network(f"{name}-rail{k}", name)) for k in range(1, rails + 1)]
     apt_proxy = f"http://{_gateway(network, subnet)}:{port}" if port else ""
     cluster = Cluster(
         name=name,
@@ -329,6 +347,7 @@ def up(
         state_dir=str(state),
         user=user,
         apt_proxy=apt_proxy,
+        rails=[str(sub) for _, sub in rail_nets],
     )
     hosts = list(subnet.hosts())
     for i in range(1, count + 1):
@@ -360,6 +379,8 @@ def up(
             "1g",
             images[node.os],
         )
+        for rail, rail_subnet in rail_nets:  # eth1, eth2... in this order
+            docker("network", "connect", "--ip", str(list(rail_subnet.hosts())[i + 9]), rail, node.container)
         cluster.nodes.append(node)
     cluster.save()
 
@@ -386,6 +407,7 @@ def main(argv: list[str] | None = None) -> int:
     p_up.add_argument("--name", default=DEFAULT_NAME)
     p_up.add_argument("--os", default=DEFAULT_OS, help=f"OS of every node, or one per node: {', '.join(DISTROS)}")
     p_up.add_argument("--user", default="root", help="login user (passwordless sudo) instead of root")
+    p_up.add_argument("--rails", type=int, default=0, help="data networks besides the cluster's, as eth1, eth2...")
     p_down = sub.add_parser("down", help="remove the cluster")
     p_down.add_argument("--name", default=DEFAULT_NAME)
     p_inv = sub.add_parser("inventory", help="print the inventory path")
@@ -398,7 +420,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "up":
             os_name = args.os.split(",") if "," in args.os else args.os
-            print(up(args.count, args.name, os_name=os_name, user=args.user).inventory)
+            print(up(args.count, args.name, os_name=os_name, user=args.user, rails=args.rails).inventory)
         elif args.command == "down":
             down(args.name)
         elif args.command == "inventory":

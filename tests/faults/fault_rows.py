@@ -52,6 +52,7 @@ DIFFERS = "one node's software or configuration differs from the others'"
 STOPS = "a job stops making progress (a rank killed, a node frozen, Ctrl-C)"
 SPACE = "a file system a job needs is full or too small"
 SESSION = "the SSH session is not what a tool expects"
+RAIL = "a rail, or every rail of a node, slower than the same rail elsewhere"
 
 ROWS = [
     Fault(
@@ -528,5 +529,32 @@ ROWS = [
         (*DDP, "--master-port", "29654"),  # the default stall timeout (60 s): torch starts slowly on a loaded machine
         node="node1",
         mechanism=PORTS,
+    ),
+    # Issue 54: the fabric training uses, pair by pair (the converged cluster has two rails, eth1 and eth2, named in
+    # cluster_rail_interfaces: local rank i of every node binds rail i).
+    Fault(
+        "rail-throttled",
+        "one rail of one node is slow (a bad cable, transceiver or switch port on that NIC)",
+        "node2's rail 1 (eth2) egress shaped to 100 Mbit/s (`tc qdisc add dev eth2 root tbf rate 100mbit burst 32kbit "
+        "latency 400ms`)",
+        ExitCode.CHECK_FAILED,
+        "fabric.pairs",
+        "node2",
+        r"^node2 rail 1 \(local rank 1, eth2\) slow with 2 partners: sends node1 [\d.]+, node3 [\d.]+",
+        120,
+        ("--only", "collectives", "--skip", "local.*", "--master-port", "29656"),
+        mechanism=RAIL,
+    ),
+    Fault(
+        "node-rails-throttled",
+        "every rail of one node is slow (the node's NICs share a bad PCIe switch, NUMA placement or firmware)",
+        "node3's rails eth1 and eth2 egress shaped to 100 Mbit/s each (tc tbf as above)",
+        ExitCode.CHECK_FAILED,
+        "fabric.pairs",
+        "node3",
+        r"^every rail of node3 is slow: node3 rail 0 \(local rank 0, eth1\) slow with 2 partners",
+        120,
+        ("--only", "collectives", "--skip", "local.*", "--master-port", "29657"),
+        mechanism=RAIL,
     ),
 ]

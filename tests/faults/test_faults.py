@@ -138,7 +138,7 @@ def node_state(site_packages: str) -> str:
             "ls /etc/ssh/sshd_config.d",
             "systemctl is-active ssh chrony slurmd",
             "iptables -S",
-            "tc qdisc show dev eth0",
+            "tc qdisc show",  # every interface's: the cluster network's and the rails'
             "df -k --output=target,size /dev/shm /tmp /root",
             f"md5sum {site_packages}/torch/version.py {site_packages}/mpmath-*.dist-info/METADATA 2>&1",
             f"ls {site_packages} | grep clustercheck_test_fault",
@@ -1093,3 +1093,36 @@ def ephemeral_stall(cluster, tmp_path, row):
     assert wait["to"] == "node1" and wait["from"] == ["node2", "node3"] and wait["listening"], wait
     assert f"-A {CHAIN} " in ddp["message"] and ddp["remediation"].startswith("On node1")
     return verdict
+
+
+# ------------------------------------------------------------------------------------ the fabric, pair by pair
+
+THROTTLE = "tbf rate 100mbit burst 32kbit latency 400ms"  # a rail at a tenth of a 1 Gb/s link's speed
+
+
+def throttled(cluster, tmp_path: Path, row: Fault, node: str, interfaces: tuple[str, ...]) -> Verdict:
+    """ROW's run with NODE's INTERFACES (rails) shaped on their way out; no path and no other node is blamed."""
+    target = cluster.node(node)
+    for iface in interfaces:
+        on_node(target, f"tc qdisc add dev {iface} root {THROTTLE}")
+    try:
+        verdict = run(cluster, tmp_path, row)
+    finally:
+        for iface in interfaces:
+            on_node(target, f"tc qdisc del dev {iface} root", check=False)
+    if verdict.report:
+        paths = checks(verdict)[("fabric.paths", None)]
+        assert paths["status"] == "PASS", f"a path blamed besides {node}'s rails: {paths['message']}"
+        figures = [c for c in verdict.report["checks"] if c["name"] == "fabric.pairs"]
+        assert len(figures) == 3 and all(len(c["data"]["rails"]) == 2 for c in figures), "a figure per (node, rail)"
+    return verdict
+
+
+@injects("rail-throttled")
+def rail_throttled(cluster, tmp_path, row):
+    return throttled(cluster, tmp_path, row, "node2", ("eth2",))
+
+
+@injects("node-rails-throttled")
+def node_rails_throttled(cluster, tmp_path, row):
+    return throttled(cluster, tmp_path, row, "node3", ("eth1", "eth2"))

@@ -135,7 +135,7 @@ def test_a_version_that_changed_on_one_node_is_named():
 @pytest.mark.parametrize(
     ("text", "error"),
     [
-        ("speed=10", "FIGURE one of busbw, rtt, throughput, ddp_step, collector"),
+        ("speed=10", "FIGURE one of busbw, rtt, throughput, fabric, ddp_step, collector"),
         ("busbw", "give FIGURE=WARN[:FAIL]"),
         ("busbw=ten", "WARN and FAIL are numbers"),
         ("busbw=30:10", "0 <= WARN <= FAIL"),
@@ -232,8 +232,8 @@ def test_the_documented_defaults_are_the_tolerances():
     assert f"| {defaults} |" in row
     help_text = " ".join(CliRunner().invoke(cli, ["run", "--help"], terminal_width=400).output.split())
     assert (
-        "FIGURE (default) is busbw (10:25), rtt (50:200), throughput (20:50), ddp_step (20:50), collector (50:200)"
-        in help_text
+        "FIGURE (default) is busbw (10:25), rtt (50:200), throughput (20:50), fabric (20:50), ddp_step (20:50), "
+        "collector (50:200)" in help_text
     )
 
 

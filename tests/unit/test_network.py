@@ -570,7 +570,12 @@ def test_the_probe_counts_what_was_expected_and_lists_the_rest():
     records["node2"]["resolve"]["node3"] = {"hostname": "node3", "addresses": ["172.30.80.13", "10.0.0.3"]}
     records["node2"]["incoming"].append({"from": "10.1.1.1", "port": 29500, "peer": False})
     node2 = probe_records(records)["node2"]
-    assert node2["resolve"]["unexpected"] == {"node3": {"hostname": "node3", "addresses": ["172.30.80.13", "10.0.0.3"]}}
+    # Judged by the first address (what the ranks use): the cluster address first is expected, what follows is kept.
+    assert node2["resolve"]["unexpected"] == {}
+    assert node2["resolve"]["also"] == {"node3": ["10.0.0.3"]}
+    records["node2"]["resolve"]["node3"] = {"hostname": "node3", "addresses": ["10.0.0.3", "172.30.80.13"]}
+    node2 = probe_records(records)["node2"]
+    assert node2["resolve"]["unexpected"] == {"node3": {"hostname": "node3", "addresses": ["10.0.0.3", "172.30.80.13"]}}
     assert node2["incoming"]["others"] == [{"from": "10.1.1.1", "port": 29500, "peer": False}]
 
 
@@ -585,3 +590,35 @@ def test_a_name_most_nodes_resolve_elsewhere_is_judged_by_the_majority_of_all_an
     failing = [r for r in named(evaluate(records), "network.resolve") if r.status is Status.FAIL]
     assert [r.host for r in failing] == ["node3"]  # now node3 itself is the odd one out
     assert "node3 resolves to 172.30.80.13, other nodes get 10.0.0.3" in failing[0].message
+
+
+def test_a_node_whose_own_name_also_resolves_to_its_rail_addresses_passes():
+    """Docker (and many multi-NIC hosts) write a hosts line per network for the node's own name: the cluster
+    address first, then the rails'. The ranks use the first (gloo binds it, torchrun's rendezvous connects to it),
+    so the others are noted, not failed. The old judgement compared the whole list and failed every node."""
+    records = load("netprobe-healthy.json")
+    rails = {}
+    for number, (name, record) in enumerate(sorted(records.items()), 1):
+        rails[name] = [f"172.31.1.{number}", f"172.31.2.{number}"]
+        record["resolve"][name] = {"hostname": name, "addresses": [record["address"], *rails[name]]}
+    results = named(evaluate(records), "network.resolve")
+    assert {r.status for r in results} == {Status.PASS}
+    node2 = next(r for r in results if r.host == "node2")
+    assert node2.data["also"] == {"node2": rails["node2"]}
+    assert "172.31.1.2" in node2.message
+
+
+def test_a_rail_address_resolved_first_is_still_judged():
+    """The first address is what the ranks use: a node whose own name resolves first to a rail address (the others
+    get its cluster address) fails, whatever follows; everywhere the same other first address warns."""
+    records = load("netprobe-healthy.json")
+    cluster = records["node2"]["address"]
+    records["node2"]["resolve"]["node2"] = {"hostname": "node2", "addresses": ["172.31.1.2", cluster]}
+    (failing,) = [r for r in named(evaluate(records), "network.resolve") if r.status is Status.FAIL]
+    assert failing.host == "node2"
+    assert f"node2 resolves to 172.31.1.2, other nodes get {cluster}" in failing.message
+    for record in records.values():
+        record["resolve"]["node2"] = {"hostname": "node2", "addresses": ["172.31.1.2", cluster]}
+    results = named(evaluate(records), "network.resolve")
+    assert {r.status for r in results} == {Status.WARN}
+    assert f"resolves first to 172.31.1.2, not its cluster address {cluster}" in results[0].message

@@ -79,7 +79,7 @@ def _defaults(command: click.Command) -> dict[str, object]:
 def test_run_and_launch_keep_their_options_and_defaults():
     # What scripts rely on: the option names and their defaults (the constants' values, as --help shows them).
     run_defaults = _defaults(run.command)
-    assert len(run_defaults) == 38 and {"--slurm", "--nodes", "--only", "--skip", "-o/--output"} <= set(run_defaults)
+    assert len(run_defaults) == 40 and {"--slurm", "--nodes", "--only", "--skip", "-o/--output"} <= set(run_defaults)
     assert {k: run_defaults[k] for k in ("--slurm-wait", "--forks", "--command-timeout", "--timeout")} == {
         "--slurm-wait": 300,
         "--forks": 32,

@@ -126,6 +126,32 @@ def stale_rules(show_added: str, wanted: list[str], controller: str = "", contro
     return stale
 
 
+def rail_networks(facts: dict, interfaces: list) -> list[str]:
+    """The network (CIDR) of each interface in INTERFACES (cluster_rail_interfaces), from the node's Ansible facts
+    (FACTS: ansible_facts): the rails' addresses are the user's network's, the role only lets them in."""
+    networks = []
+    for name in interfaces or []:
+        ipv4 = (facts.get(str(name).replace("-", "_")) or {}).get("ipv4") or {}
+        if not ipv4.get("address") or not ipv4.get("netmask"):
+            raise ValueError(
+                f"cluster_rail_interfaces names {name}, which has no IPv4 address on this node: give each rail its "
+                "address (netplan, DHCP) before the firewall role, or leave it out of cluster_rail_interfaces"
+            )
+        network = str(ipaddress.ip_network(f"{ipv4['address']}/{ipv4['netmask']}", strict=False))
+        if network not in networks:
+            networks.append(network)
+    return networks
+
+
+def rail_rules(networks: list[str]) -> list[str]:
+    """The rule letting each rail network in, as the cluster network's."""
+    return [f"allow from {network} comment 'clustercheck rail network'" for network in networks]
+
+
 class FilterModule:
     def filters(self):
-        return {"firewall_stale_rules": stale_rules}
+        return {
+            "firewall_stale_rules": stale_rules,
+            "firewall_rail_networks": rail_networks,
+            "firewall_rail_rules": rail_rules,
+        }

@@ -1,0 +1,164 @@
+"""Fabric pair rounds: which nodes pair in which round, and what the figures suspect (standard library only, Python
+3.8+). The ranks of the torch job compute the schedule and the confirm round with these functions
+(remote/collectives.py), and the controller judges the figures with the same ones (checks/fabric_pairs.py), so
+both sides agree on every pair without sending the schedule.
+
+A round pairs disjoint nodes; in a pair, local rank i of one node exchanges with local rank i of the other
+(rail-aligned: GPU i of every node talks to GPU i of the others through HCA i), both directions at once. A figure
+is one direction of one rail between two nodes, measured where it arrives: an edge (src, dst, rail) in GB/s.
+
+The schedule is a round-robin (the circle method) over the nodes shuffled with a seed the report records: n-1
+rounds (n even) or n (n odd) give every pair once; past MAX_ROUNDS the first MAX_ROUNDS rounds of a shuffled round
+order are run, so the rounds do not grow with the cluster and each node meets MAX_ROUNDS different partners.
+"""
+
+import random
+
+DEFAULT_ROUNDS = 6  # every node meets up to this many partners: enough to tell "slow with two or more" from one
+# An edge under this share of its rail's reference is slow: NCCL's large send/recv over RDMA is steady run to run
+# (SuperBench calls a pair 5 % under its baseline defective). gloo on CPU ranks that share the node's cores with
+# everything else is not: ten healthy runs on the 3-node test cluster (2 cores for 6 ranks and more) gave figures
+# from 0.12 to 1 times the reference even as the best of their exchanges, so there only a collapse (a twentieth)
+# counts: a rail shaped to 100 Mbit/s among ~1.5 GB/s ones is a hundredth.
+SLOW_RATIO = {"nccl": 0.7, "gloo": 0.05}
+
+
+def schedule(n, seed, max_rounds=DEFAULT_ROUNDS):
+    """Rounds of disjoint pairs of node indices (0..N-1): every pair once when the round-robin's rounds fit in
+    MAX_ROUNDS (0: no limit), else MAX_ROUNDS of its rounds, chosen and ordered by SEED."""
+    if n < 2:
+        return []
+    rng = random.Random(seed)
+    order = list(range(n))
+    rng.shuffle(order)
+    if n % 2:
+        order.append(None)  # the bye: a node paired with it sits the round out
+    ring = order[1:]
+    rounds = list(range(len(ring)))
+    rng.shuffle(rounds)
+    if max_rounds and max_rounds < len(rounds):
+        rounds = rounds[:max_rounds]
+    out = []
+    half = len(order) // 2
+    for r in rounds:
+        lineup = [order[0], *ring[r:], *ring[:r]]
+        pairs = [(lineup[i], lineup[-1 - i]) for i in range(half)]
+        out.append([(min(a, b), max(a, b)) for a, b in pairs if a is not None and b is not None])
+    return out
+
+
+def partner_of(round_pairs, node):
+    """NODE's partner in a round (a list of pairs), or None when it sits the round out."""
+    for a, b in round_pairs:
+        if a == node:
+            return b
+        if b == node:
+            return a
+    return None
+
+
+def median(values):
+    ordered = sorted(values)
+    if not ordered:
+        return None
+    mid = len(ordered) // 2
+    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
+
+
+def rail_reference(edges):
+    """Each rail's reference figure over EDGES ({(src, dst, rail): GB/s}): the median over the nodes of each node's
+    best figure on the rail (sent or received). One bad node touches most edges of a small cluster, which would
+    drag a plain median down with it; it is only one of the nodes whose best is taken."""
+    best = {}
+    for (src, dst, rail), gbps in edges.items():
+        for node in (src, dst):
+            key = (node, rail)
+            best[key] = max(gbps, best.get(key, gbps))
+    by_rail = {}
+    for (_, rail), gbps in best.items():
+        by_rail.setdefault(rail, []).append(gbps)
+    return {rail: median(values) for rail, values in by_rail.items()}
+
+
+def slow_edges(edges, floor=None, ratio=SLOW_RATIO["gloo"], reference=None):
+    """The edges of EDGES below RATIO of their rail's reference (REFERENCE, else EDGES' own), or below FLOOR (GB/s)
+    when given."""
+    reference = reference or rail_reference(edges)
+    slow = set()
+    for edge, gbps in edges.items():
+        limit = reference[edge[2]] * ratio
+        if floor:
+            limit = max(limit, floor)
+        if gbps < limit:
+            slow.add(edge)
+    return slow
+
+
+def slow_partners(slow):
+    """{(node, rail, "out" or "in"): set of partners} from the slow edges: a node's rail that sends slowly to, or
+    receives slowly from, each of those partners."""
+    out = {}
+    for src, dst, rail in slow:
+        out.setdefault((src, rail, "out"), set()).add(dst)
+        out.setdefault((dst, rail, "in"), set()).add(src)
+    return out
+
+
+def suspects(slow):
+    """What the slow edges point at: {(node, rail, direction): partners} for a node's rail slow with two or more
+    different partners, and the pairs (a, b, rail) slow with each other only, that no such rail explains. A slow
+    rail explains every slow edge of its node on that rail, both ways: a NIC that sends slowly also delays the
+    acknowledgements of what it receives."""
+    rails = {key: partners for key, partners in slow_partners(slow).items() if len(partners) >= 2}
+    named = {(node, rail) for node, rail, _ in rails}
+    pairs = set()
+    for src, dst, rail in slow:
+        if (src, rail) not in named and (dst, rail) not in named:
+            pairs.add((min(src, dst), max(src, dst), rail))
+    return rails, pairs
+
+
+def confirm_rounds(n, slow, seed):
+    """The confirm round: each suspect node (a slow rail's, an unexplained slow pair's) paired with a node that is
+    no suspect, and every unexplained slow pair run again; packed into as few rounds of disjoint
+    pairs as they fit (usually one or two)."""
+    rails, pairs = suspects(slow)
+    touched = sorted({node for node, _, _ in rails} | {a for a, _, _ in pairs} | {b for _, b, _ in pairs})
+    if not touched:
+        return []
+    fine = [node for node in range(n) if node not in touched]  # a partner a suspect explains is fine
+    random.Random(seed).shuffle(fine)
+    wanted = sorted({(a, b) for a, b, _ in pairs})
+    for i, node in enumerate(touched):
+        if fine:
+            wanted.append((min(node, fine[i % len(fine)]), max(node, fine[i % len(fine)])))
+    rounds = []
+    for pair in wanted:
+        for r in rounds:
+            if not {x for p in r for x in p} & set(pair):
+                r.append(pair)
+                break
+        else:
+            rounds.append([pair])
+    return rounds
+
+
+def halves(group):
+    """GROUP (node indices) split in two halves, in its order (inventory order: racks are usually contiguous)."""
+    mid = len(group) // 2
+    return [group[:mid], group[mid:]]
+
+
+def edges_from(rounds, received, size):
+    """The edges {(src, dst, rail): GB/s} of ROUNDS (lists of node pairs) from RECEIVED: {(node, rail): seconds
+    per round, None where that rank received nothing}, each the time SIZE bytes took to arrive from the partner."""
+    edges = {}
+    for (node, rail), times in received.items():
+        for round_pairs, seconds in zip(rounds, times):  # noqa: B905 (Python 3.8 on the node: no strict=)
+            partner = partner_of(round_pairs, node)
+            if partner is None or seconds is None or seconds <= 0:
+                continue
+            gbps = size / seconds / 1e9
+            key = (partner, node, rail)
+            edges[key] = min(gbps, edges.get(key, gbps))  # met twice (a confirm round again): the slower counts
+    return edges

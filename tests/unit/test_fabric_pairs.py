@@ -1,0 +1,159 @@
+"""The fabric pair rounds' schedule (remote/pairs.py) and their judgement (checks/fabric_pairs.py), on records of the
+shape the torch job's ranks write (remote/fabricpairs.py). The figures are built here from a rail speed per node:
+what is judged is which (node, rail) or path the figures name, not a recorded output."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from clustercheck.checks import fabric_pairs
+from clustercheck.model import Status
+from clustercheck.remote import pairs
+
+SIZE = 1 << 22
+
+
+@pytest.mark.parametrize("n", [2, 3, 4, 7, 8, 64, 1000])
+def test_every_round_pairs_disjoint_nodes_and_small_clusters_meet_every_pair_once(n):
+    rounds = pairs.schedule(n, seed=5, max_rounds=0)
+    met = [p for r in rounds for p in r]
+    for r in rounds:
+        nodes = [x for p in r for x in p]
+        assert len(nodes) == len(set(nodes))
+    assert sorted(met) == sorted(itertools.combinations(range(n), 2))
+
+
+def test_past_the_limit_the_rounds_stop_growing_and_each_node_meets_that_many_partners():
+    rounds = pairs.schedule(4000, seed=1, max_rounds=6)
+    assert len(rounds) == 6 and all(len(r) == 2000 for r in rounds)
+    partners = {}
+    for a, b in (p for r in rounds for p in r):
+        partners.setdefault(a, set()).add(b)
+        partners.setdefault(b, set()).add(a)
+    assert {len(p) for p in partners.values()} == {6}
+    assert pairs.schedule(4000, seed=1, max_rounds=6) == rounds  # the seed in the report gives the same rounds
+    assert pairs.schedule(4000, seed=2, max_rounds=6) != rounds
+
+
+def records(n: int, rails: int, speed, confirm_speed=None, backend="gloo", seed=3, rounds=6) -> list[dict]:
+    """The collectives part's records of a job of N nodes with RAILS ranks each: SPEED(src, dst, rail) in GB/s is
+    what each direction moves, in the rounds and (CONFIRM_SPEED, else the same) in the confirm round the ranks
+    compute as remote/fabricpairs.py does."""
+    schedule = pairs.schedule(n, seed, rounds)
+    received = {
+        (node, rail): [
+            None if pairs.partner_of(r, node) is None else SIZE / (speed(pairs.partner_of(r, node), node, rail) * 1e9)
+            for r in schedule
+        ]
+        for node in range(n)
+        for rail in range(rails)
+    }
+    ratio = pairs.SLOW_RATIO[backend]
+    slow = pairs.slow_edges(pairs.edges_from(schedule, received, SIZE), None, ratio)
+    confirm = pairs.confirm_rounds(n, slow, seed)
+    again = confirm_speed or speed
+
+    def took(rnd, node, rail, how):
+        partner = pairs.partner_of(rnd, node)
+        return None if partner is None else SIZE / (how(partner, node, rail) * 1e9)
+
+    out = []
+    for node in range(n):
+        for rail in range(rails):
+            fabric = {
+                "node": node,
+                "rail": rail,
+                "interface": f"eth{rail + 1}",
+                "bytes": SIZE,
+                "iters": 3,
+                "seed": seed,
+                "recv": received[(node, rail)],
+                "confirm": [took(r, node, rail, again) for r in confirm],
+            }
+            if node == 0 and rail == 0:
+                fabric.update(schedule=schedule, confirm_schedule=confirm)
+            rank = {"rank": node * rails + rail, "node": f"node{node + 1}", "ok": True, "backend": backend}
+            out.append({**rank, "fabric": fabric})
+    return out
+
+
+def judged(recs, n):
+    results = fabric_pairs.evaluate(recs, [f"node{i + 1}" for i in range(n)])
+    return {(r.name, r.host): r for r in results}
+
+
+def bad(results):
+    return {key: r for key, r in results.items() if r.status is not Status.PASS}
+
+
+def test_a_healthy_cluster_gives_a_figure_for_every_node_and_rail_and_no_finding():
+    results = judged(records(5, 2, lambda s, d, k: 1.0 + 0.1 * ((s + d + k) % 3)), 5)
+    assert bad(results) == {}
+    node = results[("fabric.pairs", "node2")]
+    assert [r["interface"] for r in node.data["rails"]] == ["eth1", "eth2"]
+    assert {m.labels["rail"] for m in node.measures} == {"0", "1"}
+
+
+def test_one_slow_rail_names_its_node_rail_and_interface_and_nothing_else():
+    # node3's rail 1 sends at a hundredth; its NIC also delays the acknowledgements of what it receives
+    def speed(src, dst, rail):
+        return 0.01 if rail == 1 and 2 in (src, dst) else 1.0
+
+    results = bad(judged(records(6, 2, speed), 6))
+    assert list(results) == [("fabric.pairs", "node3")]
+    finding = results[("fabric.pairs", "node3")]
+    assert finding.status is Status.FAIL
+    assert finding.message.startswith("node3 rail 1 (local rank 1, eth2) slow with ")
+    assert "tc qdisc show" in finding.remediation
+
+
+def test_every_rail_of_a_node_slow_names_the_node():
+    results = bad(judged(records(6, 2, lambda s, d, k: 0.01 if 4 in (s, d) else 1.0), 6))
+    assert list(results) == [("fabric.pairs", "node5")]
+    assert results[("fabric.pairs", "node5")].message.startswith("every rail of node5 is slow")
+
+
+def test_a_slow_path_between_two_nodes_fine_elsewhere_is_the_path_and_a_one_off_is_a_warning():
+    def speed(src, dst, rail):
+        return 0.01 if {src, dst} == {1, 4} and rail == 0 else 1.0
+
+    recs = records(6, 2, speed, seed=11, rounds=0)  # every pair: 1 and 4 meet
+    results = bad(judged(recs, 6))
+    assert list(results) == [("fabric.paths", None)]
+    assert results[("fabric.paths", None)].status is Status.FAIL
+    assert "node2 <-> node5, rail 0" in results[("fabric.paths", None)].message
+    once = bad(judged(records(6, 2, speed, confirm_speed=lambda s, d, k: 1.0, seed=11, rounds=0), 6))
+    assert [(k, r.status) for k, r in once.items()] == [(("fabric.paths", None), Status.WARN)]
+
+
+def test_a_slow_rail_not_slow_again_in_the_confirm_round_is_a_warning():
+    def speed(src, dst, rail):
+        return 0.01 if rail == 0 and 0 in (src, dst) else 1.0
+
+    results = bad(judged(records(6, 2, speed, confirm_speed=lambda s, d, k: 1.0), 6))
+    assert [(k, r.status) for k, r in results.items()] == [(("fabric.pairs", "node1"), Status.WARN)]
+    assert "transient" in results[("fabric.pairs", "node1")].message
+
+
+def test_the_confirm_round_pairs_each_suspect_with_a_node_no_slow_figure_touched():
+    schedule = pairs.schedule(8, 4, 0)
+    edges = {(a, b, 0): 1.0 for r in schedule for x, y in r for a, b in ((x, y), (y, x))}
+    for e in edges:
+        if 3 in e[:2]:
+            edges[e] = 0.01
+    slow = pairs.slow_edges(edges)
+    confirm = pairs.confirm_rounds(8, slow, 4)
+    assert len(confirm) == 1 and len(confirm[0]) == 1 and 3 in confirm[0][0]
+
+
+def test_a_floor_fails_a_rail_every_node_shares():
+    results = fabric_pairs.evaluate(records(4, 1, lambda s, d, k: 1.0), [f"node{i}" for i in range(1, 5)], floor=5.0)
+    assert {r.status for r in results if r.name == "fabric.pairs"} == {Status.FAIL}
+    assert "floor 5 GB/s" in next(r for r in results if r.name == "fabric.pairs").message
+
+
+def test_without_pair_rounds_the_checks_skip():
+    results = fabric_pairs.evaluate([{"rank": 0, "ok": True}], ["node1"])
+    assert {(r.name, r.status) for r in results} == {("fabric.pairs", Status.SKIP), ("fabric.paths", Status.SKIP)}
