@@ -15,7 +15,8 @@ sweep, the sweep inside the node, and the fabric pair rounds where the worker ha
 - `fabric` (when clustercheck/remote/pairs.py is there: the pair rounds' schedule): each rank's figures by round
   and partner, as remote/collectives.py records them. The seconds are the recorded sweep's time for its largest
   message (4 MiB) scaled to the pair's bytes; the slow node's every rail (and one node's rail 1) SLOWER times
-  slower, so the judgement has a node and a rail to name.
+  slower, so the judgement has a node and a rail to name. The rounds are pairs.schedule's (DEFAULT_ROUNDS); the
+  confirm round is left empty (no confirm schedule).
 """
 
 from __future__ import annotations
@@ -56,7 +57,7 @@ class RankRecords:
     def _plan(self) -> list[list[tuple[int, int]]] | None:
         if pairs is None or len(self.names) < 2:
             return None
-        return pairs.schedule(len(self.names), SEED, pairs.DEFAULT_ROUNDS if hasattr(pairs, "DEFAULT_ROUNDS") else 8)
+        return pairs.schedule(len(self.names), SEED, pairs.DEFAULT_ROUNDS)
 
     def answer(self, name: str, address: str) -> str:
         """NAME's collect answer: its ranks' records of both parts, a line each, then the recorded logs."""
@@ -91,30 +92,35 @@ class RankRecords:
             lines.append(json.dumps(record))
         return "\n".join(lines) + "\n" + self.logs
 
-    def _partners(self, i: int) -> list[tuple[int, int]] | None:
-        """(round, partner) of node I in every round of the plan."""
+    def _partners(self, i: int) -> list[int | None] | None:
+        """Node I's partner in every round of the plan (None: it sits the round out)."""
         if self.plan is None:
             return None
-        out = []
-        for number, round_pairs in enumerate(self.plan):
-            for a, b in round_pairs:
-                if i in (a, b):
-                    out.append((number, b if a == i else a))
-        return out
+        if not hasattr(self, "_partner_by_round"):
+            self._partner_by_round = [{**dict(r), **{b: a for a, b in r}} for r in self.plan]
+        return [partner.get(i) for partner in self._partner_by_round]
 
-    def _fabric(self, i: int, rail: int, partners: list[tuple[int, int]]) -> dict:
-        def seconds(partner: int) -> float:
+    def _fabric(self, i: int, rail: int, partners: list[int | None]) -> dict:
+        """Rank (node I, RAIL)'s fabric record as remote/fabricpairs.py writes it: the seconds each round's bytes
+        took to arrive from the partner (None: no partner that round), the schedule on rank 0. No confirm round."""
+
+        def seconds(partner: int | None) -> float | None:
+            if partner is None:
+                return None
             slow = self.slow in (i, partner) or self.slow_rail in ((i, rail), (partner, rail))
             return round(self.pair_seconds * (SLOWER if slow else 1.0), 6)
 
-        return {
+        record = {
             "node": i,
             "rail": rail,
             "interface": None,
             "bytes": PAIR_BYTES,
             "iters": PAIR_ITERS,
             "seed": SEED,
-            "rounds": len(self.plan or []),
-            "recv": [[number, partner, seconds(partner)] for number, partner in partners],
+            "recv": [seconds(partner) for partner in partners],
             "confirm": [],
         }
+        if i == 0 and rail == 0:
+            record["schedule"] = self.plan
+            record["confirm_schedule"] = []
+        return record
