@@ -40,8 +40,9 @@ except ImportError:  # pragma: no cover - before it lands
 class RankRecords:
     """Every node's collect answer for a job of NAMES (in node_groups order), RANKS ranks per node."""
 
-    def __init__(self, names: list[str], ranks: int, local_records: str, logs: str, slow: str) -> None:
+    def __init__(self, names: list[str], ranks: int, local_records: str, logs: str, slow: str, rounds=None) -> None:
         self.names, self.ranks = names, ranks
+        self.pair_rounds = pairs.DEFAULT_ROUNDS if rounds is None and pairs is not None else rounds
         self.index = {n: i for i, n in enumerate(names)}
         local = [json.loads(line) for line in local_records.splitlines() if line.startswith("{")]
         self.local = local[0]
@@ -55,9 +56,9 @@ class RankRecords:
         self.rounds_s = 0.0
 
     def _plan(self) -> list[list[tuple[int, int]]] | None:
-        if pairs is None or len(self.names) < 2:
-            return None
-        return pairs.schedule(len(self.names), SEED, pairs.DEFAULT_ROUNDS)
+        if pairs is None or len(self.names) < 2 or not self.pair_rounds:
+            return None  # no pair rounds: the records carry no fabric key, fabric.* SKIP
+        return pairs.schedule(len(self.names), SEED, self.pair_rounds)
 
     def answer(self, name: str, address: str) -> str:
         """NAME's collect answer: its ranks' records of both parts, a line each, then the recorded logs."""

@@ -31,7 +31,6 @@ one run per size (--rounds N: the median of N).
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import resource
@@ -59,8 +58,10 @@ from clustercheck.transport import PUT, CommandResult, SessionQuirks, workdir_fo
 from clustercheck.transport.factory import Connected  # noqa: E402
 
 try:
+    from benchmarks import common
     from benchmarks.scale_ranks import RankRecords
 except ImportError:  # run as a script: benchmarks/ is on the path
+    import common
     from scale_ranks import RankRecords
 
 DATA = Path(__file__).resolve().parent / "data"
@@ -182,7 +183,7 @@ def record_probe() -> None:
 class Simulation:
     """SIZE simulated nodes: their names, addresses and the recorded answers with each node's own put in."""
 
-    def __init__(self, size: int, ranks: int = 0) -> None:
+    def __init__(self, size: int, ranks: int = 0, pair_rounds: int | None = None) -> None:
         self.size = size
         self.names = [f"node{i:04d}" for i in range(1, size + 1)]
         self.address = {n: f"10.20.{i // 250}.{i % 250 + 1}" for i, n in enumerate(self.names)}
@@ -212,7 +213,7 @@ class Simulation:
         recorded = self.answers["rank-records"]["stdout"]
         local, marker, logs = recorded.partition("--- clustercheck: logs ---")
         # the run's torch job (its collectives part): RANKS ranks per node, each node's records made at collection
-        self.ranks = RankRecords(self.names, ranks, local, marker + logs, self.slow) if ranks else None
+        self.ranks = RankRecords(self.names, ranks, local, marker + logs, self.slow, pair_rounds) if ranks else None
 
     @staticmethod
     def _own_address(raw: dict) -> str:
@@ -399,24 +400,8 @@ class SimTransport:
 # --------------------------------------------------------------------------- one size, in its own process
 
 
-def rss_guard(limit_gib: float) -> None:
-    """Stop this process once its resident memory passes LIMIT_GIB (the machine is shared with others)."""
-    page = os.sysconf("SC_PAGE_SIZE")
-
-    def watch() -> None:
-        while True:
-            with contextlib.suppress(OSError, ValueError):
-                rss = int(Path("/proc/self/statm").read_text().split()[1]) * page
-                if rss > limit_gib * 2**30:
-                    print(json.dumps({"error": f"resident memory passed {limit_gib:g} GiB"}), flush=True)
-                    os._exit(3)
-            time.sleep(0.2)
-
-    threading.Thread(target=watch, daemon=True).start()
-
-
-def one(size: int, reports_dir: str | None, rounds: int | None, ranks: int) -> dict:
-    sim = Simulation(size, ranks)
+def one(size: int, reports_dir: str | None, rounds: int | None, ranks: int, pair_rounds: int | None = None) -> dict:
+    sim = Simulation(size, ranks, pair_rounds)
     nodes = [sim.node(n) for n in sim.names]
 
     def factory(node: Node, run_id: str, register) -> Connected:
@@ -496,6 +481,7 @@ def measure(sizes: list[int], repeat: int, args) -> list[dict]:
         for _ in range(repeat):
             command = [sys.executable, __file__, "--one", str(size), "--max-rss", str(args.max_rss)]
             command += ["--network-rounds", str(args.network_rounds), "--ranks-per-node", str(args.ranks_per_node)]
+            command += ["--pair-rounds", str(args.pair_rounds)] if args.pair_rounds is not None else []
             if args.reports:
                 command += ["--reports", args.reports]
             load = os.getloadavg()[0]
@@ -542,6 +528,7 @@ def main() -> int:
     p.add_argument(
         "--ranks-per-node", type=int, default=8, help="the torch job's ranks per node (default 8; 0: no torch job)"
     )
+    p.add_argument("--pair-rounds", type=int, help="the fabric's pair rounds (default pairs.DEFAULT_ROUNDS; 0: none)")
     p.add_argument("--max-rss", type=float, default=12.0, help="GiB a child may hold before it stops (default 12)")
     p.add_argument("--reports", metavar="DIR", help="also keep every report of every size in DIR")
     p.add_argument("--json", metavar="FILE", help="also write the figures as JSON to FILE")
@@ -554,8 +541,8 @@ def main() -> int:
         return 0
     rounds = netprobe.parse_rounds(args.network_rounds)
     if args.one:
-        rss_guard(args.max_rss)
-        print(json.dumps(one(args.one, args.reports, rounds, args.ranks_per_node)))
+        common.rss_guard(args.max_rss)
+        print(json.dumps(one(args.one, args.reports, rounds, args.ranks_per_node, args.pair_rounds)))
         return 0
     if args.reports:
         Path(args.reports).mkdir(parents=True, exist_ok=True)
