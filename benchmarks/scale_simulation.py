@@ -7,9 +7,10 @@ that grows no faster than the node pairs do.
     benchmarks/scale_simulation.py --sizes 256,1000 --json scale.json --reports DIR
     benchmarks/scale_simulation.py --record                # record the node outputs again on this machine
 
-What runs is the pipeline `clustercheck run` runs (run.pipeline.Pipeline through reach.Fanout, the core and network
-stages, `--only core --only network`), then every report format (report.FORMAT_NAMES) rendered as `run` renders
-them. Each node is a SimTransport (this file: the transport protocol of clustercheck/transport, handed to the
+What runs is the pipeline `clustercheck run` runs (run.pipeline.Pipeline through reach.Fanout, the core, network and
+collectives stages: the run's torch job of --ranks-per-node ranks, its records benchmarks/scale_ranks.py's; with
+--ranks-per-node 0 `--only core --only network`), then every report format (report.FORMAT_NAMES) rendered as `run`
+renders them. Each node is a SimTransport (this file: the transport protocol of clustercheck/transport, handed to the
 pipeline by a transport factory) that answers every command with the output recorded on a real machine
 (benchmarks/data/, provenance in its README): the facts collector's JSON, the clock, the sweeps, the node-local
 torch job's rank records and logs. Per node only its name, address and identity (machine ID, boot ID, hostname) are
