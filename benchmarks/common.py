@@ -25,6 +25,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
@@ -400,3 +401,19 @@ def on_every_node(nodes: list[inventory.Node], commands: dict[str, str], timeout
             tail = outputs[name].decode(errors="replace").strip().splitlines()[-4:]
             raise BenchmarkError(f"{name}: the command failed (exit {proc.returncode}): {' | '.join(tail)}")
     return elapsed
+
+
+def rss_guard(limit_gib: float) -> None:
+    """Stop this process once its resident memory passes LIMIT_GIB (the machine is shared with others)."""
+    page = os.sysconf("SC_PAGE_SIZE")
+
+    def watch() -> None:
+        while True:
+            with contextlib.suppress(OSError, ValueError):
+                rss = int(Path("/proc/self/statm").read_text().split()[1]) * page
+                if rss > limit_gib * 2**30:
+                    print(json.dumps({"error": f"resident memory passed {limit_gib:g} GiB"}), flush=True)
+                    os._exit(3)
+            time.sleep(0.2)
+
+    threading.Thread(target=watch, daemon=True).start()

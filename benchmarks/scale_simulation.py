@@ -7,9 +7,10 @@ that grows no faster than the node pairs do.
     benchmarks/scale_simulation.py --sizes 256,1000 --json scale.json --reports DIR
     benchmarks/scale_simulation.py --record                # record the node outputs again on this machine
 
-What runs is the pipeline `clustercheck run` runs (run.pipeline.Pipeline through reach.Fanout, the core and network
-stages, `--only core --only network`), then every report format (report.FORMAT_NAMES) rendered as `run` renders
-them. Each node is a SimTransport (this file: the transport protocol of clustercheck/transport, handed to the
+What runs is the pipeline `clustercheck run` runs (run.pipeline.Pipeline through reach.Fanout, the core, network and
+collectives stages: the run's torch job of --ranks-per-node ranks, its records benchmarks/scale_ranks.py's; with
+--ranks-per-node 0 `--only core --only network`), then every report format (report.FORMAT_NAMES) rendered as `run`
+renders them. Each node is a SimTransport (this file: the transport protocol of clustercheck/transport, handed to the
 pipeline by a transport factory) that answers every command with the output recorded on a real machine
 (benchmarks/data/, provenance in its README): the facts collector's JSON, the clock, the sweeps, the node-local
 torch job's rank records and logs. Per node only its name, address and identity (machine ID, boot ID, hostname) are
@@ -31,7 +32,6 @@ one run per size (--rounds N: the median of N).
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import resource
@@ -49,7 +49,7 @@ if str(REPO) not in sys.path:
 
 from clustercheck import report  # noqa: E402
 from clustercheck.config import RunConfig  # noqa: E402
-from clustercheck.facts import parse  # noqa: E402
+from clustercheck.facts import firstcommand  # noqa: E402
 from clustercheck.inventory import Node  # noqa: E402
 from clustercheck.reach import Fanout  # noqa: E402
 from clustercheck.remote import netprobe  # noqa: E402
@@ -57,6 +57,13 @@ from clustercheck.run.pipeline import Pipeline  # noqa: E402
 from clustercheck.selection import Selection  # noqa: E402
 from clustercheck.transport import PUT, CommandResult, SessionQuirks, workdir_for  # noqa: E402
 from clustercheck.transport.factory import Connected  # noqa: E402
+
+try:
+    from benchmarks import common
+    from benchmarks.scale_ranks import RankRecords
+except ImportError:  # run as a script: benchmarks/ is on the path
+    import common
+    from scale_ranks import RankRecords
 
 DATA = Path(__file__).resolve().parent / "data"
 CORE_RECORD = DATA / "scale-core-localhost.json"
@@ -68,6 +75,8 @@ HOST, ADDR = "@@HOST@@", "@@ADDR@@"  # where a node's own name and address go in
 
 def kind(command: list[str]) -> str:
     """What a command the controller sends is, for recording and answering: the same words at both ends."""
+    if "torch.distributed.run" in command:  # run as is, or from its directory (`sh -c 'cd "$1" ...' sh DIR ...`)
+        return "torchrun"
     if command[:2] == ["sh", "-c"]:
         script = command[2]
         if 'echo "clock=$(date' in script:
@@ -77,8 +86,6 @@ def kind(command: list[str]) -> str:
         return "sh"
     if len(command) > 2 and command[1].endswith(".pyz"):
         return f"netprobe-{command[3]}" if command[2] == "netprobe" and len(command) > 3 else command[2]
-    if "torch.distributed.run" in command:
-        return "torchrun"
     if command[1:2] == ["-c"] and "rank-*.json" in command[2]:
         return "rank-records"
     if command[1:2] == ["-c"] and "heartbeat" in command[2]:
@@ -115,7 +122,7 @@ def record_core() -> None:
             kept = {**vars(result), **streamed} if sink is not None else vars(result)
             what, example = kind(list(command)), list(command)[:3]
             if what == "first":  # its steps, then the facts collector's output: kept as two answers
-                first, _, facts = kept["stdout"].partition(parse.FACTS_LINE + "\n")
+                first, _, facts = kept["stdout"].partition(firstcommand.FACTS_LINE + "\n")
                 answers.setdefault("facts", {**kept, "stdout": facts, "example": example})
                 kept = {**kept, "stdout": first}
             answers.setdefault(what, {**kept, "example": example})
@@ -177,12 +184,13 @@ def record_probe() -> None:
 class Simulation:
     """SIZE simulated nodes: their names, addresses and the recorded answers with each node's own put in."""
 
-    def __init__(self, size: int) -> None:
+    def __init__(self, size: int, ranks: int = 0, pair_rounds: int | None = None) -> None:
         self.size = size
         self.names = [f"node{i:04d}" for i in range(1, size + 1)]
         self.address = {n: f"10.20.{i // 250}.{i % 250 + 1}" for i, n in enumerate(self.names)}
         self.slow = self.names[size // 3]
-        self.failing = (self.names[1], self.names[2])  # the second node's connections to the third time out
+        # the second node's connections to the third time out; not with a torch job, which a failed pair stops
+        self.failing = (self.names[1], self.names[2]) if not ranks else ("", "")
         core = json.loads(CORE_RECORD.read_text())
         self.answers = core["answers"]
         facts = self.answers["facts"]["stdout"].strip().splitlines()[-1]
@@ -203,6 +211,10 @@ class Simulation:
         self._lock = threading.Lock()
         self.cpu = 0.0  # seconds of CPU the simulated nodes spent making their answers
         self.unknown: dict[str, int] = {}
+        recorded = self.answers["rank-records"]["stdout"]
+        local, marker, logs = recorded.partition("--- clustercheck: logs ---")
+        # the run's torch job (its collectives part): RANKS ranks per node, each node's records made at collection
+        self.ranks = RankRecords(self.names, ranks, local, marker + logs, self.slow, pair_rounds) if ranks else None
 
     @staticmethod
     def _own_address(raw: dict) -> str:
@@ -357,7 +369,7 @@ class SimTransport:
     def _answer(self, command: list[str], stdin: str | None) -> CommandResult:
         what = kind(command)
         if what == "first":  # and the facts collector after it, when the command goes on to it (core.COLLECT)
-            facts = f"{parse.FACTS_LINE}\n{self.sim.facts_of(self.host)}" if len(command) > 7 else ""
+            facts = f"{firstcommand.FACTS_LINE}\n{self.sim.facts_of(self.host)}" if len(command) > 7 else ""
             return CommandResult(0, self.sim.first(self.host) + facts, "")
         if what == "facts":
             return CommandResult(0, self.sim.facts_of(self.host), "")
@@ -367,6 +379,8 @@ class SimTransport:
             return CommandResult(0, self.sim.wait_ready, "")
         if what in ("netprobe-go", "put"):
             return CommandResult(0, "", "")
+        if what == "rank-records" and self.sim.ranks is not None and command[-1].endswith("/torch"):
+            return CommandResult(0, self.sim.ranks.answer(self.host, self.sim.address[self.host]), "")
         recorded = self.sim.answers.get(what)
         if recorded is None:
             with self.sim._lock:
@@ -387,24 +401,8 @@ class SimTransport:
 # --------------------------------------------------------------------------- one size, in its own process
 
 
-def rss_guard(limit_gib: float) -> None:
-    """Stop this process once its resident memory passes LIMIT_GIB (the machine is shared with others)."""
-    page = os.sysconf("SC_PAGE_SIZE")
-
-    def watch() -> None:
-        while True:
-            with contextlib.suppress(OSError, ValueError):
-                rss = int(Path("/proc/self/statm").read_text().split()[1]) * page
-                if rss > limit_gib * 2**30:
-                    print(json.dumps({"error": f"resident memory passed {limit_gib:g} GiB"}), flush=True)
-                    os._exit(3)
-            time.sleep(0.2)
-
-    threading.Thread(target=watch, daemon=True).start()
-
-
-def one(size: int, reports_dir: str | None, rounds: int | None) -> dict:
-    sim = Simulation(size)
+def one(size: int, reports_dir: str | None, rounds: int | None, ranks: int, pair_rounds: int | None = None) -> dict:
+    sim = Simulation(size, ranks, pair_rounds)
     nodes = [sim.node(n) for n in sim.names]
 
     def factory(node: Node, run_id: str, register) -> Connected:
@@ -413,7 +411,10 @@ def one(size: int, reports_dir: str | None, rounds: int | None) -> dict:
         return Connected(transport, "simulated")
 
     with tempfile.TemporaryDirectory(prefix="clustercheck-scale-") as run_dir:
-        config = RunConfig(run_dir=Path(run_dir), selection=Selection(only=("core", "network")), network_rounds=rounds)
+        stages = ("core", "network", "collectives") if ranks else ("core", "network")
+        config = RunConfig(
+            run_dir=Path(run_dir), selection=Selection(only=stages), network_rounds=rounds, nproc_per_node=ranks or None
+        )
         cpu0, wall0 = _cpu(), time.monotonic()
         pipeline = Pipeline(nodes, config, Fanout(factory))
         outcome = pipeline.run()
@@ -441,6 +442,8 @@ def one(size: int, reports_dir: str | None, rounds: int | None) -> dict:
     pairs = size * (size - 1)
     return {
         "nodes": size,
+        "ranks_per_node": ranks,
+        "fabric_rounds": len(sim.ranks.plan) if sim.ranks and sim.ranks.plan else None,
         "pairs": pairs,
         "pipeline_cpu_s": round(cpu1 - cpu0 - sim.cpu, 3),
         "pipeline_wall_s": round(wall1 - wall0, 3),
@@ -478,7 +481,8 @@ def measure(sizes: list[int], repeat: int, args) -> list[dict]:
         runs = []
         for _ in range(repeat):
             command = [sys.executable, __file__, "--one", str(size), "--max-rss", str(args.max_rss)]
-            command += ["--network-rounds", str(args.network_rounds)]
+            command += ["--network-rounds", str(args.network_rounds), "--ranks-per-node", str(args.ranks_per_node)]
+            command += ["--pair-rounds", str(args.pair_rounds)] if args.pair_rounds is not None else []
             if args.reports:
                 command += ["--reports", args.reports]
             load = os.getloadavg()[0]
@@ -522,6 +526,10 @@ def main() -> int:
     p.add_argument("--sizes", default="256,1000,4000", help="node counts (default %(default)s)")
     p.add_argument("--rounds", type=int, default=1, help="runs per size; the median is reported (default 1)")
     p.add_argument("--network-rounds", default="8", help="the run's --network-rounds (default 8; 'all': every pair)")
+    p.add_argument(
+        "--ranks-per-node", type=int, default=8, help="the torch job's ranks per node (default 8; 0: no torch job)"
+    )
+    p.add_argument("--pair-rounds", type=int, help="the fabric's pair rounds (default pairs.DEFAULT_ROUNDS; 0: none)")
     p.add_argument("--max-rss", type=float, default=12.0, help="GiB a child may hold before it stops (default 12)")
     p.add_argument("--reports", metavar="DIR", help="also keep every report of every size in DIR")
     p.add_argument("--json", metavar="FILE", help="also write the figures as JSON to FILE")
@@ -534,8 +542,8 @@ def main() -> int:
         return 0
     rounds = netprobe.parse_rounds(args.network_rounds)
     if args.one:
-        rss_guard(args.max_rss)
-        print(json.dumps(one(args.one, args.reports, rounds)))
+        common.rss_guard(args.max_rss)
+        print(json.dumps(one(args.one, args.reports, rounds, args.ranks_per_node, args.pair_rounds)))
         return 0
     if args.reports:
         Path(args.reports).mkdir(parents=True, exist_ok=True)

@@ -66,9 +66,6 @@ def transport_results(members: list[Member], outcome: torchjob.JobOutcome, ctx: 
     config = ctx.config
     seen: dict[str, Any] = {}
     fabrics: dict[str, nccl_net.Fabric | None] = {}
-    by_node: dict[str, list[dict]] = {}
-    for r in outcome.records if outcome.backend != "nccl" else ():
-        by_node.setdefault(r.get("node"), []).append(r)
     for m in members:
         if outcome.backend == "nccl":
             since = started + (m.facts.clock_offset or 0.0) - 2.0
@@ -80,7 +77,7 @@ def transport_results(members: list[Member], outcome: torchjob.JobOutcome, ctx: 
             seen[m.name] = parsed = nccl_net.parse_nccl_log("\n".join(logs))
             fabrics[m.name] = nccl_net.nccl_fabric(parsed)
         else:
-            seen[m.name] = records = by_node.get(m.name, [])
+            seen[m.name] = records = outcome.of_node(m.name)
             bound = nccl_net.gloo_interface(records, m.facts, config.master_port)
             fabrics[m.name] = nccl_net.gloo_fabric(bound)
     grouped = nccl_net.Fabrics(fabrics)

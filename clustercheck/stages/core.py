@@ -397,7 +397,16 @@ def run_host(node: Node, transport: Transport, ctx: Context, step, begun: NodeSt
     if not shared.defers_local(ctx.hosts, selection):  # else the run's torch job runs them (stages/shared.py)
         step("collectives on the node")
         outcome.results += localjob.local_collectives(facts, transport, ctx)
+    outcome.facts = replace(facts, raw=settled(facts.raw))
     return outcome
+
+
+def settled(raw: dict) -> dict:
+    """The collector's answer as the rest of the run keeps it, once the node's own checks and evidence are done:
+    without its commands' raw outputs (dmesg alone is often hundreds of KB), which the facts were parsed from and
+    the run directory's facts.json keeps, and which nothing after the node's checks reads. Kept, they were most of
+    the controller's memory at 4,000 nodes (docs/benchmarks.md, "The whole run's controller side at 4,000 nodes")."""
+    return {key: value for key, value in raw.items() if key != "commands"}
 
 
 def _facts_error(node: Node, message: str, fix: str | None = None) -> CheckResult:

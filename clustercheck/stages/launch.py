@@ -269,14 +269,17 @@ def parse_collected(stdout: str) -> tuple[list[dict], bytes | None]:
     archive cut short is returned as it came, and torchjob.keep_files keeps what it can read of it); a truncated
     record (a rank killed mid-write) is left out, so the judge reports that rank as missing."""
     text, marker, logs = stdout.partition(LOGS_LINE)
-    records = []
-    for line in text.splitlines():
-        try:
-            record = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(record, dict) and "rank" in record:
-            records.append(record)
+    lines = [line for line in text.splitlines() if line.strip()]
+    try:  # one document: its records share their keys' strings (json's memo), the controller holds each key once
+        parsed = json.loads("[" + ",".join(lines) + "]")  # per node, not once per record (nodes x ranks x parts)
+    except ValueError:  # a line that is not JSON (a truncated record, a stray print): each line on its own
+        parsed = []
+        for line in lines:
+            try:
+                parsed.append(json.loads(line))
+            except ValueError:
+                continue
+    records = [record for record in parsed if isinstance(record, dict) and "rank" in record]
     try:
         archive = base64.b64decode(logs.strip(), validate=True) if marker else None
     except ValueError:

@@ -33,7 +33,7 @@ def imports(members: list[Member], outcome: torchjob.JobOutcome, required: bool)
     check = lightning.IMPORT_CHECK
     results = []
     for m in members:
-        said = next((r["import"] for r in outcome.records if r.get("node") == m.name and "import" in r), None)
+        said = next((r["import"] for r in outcome.of_node(m.name) if "import" in r), None)
         if said is None and outcome.failure:
             results.append(check.not_run(m.name, "the torch job ended before its ranks imported Lightning here"))
             continue

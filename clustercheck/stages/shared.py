@@ -77,9 +77,7 @@ def defers_local(hosts: tuple[str, ...], selection: Selection) -> bool:
 def local_results(member: Member, part: torchjob.JobOutcome) -> list[CheckResult]:
     """local.* on MEMBER from the job's node-local part: its ranks' records, each numbered within the node (the
     judge counts a node's ranks from 0), judged as the node-local job's own."""
-    mine = part.ranks.get(member.name, [])
-    records = [
-        {**r, "rank": mine.index(r["rank"])} for r in part.records if r.get("node") == member.name and r["rank"] in mine
-    ]
+    mine = {rank: i for i, rank in enumerate(part.ranks.get(member.name, []))}
+    records = [{**r, "rank": mine[r["rank"]]} for r in part.of_node(member.name) if r["rank"] in mine]
     results = collective_checks.evaluate(records, len(mine), collective_checks.LOCAL_PREFIX, member.name)
     return torchjob.judged(results, part)
