@@ -35,6 +35,8 @@ def collectives_run(nodes: common.Nodes, run_dir: str, nproc: int, *extra: str) 
         "900",
         "--command-timeout",
         "600",
+        "--stall-timeout",  # 64 nodes importing torch at once on two cores: minutes before the first heartbeat
+        "600",
         *extra,
     ]
     argv += ["--format", "json", "--run-dir", run_dir]

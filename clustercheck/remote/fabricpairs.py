@@ -58,8 +58,9 @@ def run(torch, dist, device, args, groups: list[list[int]], mine: int, world_bus
     mine_times = run_rounds(torch, dist, device, rounds, groups, mine, local_rank, send, recv, iters, "round")
     received = gather(torch, dist, device, groups, mine_times, len(rounds))
     ratio = pairs.SLOW_RATIO.get(args.backend, pairs.SLOW_RATIO["gloo"])
-    slow = pairs.slow_edges(pairs.edges_from(rounds, received, size), args.pair_floor or None, ratio)
-    confirm = pairs.confirm_rounds(len(groups), slow, args.pair_seed)
+    edges = pairs.edges_from(rounds, received, size)
+    slow = pairs.slow_edges(edges, args.pair_floor or None, ratio)
+    confirm = pairs.confirm_rounds(len(groups), slow, args.pair_seed, pairs.met(edges))
     confirm_times = run_rounds(torch, dist, device, confirm, groups, mine, local_rank, send, recv, iters, "confirm")
     record = {
         "node": mine,
@@ -88,7 +89,7 @@ def run_rounds(torch, dist, device, rounds, groups, mine, local_rank, send, recv
     times = []
     for number, round_pairs in enumerate(rounds, 1):
         progress(STEP_BASE + number, f"fabric pairs, {what} {number} of {len(rounds)}")
-        partner = pairs.partner_of(round_pairs, mine)
+        partner = pairs.partners(round_pairs).get(mine)
         peer = groups[partner][local_rank] if partner is not None and local_rank < len(groups[partner]) else None
         dist.barrier()  # every pair of the round starts together: the rounds measure the fabric under load
         times.append(None if peer is None else exchange(torch, dist, device, send, recv, peer, iters))

@@ -47,14 +47,13 @@ def schedule(n, seed, max_rounds=DEFAULT_ROUNDS):
     return out
 
 
-def partner_of(round_pairs, node):
-    """NODE's partner in a round (a list of pairs), or None when it sits the round out."""
+def partners(round_pairs):
+    """{node: its partner} of a round: one look-up per node instead of a scan of the round's pairs."""
+    out = {}
     for a, b in round_pairs:
-        if a == node:
-            return b
-        if b == node:
-            return a
-    return None
+        out[a] = b
+        out[b] = a
+    return out
 
 
 def median(values):
@@ -104,25 +103,56 @@ def slow_partners(slow):
     return out
 
 
-def suspects(slow):
+def met(edges):
+    """{(node, rail): the number of different partners it has a figure with} in EDGES."""
+    out = {}
+    for src, dst, rail in edges:
+        out.setdefault((src, rail), set()).add(dst)
+        out.setdefault((dst, rail), set()).add(src)
+    return {key: len(partners) for key, partners in out.items()}
+
+
+def suspects(slow, partners_met=None):
     """What the slow edges point at: {(node, rail, direction): partners} for a node's rail slow with two or more
     different partners, and the pairs (a, b, rail) slow with each other only, that no such rail explains. A slow
-    rail explains every slow edge of its node on that rail, both ways: a NIC that sends slowly also delays the
-    acknowledgements of what it receives."""
-    rails = {key: partners for key, partners in slow_partners(slow).items() if len(partners) >= 2}
-    named = {(node, rail) for node, rail, _ in rails}
-    pairs = set()
-    for src, dst, rail in slow:
-        if (src, rail) not in named and (dst, rail) not in named:
-            pairs.add((min(src, dst), max(src, dst), rail))
+    rail explains every slow edge of its node on that rail, both ways (a NIC that sends slowly also delays the
+    acknowledgements of what it receives). The rail slow with the most partners is named first and explains its
+    edges away, then the next among what is left: a healthy node whose only slow partners were two bad ones is not
+    named beside them. A rail slow with every one of two or more partners it met (PARTNERS_MET: met()) is named
+    whatever else is: under a floor every rail of the cluster may be."""
+    left = set(slow)
+    every = slow_partners(slow)  # a named rail's partners, all of them, for what the finding says
+    rails = {}
+    for (node, rail), count in (partners_met or {}).items():
+        slow_with = [every.get((node, rail, d), set()) for d in ("out", "in")]
+        if count >= 2 and len(slow_with[0] | slow_with[1]) >= count:
+            for direction, found in zip(("out", "in"), slow_with):  # noqa: B905 (Python 3.8 on the node)
+                if found:
+                    rails[(node, rail, direction)] = found
+    named_first = {(node, rail) for node, rail, _ in rails}
+    left = {e for e in left if not (named_first & {(e[0], e[2]), (e[1], e[2])})}
+    while True:
+        counts = slow_partners(left)
+        named = {
+            (n, k): max(len(counts.get((n, k, "out"), ())), len(counts.get((n, k, "in"), ()))) for n, k, _ in counts
+        }
+        worst = max(named, key=lambda key: (named[key], -key[0], -key[1]), default=None)
+        if worst is None or named[worst] < 2:
+            break
+        node, rail = worst
+        for direction in ("out", "in"):
+            if every.get((node, rail, direction)):
+                rails[(node, rail, direction)] = every[(node, rail, direction)]
+        left = {e for e in left if not (e[2] == rail and node in e[:2])}
+    pairs = {(min(src, dst), max(src, dst), rail) for src, dst, rail in left}
     return rails, pairs
 
 
-def confirm_rounds(n, slow, seed):
+def confirm_rounds(n, slow, seed, partners_met=None):
     """The confirm round: each suspect node (a slow rail's, an unexplained slow pair's) paired with a node that is
     no suspect, and every unexplained slow pair run again; packed into as few rounds of disjoint
     pairs as they fit (usually one or two)."""
-    rails, pairs = suspects(slow)
+    rails, pairs = suspects(slow, partners_met)
     touched = sorted({node for node, _, _ in rails} | {a for a, _, _ in pairs} | {b for _, b, _ in pairs})
     if not touched:
         return []
@@ -153,9 +183,10 @@ def edges_from(rounds, received, size):
     """The edges {(src, dst, rail): GB/s} of ROUNDS (lists of node pairs) from RECEIVED: {(node, rail): seconds
     per round, None where that rank received nothing}, each the time SIZE bytes took to arrive from the partner."""
     edges = {}
+    maps = [partners(r) for r in rounds]
     for (node, rail), times in received.items():
-        for round_pairs, seconds in zip(rounds, times):  # noqa: B905 (Python 3.8 on the node: no strict=)
-            partner = partner_of(round_pairs, node)
+        for partner_map, seconds in zip(maps, times):  # noqa: B905 (Python 3.8 on the node: no strict=)
+            partner = partner_map.get(node)
             if partner is None or seconds is None or seconds <= 0:
                 continue
             gbps = size / seconds / 1e9

@@ -42,21 +42,22 @@ def records(n: int, rails: int, speed, confirm_speed=None, backend="gloo", seed=
     what each direction moves, in the rounds and (CONFIRM_SPEED, else the same) in the confirm round the ranks
     compute as remote/fabricpairs.py does."""
     schedule = pairs.schedule(n, seed, rounds)
+    maps = [pairs.partners(r) for r in schedule]
     received = {
-        (node, rail): [
-            None if pairs.partner_of(r, node) is None else SIZE / (speed(pairs.partner_of(r, node), node, rail) * 1e9)
-            for r in schedule
-        ]
+        (node, rail): [None if node not in m else SIZE / (speed(m[node], node, rail) * 1e9) for m in maps]
         for node in range(n)
         for rail in range(rails)
     }
     ratio = pairs.SLOW_RATIO[backend]
-    slow = pairs.slow_edges(pairs.edges_from(schedule, received, SIZE), None, ratio)
-    confirm = pairs.confirm_rounds(n, slow, seed)
+    edges = pairs.edges_from(schedule, received, SIZE)
+    slow = pairs.slow_edges(edges, None, ratio)
+    confirm = pairs.confirm_rounds(n, slow, seed, pairs.met(edges))
     again = confirm_speed or speed
 
-    def took(rnd, node, rail, how):
-        partner = pairs.partner_of(rnd, node)
+    confirm_maps = [pairs.partners(r) for r in confirm]
+
+    def took(partner_map, node, rail, how):
+        partner = partner_map.get(node)
         return None if partner is None else SIZE / (how(partner, node, rail) * 1e9)
 
     out = []
@@ -70,7 +71,7 @@ def records(n: int, rails: int, speed, confirm_speed=None, backend="gloo", seed=
                 "iters": 3,
                 "seed": seed,
                 "recv": received[(node, rail)],
-                "confirm": [took(r, node, rail, again) for r in confirm],
+                "confirm": [took(m, node, rail, again) for m in confirm_maps],
             }
             if node == 0 and rail == 0:
                 fabric.update(schedule=schedule, confirm_schedule=confirm)
@@ -157,3 +158,16 @@ def test_a_floor_fails_a_rail_every_node_shares():
 def test_without_pair_rounds_the_checks_skip():
     results = fabric_pairs.evaluate([{"rank": 0, "ok": True}], ["node1"])
     assert {(r.name, r.status) for r in results} == {("fabric.pairs", Status.SKIP), ("fabric.paths", Status.SKIP)}
+
+
+def test_a_healthy_node_whose_only_slow_partners_are_two_bad_nodes_is_not_named():
+    # node1's every rail and node4's rail 1 slow; others meet them both in the rounds (every pair on 10 nodes)
+    def speed(src, dst, rail):
+        return 0.01 if 0 in (src, dst) or (rail == 1 and 3 in (src, dst)) else 1.0
+
+    results = bad(judged(records(10, 2, speed, rounds=0), 10))
+    assert sorted(results) == [("fabric.pairs", "node1"), ("fabric.pairs", "node4")]
+    assert results[("fabric.pairs", "node1")].message.startswith("every rail of node1 is slow")
+    assert results[("fabric.pairs", "node4")].message.startswith(
+        "node4 rail 1 (local rank 1, eth2) slow with 9 partners"
+    )
