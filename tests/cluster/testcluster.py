@@ -148,6 +148,12 @@ class Cluster:
     def node(self, name: str) -> Node:
         return next(n for n in self.nodes if n.name == name)
 
+    def addresses(self, name: str) -> list[str]:
+        """Every address of node NAME: its cluster address, then one on each rail (as `up` gives them)."""
+        index = self.nodes.index(self.node(name)) + 1
+        rails = [str(list(ipaddress.ip_network(subnet).hosts())[index + 9]) for subnet in self.rails]
+        return [self.node(name).address, *rails]
+
     def save(self) -> None:
         (Path(self.state_dir) / "cluster.json").write_text(json.dumps(asdict(self), indent=2))
 

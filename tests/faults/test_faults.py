@@ -1045,7 +1045,8 @@ def _with_rule(cluster, tmp_path, row) -> tuple[Verdict, dict]:
     """ROW's rule on its node during the run; the verdict and the run's checks."""
     name, match = EPHEMERAL_RULES[row.id]
     node = cluster.node(name)
-    sources = ",".join(n.address for n in cluster.nodes if n.name != name)
+    # every address of the others, their rails' too: a rank connects from its own rail
+    sources = ",".join(a for n in cluster.nodes if n.name != name for a in cluster.addresses(n.name))
     on_node(
         node,
         "command -v iptables >/dev/null || (apt-get update -qq && "

@@ -148,7 +148,10 @@ def test_a_held_master_port_is_named_with_pid_and_command():
 @pytest.mark.parametrize(
     ("listed", "said"),
     [
-        ("a 127.0.0.1\nnonsense\n", "--peers -: line 2: expected NAME ADDRESS [HOSTNAME] [resolves=ADDRESS], not 'nonsense'"),
+        (
+            "a 127.0.0.1\nnonsense\n",
+            "--peers -: line 2: expected NAME ADDRESS [HOSTNAME] [resolves=ADDRESS], not 'nonsense'",
+        ),
         ("\n", "--peers -: no node listed"),
         ("b 127.0.0.2\n", "--self a is not among the nodes --peers lists"),
     ],
