@@ -171,3 +171,15 @@ def test_a_healthy_node_whose_only_slow_partners_are_two_bad_nodes_is_not_named(
     assert results[("fabric.pairs", "node4")].message.startswith(
         "node4 rail 1 (local rank 1, eth2) slow with 9 partners"
     )
+
+
+def test_over_nccl_a_rail_is_held_to_its_line_rate_without_a_floor_given():
+    # NDR 400 Gb/s ports: NCCL's share of 0.96 x 50 GB/s; every rail at 20 GB/s (steady, so no rail stands out)
+    assert fabric_pairs.line_rate_floor([400.0, 400.0, 200.0]) == round(0.7 * 0.96 * 25, 3)
+    recs = records(4, 2, lambda s, d, k: 20.0, backend="nccl")
+    hosts = [f"node{i}" for i in range(1, 5)]
+    held = fabric_pairs.evaluate(recs, hosts, port_rates_gbps=[400.0] * 8)
+    assert {r.status for r in held if r.name == "fabric.pairs"} == {Status.FAIL}
+    assert "floor 33.6 GB/s" in next(r for r in held if r.name == "fabric.pairs").message
+    assert {r.status for r in fabric_pairs.evaluate(recs, hosts, port_rates_gbps=[200.0] * 8)} == {Status.PASS}
+    assert fabric_pairs.line_rate_floor([]) is None
