@@ -38,8 +38,8 @@ declare(
     proves="each of the node's rails (local rank i, its GPU and interface or HCA) moves data to and from its "
     "partners in rounds of node pairs (send/recv, rail-aligned) at no less than a share of its rail's figure over "
     "the cluster (0.7 with NCCL; 0.05 with gloo on CPU, where only a collapse stands out of the noise) and the "
-    "floor (--min-pair-busbw); slow with two or more partners and again in a confirm round against a healthy "
-    "node: FAIL",
+    "floor (--min-pair-busbw, else over NCCL 0.7 of what the slowest RDMA port's line rate gives, NCCL's 24 GB/s "
+    "per 200 Gb/s); slow with two or more partners and again in a confirm round against a healthy node: FAIL",
     fix="Check that rail's link: `ethtool IFACE` / `ibstat` (speed, errors), `tc qdisc show dev IFACE` (a shaper), "
     "the cable, transceiver and switch port; every rail of a node slow points at the node (its PCIe, NUMA "
     "placement, firmware).",
@@ -107,13 +107,33 @@ def read(records: list[dict]) -> Rails | None:
     )
 
 
-def evaluate(records: list[dict], hosts: list[str], floor: float | None = None) -> list[CheckResult]:
+# What one rail's send/recv should reach: NCCL's maintainers count on 24 GB/s per 200 Gb/s NIC and 12 GB/s per
+# 100 Gb/s one (NVIDIA/nccl-tests#119), 0.96 of the line rate in bytes.
+LINE_RATE_SHARE = 0.96
+
+
+def line_rate_floor(port_rates_gbps: list[float]) -> float | None:
+    """The floor a rail over NCCL is held to without --min-pair-busbw: NCCL's share of what its NIC should reach
+    (LINE_RATE_SHARE of the line rate), the slowest active RDMA port of the cluster (PORT_RATES_GBPS, Gb/s) taken
+    for every rail; None without RDMA ports."""
+    rates = [r for r in port_rates_gbps if r and r > 0]
+    if not rates:
+        return None
+    return round(pairs.SLOW_RATIO["nccl"] * LINE_RATE_SHARE * min(rates) / 8, 3)
+
+
+def evaluate(
+    records: list[dict], hosts: list[str], floor: float | None = None, port_rates_gbps: list[float] | None = None
+) -> list[CheckResult]:
     """fabric.pairs for every node of HOSTS and fabric.paths for the cluster, from the collectives part's
-    RECORDS; FLOOR: --min-pair-busbw in GB/s."""
+    RECORDS; FLOOR: --min-pair-busbw in GB/s, else over NCCL the line rate's (line_rate_floor of the nodes' active
+    RDMA ports, PORT_RATES_GBPS)."""
     rails = read(records)
     if rails is None:
         why = "the pair rounds did not run (one node, or the job ended before them)"
         return [emit(NODE, Status.SKIP, why, host=h) for h in hosts] + [emit(PATHS, Status.SKIP, why)]
+    if not floor and rails.backend == "nccl":
+        floor = line_rate_floor(port_rates_gbps or [])
     medians = pairs.rail_reference(rails.edges)
     ratio = pairs.SLOW_RATIO.get(rails.backend, pairs.SLOW_RATIO["gloo"])
     slow = pairs.slow_edges(rails.edges, floor, ratio)

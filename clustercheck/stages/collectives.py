@@ -55,7 +55,8 @@ def run(members: list[Member], ctx: Context) -> list[CheckResult]:
     results = collectives.evaluate(outcome.records, outcome.world_size)
     intra = {m.name: collectives.intra_node_thresholds(m.facts, thresholds) for m in members}
     results += collectives.evaluate_bandwidth(outcome.records, outcome.world_size, thresholds, hosts, intra)
-    results += fabric_pairs.evaluate(outcome.records, hosts, ctx.config.min_pair_busbw)
+    rates = [p.rate_gbps for m in members for p in m.facts.rdma_ports or [] if p.active and p.rate_gbps]
+    results += fabric_pairs.evaluate(outcome.records, hosts, ctx.config.min_pair_busbw, rates)
     return torchjob.judged(results, outcome) + transport_results(members, outcome, ctx, job.started or time.time())
 
 

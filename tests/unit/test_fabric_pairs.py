@@ -5,12 +5,17 @@ what is judged is which (node, rail) or path the figures name, not a recorded ou
 from __future__ import annotations
 
 import itertools
+import json
+import subprocess
 
 import pytest
+from harness import promtool_path
 
-from clustercheck.checks import fabric_pairs
+from clustercheck.checks import baseline_figures, fabric_pairs
 from clustercheck.model import Status
 from clustercheck.remote import pairs
+from clustercheck.report import Report, prometheus
+from clustercheck.report import json as json_report
 
 SIZE = 1 << 22
 
@@ -171,3 +176,30 @@ def test_a_healthy_node_whose_only_slow_partners_are_two_bad_nodes_is_not_named(
     assert results[("fabric.pairs", "node4")].message.startswith(
         "node4 rail 1 (local rank 1, eth2) slow with 9 partners"
     )
+
+
+def test_over_nccl_a_rail_is_held_to_its_line_rate_without_a_floor_given():
+    # NDR 400 Gb/s ports: NCCL's share of 0.96 x 50 GB/s; every rail at 20 GB/s (steady, so no rail stands out)
+    assert fabric_pairs.line_rate_floor([400.0, 400.0, 200.0]) == round(0.7 * 0.96 * 25, 3)
+    recs = records(4, 2, lambda s, d, k: 20.0, backend="nccl")
+    hosts = [f"node{i}" for i in range(1, 5)]
+    held = fabric_pairs.evaluate(recs, hosts, port_rates_gbps=[400.0] * 8)
+    assert {r.status for r in held if r.name == "fabric.pairs"} == {Status.FAIL}
+    assert "floor 33.6 GB/s" in next(r for r in held if r.name == "fabric.pairs").message
+    assert {r.status for r in fabric_pairs.evaluate(recs, hosts, port_rates_gbps=[200.0] * 8)} == {Status.PASS}
+    assert fabric_pairs.line_rate_floor([]) is None
+
+
+def test_every_node_and_rail_is_a_prometheus_gauge_and_a_baseline_figure():
+    results = judged(records(3, 2, lambda s, d, k: 1.0 + 0.1 * k), 3)
+    report = Report(list(results.values()), ["node1", "node2", "node3"], "x", 1.0, 2.0)
+    text = prometheus.render(report)
+    gauges = [line for line in text.splitlines() if line.startswith("clustercheck_fabric_rail_bytes_per_second{")]
+    assert len(gauges) == 6 and any('host="node2"' in g and 'interface="eth2"' in g and 'rail="1"' in g for g in gauges)
+    proc = subprocess.run(
+        [promtool_path(), "check", "metrics"], input=text + "\n", capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    document = json.loads(json_report.render(report))
+    fabric = baseline_figures.figures(document["checks"])["fabric"]
+    assert sorted(fabric) == [f"node{n} rail {k} (eth{k + 1})" for n in (1, 2, 3) for k in (0, 1)]
