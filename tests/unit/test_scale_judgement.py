@@ -5,11 +5,17 @@ written as it is rendered. The figures: docs/benchmarks.md, "The whole run's con
 
 from __future__ import annotations
 
+import io
 import json
+import xml.etree.ElementTree as ET
 from pathlib import Path
 
+from clustercheck import report
 from clustercheck.facts import collect
 from clustercheck.inventory import Node
+from clustercheck.model import CheckResult, Status
+from clustercheck.report import delivery
+from clustercheck.report import json as json_report
 from clustercheck.stages import launch, torchjob
 from clustercheck.stages.core import settled
 
@@ -58,3 +64,39 @@ def test_the_raw_command_outputs_and_the_kernel_log_are_not_kept_past_the_nodes_
     assert "commands" not in kept.raw and kept.kernel_log is None
     assert kept.neighbour_overflows == ["neighbour: arp_cache: neighbor table overflow!"]  # verbatim, recorded
     assert kept.raw["torch"] == raw["torch"] and kept.raw["mtu"] == raw["mtu"] and kept.torch == facts.torch
+
+
+def test_the_json_report_is_written_as_it_is_rendered_never_held_as_one_string(tmp_path, monkeypatch):
+    """The run directory's report.json, and -o FILE or stdout in JSON, hold the same text as before; the text is
+    never one string (95 MB at 4,000 nodes) but written in the encoder's pieces, and the saved file is copied, not
+    rendered again."""
+    hosts = [f"node{n}" for n in range(200)]
+    results = [
+        CheckResult("gpu.count", Status.FAIL if n == 7 else Status.PASS, "8 GPUs", host, data={"gpus": list(range(8))})
+        for n, host in enumerate(hosts)
+    ]
+    document = report.Report(results, hosts, "run1", 0.0, 1.0, durations={"core": 1.0})
+    whole = report.render(document, "json")
+    sizes: list[int] = []
+
+    class Pieces(io.StringIO):
+        def write(self, text: str) -> int:
+            sizes.append(len(text))
+            return super().write(text)
+
+    pieces = Pieces()
+    json_report.write(document, pieces)
+    assert pieces.getvalue() == whole + "\n" and max(sizes) < len(whole) / 100
+
+    def whole_string(_):
+        raise AssertionError("the JSON report rendered as one string")
+
+    monkeypatch.setattr(json_report, "render", whole_string)
+    saved = delivery.save(document, tmp_path / "run")
+    assert saved["json"].read_text() == whole + "\n"
+    assert ET.parse(saved["junit"]).getroot().tag == "testsuites"
+    delivery.deliver(document, "json", str(tmp_path / "out.json"), print, saved)
+    assert (tmp_path / "out.json").read_text() == whole + "\n"
+    echoed: list[str] = []
+    delivery.deliver(document, "json", None, echoed.append, saved)
+    assert echoed == [whole]
