@@ -410,6 +410,7 @@ def one(size: int, reports_dir: str | None, rounds: int | None, ranks: int, pair
         pipeline = Pipeline(nodes, config, Fanout(factory))
         outcome = pipeline.run()
         cpu1, wall1 = _cpu(), time.monotonic()
+        peaks = {"pipeline": _peak_mib()}  # the peak so far after each step: where the peak is reached
         document = report.Report(
             outcome.results, sim.names, pipeline.run_id, time.time(), wall1 - wall0, durations=outcome.durations
         )
@@ -422,6 +423,7 @@ def one(size: int, reports_dir: str | None, rounds: int | None, ranks: int, pair
                 path = Path(out_dir, f"report.{fmt}")
                 delivery.deliver(document, fmt, str(path), say)
             formats[fmt] = {**_lines(path), "cpu_s": round(_cpu() - c, 3), "wall_s": round(time.monotonic() - w, 3)}
+            peaks[fmt] = _peak_mib()
             if reports_dir:
                 shutil.copyfile(path, Path(reports_dir, f"report-{size}.{fmt}"))
         cpu2 = _cpu()
@@ -440,7 +442,8 @@ def one(size: int, reports_dir: str | None, rounds: int | None, ranks: int, pair
         "reports_cpu_s": round(cpu2 - cpu1, 3),
         "controller_cpu_s": round(cpu2 - cpu0 - sim.cpu, 3),
         "simulated_nodes_cpu_s": round(sim.cpu, 3),
-        "peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+        "peak_rss_mib": _peak_mib(),
+        "peak_rss_after_mib": peaks,
         "stages_s": {k: round(v, 3) for k, v in outcome.durations.items()},
         "results": len(outcome.results),
         "statuses": statuses,
@@ -458,6 +461,10 @@ def _lines(path: Path) -> dict:
     with path.open("rb") as f:
         newlines = sum(block.count(b"\n") for block in iter(lambda: f.read(1 << 20), b""))
     return {"bytes": path.stat().st_size - 1, "lines": newlines}
+
+
+def _peak_mib() -> float:
+    return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
 
 
 def _cpu() -> float:
