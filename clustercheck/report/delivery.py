@@ -14,12 +14,13 @@ from typing import TextIO
 
 from clustercheck.exitcodes import UsageError
 from clustercheck.model import CheckResult
-from clustercheck.report import Report, render, write_atomic
+from clustercheck.report import Report, junit, render, write_atomic
 from clustercheck.report import json as json_report
 
 EXTENSIONS = {".json": "json", ".xml": "junit", ".md": "markdown", ".prom": "prometheus"}
 TEXT_NAMES = ("", ".txt", ".log", ".out")  # suffixes a text report may have: the table people read
 RUN_FILES = {"json": "report.json", "junit": "report.xml"}  # kept in the run directory
+WRITERS = {"json": json_report.write, "junit": junit.write}  # each writes its report to a file as it renders it
 
 
 def build(
@@ -67,15 +68,12 @@ def output_format(fmt: str, given: bool, output: str | None) -> str:
 
 def save(report: Report, directory: Path, kinds: Iterable[str] = tuple(RUN_FILES)) -> dict[str, Path]:
     """REPORT in DIRECTORY (made when missing) in each of KINDS (report.json, report.xml), each rendered once; the
-    files by kind. The JSON report is written as it is rendered, never held whole (report/json.py's write)."""
+    files by kind. Each is written as it is rendered, never held whole (report/json.py's and junit.py's write)."""
     directory.mkdir(parents=True, exist_ok=True)
     saved = {kind: directory / RUN_FILES[kind] for kind in kinds}
     for kind, path in saved.items():
-        if kind == "json":
-            with path.open("w") as out:
-                json_report.write(report, out)
-        else:
-            path.write_text(render(report, kind) + "\n")
+        with path.open("w") as out:
+            WRITERS[kind](report, out)
     return saved
 
 

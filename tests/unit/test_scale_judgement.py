@@ -14,7 +14,7 @@ from clustercheck import report
 from clustercheck.facts import collect
 from clustercheck.inventory import Node
 from clustercheck.model import CheckResult, Status
-from clustercheck.report import delivery
+from clustercheck.report import delivery, junit
 from clustercheck.report import json as json_report
 from clustercheck.stages import launch, torchjob
 from clustercheck.stages.core import settled
@@ -100,3 +100,34 @@ def test_the_json_report_is_written_as_it_is_rendered_never_held_as_one_string(t
     echoed: list[str] = []
     delivery.deliver(document, "json", None, echoed.append, saved)
     assert echoed == [whole]
+
+
+def test_the_junit_report_is_written_suite_by_suite_indented_as_the_whole_tree(tmp_path):
+    """report.xml is written one suite at a time (43 MB and its whole element tree at 4,000 nodes), and reads as
+    the tree indented whole would: a suite per host and one for the cluster, every case, the totals."""
+    hosts = ["node1", "node2", "node3"]
+    results = [CheckResult("gpu.count", Status.FAIL, "2 of 8 GPUs", "node2", remediation="reseat & reboot")]
+    results += [CheckResult("gpu.count", Status.PASS, "8 GPUs", h) for h in ("node1", "node3")]
+    results += [CheckResult("clock.skew", Status.SKIP, "one node", None), CheckResult("ntp", Status.ERROR, "<x>", None)]
+    document = report.Report(results, hosts)
+    sizes: list[int] = []
+
+    class Pieces(io.StringIO):
+        def write(self, text: str) -> int:
+            sizes.append(len(text))
+            return super().write(text)
+
+    pieces = Pieces()
+    junit.write(document, pieces)
+    text = pieces.getvalue()
+    assert max(sizes) < len(text) / 2  # no one piece is the whole report
+    head, _, body = text.partition("\n")
+    assert head == '<?xml version="1.0" encoding="utf-8"?>'
+    tree = ET.fromstring(body)
+    ET.indent(tree)
+    assert body == ET.tostring(tree, encoding="unicode") + "\n"
+    assert [s.get("name") for s in tree] == [*hosts, "(cluster)"]
+    assert (tree.get("tests"), tree.get("failures"), tree.get("errors"), tree.get("skipped")) == ("5", "1", "1", "1")
+    assert tree[1][0].find("failure").text == "2 of 8 GPUs\nfix: reseat & reboot"
+    assert delivery.save(document, tmp_path, kinds=("junit",))["junit"].read_text() == text
+    assert report.render(document, "junit") + "\n" == text
