@@ -9,18 +9,18 @@ that grows no faster than the node pairs do.
 
 What runs is the pipeline `clustercheck run` runs (run.pipeline.Pipeline through reach.Fanout, the core, network and
 collectives stages: the run's torch job of --ranks-per-node ranks, its records benchmarks/scale_ranks.py's; with
---ranks-per-node 0 `--only core --only network`), then every report format (report.FORMAT_NAMES) rendered as `run`
-renders them. Each node is a SimTransport (this file: the transport protocol of clustercheck/transport, handed to the
-pipeline by a transport factory) that answers every command with the output recorded on a real machine
-(benchmarks/data/, provenance in its README): the facts collector's JSON, the clock, the sweeps, the node-local
-torch job's rank records and logs. Per node only its name, address and identity (machine ID, boot ID, hostname) are
-put in, so the nodes are distinct. The network probe's record is made for each node from the recorded probe
-records' entries: a connection entry for every pair and port (every pair, as the probe tries them), a round trip and
-throughput entry for each pair of the rounds the probe's own schedule gives (--network-rounds, 8 by default), then
-printed as the probe prints it (netprobe.summarise: what was expected counted, the rest listed). One
-node is slow (its round trips 30 times longer, its transfers 30 times slower) and one pair fails (the second node's
-connections to the third time out on both ports, as the recorded firewall probe shows), so the report has findings
-to list.
+--ranks-per-node 0 `--only core --only network`), then every report format (report.FORMAT_NAMES) as `run` delivers
+it (report/delivery.py: the run directory's JSON, written as it is rendered, and JUnit; the others to -o FILE). Each
+node is a SimTransport (this file: the transport protocol of clustercheck/transport, handed to the pipeline by a
+transport factory) that answers every command with the output recorded on a real machine (benchmarks/data/,
+provenance in its README): the facts collector's JSON, the clock, the sweeps, the node-local torch job's rank
+records and logs. Per node only its name, address and identity (machine ID, boot ID, hostname) are put in, so the
+nodes are distinct. The network probe's record is made for each node from the recorded probe records' entries: a
+connection entry for every pair and port (every pair, as the probe tries them), a round trip and throughput entry
+for each pair of the rounds the probe's own schedule gives (--network-rounds, 8 by default), then printed as the
+probe prints it (netprobe.summarise: what was expected counted, the rest listed). One node is slow (its round trips
+30 times longer, its transfers 30 times slower) and one pair fails (the second node's connections to the third time
+out on both ports, as the recorded firewall probe shows), so the report has findings to list.
 
 Each size runs in a fresh child process, so peaks do not carry over. Measured there: the process's CPU time
 (user + system) less the CPU time the simulated nodes spent making their answers (timed in each answering thread),
@@ -35,6 +35,7 @@ import argparse
 import json
 import os
 import resource
+import shutil
 import statistics
 import subprocess
 import sys
@@ -53,6 +54,7 @@ from clustercheck.facts import firstcommand  # noqa: E402
 from clustercheck.inventory import Node  # noqa: E402
 from clustercheck.reach import Fanout  # noqa: E402
 from clustercheck.remote import netprobe  # noqa: E402
+from clustercheck.report import delivery  # noqa: E402
 from clustercheck.run.pipeline import Pipeline  # noqa: E402
 from clustercheck.selection import Selection  # noqa: E402
 from clustercheck.transport import PUT, CommandResult, SessionQuirks, workdir_for  # noqa: E402
@@ -191,10 +193,8 @@ class Simulation:
         self.slow = self.names[size // 3]
         # the second node's connections to the third time out; not with a torch job, which a failed pair stops
         self.failing = (self.names[1], self.names[2]) if not ranks else ("", "")
-        core = json.loads(CORE_RECORD.read_text())
-        self.answers = core["answers"]
-        facts = self.answers["facts"]["stdout"].strip().splitlines()[-1]
-        raw = json.loads(facts)
+        self.answers = json.loads(CORE_RECORD.read_text())["answers"]
+        raw = json.loads(self.answers["facts"]["stdout"].strip().splitlines()[-1])
         recorded_address = self._own_address(raw)
         raw["hostname"] = {"hostname": HOST, "addresses": [ADDR]}
         self.facts = json.dumps(raw).replace(f"{recorded_address}/24", f"{ADDR}/16").replace(recorded_address, ADDR)
@@ -211,8 +211,7 @@ class Simulation:
         self._lock = threading.Lock()
         self.cpu = 0.0  # seconds of CPU the simulated nodes spent making their answers
         self.unknown: dict[str, int] = {}
-        recorded = self.answers["rank-records"]["stdout"]
-        local, marker, logs = recorded.partition("--- clustercheck: logs ---")
+        local, marker, logs = self.answers["rank-records"]["stdout"].partition("--- clustercheck: logs ---")
         # the run's torch job (its collectives part): RANKS ranks per node, each node's records made at collection
         self.ranks = RankRecords(self.names, ranks, local, marker + logs, self.slow, pair_rounds) if ranks else None
 
@@ -228,12 +227,8 @@ class Simulation:
     def first(self, name: str) -> str:
         """The recorded first command's answer with the node's own machine ID, boot ID and hostname, and now."""
         i = int(name[4:])
-        own = {
-            "clock": f"{time.time():.9f}",
-            "machine_id": f"{i:032x}",
-            "boot_id": f"{i:08x}-0000-4000-8000-{i:012x}",
-            "hostname": name,
-        }
+        own = {"clock": f"{time.time():.9f}", "machine_id": f"{i:032x}", "hostname": name}
+        own["boot_id"] = f"{i:08x}-0000-4000-8000-{i:012x}"
         lines = []
         for line in self.answers["first"]["stdout"].splitlines():
             key, eq, _ = line.partition("=")
@@ -388,14 +383,10 @@ class SimTransport:
             return CommandResult(1, "", f"simulated node: no recorded answer for {what}")
         return CommandResult(recorded["exit_status"], recorded["stdout"], recorded["stderr"], recorded["timed_out"])
 
-    def stop(self) -> None:
+    def stop(self) -> None:  # nothing runs on a simulated node: nothing to stop, clean up or close
         pass
 
-    def cleanup(self) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
+    cleanup = close = stop
 
 
 # --------------------------------------------------------------------------- one size, in its own process
@@ -410,7 +401,7 @@ def one(size: int, reports_dir: str | None, rounds: int | None, ranks: int, pair
         register(transport)
         return Connected(transport, "simulated")
 
-    with tempfile.TemporaryDirectory(prefix="clustercheck-scale-") as run_dir:
+    with tempfile.TemporaryDirectory(prefix="clustercheck-scale-") as run_dir, tempfile.TemporaryDirectory() as out_dir:
         stages = ("core", "network", "collectives") if ranks else ("core", "network")
         config = RunConfig(
             run_dir=Path(run_dir), selection=Selection(only=stages), network_rounds=rounds, nproc_per_node=ranks or None
@@ -419,21 +410,22 @@ def one(size: int, reports_dir: str | None, rounds: int | None, ranks: int, pair
         pipeline = Pipeline(nodes, config, Fanout(factory))
         outcome = pipeline.run()
         cpu1, wall1 = _cpu(), time.monotonic()
+        peaks = {"pipeline": _peak_mib()}  # the peak so far after each step: where the peak is reached
         document = report.Report(
             outcome.results, sim.names, pipeline.run_id, time.time(), wall1 - wall0, durations=outcome.durations
         )
         formats = {}
-        for fmt in report.FORMAT_NAMES:
+        for fmt in report.FORMAT_NAMES:  # as `run` delivers them: report.json (streamed) and .xml, the others to -o
             c, w = _cpu(), time.monotonic()
-            text = report.render(document, fmt)
-            formats[fmt] = {
-                "bytes": len(text.encode()),
-                "lines": text.count("\n") + 1,
-                "cpu_s": round(_cpu() - c, 3),
-                "wall_s": round(time.monotonic() - w, 3),
-            }
+            if fmt in delivery.RUN_FILES:
+                path = delivery.save(document, Path(run_dir), kinds=(fmt,))[fmt]
+            else:
+                path = Path(out_dir, f"report.{fmt}")
+                delivery.deliver(document, fmt, str(path), say)
+            formats[fmt] = {**_lines(path), "cpu_s": round(_cpu() - c, 3), "wall_s": round(time.monotonic() - w, 3)}
+            peaks[fmt] = _peak_mib()
             if reports_dir:
-                Path(reports_dir, f"report-{size}.{fmt}").write_text(text + "\n")
+                shutil.copyfile(path, Path(reports_dir, f"report-{size}.{fmt}"))
         cpu2 = _cpu()
         run_bytes = sum(f.stat().st_size for f in Path(run_dir).rglob("*") if f.is_file())
     statuses: dict[str, int] = {}
@@ -450,7 +442,8 @@ def one(size: int, reports_dir: str | None, rounds: int | None, ranks: int, pair
         "reports_cpu_s": round(cpu2 - cpu1, 3),
         "controller_cpu_s": round(cpu2 - cpu0 - sim.cpu, 3),
         "simulated_nodes_cpu_s": round(sim.cpu, 3),
-        "peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+        "peak_rss_mib": _peak_mib(),
+        "peak_rss_after_mib": peaks,
         "stages_s": {k: round(v, 3) for k, v in outcome.durations.items()},
         "results": len(outcome.results),
         "statuses": statuses,
@@ -461,6 +454,17 @@ def one(size: int, reports_dir: str | None, rounds: int | None, ranks: int, pair
         "run_dir_bytes": run_bytes,
         "unanswered_commands": sim.unknown,
     }
+
+
+def _lines(path: Path) -> dict:
+    """A report file's bytes and lines, as its text counts them (less the file's last newline), read in blocks."""
+    with path.open("rb") as f:
+        newlines = sum(block.count(b"\n") for block in iter(lambda: f.read(1 << 20), b""))
+    return {"bytes": path.stat().st_size - 1, "lines": newlines}
+
+
+def _peak_mib() -> float:
+    return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
 
 
 def _cpu() -> float:

@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import Any
 
 from clustercheck.checks.registry import Finding, cluster_check, fail, node_check, passed, skip, warn
-from clustercheck.facts import parse
 from clustercheck.facts.model import COULD_NOT_COLLECT, NodeFacts
 from clustercheck.model import Status
 
@@ -254,7 +253,7 @@ def neighbour_table(nodes: list[NodeFacts], config: Any) -> Finding:
     overflowed: dict[str, list[str]] = {}
     small, shared, unknown = [], [], []
     for facts in nodes:
-        lines = parse.neighbour_overflows(facts.kernel_log) if facts.kernel_log else []
+        lines = facts.neighbour_overflows or []  # parsed with the log: the whole log is not kept past the node
         if lines:
             overflowed[facts.host] = lines
         limits = facts.neigh

@@ -161,7 +161,11 @@ class NodeFacts:
     imports: list[Package] = collected("torch", read=readers.imports, factory=list)  # torchvision, python_env_packages
     smi: NvidiaSmi | None = collected("commands.nvidia_smi_q", "gpu_processes", read=readers.smi)  # nvidia-smi -q
     smi_error: str | None = collected("commands.nvidia_smi_q", read=readers.smi_error)  # why nvidia-smi gave nothing
+    # The whole kernel log: read by the node's own checks and evidence only, then dropped (None) by stages/core.settled
     kernel_log: str | None = collected("commands.kernel_log", "commands.dmesg", read=readers.kernel_log)
+    neighbour_overflows: list[str] | None = collected(  # that log's neighbour-table overflow lines, kept to the end
+        "commands.kernel_log", "commands.dmesg", read=readers.neighbour_overflows
+    )
     xids: XidLog | None = collected("commands.xids", read=readers.xids)  # the driver's Xid lines since boot
     fabricmanager: str | None = collected("commands.fabricmanager", read=readers.fabricmanager)  # systemctl is-active
     nvswitches: int | None = fact(remote.nvswitches, count)

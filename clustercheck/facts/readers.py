@@ -121,6 +121,13 @@ def kernel_log(journal: Any, dmesg: Any) -> str:
     raise NotCollected(log.get("error") or _last_line(log) or COULD_NOT_COLLECT)
 
 
+def neighbour_overflows(journal: Any, dmesg: Any) -> list[str]:
+    """The kernel log's "neighbor table overflow" lines (that log: kernel_log's), all neighbour.table reads of it:
+    kept as a fact of their own, the lines outlive the whole log, which the run drops once the node's own checks
+    and evidence are done (stages/core.settled)."""
+    return parse.neighbour_overflows(kernel_log(journal, dmesg))
+
+
 def xids(answer: Any) -> XidLog:
     """The collector's Xid lines since boot (xid_lines on the node)."""
     answer = answer or NOT_COLLECTED

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from clustercheck.model import CheckResult, Status, overall_status
 
@@ -203,9 +204,10 @@ def schema_text() -> str:
     return files(__package__).joinpath("report.schema.json").read_text()
 
 
-def write_atomic(path, content: str) -> None:
+def write_atomic(path, content: str | Callable[[Any], None]) -> None:
     """Write CONTENT to PATH through a temporary file in the same directory and a rename, so a reader (a
-    monitoring agent, a CI step) never sees half a report."""
+    monitoring agent, a CI step) never sees half a report. CONTENT: the text, or a function that writes it to the
+    open file (a report written as it is rendered)."""
     import os
     import tempfile
     from pathlib import Path
@@ -214,7 +216,10 @@ def write_atomic(path, content: str) -> None:
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent or ".")
     try:
         with os.fdopen(fd, "w") as fh:
-            fh.write(content)
+            if callable(content):
+                content(fh)
+            else:
+                fh.write(content)
         os.chmod(tmp, 0o644)
         os.replace(tmp, path)
     except BaseException:

@@ -6,17 +6,21 @@ table.
 
 from __future__ import annotations
 
+import shutil
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import TextIO
 
 from clustercheck.exitcodes import UsageError
 from clustercheck.model import CheckResult
-from clustercheck.report import Report, render, write_atomic
+from clustercheck.report import Report, junit, render, write_atomic
+from clustercheck.report import json as json_report
 
 EXTENSIONS = {".json": "json", ".xml": "junit", ".md": "markdown", ".prom": "prometheus"}
 TEXT_NAMES = ("", ".txt", ".log", ".out")  # suffixes a text report may have: the table people read
 RUN_FILES = {"json": "report.json", "junit": "report.xml"}  # kept in the run directory
+WRITERS = {"json": json_report.write, "junit": junit.write}  # each writes its report to a file as it renders it
 
 
 def build(
@@ -62,23 +66,33 @@ def output_format(fmt: str, given: bool, output: str | None) -> str:
     return named
 
 
-def save(report: Report, directory: Path, kinds: Iterable[str] = tuple(RUN_FILES)) -> dict[str, str]:
+def save(report: Report, directory: Path, kinds: Iterable[str] = tuple(RUN_FILES)) -> dict[str, Path]:
     """REPORT in DIRECTORY (made when missing) in each of KINDS (report.json, report.xml), each rendered once; the
-    rendered texts by kind."""
+    files by kind. Each is written as it is rendered, never held whole (report/json.py's and junit.py's write)."""
     directory.mkdir(parents=True, exist_ok=True)
-    rendered = {kind: render(report, kind) for kind in kinds}
-    for kind, text in rendered.items():
-        (directory / RUN_FILES[kind]).write_text(text + "\n")
-    return rendered
+    saved = {kind: directory / RUN_FILES[kind] for kind in kinds}
+    for kind, path in saved.items():
+        with path.open("w") as out:
+            WRITERS[kind](report, out)
+    return saved
 
 
 def deliver(
-    report: Report, fmt: str, output: str | None, echo: Callable[[str], None], rendered: dict[str, str] | None = None
+    report: Report, fmt: str, output: str | None, echo: Callable[[str], None], saved: dict[str, Path] | None = None
 ) -> None:
-    """REPORT in FMT to OUTPUT (replaced atomically) or, without one, ECHOed; RENDERED: texts already rendered, by
-    format."""
-    text = (rendered or {}).get(fmt) or render(report, fmt)
-    if output:
-        write_atomic(Path(output), text + "\n")
+    """REPORT in FMT to OUTPUT (replaced atomically) or, without one, ECHOed; SAVED: the files already written, by
+    format (save's), copied rather than rendered again."""
+    done = (saved or {}).get(fmt)
+    if done is not None and output:
+        write_atomic(Path(output), lambda out: _copy(done, out))
+    elif done is not None:
+        echo(done.read_text().removesuffix("\n"))
+    elif output:
+        write_atomic(Path(output), render(report, fmt) + "\n")
     else:
-        echo(text)
+        echo(render(report, fmt))
+
+
+def _copy(path: Path, out: TextIO) -> None:
+    with path.open() as source:
+        shutil.copyfileobj(source, out)

@@ -85,9 +85,9 @@ def run(request: RunRequest, echo: Echo, say: Echo) -> int:
         nodes, ssh, connect = _nodes(request, held, say)
         config = _config(request, nodes, ssh, selected)
         document, outcome = _verify(nodes, config, Fanout(connect), request.hosts_args, console)
-    rendered = delivery.save(document, config.run_dir)
+    saved = delivery.save(document, config.run_dir)
     if request.output or fmt != "text":
-        delivery.deliver(document, fmt, request.output, echo, rendered)
+        delivery.deliver(document, fmt, request.output, echo, saved)
     text.print_report(document, console, raw_output=str(config.run_dir))
     if outcome.unclean:
         say(cleanup_message(outcome.unclean))

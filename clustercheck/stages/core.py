@@ -397,16 +397,19 @@ def run_host(node: Node, transport: Transport, ctx: Context, step, begun: NodeSt
     if not shared.defers_local(ctx.hosts, selection):  # else the run's torch job runs them (stages/shared.py)
         step("collectives on the node")
         outcome.results += localjob.local_collectives(facts, transport, ctx)
-    outcome.facts = replace(facts, raw=settled(facts.raw))
+    outcome.facts = settled(facts)
     return outcome
 
 
-def settled(raw: dict) -> dict:
-    """The collector's answer as the rest of the run keeps it, once the node's own checks and evidence are done:
-    without its commands' raw outputs (dmesg alone is often hundreds of KB), which the facts were parsed from and
-    the run directory's facts.json keeps, and which nothing after the node's checks reads. Kept, they were most of
-    the controller's memory at 4,000 nodes (docs/benchmarks.md, "The whole run's controller side at 4,000 nodes")."""
-    return {key: value for key, value in raw.items() if key != "commands"}
+def settled(facts: NodeFacts) -> NodeFacts:
+    """FACTS as the rest of the run keeps them, once the node's own checks and evidence are done: without what
+    nothing after them reads, which the run directory's facts.json keeps. That is the collector's raw command
+    outputs, which the facts were parsed from, and the whole kernel log (kernel_log; dmesg alone is often hundreds
+    of KB), whose lines a cluster check needs are facts of their own (neighbour_overflows). Kept, they were most
+    of the controller's memory at 4,000 nodes (docs/benchmarks.md, "The whole run's controller side at 4,000
+    nodes")."""
+    raw = {key: value for key, value in facts.raw.items() if key != "commands"}
+    return replace(facts, raw=raw, kernel_log=None)
 
 
 def _facts_error(node: Node, message: str, fix: str | None = None) -> CheckResult:

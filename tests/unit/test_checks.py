@@ -15,6 +15,7 @@ from clustercheck.facts import collect, parse
 from clustercheck.facts.model import NeighThresholds, NodeFacts
 from clustercheck.inventory import Node
 from clustercheck.model import CheckResult, Status
+from clustercheck.stages.core import settled
 
 H800 = (Path(__file__).parent / "data" / "nvidia-smi-q-h800.txt").read_text()
 TORCH_CPU = {"version": "2.13.0+cpu", "cuda": None, "cuda_available": False, "device_count": 0, "gloo": True}
@@ -297,12 +298,16 @@ def test_the_neighbour_table_is_judged_against_the_number_of_nodes():
 
 
 def test_a_node_whose_kernel_log_says_the_table_overflowed_fails_by_name():
+    """The overflow line is read where the log is collected and kept as a fact of its own; the whole log is not
+    kept past the node's own checks (stages/core.settled), and the cluster check still finds the line."""
     localhost = recorded_node("facts-debian12-localhost.json")
     nodes = copies(localhost, 3)
-    nodes[2] = replace(
-        nodes[2],
-        kernel_log=(Path(__file__).parent / "data" / "kernel-log-neighbour-overflow-netdev-2019.txt").read_text(),
-    )
+    raw = json.loads((Path(__file__).parent / "records" / "facts-debian12-localhost.json").read_text())
+    log = (Path(__file__).parent / "data" / "kernel-log-neighbour-overflow-netdev-2019.txt").read_text()
+    raw["commands"]["kernel_log"] = {"rc": 0, "out": log, "err": ""}
+    overflowed = collect.build(nodes[2].node, raw, python="python3", python_source="PATH", cluster_size=3)
+    nodes[2] = settled(overflowed)
+    assert nodes[2].kernel_log is None and "commands" not in nodes[2].raw  # nothing of the whole log is left
     result = system.neighbour_table(nodes, None)
     assert result.status is Status.FAIL
     assert "node3: once, last: neighbour: arp_cache: neighbor table overflow!" in result.message
