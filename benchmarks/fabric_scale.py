@@ -5,7 +5,8 @@ node's rail is shaped to 100 Mbit/s by tc.
 
 For each case: the collectives stage's time (the torch job: its start, the all-node sweep, the pair rounds), the
 run's wall time, and what fabric.pairs and fabric.paths said. The rounds' cost is the difference between the first
-two cases (one run each, one after the other, on the same nodes).
+two cases (with --without: one run each, one after the other, on the same nodes); the rounds' own time in the job
+(the slowest rank's, fabric.paths' data) is measured in every run.
 
     benchmarks/fabric_scale.py                       # 64 Debian 12 nodes with torch and one rail, up and down
     benchmarks/fabric_scale.py --nodes 16 --rails 2 --nproc 2 --keep
@@ -71,6 +72,7 @@ def main() -> int:
     p.add_argument("--nodes", type=int, default=64, help="test nodes (default %(default)s)")
     p.add_argument("--rails", type=int, default=1, help="rails per node (default %(default)s)")
     p.add_argument("--nproc", type=int, default=1, help="ranks per node (default %(default)s)")
+    p.add_argument("--without", action="store_true", help="also a run with the pair rounds left out, first")
     args = p.parse_args()
     results = {"machine": common.machine(), "nodes": args.nodes, "rails": args.rails, "nproc": args.nproc}
     image = torchenv.node_image(common.wheelhouse())
@@ -80,8 +82,11 @@ def main() -> int:
         python = ["--python", torchenv.PYTHON]  # the node image's torch environment
         base = f"/tmp/fabric-scale-{int(time.time())}"
         cases = results["cases"] = {}
-        cases["without_pairs"] = collectives_run(nodes, f"{base}/without", args.nproc, *python, "--skip", "fabric.p*")
-        common.say(f"without the pair rounds: {cases['without_pairs']}")
+        if args.without:
+            cases["without_pairs"] = collectives_run(
+                nodes, f"{base}/without", args.nproc, *python, "--skip", "fabric.p*"
+            )
+            common.say(f"without the pair rounds: {cases['without_pairs']}")
         cases["with_pairs"] = collectives_run(nodes, f"{base}/with", args.nproc, *python)
         common.say(f"with the pair rounds: {cases['with_pairs']}")
         iface = f"eth{args.rails}"
@@ -93,7 +98,8 @@ def main() -> int:
             subprocess.run(["docker", "exec", container, "tc", "qdisc", "del", "dev", iface, "root"], check=False)
         cases["slowed"]["rail"] = f"{SLOWED} {iface}"
         common.say(f"{SLOWED}'s {iface} shaped to 100 Mbit/s: {cases['slowed']}")
-        with_s, without_s = cases["with_pairs"]["collectives_stage_s"], cases["without_pairs"]["collectives_stage_s"]
+        with_s = cases["with_pairs"]["collectives_stage_s"]
+        without_s = cases.get("without_pairs", {}).get("collectives_stage_s")
         if with_s is not None and without_s is not None:
             results["pair_rounds_added_s"] = round(with_s - without_s, 1)
     print(json.dumps(results, indent=2))
