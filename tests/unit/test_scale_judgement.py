@@ -66,6 +66,18 @@ def test_the_raw_command_outputs_and_the_kernel_log_are_not_kept_past_the_nodes_
     assert kept.raw["torch"] == raw["torch"] and kept.raw["mtu"] == raw["mtu"] and kept.torch == facts.torch
 
 
+class Pieces(io.StringIO):
+    """A file that keeps the size of every write: a report written in pieces, not as one string."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.sizes: list[int] = []
+
+    def write(self, text: str) -> int:
+        self.sizes.append(len(text))
+        return super().write(text)
+
+
 def test_the_json_report_is_written_as_it_is_rendered_never_held_as_one_string(tmp_path, monkeypatch):
     """The run directory's report.json, and -o FILE or stdout in JSON, hold the same text as before; the text is
     never one string (95 MB at 4,000 nodes) but written in the encoder's pieces, and the saved file is copied, not
@@ -77,16 +89,9 @@ def test_the_json_report_is_written_as_it_is_rendered_never_held_as_one_string(t
     ]
     document = report.Report(results, hosts, "run1", 0.0, 1.0, durations={"core": 1.0})
     whole = report.render(document, "json")
-    sizes: list[int] = []
-
-    class Pieces(io.StringIO):
-        def write(self, text: str) -> int:
-            sizes.append(len(text))
-            return super().write(text)
-
     pieces = Pieces()
     json_report.write(document, pieces)
-    assert pieces.getvalue() == whole + "\n" and max(sizes) < len(whole) / 100
+    assert pieces.getvalue() == whole + "\n" and max(pieces.sizes) < len(whole) / 100
 
     def whole_string(_):
         raise AssertionError("the JSON report rendered as one string")
@@ -110,17 +115,10 @@ def test_the_junit_report_is_written_suite_by_suite_indented_as_the_whole_tree(t
     results += [CheckResult("gpu.count", Status.PASS, "8 GPUs", h) for h in ("node1", "node3")]
     results += [CheckResult("clock.skew", Status.SKIP, "one node", None), CheckResult("ntp", Status.ERROR, "<x>", None)]
     document = report.Report(results, hosts)
-    sizes: list[int] = []
-
-    class Pieces(io.StringIO):
-        def write(self, text: str) -> int:
-            sizes.append(len(text))
-            return super().write(text)
-
     pieces = Pieces()
     junit.write(document, pieces)
     text = pieces.getvalue()
-    assert max(sizes) < len(text) / 2  # no one piece is the whole report
+    assert max(pieces.sizes) < len(text) / 2  # no one piece is the whole report
     head, _, body = text.partition("\n")
     assert head == '<?xml version="1.0" encoding="utf-8"?>'
     tree = ET.fromstring(body)
