@@ -4,7 +4,9 @@ what the figures suspect: remote/pairs.py, the same functions the ranks used).
 A figure is one direction of one rail between two nodes (an edge: src -> dst on rail k, GB/s), measured where it
 arrived. An edge is slow under a share of its rail's reference (the median over the nodes of each node's best
 figure on the rail: 0.7 over NCCL, 0.05 for gloo on CPU ranks, remote/pairs.py's SLOW_RATIO), or under the floor
-(--min-pair-busbw). Then, per rail:
+(--min-pair-busbw); and the edges of a node's side (what it sends, or receives, on a rail) when every one is under
+the rail's fence, far under the other nodes' medians (pairs.rail_fences: on a rail of 8 nodes or more, a Tukey
+fence on the log of the figures, never above half the reference). Then, per rail:
 - a node's rail slow with two or more different partners, and again in the confirm round against a node no slow
   figure touched: FAIL naming the node, the local rank (GPU), the interface, its figure against the median and the
   floor; every rail of a node so: the node itself; not again in the confirm round: WARN (transient);
@@ -37,9 +39,11 @@ declare(
     scope="node",
     proves="each of the node's rails (local rank i, its GPU and interface or HCA) moves data to and from its "
     "partners in rounds of node pairs (send/recv, rail-aligned) at no less than a share of its rail's figure over "
-    "the cluster (0.7 with NCCL; 0.05 with gloo on CPU, where only a collapse stands out of the noise) and the "
-    "floor (--min-pair-busbw, else over NCCL 0.7 of what the slowest RDMA port's line rate gives, NCCL's 24 GB/s "
-    "per 200 Gb/s); slow with two or more partners and again in a confirm round against a healthy node: FAIL",
+    "the cluster (0.7 with NCCL; 0.05 with gloo on CPU, where only a collapse stands out of the noise), not with "
+    "every figure it sends or receives far under the other nodes' (a Tukey fence, on 8 nodes or more), and at no "
+    "less than the floor (--min-pair-busbw, else over NCCL 0.7 of what the slowest RDMA port's line rate gives, "
+    "NCCL's 24 GB/s per 200 Gb/s); slow with two or more partners and again in a confirm round against a healthy "
+    "node: FAIL",
     fix="Check that rail's link: `ethtool IFACE` / `ibstat` (speed, errors), `tc qdisc show dev IFACE` (a shaper), "
     "the cable, transceiver and switch port; every rail of a node slow points at the node (its PCIe, NUMA "
     "placement, firmware).",
@@ -135,14 +139,14 @@ def evaluate(
     if not floor and rails.backend == "nccl":
         floor = line_rate_floor(port_rates_gbps or [])
     medians = pairs.rail_reference(rails.edges)
+    fences = pairs.rail_fences(rails.edges, medians)
     ratio = pairs.SLOW_RATIO.get(rails.backend, pairs.SLOW_RATIO["gloo"])
-    slow = pairs.slow_edges(rails.edges, floor, ratio)
+    slow = pairs.slow_edges(rails.edges, floor, ratio, medians, fences)
     suspect_rails, suspect_pairs = pairs.suspects(slow, pairs.met(rails.edges))
-    again = pairs.slow_edges(rails.confirm, floor, ratio, reference=medians)
+    again = pairs.slow_edges(rails.confirm, floor, ratio, medians, fences)
     index = _Index(rails)
-    results = [
-        _node_result(i, name, rails, index, medians, suspect_rails, again, floor) for i, name in enumerate(rails.names)
-    ]
+    judged = _Judged(medians, fences, suspect_rails, again, floor)
+    results = [_node_result(i, name, rails, index, judged) for i, name in enumerate(rails.names)]
     done = set(rails.names)
     results += [emit(NODE, Status.SKIP, "no pair-round figures of this node", host=h) for h in hosts if h not in done]
     results.append(_paths_result(rails, suspect_pairs, again, medians))
@@ -168,7 +172,19 @@ class _Index:
             self.rails.setdefault(node, []).append(rail)
 
 
-def _node_result(node: int, name: str, rails: Rails, index, medians, suspect_rails, again, floor) -> CheckResult:
+@dataclass
+class _Judged:
+    """What the judgement found over the whole cluster, which each node's result reads."""
+
+    medians: dict[int, float]  # each rail's reference
+    fences: dict[int, float]  # each rail's far-out fence (pairs.rail_fences), where it has enough nodes
+    suspect_rails: dict
+    again: set
+    floor: float | None
+
+
+def _node_result(node: int, name: str, rails: Rails, index, judged: _Judged) -> CheckResult:
+    medians, suspect_rails, again, floor = judged.medians, judged.suspect_rails, judged.again, judged.floor
     mine = sorted(index.rails.get(node, []))
     rows, problems, transient = [], [], []
     measures = []
@@ -185,6 +201,7 @@ def _node_result(node: int, name: str, rails: Rails, index, medians, suspect_rai
                 "send_gbps": {rails.names[p]: round(v, 4) for p, v in sorted(sent.items())},
                 "median_gbps": median_in,
                 "rail_reference_gbps": medians.get(rail),
+                "rail_fence_gbps": judged.fences.get(rail),
             }
         )
         if median_in is not None:
@@ -194,7 +211,7 @@ def _node_result(node: int, name: str, rails: Rails, index, medians, suspect_rai
             # slow again in the confirm round, or no confirm for it (no node left that no slow figure touched)
             confirmed = index.confirmed.get((node, rail), [])
             repeated = not confirmed or any(e in again for e in confirmed)
-            text = _rail_text(rails, node, rail, sides, sent, got, medians.get(rail), floor)
+            text = _rail_text(rails, node, rail, sides, sent, got, judged)
             (problems if repeated else transient).append((rail, text))
     data = {
         "rails": rows,
@@ -239,9 +256,10 @@ def _iface(iface: str | None) -> str:
     return f" ({iface})" if iface else ""
 
 
-def _rail_text(rails: Rails, node, rail, sides, sent, got, reference, floor) -> str:
+def _rail_text(rails: Rails, node, rail, sides, sent, got, judged: _Judged) -> str:
     """What a slow rail does: the node, local rank (GPU) and interface, its slow figures with the partners named,
-    against the rail's reference and the floor."""
+    against the rail's reference, its fence and the floor."""
+    reference, fence, floor = judged.medians.get(rail), judged.fences.get(rail), judged.floor
     iface = rails.interfaces.get((node, rail))
     partners = set().union(*(p for p in sides.values() if p))
     shown = []
@@ -250,6 +268,8 @@ def _rail_text(rails: Rails, node, rail, sides, sent, got, reference, floor) -> 
             listed = ", ".join(f"{rails.names[p]} {figures[p]:.3g}" for p in sorted(sides[direction]) if p in figures)
             shown.append(f"{verb} {listed}")
     against = f"the rail's {reference:.3g} GB/s (the median of each node's best)" if reference else "its rail's"
+    if fence:
+        against += f", the other nodes' spread {fence:.3g} GB/s (far under their lower quartile)"
     if floor:
         against += f", floor {floor:g} GB/s"
     gpu = f", GPU {rail}" if rails.backend == "nccl" else ""  # on GPUs local rank i drives GPU i

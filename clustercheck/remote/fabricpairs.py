@@ -22,6 +22,10 @@ from .common import progress, rail_interface
 GPU_PAIR_BYTES = 1 << 28  # 256 MiB: sendrecv over a 400 Gb/s rail reaches steady bandwidth by then (nccl-tests)
 CPU_PAIR_BYTES = 1 << 22  # 4 MiB: gloo on CPU ranks that share cores; a throttled rail still stands out
 STEP_BASE = 100  # the heartbeat steps of the pair rounds: after the sweep's
+# A pair's exchanges stop once they took this long (after one timed exchange at least): a healthy pair is done long
+# before (256 MiB over a 200 Gb/s rail: 11 ms an exchange; 4 MiB between crowded CPU ranks: 0.05 to 0.2 s), a link
+# down to a hundredth would otherwise hold every rank for six of its exchanges a round.
+PAIR_SECONDS = 1.0
 
 
 def add_arguments(parser) -> None:
@@ -96,12 +100,17 @@ def run_rounds(torch, dist, device, rounds, groups, mine, local_rank, send, recv
     return times
 
 
-def exchange(torch, dist, device, send, recv, peer: int, iters: int) -> float:
+def exchange(torch, dist, device, send, recv, peer: int, iters: int, budget: float = PAIR_SECONDS) -> float:
     """The shortest time the receive from PEER took in ITERS exchanges (a warm-up one first: NCCL connects the pair
     on its first send): what the rail can do. Noise (another process on the core, the scheduler) only ever slows an
-    exchange; a slow link slows every one."""
+    exchange; a slow link slows every one, so a pair past BUDGET seconds stops after its next exchange: each side
+    says in its first element whether it is within the budget, and both stop once either is not (both read both
+    flags, so they agree), after one timed exchange at least."""
     took = []
+    pair_started = time.perf_counter()
     for i in range(iters + 1):
+        within = time.perf_counter() - pair_started < budget
+        send[0] = 1.0 if within else 0.0
         ops = [dist.P2POp(dist.isend, send, peer), dist.P2POp(dist.irecv, recv, peer)]
         started = time.perf_counter()
         requests = dist.batch_isend_irecv(ops)
@@ -111,6 +120,8 @@ def exchange(torch, dist, device, send, recv, peer: int, iters: int) -> float:
         if i:
             took.append(time.perf_counter() - started)
         requests[0].wait()
+        if i and not (within and float(recv[0]) > 0):
+            break
     return min(took)
 
 

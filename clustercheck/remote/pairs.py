@@ -12,6 +12,7 @@ rounds (n even) or n (n odd) give every pair once; past MAX_ROUNDS the first MAX
 order are run, so the rounds do not grow with the cluster and each node meets MAX_ROUNDS different partners.
 """
 
+import math
 import random
 
 DEFAULT_ROUNDS = 6  # every node meets up to this many partners: enough to tell "slow with two or more" from one
@@ -21,6 +22,17 @@ DEFAULT_ROUNDS = 6  # every node meets up to this many partners: enough to tell 
 # from 0.12 to 1 times the reference even as the best of their exchanges, so there only a collapse (a twentieth)
 # counts: a rail shaped to 100 Mbit/s among ~1.5 GB/s ones is a hundredth.
 SLOW_RATIO = {"nccl": 0.7, "gloo": 0.05}
+# A node's rail can also stand out of its own cluster's spread: every figure it sent (or received) under the rail's
+# fence, FENCE_IQRS interquartile ranges under the lower quartile of the nodes' medians (Tukey's fences, on the log
+# of the figures: bandwidth spreads by factors). That names a throttled rail among crowded CPU ranks whose healthy
+# figures are a tenth of the reference: at 64 test nodes (tests/unit/data/fabric-64-*.json) a rail shaped to
+# 100 Mbit/s sent its best figure 3.34 interquartile ranges under the lower quartile, the lowest healthy node's best
+# was 0.14 under it (and in the healthy run 0.14). Quartiles need FENCE_NODES nodes on the rail; and the fence never
+# lifts past FENCE_SHARE of the reference, so a tight cluster (RDMA, where the share above holds) does not fail a
+# node a few percent under the others.
+FENCE_NODES = 8
+FENCE_IQRS = 2.0
+FENCE_SHARE = 0.5
 
 
 def schedule(n, seed, max_rounds=DEFAULT_ROUNDS):
@@ -79,16 +91,58 @@ def rail_reference(edges):
     return {rail: median(values) for rail, values in by_rail.items()}
 
 
-def slow_edges(edges, floor=None, ratio=SLOW_RATIO["gloo"], reference=None):
-    """The edges of EDGES below RATIO of their rail's reference (REFERENCE, else EDGES' own), or below FLOOR (GB/s)
-    when given."""
+def quantile(ordered, share):
+    """The SHARE quantile of the sorted list ORDERED, interpolated between its neighbours (numpy's default)."""
+    at = (len(ordered) - 1) * share
+    low = int(at)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (at - low)
+
+
+def sides(edges):
+    """{(node, rail, "out" or "in"): what the node's rail sent to, or received from, its partners (GB/s)}."""
+    figures = {}
+    for (src, dst, rail), gbps in edges.items():
+        figures.setdefault((src, rail, "out"), []).append(gbps)
+        figures.setdefault((dst, rail, "in"), []).append(gbps)
+    return figures
+
+
+def rail_fences(edges, reference=None):
+    """{rail: GB/s}: the rails of EDGES with FENCE_NODES nodes or more, each with its lower fence over the medians
+    of the nodes' sides (sides()), capped at FENCE_SHARE of the rail's reference (REFERENCE, else EDGES')."""
     reference = reference or rail_reference(edges)
+    logs, nodes = {}, {}
+    for (node, rail, _), figures in sides(edges).items():
+        gbps = median(figures)
+        if gbps > 0:
+            logs.setdefault(rail, []).append(math.log(gbps))
+            nodes.setdefault(rail, set()).add(node)
+    fences = {}
+    for rail, values in logs.items():
+        if len(nodes[rail]) < FENCE_NODES:
+            continue
+        values.sort()
+        q1, q3 = quantile(values, 0.25), quantile(values, 0.75)
+        fences[rail] = min(math.exp(q1 - FENCE_IQRS * (q3 - q1)), FENCE_SHARE * reference[rail])
+    return fences
+
+
+def slow_edges(edges, floor=None, ratio=SLOW_RATIO["gloo"], reference=None, fences=None):
+    """The edges of EDGES below RATIO of their rail's reference (REFERENCE, else EDGES' own), or below FLOOR (GB/s)
+    when given, and the edges of a node's side (what it sends, or receives, on a rail) when every one of them is under
+    the rail's fence (FENCES, else EDGES' own rail_fences): slow with every partner by the cluster's own spread."""
+    reference = reference or rail_reference(edges)
+    fences = rail_fences(edges, reference) if fences is None else fences
+    best = {key: max(figures) for key, figures in sides(edges).items()} if fences else {}
     slow = set()
     for edge, gbps in edges.items():
-        limit = reference[edge[2]] * ratio
+        src, dst, rail = edge
+        limit = reference[rail] * ratio
         if floor:
             limit = max(limit, floor)
-        if gbps < limit:
+        fence = fences.get(rail)
+        if gbps < limit or (fence and min(best[(src, rail, "out")], best[(dst, rail, "in")]) < fence):
             slow.add(edge)
     return slow
 

@@ -1,12 +1,14 @@
 """The fabric pair rounds' schedule (remote/pairs.py) and their judgement (checks/fabric_pairs.py), on records of the
-shape the torch job's ranks write (remote/fabricpairs.py). The figures are built here from a rail speed per node:
-what is judged is which (node, rail) or path the figures name, not a recorded output."""
+shape the torch job's ranks write (remote/fabricpairs.py). Most figures are built here from a rail speed per node
+(what is judged is which (node, rail) or path the figures name); the 64-node ones were recorded on the test cluster
+(tests/unit/data/README.md)."""
 
 from __future__ import annotations
 
 import itertools
 import json
 import subprocess
+from pathlib import Path
 
 import pytest
 from harness import promtool_path
@@ -18,6 +20,7 @@ from clustercheck.report import Report, prometheus
 from clustercheck.report import json as json_report
 
 SIZE = 1 << 22
+DATA = Path(__file__).parent / "data" / "fabric"
 
 
 @pytest.mark.parametrize("n", [2, 3, 4, 7, 8, 64, 1000])
@@ -203,3 +206,41 @@ def test_every_node_and_rail_is_a_prometheus_gauge_and_a_baseline_figure():
     document = json.loads(json_report.render(report))
     fabric = baseline_figures.figures(document["checks"])["fabric"]
     assert sorted(fabric) == [f"node{n} rail {k} (eth{k + 1})" for n in (1, 2, 3) for k in (0, 1)]
+
+
+def recorded(name: str) -> tuple[list[str], dict]:
+    """The node names and edges of a recorded fabric.paths (tests/unit/data/README.md: 64 test nodes)."""
+    data = json.loads((DATA / name).read_text())
+    names = sorted({e[0] for e in data["edges"]}, key=lambda n: int(n.removeprefix("node")))
+    index = {name: i for i, name in enumerate(names)}
+    return names, {(index[s], index[d], rail): gbps for s, d, rail, gbps in data["edges"]}
+
+
+def test_at_64_crowded_nodes_a_rail_shaped_to_100_mbits_is_named_by_the_clusters_spread_and_a_healthy_run_is_not():
+    # 64 CPU ranks on two cores: healthy rails 0.02 to 0.09 GB/s, the reference 0.095; node2's eth1 shaped to
+    # 100 Mbit/s sent 0.008 to 0.012, a ninth of it: above gloo's share, every figure far under the others' spread
+    names, edges = recorded("64-nodes-node2-eth1-100mbit.json")
+    assert pairs.suspects(pairs.slow_edges(edges, fences={}), pairs.met(edges)) == ({}, set())  # the share alone
+    rails, paths = pairs.suspects(pairs.slow_edges(edges), pairs.met(edges))
+    assert [(names[node], rail, side) for node, rail, side in rails] == [("node2", 0, "out")] and paths == set()
+    assert len(rails[(names.index("node2"), 0, "out")]) == 6  # every partner it met
+    names, edges = recorded("64-nodes-healthy.json")
+    assert pairs.rail_fences(edges) and pairs.slow_edges(edges) == set()
+
+
+def test_the_spread_names_a_rail_only_on_enough_nodes_and_never_a_node_a_little_under_a_tight_cluster():
+    # figures that spread 0.2 to 1.0 GB/s as crowded CPU ranks do; node5's rail 0 at 0.06, over gloo's share of the
+    # reference: named on 16 nodes, where quartiles mean something, not on 6
+    def speed(src, dst, rail):
+        return 0.06 if rail == 0 and src == 4 else 0.2 + 0.8 * ((src * 7 + dst * 3 + rail) % 9) / 8
+
+    results = bad(judged(records(16, 2, speed), 16))
+    assert list(results) == [("fabric.pairs", "node5")]
+    finding = results[("fabric.pairs", "node5")]
+    assert finding.status is Status.FAIL
+    assert finding.message.startswith("node5 rail 0 (local rank 0, eth1) slow with 6 partners: sends ")
+    assert "the other nodes' spread" in finding.message
+    assert bad(judged(records(6, 2, speed), 6)) == {}
+    # RDMA figures within a few percent: a node 8 % under the others is not far under them
+    tight = records(16, 1, lambda s, d, k: 44.0 if s == 2 else 48.0 + 0.1 * ((s + d) % 3), backend="nccl")
+    assert bad(judged(tight, 16)) == {}
