@@ -327,6 +327,13 @@ def test_ctrl_c_cancels_the_allocation_clustercheck_made_and_leaves_nothing(slur
 LAUNCH_CODE = "/root/slurm-launch"  # the code's directory, at the same path on every node as a shared home would be
 
 
+def clustercheck_traceback(output: str) -> bool:
+    """Whether clustercheck's own output has a traceback. What the nodes print is relayed with their name in front
+    ("node2: ..."): torchrun's agents log one of their own when the agent that holds the rendezvous store exits
+    first at the job's end (pytorch/pytorch#69520, seen under load with the job's exit status 0)."""
+    return re.search(r"^Traceback \(most recent call last\)", output, re.M) is not None
+
+
 def put_launch_code(cluster, files: dict[str, str]) -> None:
     for node in cluster.nodes:
         on(node, f"rm -rf {LAUNCH_CODE} && mkdir -p {LAUNCH_CODE}")
@@ -460,7 +467,7 @@ def test_launch_with_a_spare_leaves_a_failing_node_out_drains_it_and_gives_it_ba
         assert re.search(r"^clustercheck: gave node3 back to Slurm: job \d+ holds node1, node2 now$", output, re.M), (
             output[-4000:]
         )
-        assert "Traceback" not in output
+        assert not clustercheck_traceback(output), output[-3000:]
         seen = states(controller)
         assert "drain" in seen["node3"][0], seen
         reason = drain.read_reason(seen["node3"][1])
@@ -503,7 +510,7 @@ def test_a_batch_launch_with_a_spare_starts_while_an_administrator_has_a_node_dr
         assert "#SBATCH --nodes=2-3\n" in script, script
         said = re.search(r"^clustercheck: Slurm granted 2 node\(s\) of the 2-3 asked: 0 of 1 spare.*$", output, re.M)
         assert said and "node3" in said[0] and "DRAIN" in said[0] and "PSU swap, ticket 7" in said[0], output[-4000:]
-        assert "Traceback" not in output
+        assert not clustercheck_traceback(output), output[-3000:]
         assert squeue_empty(controller), on(controller, "squeue").stdout
     finally:
         on(controller, "scontrol update nodename=node3 state=resume", check=False)
@@ -528,7 +535,7 @@ def test_a_batch_launch_with_a_spare_runs_on_the_nodes_asked_and_gives_the_unuse
     assert re.search(r"^clustercheck: gave node3 back to Slurm: job \d+ holds node1, node2 now$", output, re.M), output[
         -4000:
     ]
-    assert "Traceback" not in output
+    assert not clustercheck_traceback(output), output[-3000:]
     assert squeue_empty(controller), on(controller, "squeue").stdout
     assert leftovers(slurm_cluster) == {}
     wait_for(controller, all_idle, 60, "every node idle again")
