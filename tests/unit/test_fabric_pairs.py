@@ -216,16 +216,25 @@ def recorded(name: str) -> tuple[list[str], dict]:
     return names, {(index[s], index[d], rail): gbps for s, d, rail, gbps in data["edges"]}
 
 
-def test_at_64_crowded_nodes_a_rail_shaped_to_100_mbits_is_named_by_the_clusters_spread_and_a_healthy_run_is_not():
-    # 64 CPU ranks on two cores: healthy rails 0.02 to 0.09 GB/s, the reference 0.095; node2's eth1 shaped to
-    # 100 Mbit/s sent 0.008 to 0.012, a ninth of it: above gloo's share, every figure far under the others' spread
-    names, edges = recorded("64-nodes-node2-eth1-100mbit.json")
+@pytest.mark.parametrize("name", ["64-nodes-node2-eth1-100mbit.json", "64-nodes-node2-eth1-100mbit-2.json"])
+def test_at_64_crowded_nodes_a_rail_shaped_to_100_mbits_is_named_by_the_clusters_spread(name):
+    # 64 CPU ranks on two cores: healthy rails 0.01 to 0.09 GB/s; node2's eth1 shaped to 100 Mbit/s sent 0.008 to
+    # 0.012, above gloo's share of the reference, every figure far under the other nodes' spread
+    names, edges = recorded(name)
     assert pairs.suspects(pairs.slow_edges(edges, fences={}), pairs.met(edges)) == ({}, set())  # the share alone
     rails, paths = pairs.suspects(pairs.slow_edges(edges), pairs.met(edges))
     assert [(names[node], rail, side) for node, rail, side in rails] == [("node2", 0, "out")] and paths == set()
     assert len(rails[(names.index("node2"), 0, "out")]) == 6  # every partner it met
+
+
+def test_at_64_crowded_nodes_a_healthy_run_names_no_rail():
     names, edges = recorded("64-nodes-healthy.json")
     assert pairs.rail_fences(edges) and pairs.slow_edges(edges) == set()
+    # the second run's one exchange starved below the share (0.0031 GB/s against 0.0646): a pair to confirm, no
+    # rail; its confirm round passed, so the run said WARN (transient) for that path
+    names, edges = recorded("64-nodes-healthy-2.json")
+    rails, paths = pairs.suspects(pairs.slow_edges(edges), pairs.met(edges))
+    assert rails == {} and [(names[a], names[b]) for a, b, _ in paths] == [("node37", "node53")]
 
 
 def test_the_spread_names_a_rail_only_on_enough_nodes_and_never_a_node_a_little_under_a_tight_cluster():
