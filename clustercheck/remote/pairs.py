@@ -111,10 +111,14 @@ def sides(edges):
 def rail_fences(edges, reference=None):
     """{rail: GB/s}: the rails of EDGES with FENCE_NODES nodes or more, each with its lower fence over the medians
     of the nodes' sides (sides()), capped at FENCE_SHARE of the rail's reference (REFERENCE, else EDGES')."""
-    reference = reference or rail_reference(edges)
+    return _fences(sides(edges), reference or rail_reference(edges))
+
+
+def _fences(figures, reference):
+    """rail_fences over FIGURES (sides()) and each rail's REFERENCE."""
     logs, nodes = {}, {}
-    for (node, rail, _), figures in sides(edges).items():
-        gbps = median(figures)
+    for (node, rail, _), side in figures.items():
+        gbps = median(side)
         if gbps > 0:
             logs.setdefault(rail, []).append(math.log(gbps))
             nodes.setdefault(rail, set()).add(node)
@@ -133,8 +137,9 @@ def slow_edges(edges, floor=None, ratio=SLOW_RATIO["gloo"], reference=None, fenc
     when given, and the edges of a node's side (what it sends, or receives, on a rail) when every one of them is under
     the rail's fence (FENCES, else EDGES' own rail_fences): slow with every partner by the cluster's own spread."""
     reference = reference or rail_reference(edges)
-    fences = rail_fences(edges, reference) if fences is None else fences
-    best = {key: max(figures) for key, figures in sides(edges).items()} if fences else {}
+    figures = sides(edges)  # one pass for the fences and each side's best
+    fences = _fences(figures, reference) if fences is None else fences
+    best = {key: max(side) for key, side in figures.items()} if fences else {}
     slow = set()
     for edge, gbps in edges.items():
         src, dst, rail = edge
