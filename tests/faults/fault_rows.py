@@ -506,7 +506,8 @@ ROWS = [
     Fault(
         "ephemeral-reject",
         "one node's firewall rejects (TCP reset) new connections to another part of its ephemeral port range",
-        "iptables on node2: TCP from the other nodes to ports 38000-48000 rejected with tcp-reset (first in INPUT)",
+        "iptables on node2: new TCP connections from the other nodes to ports 38000-48000 rejected with tcp-reset "
+        "(first in INPUT)",
         ExitCode.CHECK_FAILED,
         "network.ports",
         "node2",
