@@ -181,8 +181,21 @@ def down(name: str = DEFAULT_NAME) -> None:
     if containers:
         docker("rm", "-f", "-v", *containers, timeout=120)
     for net in networks:
-        docker("network", "rm", net, check=False)
+        _remove_network(net)
     shutil.rmtree(STATE_DIR / name, ignore_errors=True)
+
+
+def _remove_network(net: str, seconds: float = 30) -> None:
+    """docker network rm NET, again while Docker still lists endpoints of the containers just removed ("has active
+    endpoints": after 64 containers went at once it did for minutes), those endpoints disconnected by force."""
+    deadline = time.monotonic() + seconds
+    while docker("network", "rm", net, check=False).returncode != 0 and time.monotonic() < deadline:
+        endpoints = docker(
+            "network", "inspect", "--format", "{{range $id, $c := .Containers}}{{$c.Name}} {{end}}", net, check=False
+        )
+        for endpoint in endpoints.stdout.split():
+            docker("network", "disconnect", "--force", net, endpoint, check=False)
+        time.sleep(1)
 
 
 def _free_subnet() -> ipaddress.IPv4Network:
