@@ -380,11 +380,13 @@ def test_a_detached_batch_launch_is_listed_followed_and_stopped_and_ctrl_c_cance
     """`launch --slurm --detach` prints the Slurm job id; `jobs --slurm` lists it running on the three nodes, `logs
     JOB` shows every rank's prefixed output, `stop JOB` ends it (the launch inside stops every node's torchrun and
     cleans up, then the job ends). Ctrl-C on a foreground launch does the same (exit 2). Nothing is left in squeue
-    or on the nodes."""
+    or on the nodes. (Without the preflight: the other launches run it.)"""
     controller = slurm_cluster.nodes[0]
     put_launch_code(slurm_cluster, {"forever.py": FOREVER})
     detached = launch_on(
-        controller, "--nodes=3 --nproc-per-node 1 --detach --run-dir /root/slurm-detached -- forever.py", check=True
+        controller,
+        "--nodes=3 --nproc-per-node 1 --no-preflight --detach --run-dir /root/slurm-detached -- forever.py",
+        check=True,
     )
     job = detached.stdout.strip()
     assert re.fullmatch(r"\d+", job), detached.stdout
@@ -401,7 +403,7 @@ def test_a_detached_batch_launch_is_listed_followed_and_stopped_and_ctrl_c_cance
     assert leftovers(slurm_cluster) == {}
 
     command = (
-        f"cd {LAUNCH_CODE} && exec clustercheck launch --slurm --nodes=3 --nproc-per-node 1 "
+        f"cd {LAUNCH_CODE} && exec clustercheck launch --slurm --nodes=3 --nproc-per-node 1 --no-preflight "
         "--run-dir /root/slurm-interrupted -- forever.py"
     )
     proc = subprocess.Popen(

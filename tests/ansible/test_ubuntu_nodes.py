@@ -131,7 +131,10 @@ def test_a_wheelhouse_for_another_python_fails_with_what_to_build(converged_ubun
 def test_a_torchvision_that_does_not_import_fails_the_play(converged_ubuntu_cluster, wheelhouse, tmp_path):
     """Failure 5: torch from the wheelhouse and PyPI's torchvision (built for another torch) installed fine,
     and site.yml reported success though `import torchvision` fails. The role now imports what it
-    installed and names the package; a correct spec then repairs the node."""
+    installed and names the package, and records no environment that does not import. (Built under
+    another name, so the node's own environment stays; a changed spec rebuilding it is the next test's.)"""
+    node = converged_ubuntu_cluster.node("node2")
+    recorded = on_node(node, "cat /etc/clustercheck/python").stdout
     mixed = tmp_path / "wheelhouse"
     shutil.copytree(wheelhouse, mixed)
     subprocess.run(
@@ -150,24 +153,27 @@ def test_a_torchvision_that_does_not_import_fails_the_play(converged_ubuntu_clus
         check=True,
         timeout=600,
     )
-    broken = ansible_playbook(
-        converged_ubuntu_cluster,
-        mixed,
-        "--tags",
-        "python_env",
-        "--limit",
-        "node2",
-        "-e",
-        "python_env_torchvision_version=0.28.0",
-    )
     try:
+        broken = ansible_playbook(
+            converged_ubuntu_cluster,
+            mixed,
+            "--tags",
+            "python_env",
+            "--limit",
+            "node2",
+            "-e",
+            "python_env_torchvision_version=0.28.0",
+            "-e",
+            "python_env_name=torchvision-mismatch",
+        )
         assert broken.returncode != 0, broken.stdout[-3000:]
         assert re.search(r"torchvision does not import \(\w+: .*torchvision::nms does not exist", broken.stdout), (
             broken.stdout[-3000:]
         )
+        assert "torchvision-mismatch" in broken.stdout  # the environment named where it failed
+        assert on_node(node, "cat /etc/clustercheck/python").stdout == recorded  # not recorded for clustercheck
     finally:
-        repaired = ansible_playbook(converged_ubuntu_cluster, wheelhouse, "--tags", "python_env", "--limit", "node2")
-    assert repaired.returncode == 0, repaired.stdout[-3000:]
+        on_node(node, "rm -rf /opt/venvs/torchvision-mismatch", check=False)
 
 
 def test_a_package_removed_from_the_spec_leaves_the_environment(converged_ubuntu_cluster, wheelhouse):

@@ -79,6 +79,9 @@ def test_every_check_runs_over_ssh_on_every_node(torch_cluster, tmp_path):
     assert ddp["status"] == "PASS", ddp["message"]
     assert ddp["data"]["world_size"] == 6 and ddp["data"]["backend"] == "gloo"
     assert ddp["data"]["max_abs_param_diff"] < 1e-12
+    checkpoint = checks[("checkpoint", None)]  # saved by rank 0, loaded by every rank: the same state
+    assert checkpoint["status"] == "PASS" and "bit for bit" in checkpoint["message"], checkpoint["message"]
+    assert checkpoint["data"]["bytes"] > 0 and checkpoint["data"]["via"] == "sent from rank 0"
     command = (tmp_path / "run" / "hosts" / "node2" / "torch.command").read_text()
     assert "GLOO_SOCKET_IFNAME=eth0" in command and "--node-rank=1" in command
     assert f"--master-addr={torch_cluster.node('node1').address}" in command

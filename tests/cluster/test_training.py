@@ -74,21 +74,13 @@ def test_a_differing_data_path_and_a_directory_that_is_not_shared_are_named(torc
     assert checks[("lightning.import", "node2")]["status"] == "SKIP"
 
 
-def test_the_checkpoint_round_trip_passes_and_a_rank_loading_a_perturbed_file_is_named(torch_cluster, tmp_path):
+def test_a_rank_loading_a_perturbed_checkpoint_is_named(torch_cluster, tmp_path):
     """node2's torch.load returns its file with the first number changed by 1e-6 (a module loaded into its torch
-    environment at interpreter start): rank 1, and only rank 1, loaded other state than rank 0 saved."""
+    environment at interpreter start): rank 1, and only rank 1, loaded other state than rank 0 saved. (The round
+    trip passing on healthy nodes: test_run.py's run of every check.)"""
     args = ("--only", "ddp", "--skip", "local.*", "--nproc-per-node", "1", "--format", "json")
-    for run in ("good", "bad"):
-        (tmp_path / run).mkdir()
-    proc = clustercheck(torch_cluster, tmp_path / "good", *args, "--master-port", "29686", timeout=300)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    checkpoint = checks_of(proc)[("checkpoint", None)]
-    assert checkpoint["status"] == "PASS", checkpoint["message"]
-    assert checkpoint["data"]["bytes"] > 0 and checkpoint["data"]["via"] == "sent from rank 0"
-    assert "bit for bit" in checkpoint["message"]
-
     with torch_fault_on_node(torch_cluster, torch_cluster.node("node2"), "checkpoint"):
-        proc = clustercheck(torch_cluster, tmp_path / "bad", *args, "--master-port", "29688", timeout=300)
+        proc = clustercheck(torch_cluster, tmp_path, *args, "--master-port", "29688", timeout=300)
     assert proc.returncode == 1, proc.stderr[-2000:]
     checkpoint = checks_of(proc)[("checkpoint", None)]
     assert checkpoint["status"] == "FAIL", checkpoint["message"]
