@@ -13,6 +13,7 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from clustercheck.checks import replies
 from clustercheck.checks.consistency import compare
 from clustercheck.checks.netperf import MEASURED_BY, perf_checks
 from clustercheck.checks.registry import declare, emit
@@ -46,8 +47,11 @@ declare(
     scope="cluster",
     proves="every node reaches every other node over TCP on the master port and an ephemeral port (A -> B for "
     "every pair), from and to the address its training traffic uses (the interface NCCL_SOCKET_IFNAME or "
-    "GLOO_SOCKET_IFNAME name in its environment files, else the cluster interface; the report says which)",
-    fix="Allow all TCP from the cluster network on every node (the setup playbook's firewall role); check routes.",
+    "GLOO_SOCKET_IFNAME name in its environment files, else the cluster interface; the report says which). A "
+    "connection that fails because the connecting node's own rule drops the replies to its source port (a port "
+    "range filtered with no connection state) is named as that node's, with the rule",
+    fix="Allow all TCP from the cluster network on every node (the setup playbook's firewall role); let established "
+    "connections' replies in; check routes.",
 )
 declare(
     "network.resolve",
@@ -143,16 +147,18 @@ def evaluate(
     not_ready: dict[str, float] | None = None,
     ready_after: dict[str, float] | None = None,
     measure: tuple[str, ...] = tuple(MEASURED_BY.values()),
+    rules: dict[str, tuple[str, ...]] | None = None,
 ) -> list[CheckResult]:
     """All network.* checks from the probe records (node name -> record). ERRORS: node -> why no record.
     MEASURE: the measurements the probe was told to make (plan()).
     NOT_READY: node -> the seconds the controller waited for its probe to listen, in vain; READY_AFTER: node ->
-    seconds until it listened. The connections of a node that was not ready are not the network's fault."""
+    seconds until it listened. The connections of a node that was not ready are not the network's fault.
+    RULES: node -> its firewall rules that match a destination port (facts' port_rules)."""
     not_ready = not_ready or {}
     results = probe_checks(records, peers, errors or {}, not_ready, ready_after or {})
     results.append(master_port_check(records.get(master), master, master_port))
     results += busy_ports(records, master, master_port)
-    results += tcp_checks({n: r for n, r in records.items() if n not in not_ready}, peers, cidr)
+    results += tcp_checks({n: r for n, r in records.items() if n not in not_ready}, peers, cidr, rules)
     results += resolve_checks(records, peers)
     results.append(mtu_check(records))
     results += perf_checks(records, measure)
@@ -332,7 +338,14 @@ def busy_ports(records: dict[str, dict], master: str, master_port: int) -> list[
     return results
 
 
-def tcp_checks(records: dict[str, dict], peers: list[Peer], cidr: str | None = None) -> list[CheckResult]:
+def tcp_checks(
+    records: dict[str, dict],
+    peers: list[Peer],
+    cidr: str | None = None,
+    rules: dict[str, tuple[str, ...]] | None = None,
+) -> list[CheckResult]:
+    """network.tcp from the probes' RECORDS; RULES: node -> its firewall rules that match a destination port
+    (facts' port_rules), quoted where one covers the ports a node's own failed connections left from."""
     address = {p.name: p.address for p in peers}
     failures: dict[tuple[str, str], list[dict]] = {}
     tested = 0
@@ -367,8 +380,19 @@ def tcp_checks(records: dict[str, dict], peers: list[Peer], cidr: str | None = N
     others = {n: [m for m in records if m != n] for n in records}
     unreachable = [n for n in records if others[n] and all((m, n) in failures for m in others[n])]
     isolated = [n for n in records if others[n] and all((n, m) in failures for m in others[n])]
+    # Every node tries every other node on each port it listens on: the nodes that reached DST on the ports SRC
+    # failed on say DST accepts them.
+    failed_from: dict[tuple[str, int], set[str]] = {}
+    for (src, dst), outs in failures.items():
+        for out in outs:
+            failed_from.setdefault((dst, out["port"]), set()).add(src)
     results = []
     for (src, dst), outs in sorted(failures.items()):
+        own = replies.own_rules(outs, (rules or {}).get(src, ()))
+        if own:
+            reached = sorted(set(others[dst]) - set().union(*(failed_from[(dst, o["port"])] for o in outs)))
+            results.append(replies.lost(src, dst, outs, reached, address, own))
+            continue
         kinds = Counter(o["result"] for o in outs)
         kind = kinds.most_common(1)[0][0]
         cause, explanation = CAUSES.get(kind, CAUSES["error"])

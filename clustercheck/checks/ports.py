@@ -10,6 +10,7 @@ part of the range the node does not accept, and the node's rule covering it is q
 
 from __future__ import annotations
 
+from clustercheck.checks import replies
 from clustercheck.checks.network import STAGE
 from clustercheck.checks.registry import declare, emit
 from clustercheck.facts.firewall import covering, dport_ranges
@@ -103,9 +104,8 @@ def _replies_lost(node: str, outs: list[dict], cidr: str | None) -> CheckResult:
         f"a rule on {node} that filters its ephemeral range and lets no established connection through: every "
         "torch job with this node hangs or fails at its first connection",
         host=node,
-        remediation=f"On {node}, let established connections' replies in ahead of its other rules (`iptables -I INPUT "
-        "-m conntrack --ctstate ESTABLISHED,RELATED -j ACCEPT`) and allow TCP from "
-        f"{source} to its ephemeral range (ip_local_port_range); inspect with `iptables -S`, `nft list ruleset`.",
+        remediation=replies.remedy(node) + f" and allow TCP from {source} to its ephemeral range "
+        "(ip_local_port_range); inspect with `iptables -S`, `nft list ruleset`.",
         data={"node": node, "replies_lost": outs},
     )
 

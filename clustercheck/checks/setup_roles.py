@@ -38,7 +38,9 @@ ROLE_OF = {  # check -> the role (and tag) of site.yml that sets what it checks
     "firewall": "firewall",
     "network.tcp": "firewall",
 }
-RECEIVER = {"network.tcp"}  # reported by the node that connected; the role's setting is on the node it connects to
+# Reported by the node that connected; the role's setting is on the node it connects to, unless the finding is the
+# connecting node's own (its data's "side": "source": its rule drops the replies to its connections).
+RECEIVER = {"network.tcp"}
 PROBLEMS = (Status.WARN, Status.FAIL, Status.ERROR)
 
 
@@ -46,7 +48,8 @@ def nodes_of(result: CheckResult) -> list[str]:
     """The nodes RESULT finds wrong: its host (for a connection, the node connected to), or for a cross-node check
     the nodes its data says differ."""
     if result.name in RECEIVER:
-        return [result.data["to"]] if isinstance(result.data.get("to"), str) else []
+        side = "from" if result.data.get("side") == "source" else "to"
+        return [result.data[side]] if isinstance(result.data.get(side), str) else []
     if result.host is not None:
         return [result.host]
     nodes: list[str] = []

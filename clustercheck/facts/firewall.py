@@ -201,6 +201,17 @@ def covering(rules: tuple[str, ...] | list[str], port: int) -> list[str]:
     return [rule for rule in rules if any(low <= port <= high for low, high in dport_ranges(rule))]
 
 
+def drops(rule: str) -> bool:
+    """Whether RULE (iptables or nft) ends in a drop or a reject."""
+    return re.search(r"-j (DROP|REJECT)\b|\b(drop|reject)\b(?!.*\b(accept|jump|goto)\b)", rule) is not None
+
+
+def stateful(rule: str) -> bool:
+    """Whether RULE matches a connection state (iptables' conntrack --ctstate or state --state, nft's ct state): a
+    rule that does not matches the replies to the node's own connections too."""
+    return re.search(r"--ctstate |--state |\bct state\b", rule) is not None
+
+
 def firewall_state(ufw: dict[str, Any], nft: dict[str, Any], iptables: dict[str, Any]) -> dict[str, Any]:
     """Whether incoming traffic is filtered, and by what, from the three answers (each may be missing):
     {"collected", "active" (filtered), "tool", "rules", "filter" (what filters it), "seen" (rules that do not),

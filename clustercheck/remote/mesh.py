@@ -22,6 +22,7 @@ from .netinfo import port_holders
 TOKEN = b"clustercheck-netprobe "
 CONNECT_TIMEOUT = 2.0
 RETRY_AFTER = 0.3
+SOURCE_PORTS_KEPT = 4  # the source ports of a connection's first attempts, kept in its result
 # Connections a probe has in flight at once: every node opening all its 2 (N-1) connections at the same instant is
 # a burst of SYNs and ARP requests (64 nodes: 8064 at once) that a switch's flood protection may drop; a few at a
 # time stays far below that and still tries every pair within the connect window.
@@ -77,6 +78,11 @@ class Attempt:
         except OSError as exc:
             self.fail(selector, exc.errno or errno.EINVAL, now)
             return
+        # The ephemeral port this attempt leaves from (its replies come back to it): a failure that is this node's
+        # own (a rule here dropping the replies to that port) is told by it (checks/network.py).
+        ports = self.result.setdefault("source_ports", [])
+        if len(ports) < SOURCE_PORTS_KEPT:
+            ports.append(self.sock.getsockname()[1])
         code = self.sock.connect_ex((self.address, self.port))
         if code not in (0, errno.EINPROGRESS):
             self.fail(selector, code, now)

@@ -402,6 +402,7 @@ def run(members: list[Member], ctx: Context) -> list[CheckResult]:
 def judge(members: list[Member], ctx: Context, plan: Plan, probes: Probes) -> list[CheckResult]:
     """The network.* checks from what the probes answered; on one node, network.resolve is not the network's."""
     config = ctx.config
+    rules = {m.name: m.facts.firewall.port_rules if m.facts.firewall else () for m in members}
     results = network.evaluate(
         dict(probes.records),
         plan.peers,
@@ -412,9 +413,9 @@ def judge(members: list[Member], ctx: Context, plan: Plan, probes: Probes) -> li
         not_ready={m.name: plan.wait for m in members if m.name not in probes.ready_after},
         ready_after=dict(probes.ready_after),
         measure=plan.measure,
+        rules=rules,
     )
     if plan.sample_seed is not None:
-        rules = {m.name: m.facts.firewall.port_rules if m.facts.firewall else () for m in members}
         results += ports.sample_check(dict(probes.records), rules, cidr=cluster_network(members, plan.paths))
     meeting = ""
     if plan.rendezvous:

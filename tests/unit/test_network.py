@@ -15,7 +15,7 @@ import pytest
 from harness import probe_records
 from wording import says
 
-from clustercheck.checks import network, registry
+from clustercheck.checks import network, registry, setup_roles
 from clustercheck.model import Status
 from clustercheck.remote import netprobe
 from clustercheck.remote import rounds as perf
@@ -84,6 +84,38 @@ def test_a_node_that_reaches_no_one_is_named_as_the_likely_place():
     failures = named(evaluate(records), "network.tcp")
     assert [r.data["to"] for r in failures] == ["node2", "node3"]
     assert all("node1 reaches no node" in r.message for r in failures)
+
+
+# node2's own rule, as `iptables -S` printed it on a test node (the ephemeral-reject fault row's rule before it
+# matched new connections only; docs/faults.md row 34 as recorded on 2026-11-29): stateless, so it also resets the
+# replies to node2's own connections whose source port the kernel drew from 38000-48000.
+STATELESS = (
+    "-A CLUSTERCHECK-FAULTS -s 172.30.85.11/32 -p tcp -m tcp --dport 38000:48000 -j REJECT --reject-with tcp-reset"
+)
+STATEFUL = STATELESS.replace("-j REJECT", "-m conntrack --ctstate NEW -j REJECT")
+
+
+def _node2_out_fails_from(records, source_ports):
+    for out in records["node2"]["outgoing"]:
+        if out["to"] == "node1":
+            out.update(result="timeout", detail="no answer within 2 s", source_ports=source_ports, attempts=2)
+    return records
+
+
+@pytest.mark.parametrize(
+    "rule, source_ports",
+    [(STATELESS, [52113, 44013]), (STATEFUL, [38857]), (STATELESS, [])],
+    ids=["a-port-outside-the-rule", "a-rule-with-a-state", "no-source-port-recorded"],
+)
+def test_a_failure_the_connecting_nodes_rules_do_not_explain_stays_the_far_sides(rule, source_ports):
+    """The recorded case, a stateless rule on node2 covering every port its failed attempts left from, is
+    test_ports.py's; here what is not that case keeps the far side's attribution."""
+    records = _node2_out_fails_from(load("netprobe-healthy.json"), source_ports)
+    (failure,) = [
+        r for r in named(evaluate(records, rules={"node2": (rule,)}), "network.tcp") if r.status is Status.FAIL
+    ]
+    assert failure.data["cause"] == "firewall" and "side" not in failure.data
+    assert setup_roles.nodes_of(failure) == ["node1"]
 
 
 def test_another_service_on_the_port_is_a_port_conflict():

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from test_firewall import answer
 
-from clustercheck.checks import network, ports
+from clustercheck.checks import network, ports, setup_roles
 from clustercheck.facts import firewall
 from clustercheck.model import Status
 from clustercheck.remote import netprobe, portsample
@@ -118,6 +118,32 @@ def test_a_node_rejecting_another_part_of_its_range_is_named_without_its_rules_r
     rules = firewall.port_rules({}, answer("iptables-S-ephemeral-reject-testcluster.txt"))
     (quoted,) = ports.sample_check(records, {"node2": rules})
     assert "ports 38000-48000" in quoted.message and "REJECT --reject-with tcp-reset" in quoted.message
+
+
+def test_a_node_whose_own_stateless_rule_resets_the_replies_to_its_connections_is_named_with_the_rule():
+    """node2 rejecting 38000-48000 with a TCP reset and no connection state, its ip_local_port_range set to that
+    range: every connection node2 makes leaves from a port its own rule covers, so the answers never get in.
+    network.tcp names node2 and its rule (not node1's or node3's firewall, as it did), and the fix goes to node2."""
+    records = recorded("netprobe-node2-stateless-reject.json")
+    peers = [network.Peer(name, r["address"]) for name, r in sorted(records.items())]
+    rules = firewall.port_rules({}, answer("iptables-S-stateless-reject-testcluster.txt"))
+    tcp = [
+        r for r in network.evaluate(records, peers, "node1", 29500, rules={"node2": rules}) if r.name == "network.tcp"
+    ]
+    assert [(r.status, r.host, r.data["to"]) for r in tcp] == [
+        (Status.FAIL, "node2", "node1"),
+        (Status.FAIL, "node2", "node3"),
+    ]
+    to_node1 = tcp[0]
+    assert to_node1.data["side"] == "source" and to_node1.data["cause"] == "replies lost"
+    assert "node1 accepted the same port(s) from node3" in to_node1.message
+    assert "the replies to node2's own ephemeral port(s) 40351, 42297, 43853, 45939 never got in" in to_node1.message
+    assert "--dport 38000:48000 -j REJECT --reject-with tcp-reset`" in to_node1.message
+    assert to_node1.remediation.startswith("On node2,") and "--ctstate ESTABLISHED,RELATED" in to_node1.remediation
+    assert setup_roles.nodes_of(to_node1) == ["node2"]
+    # Without the rules read, the old attribution stands: nothing is said that the facts do not show.
+    plain = [r for r in network.evaluate(records, peers, "node1", 29500) if r.name == "network.tcp"]
+    assert all(r.data["cause"] == "firewall" and "side" not in r.data for r in plain)
 
 
 def test_no_sample_is_a_skip():
