@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 DROPPING = {"drop", "reject"}
+NFT_VERDICT_WORDS = {"accept", "drop", "reject", "return", "jump", "goto", "queue", "continue"}
 NON_TERMINATING = {"LOG", "NFLOG", "MARK", "CONNMARK", "CT", "AUDIT"}
 NFT_STATEMENTS = re.compile(
     r'\bcounter(?: packets \d+ bytes \d+)?|\bcomment "[^"]*"|\blog(?: prefix "[^"]*")?(?: level \w+)?'
@@ -202,8 +203,13 @@ def covering(rules: tuple[str, ...] | list[str], port: int) -> list[str]:
 
 
 def drops(rule: str) -> bool:
-    """Whether RULE (iptables or nft) ends in a drop or a reject."""
-    return re.search(r"-j (DROP|REJECT)\b|\b(drop|reject)\b(?!.*\b(accept|jump|goto)\b)", rule) is not None
+    """Whether RULE (iptables or nft, conditions or none) ends in a drop or a reject (DROPPING): iptables' -j/-g
+    target, else nft's last verdict word (its comments and counters left out)."""
+    target = re.search(r"(?:^|\s)-[jg] (\S+)", rule)
+    if target:
+        return target[1].lower() in DROPPING
+    verdicts = [word for word in NFT_STATEMENTS.sub(" ", rule).split() if word in NFT_VERDICT_WORDS]
+    return bool(verdicts) and verdicts[-1] in DROPPING
 
 
 def stateful(rule: str) -> bool:

@@ -114,6 +114,9 @@ def test_a_node_whose_probe_never_starts_is_refused_until_the_deadline():
     outs = [o for o in records["localhost"]["outgoing"]["failed"] if o["to"] == "n3"]
     assert {o["result"] for o in outs} == {"refused"}
     assert all(o["attempts"] > 1 for o in outs)  # retried: the peer may just be late
+    # each attempt's own source port, for the first ones (what tells a node's own stateless rule: checks/replies.py)
+    assert all(len(o["source_ports"]) == min(o["attempts"], mesh.SOURCE_PORTS_KEPT) for o in outs), outs
+    assert all(1024 <= p <= 65535 for o in outs for p in o["source_ports"])
 
 
 def test_a_held_master_port_is_named_with_pid_and_command():

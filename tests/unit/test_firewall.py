@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from clustercheck.checks import registry
-from clustercheck.facts import collect, parse
+from clustercheck.facts import collect, firewall, parse
 from clustercheck.inventory import Node, from_ansible_list
 from clustercheck.model import Status
 
@@ -143,3 +143,22 @@ def test_the_inventory_says_where_the_firewall_role_manages_the_firewall():
     }
     managed = {n.name: n.firewall_role for n in from_ansible_list(data)}
     assert managed == {"a": True, "b": False, "c": False, "d": False}
+
+
+def _line(name: str, start: str) -> str:
+    return next(line.strip() for line in (DATA / name).read_text().splitlines() if line.strip().startswith(start))
+
+
+def test_a_rule_drops_by_its_own_verdict_and_is_stateful_by_its_state_match():
+    """On rules as the tools listed them: the verdict is the rule's own (-j/-g target, nft's last verdict word), a
+    jump to a chain named after rejecting is not one; a state match makes the rule spare established replies."""
+    stateless = _line("iptables-S-stateless-reject-testcluster.txt", "-A CC-SR -s 172.30.80.12/32")
+    assert firewall.drops(stateless) and not firewall.stateful(stateless)
+    new_only = _line("iptables-S-ephemeral-drop-testcluster.txt", "-A CLUSTERCHECK-FAULTS -s 172.30.81.11/32")
+    assert firewall.drops(new_only) and firewall.stateful(new_only)
+    jump = _line("iptables-S-ufw-cloudflareiptables-3.txt", "-A INPUT -j ufw-reject-input")
+    assert not firewall.drops(jump)
+    nft = _line("nft-ephemeral-drop-testcluster.txt", "ip saddr 172.30.81.11 tcp dport 32768-45000")
+    assert firewall.drops(nft) and firewall.stateful(nft)
+    accept = _line("nft-docker-only-debian12.txt", 'oifname "docker0" ct state related,established')
+    assert not firewall.drops(accept)
