@@ -70,6 +70,12 @@ window shortened to 20 s there):
 """ + "".join(f"| #{n} | {fault} | `{alert}` | {labels} | {after} |\n" for n, fault, alert, labels, after in ALERT_ROWS)
 
 
+def numbers(site: bool) -> str:
+    """The table's numbers of the rows whose `site` is SITE, as "1, 4 and 9"."""
+    found = [str(n) for n, row in enumerate(ROWS, 1) if row.site == site]
+    return ", ".join(found[:-1]) + " and " + found[-1] if len(found) > 1 else "".join(found)
+
+
 def cell(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
 
@@ -82,8 +88,10 @@ def render(results: dict[str, dict]) -> str:
     lines = [
         INTRO,
         f"Recorded {' to '.join(days[:: max(len(days) - 1, 1)])} by `pytest tests/faults` on 3 Debian 12 nodes "
-        "(containers on one shared 2-core machine) after `site.yml`, torch 2.13.0 (CPU build), gloo, one rank per "
-        "node for the DDP rows.",
+        "(containers on one shared 2-core machine), torch 2.13.0 (CPU build), gloo, one rank per node for the DDP "
+        f"rows. Rows {numbers(True)} need what `site.yml` sets up (its firewall, chrony, Slurm, the cluster's names "
+        "in /etc/hosts, the rails) and ran on nodes after it; the others on nodes with only torch in the environment "
+        "`/etc/clustercheck/python` records, as a site set up without the playbook has them.",
         "",
         HEADER,
         "| --- | --- | --- | --- | --- | --- | --- |",

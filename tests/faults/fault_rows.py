@@ -9,7 +9,9 @@ that says so; "" when no report is written: the run interrupted, or stopped befo
 `cause` is a regular expression the first line of its message must match; `deadline` the seconds within which the
 verdict must come: from the start of the run for a fault put on before it, from the moment of the fault for one
 made mid-run (a killed rank, a frozen node, Ctrl-C). `args` are the run's options beside --hosts: the stages and
-timeouts that make each row quick.
+timeouts that make each row quick. `site` says the row needs what site.yml sets up (its firewall, chrony, Slurm,
+the cluster's names in /etc/hosts, the rails): those rows run on the converged cluster, the others on the torch
+cluster (torch in the recorded environment, nothing of site.yml), as users check clusters set up either way.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ class Fault:
     node: str = ""  # the node the fault is on, where `where` does not say ("all": every node)
     statuses: tuple[str, ...] = ("FAIL", "ERROR")  # what `check` must say there
     mechanism: str = ""  # the class of fault this row is one instance of (docs/faults.md lists rows by it)
+    site: bool = False  # needs what site.yml sets up: runs on the converged cluster, not the torch cluster
 
     @property
     def faulty(self) -> str:
@@ -115,6 +118,7 @@ ROWS = [
         ("--skip", "local.*", "--only", "network"),
         node="node3",
         mechanism=PORTS,
+        site=True,
     ),
     Fault(
         "hostname-loopback",
@@ -178,6 +182,7 @@ ROWS = [
         45,
         CORE,
         mechanism="a service the cluster needs is not running",
+        site=True,
     ),
     Fault(
         "shm-64m",
@@ -338,6 +343,7 @@ ROWS = [
         ("--only", "network", "--skip", "local.*", "--master-port", "29625"),
         node="node2",
         mechanism="a figure worse than the cluster's own baseline",
+        site=True,
     ),
     # Issue 50, section 3: the way the inventory reaches a node, as Ansible's OpenSSH would (ProxyCommand, ProxyJump
     # hops, ssh's flags in the inventory's ssh arguments), or a one-line refusal naming the option and the node.
@@ -356,6 +362,7 @@ ROWS = [
         CORE,
         statuses=("PASS",),
         mechanism="the way the inventory reaches a node",
+        site=True,
     ),
     Fault(
         "bastion-two-hops",
@@ -370,6 +377,7 @@ ROWS = [
         CORE,
         statuses=("PASS",),
         mechanism="the way the inventory reaches a node",
+        site=True,
     ),
     Fault(
         "ssh-option-unhonourable",
@@ -398,6 +406,7 @@ ROWS = [
         30,
         ("--slurm", "--nodes", "3", "--only", "core"),
         mechanism="Slurm cannot grant what was asked",
+        site=True,
     ),
     Fault(
         "slurm-node-down",
@@ -412,6 +421,7 @@ ROWS = [
         30,
         ("--slurm", "--nodes", "3", "--only", "core"),
         mechanism="Slurm cannot grant what was asked",
+        site=True,
     ),
     # -- a managed file drifted on one node (issue 50, section 5): consistency.files compares every file the roles
     # write; neither row's file is named in the code that finds it.
@@ -429,6 +439,7 @@ ROWS = [
         CORE,
         node="node3",
         mechanism=DIFFERS,
+        site=True,
     ),
     Fault(
         "chrony-conf-drifted",
@@ -443,6 +454,7 @@ ROWS = [
         CORE,
         node="node2",
         mechanism=DIFFERS,
+        site=True,
     ),
     # Issue 50, section 1: a file system a job needs, full (the mechanism: remote/filesystems.sh read by the first
     # command, judged by facts/filesystems.py's NEEDS; a program that could not be written explained by it).
@@ -502,6 +514,7 @@ ROWS = [
         150,  # 124 s on the torch test cluster with both cores busy (its facts: 53 s)
         ("--skip", "local.*", "--only", "network", "--master-port", "29652"),
         mechanism=PORTS,
+        site=True,
     ),
     Fault(
         "ephemeral-reject",
@@ -516,6 +529,7 @@ ROWS = [
         150,  # 124 s on the torch test cluster with both cores busy (its facts: 53 s)
         ("--skip", "local.*", "--only", "network", "--master-port", "29653"),
         mechanism=PORTS,
+        site=True,
     ),
     Fault(
         "ephemeral-stall",
@@ -530,6 +544,7 @@ ROWS = [
         (*DDP, "--master-port", "29654"),  # the default stall timeout (60 s): torch starts slowly on a loaded machine
         node="node1",
         mechanism=PORTS,
+        site=True,
     ),
     # Issue 54: the fabric training uses, pair by pair (the converged cluster has two rails, eth1 and eth2, named in
     # cluster_rail_interfaces: local rank i of every node binds rail i).
@@ -545,6 +560,7 @@ ROWS = [
         120,
         ("--only", "collectives", "--skip", "local.*", "--master-port", "29656"),
         mechanism=RAIL,
+        site=True,
     ),
     Fault(
         "node-rails-throttled",
@@ -557,5 +573,6 @@ ROWS = [
         120,
         ("--only", "collectives", "--skip", "local.*", "--master-port", "29657"),
         mechanism=RAIL,
+        site=True,
     ),
 ]

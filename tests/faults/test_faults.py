@@ -3,11 +3,13 @@ the node: never through clustercheck's own code), `clustercheck run` run as a us
 asserted: the exit code, a FAIL or ERROR naming the node or pair and the cause, its fix, the other nodes' results
 kept, the verdict within the row's deadline, and nothing of clustercheck's left on any node.
 
-The rows run one after the other on the converged cluster (as users run clustercheck: after site.yml, with torch in
-every node's environment); each restores its node before the next, and after every row the nodes are compared with
-how they were before the first (`put_back`): a row that left one changed fails, and spoils the cluster for every later
-test, instead of changing what they run on. What each row saw is recorded in tests/faults/last-run.json, from which
-scripts/faults_docs.py renders docs/faults.md.
+The rows that need what site.yml sets up (`Fault.site`: its firewall, chrony, Slurm, the names in /etc/hosts, the
+rails) run one after the other on the converged cluster; the others on the torch cluster (torch in the recorded
+environment and nothing of site.yml, as a site without our playbook has it), so that each cluster's tests stay in
+one lane and the two lanes share the rows. Each row restores its node before the next, and after every row the nodes
+are compared with how they were before the first (`put_back`): a row that left one changed fails, and spoils the
+cluster for every later test, instead of changing what they run on. What each row saw is recorded in
+tests/faults/last-run.json, from which scripts/faults_docs.py renders docs/faults.md.
 """
 
 from __future__ import annotations
@@ -64,16 +66,26 @@ class Verdict:
             return None
 
 
+def _for_the_rows(cluster):
+    """CLUSTER with the environment's python and site-packages /etc/clustercheck/python records (`python`,
+    `site_packages`), and what a row may change on its nodes recorded for `put_back`."""
+    node1 = cluster.nodes[0]
+    cluster.python = on_node(node1, "cat /etc/clustercheck/python").strip()
+    cluster.site_packages = on_node(node1, RECORDED_SITE_PACKAGES).strip()
+    cluster.before_the_rows = node_states(cluster)
+    return cluster
+
+
 @pytest.fixture(scope="module")
-def fault_cluster(converged_cluster):
-    """The cluster as users check it: after site.yml (chrony, /etc/hosts, ufw, SSH trust, torch in its environment),
-    with the environment's python and site-packages the roles recorded (`python`, `site_packages`), and what a row
-    may change on its nodes recorded for `put_back`."""
-    node1 = converged_cluster.nodes[0]
-    converged_cluster.python = on_node(node1, "cat /etc/clustercheck/python").strip()
-    converged_cluster.site_packages = on_node(node1, RECORDED_SITE_PACKAGES).strip()
-    converged_cluster.before_the_rows = node_states(converged_cluster)
-    return converged_cluster
+def site_faults(converged_cluster):
+    """The cluster after site.yml (chrony, /etc/hosts, ufw, SSH trust, Slurm, the rails, torch in its environment)."""
+    return _for_the_rows(converged_cluster)
+
+
+@pytest.fixture(scope="module")
+def torch_faults(torch_cluster):
+    """The cluster with torch in the recorded environment and nothing of site.yml."""
+    return _for_the_rows(torch_cluster)
 
 
 INJECT: dict[str, Callable] = {}
@@ -87,33 +99,46 @@ def injects(row_id: str):
     return register
 
 
-@pytest.mark.parametrize("row", ROWS, ids=[r.id for r in ROWS])
-def test_fault(row: Fault, fault_cluster, tmp_path):
+SITE_ROWS = [r for r in ROWS if r.site]
+TORCH_ROWS = [r for r in ROWS if not r.site]
+
+
+@pytest.mark.parametrize("row", TORCH_ROWS, ids=[r.id for r in TORCH_ROWS])
+def test_fault(row: Fault, torch_faults, tmp_path):
+    _row(row, torch_faults, tmp_path)
+
+
+@pytest.mark.parametrize("row", SITE_ROWS, ids=[r.id for r in SITE_ROWS])
+def test_fault_after_site_yml(row: Fault, site_faults, tmp_path):
+    _row(row, site_faults, tmp_path)
+
+
+def _row(row: Fault, cluster, tmp_path: Path) -> None:
     try:
-        verdict = INJECT[row.id](fault_cluster, tmp_path, row)
+        verdict = INJECT[row.id](cluster, tmp_path, row)
     finally:
-        put_back(fault_cluster, row)
-    said = _assert_contract(row, verdict, fault_cluster)
-    assert leftovers(fault_cluster) == {}, "clustercheck left processes or work directories on a node"
+        put_back(cluster, row)
+    said = _assert_contract(row, verdict, cluster)
+    assert leftovers(cluster) == {}, "clustercheck left processes or work directories on a node"
     _record(row, verdict, said)
 
 
-def test_a_row_that_leaves_a_node_changed_fails_and_spoils_the_cluster(fault_cluster, monkeypatch):
+def test_a_row_that_leaves_a_node_changed_fails_and_spoils_the_cluster(torch_faults, monkeypatch):
     """What `put_back` does after a row whose restore did not work: here, a line left in node2's /etc/hosts."""
     monkeypatch.setitem(globals(), "SETTLE", 0)
     row = Fault("leaves-hosts", "", "", 0, "", "node2", "", 0)
-    node2 = fault_cluster.node("node2")
+    node2 = torch_faults.node("node2")
     on_node(node2, "echo '192.0.2.1 leftover' >> /etc/hosts")
     try:
         with pytest.raises(AssertionError) as raised:
-            put_back(fault_cluster, row)
+            put_back(torch_faults, row)
     finally:  # Docker bind-mounts /etc/hosts: rewritten in place
         kept = "grep -v ' leftover$' /etc/hosts > /root/hosts.faults"
         on_node(node2, f"{kept} && cat /root/hosts.faults > /etc/hosts && rm /root/hosts.faults")
     said = "the fault row leaves-hosts did not put the cluster back: node2: +192.0.2.1 leftover"
-    assert str(raised.value) == fault_cluster.spoiled == said
-    put_back(fault_cluster, row)  # as before the rows again: nothing to say
-    del fault_cluster.spoiled  # what spoiled it is undone
+    assert str(raised.value) == torch_faults.spoiled == said
+    put_back(torch_faults, row)  # as before the rows again: nothing to say
+    del torch_faults.spoiled  # what spoiled it is undone
 
 
 def test_every_row_has_an_injection():
