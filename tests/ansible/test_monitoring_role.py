@@ -341,7 +341,7 @@ def test_a_link_slowed_below_the_baseline_fires_the_baseline_alert(monitored, wh
                 ],
             )  # fmt: skip
             assert firing[0]["labels"]["severity"] == "critical", firing
-        play(monitored, wheelhouse, "--tags", "monitoring")  # the timer without the baseline again
+    play(monitored, wheelhouse, "--tags", "monitoring")  # the timer without the baseline again
 
 
 def test_a_timer_turned_off_is_removed(monitored, wheelhouse):

@@ -10,6 +10,7 @@ import time
 from types import SimpleNamespace
 
 import localjob
+import pytest
 import torch
 from harness import diverging_torch
 
@@ -19,8 +20,17 @@ from clustercheck.remote import ddp as ddp_worker
 from clustercheck.stages import rootcause
 
 
-def test_ddp_over_three_nodes_matches_single_process_training(tmp_path):
-    job = localjob.run_job(tmp_path, "ddp", nnodes=3, nproc=1, master_port=29681)
+@pytest.fixture(scope="module")
+def healthy_job(tmp_path_factory) -> SimpleNamespace:
+    """One healthy DDP job over three nodes of one rank each: its records hold both the DDP comparison and the
+    checkpoint round trip, which the tests below judge each."""
+    path = tmp_path_factory.mktemp("healthy-ddp")
+    job = localjob.run_job(path, "ddp", nnodes=3, nproc=1, master_port=29681)
+    return SimpleNamespace(job=job, path=path)
+
+
+def test_ddp_over_three_nodes_matches_single_process_training(healthy_job):
+    job = healthy_job.job
     assert job.exit_codes == [0, 0, 0], job.logs
     result = ddp.evaluate(job.records, job.world_size)
     assert result.status is Status.PASS, result.message
@@ -32,7 +42,7 @@ def test_ddp_over_three_nodes_matches_single_process_training(tmp_path):
     assert len({r["final_hash"] for r in job.records}) == 1
     assert result.data["scaling_efficiency"] > 0
     # torchrun kept every rank's output on the node
-    assert list((tmp_path / "node2" / "ddp" / "torchrun-logs").rglob("stderr.log"))
+    assert list((healthy_job.path / "node2" / "ddp" / "torchrun-logs").rglob("stderr.log"))
 
 
 def test_a_node_with_another_learning_rate_fails_naming_its_rank_and_the_step(tmp_path):
@@ -81,12 +91,12 @@ def test_a_global_batch_that_does_not_split_is_reported_by_every_rank(tmp_path):
     assert failure.own and "does not split over 2 ranks" in failure.lines[-1], job.logs[0][-3000:]
 
 
-def test_a_checkpoint_saved_half_way_resumes_bit_for_bit_and_a_perturbed_load_is_named(tmp_path):
-    job = localjob.run_job(tmp_path / "good", "ddp", nnodes=3, nproc=1, master_port=29691)
+def test_a_checkpoint_saved_half_way_resumes_bit_for_bit_and_a_perturbed_load_is_named(healthy_job, tmp_path):
+    job = healthy_job.job
     assert job.exit_codes == [0, 0, 0], job.logs
     result = ddp.evaluate_checkpoint(job.records, job.world_size)
     assert result.status is Status.PASS, result.message
-    assert not list(tmp_path.rglob("checkpoint*.pt"))  # the round trip cleans up after itself
+    assert not list(healthy_job.path.rglob("checkpoint*.pt"))  # the round trip cleans up after itself
 
     job = localjob.run_job(
         tmp_path / "bad", "ddp", nnodes=3, nproc=1, master_port=29692, faults={"node2": diverging_torch("checkpoint")}

@@ -36,7 +36,10 @@ def test_a_full_run_writes_prometheus_metrics_promtool_accepts(tmp_path):
 
 
 def test_markdown_summary_to_stdout(tmp_path):
-    proc = run_cli("run", "--hosts", "localhost", "--only", "core", "--format", "markdown", "--run-dir", str(tmp_path))
+    proc = run_cli(
+        "run", "--hosts", "localhost", "--only", "core", "--skip", "local.*", "--format", "markdown",
+        "--run-dir", str(tmp_path),
+    )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     # --only core proves the nodes, not multi-node training: the verdict says what did not run, and what to run next.
     assert proc.stdout.startswith("## clustercheck: NOT VERIFIED for multi-node PyTorch: core passed")
@@ -51,7 +54,8 @@ def test_a_run_against_a_real_report_compares_this_machines_figures(tmp_path):
     (--only core) SKIP, and nothing of the baseline stage in the earlier report itself."""
     recorded = Path(__file__).resolve().parents[1] / "unit" / "records" / "report-localhost.json"
     proc = run_cli(
-        "run", "--hosts", "localhost", "--only", "core", "--format", "json", "--run-dir", str(tmp_path / "run"),
+        "run", "--hosts", "localhost", "--only", "core", "--skip", "local.*", "--format", "json",
+        "--run-dir", str(tmp_path / "run"),
         "--baseline", str(recorded), "--baseline-tolerance", "collector=1000",
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
@@ -73,7 +77,8 @@ def test_a_baseline_of_another_cluster_fails_the_run_naming_both_sets_of_nodes(t
     next(c for c in other["checks"] if c["name"] == "consistency.torch")["data"]["values"]["gpu01"] = "2.12.0+cu126"
     (tmp_path / "other.json").write_text(json.dumps(other))
     proc = run_cli(
-        "run", "--hosts", "localhost", "--only", "core", "--format", "json", "--run-dir", str(tmp_path / "run"),
+        "run", "--hosts", "localhost", "--only", "core", "--skip", "local.*", "--format", "json",
+        "--run-dir", str(tmp_path / "run"),
         "--baseline", str(tmp_path / "other.json"),
     )  # fmt: skip
     assert proc.returncode == 1, proc.stderr
