@@ -10,6 +10,7 @@ import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from types import SimpleNamespace
 
 import nodeimages
 import paramiko
@@ -209,3 +210,55 @@ def test_an_image_build_that_cannot_start_leaves_no_work_directory(tmp_path, mon
     with pytest.raises(nodeimages.ClusterError, match="could not be fetched"):
         nodeimages.build_rootfs(tmp_path / "noble.tar", nodeimages.distro("ubuntu24.04"))
     assert list(tmp_path.iterdir()) == []
+
+
+class StaleNetworkDocker:
+    """`docker` as it answers for a network that holds an endpoint of a removed container (moby/moby#42119):
+    `network rm` refuses with "has active endpoints", `network inspect` lists no container on it."""
+
+    def __init__(self, stale: str, clock: list[float]):
+        self.networks, self.stale, self.clock = {stale: "172.30.80.0/24"}, stale, clock
+
+    def __call__(self, *args: str, check: bool = True, timeout: float = 60) -> subprocess.CompletedProcess:
+        self.clock[0] += 0.2  # each docker call takes a while
+        code, out, err = 0, "", ""
+        if args[:2] == ("network", "rm"):
+            if args[2] == self.stale:
+                code, err = 1, f"Error response from daemon: network {args[2]} id 8a6f has active endpoints"
+            else:
+                self.networks.pop(args[2], None)
+        elif args[:2] == ("network", "inspect"):
+            code = 0 if args[-1] in self.networks else 1
+        elif args[:2] == ("network", "ls"):
+            out = "\n".join(self.networks)
+        elif args[:2] == ("network", "create"):
+            self.networks[args[-1]] = args[args.index("--subnet") + 1]
+        return subprocess.CompletedProcess(args, code, out, err)
+
+
+def test_a_network_docker_will_not_remove_is_left_named_and_the_next_cluster_takes_another_name(
+    tmp_path, monkeypatch, capfd
+):
+    """After the 64-node cluster went, Docker refused to remove its network ("has active endpoints") listing no
+    container on it, until dockerd restarted: `down` gives up on it within seconds and says so, and the next
+    cluster of that name makes its network under another name instead of failing on the one left."""
+    clock = [0.0]
+    fake = StaleNetworkDocker("cc-big-net", clock)
+    monkeypatch.setattr(testcluster, "docker", fake)
+    monkeypatch.setattr(testcluster, "ensure_docker", lambda: None)
+    monkeypatch.setattr(testcluster, "STATE_DIR", tmp_path)
+    monkeypatch.setattr(testcluster, "_free_subnet", lambda: testcluster.ipaddress.ip_network("172.30.81.0/24"))
+    fake_time = SimpleNamespace(
+        monotonic=lambda: clock[0], sleep=lambda seconds: clock.__setitem__(0, clock[0] + seconds)
+    )
+    monkeypatch.setattr(testcluster, "time", fake_time)  # this module's clock only
+
+    testcluster.down("cc-big")
+    assert clock[0] < 15  # not the whole 30 s meant for endpoints Docker still lists
+    said = capfd.readouterr().err
+    assert "refuses to remove the network cc-big-net" in said and "moby/moby#42119" in said
+    assert "restarting dockerd" in said
+
+    name, subnet = testcluster._network("cc-big-net", "cc-big")
+    assert name == "cc-big-net-2" and str(subnet) == "172.30.81.0/24"
+    assert set(fake.networks) == {"cc-big-net", "cc-big-net-2"}

@@ -181,21 +181,39 @@ def down(name: str = DEFAULT_NAME) -> None:
     if containers:
         docker("rm", "-f", "-v", *containers, timeout=120)
     for net in networks:
-        _remove_network(net)
+        if not _remove_network(net):
+            log(
+                f'Docker refuses to remove the network {net} ("has active endpoints") though it lists no container '
+                "on it: an endpoint dockerd keeps of a removed container (moby/moby#42119); left in place, the next "
+                "cluster takes another name, and restarting dockerd removes it"
+            )
     shutil.rmtree(STATE_DIR / name, ignore_errors=True)
 
 
-def _remove_network(net: str, seconds: float = 30) -> None:
-    """docker network rm NET, again while Docker still lists endpoints of the containers just removed ("has active
-    endpoints": after 64 containers went at once it did for minutes), those endpoints disconnected by force."""
-    deadline = time.monotonic() + seconds
-    while docker("network", "rm", net, check=False).returncode != 0 and time.monotonic() < deadline:
+def _remove_network(net: str, seconds: float = 30, unlisted: float = 10) -> bool:
+    """docker network rm NET; True once it is gone. Again while Docker still lists endpoints of the containers just
+    removed ("has active endpoints": after 64 containers went at once it did for minutes), those endpoints
+    disconnected by force. False when it still refuses after SECONDS, or after UNLISTED seconds of listing no
+    endpoint at all: an endpoint dockerd keeps of a removed container, which nothing but a restart of dockerd
+    clears (moby/moby#42119), so waiting longer would only cost time."""
+    started = time.monotonic()
+    listed_at = started
+    while docker("network", "rm", net, check=False).returncode != 0:
+        gone = docker("network", "inspect", "--format", "{{.Id}}", net, check=False).returncode != 0
+        if gone:  # removed meanwhile (another `down` of the same cluster)
+            return True
         endpoints = docker(
             "network", "inspect", "--format", "{{range $id, $c := .Containers}}{{$c.Name}} {{end}}", net, check=False
-        )
-        for endpoint in endpoints.stdout.split():
+        ).stdout.split()
+        now = time.monotonic()
+        if endpoints:
+            listed_at = now
+        if now - started >= seconds or now - listed_at >= unlisted:
+            return False
+        for endpoint in endpoints:
             docker("network", "disconnect", "--force", net, endpoint, check=False)
         time.sleep(1)
+    return True
 
 
 def _free_subnet() -> ipaddress.IPv4Network:
@@ -288,8 +306,14 @@ def _node_setup_script(user: str, apt_proxy: str) -> str:
     return "\n".join(script)
 
 
-def _network(network: str, name: str) -> ipaddress.IPv4Network:
-    """Create the bridge network NETWORK of cluster NAME on a free /24; its subnet."""
+def _network(network: str, name: str) -> tuple[str, ipaddress.IPv4Network]:
+    """Create the bridge network NETWORK of cluster NAME on a free /24: its name and subnet. The name is NETWORK, or
+    NETWORK-2, -3... where a network Docker refused to remove still holds it (`down`)."""
+    taken = 1
+    while docker("network", "inspect", "--format", "{{.Id}}", network if taken == 1 else f"{network}-{taken}",
+                 check=False).returncode == 0:  # fmt: skip
+        taken += 1
+    network = network if taken == 1 else f"{network}-{taken}"
     for attempt in range(5):  # another cluster may take the same subnet between our look and our create
         subnet = _free_subnet()
         created = docker(
@@ -305,7 +329,7 @@ def _network(network: str, name: str) -> ipaddress.IPv4Network:
             check=False,
         )
         if created.returncode == 0:
-            return subnet
+            return network, subnet
         if attempt == 4:
             raise ClusterError(f"docker network create {network} failed: {created.stderr.strip()}")
         time.sleep(1)
@@ -354,9 +378,8 @@ def up(
     run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", f"testcluster-{name}", "-f", str(state / "id_ed25519")])
     public_key = (state / "id_ed25519.pub").read_text().strip()
 
-    network = f"{name}-net"
-    subnet = _network(network, name)
-    rail_nets = [(f"{name}-rail{k}", _network(f"{name}-rail{k}", name)) for k in range(1, rails + 1)]
+    network, subnet = _network(f"{name}-net", name)
+    rail_nets = [_network(f"{name}-rail{k}", name) for k in range(1, rails + 1)]
     apt_proxy = f"http://{_gateway(network, subnet)}:{port}" if port else ""
     cluster = Cluster(
         name=name,
