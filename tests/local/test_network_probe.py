@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
@@ -60,9 +61,21 @@ def tmp_dir() -> str:
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A port free on every loopback address the tests' "nodes" listen on (127.0.0.1 to .4), not on the first only:
+    a port the kernel hands out on 127.0.0.1 can be held on 127.0.0.2 by a connection of another test's process, and
+    a listener there then fails to open."""
+    for _ in range(50):
+        with contextlib.ExitStack() as held:
+            first = held.enter_context(socket.socket())
+            first.bind(("127.0.0.1", 0))
+            port = first.getsockname()[1]
+            try:
+                for last in (2, 3, 4):
+                    held.enter_context(socket.socket()).bind((f"127.0.0.{last}", port))
+            except OSError:
+                continue
+            return port
+    raise AssertionError("no port free on 127.0.0.1 to 127.0.0.4 in 50 tries")
 
 
 def start_probe(argv: list[str], peers: list[network.Peer]) -> subprocess.Popen:
@@ -259,7 +272,9 @@ def perf_in_threads(present: list[str], late: dict[str, float] | None = None):
     late = late or {}
     port = free_port()
     rounds = perf.schedule(list(FOUR), None, seed=1)
-    listeners = {n: mesh.open_listener(FOUR[n], port)[0] for n in present}
+    opened = {n: mesh.open_listener(FOUR[n], port) for n in present}
+    assert all(sock for sock, _ in opened.values()), {n: state for n, (_, state) in opened.items()}
+    listeners = {n: sock for n, (sock, _) in opened.items()}
     start = time.monotonic() + 0.5
     results: dict[str, dict] = {}
 
