@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import ipaddress
+import itertools
 import json
 import os
 import re
@@ -199,8 +200,7 @@ def _remove_network(net: str, seconds: float = 30, unlisted: float = 10) -> bool
     started = time.monotonic()
     listed_at = started
     while docker("network", "rm", net, check=False).returncode != 0:
-        gone = docker("network", "inspect", "--format", "{{.Id}}", net, check=False).returncode != 0
-        if gone:  # removed meanwhile (another `down` of the same cluster)
+        if not _network_exists(net):  # removed meanwhile (another `down` of the same cluster)
             return True
         endpoints = docker(
             "network", "inspect", "--format", "{{range $id, $c := .Containers}}{{$c.Name}} {{end}}", net, check=False
@@ -214,6 +214,10 @@ def _remove_network(net: str, seconds: float = 30, unlisted: float = 10) -> bool
             docker("network", "disconnect", "--force", net, endpoint, check=False)
         time.sleep(1)
     return True
+
+
+def _network_exists(net: str) -> bool:
+    return docker("network", "inspect", "--format", "{{.Id}}", net, check=False).returncode == 0
 
 
 def _free_subnet() -> ipaddress.IPv4Network:
@@ -309,11 +313,8 @@ def _node_setup_script(user: str, apt_proxy: str) -> str:
 def _network(network: str, name: str) -> tuple[str, ipaddress.IPv4Network]:
     """Create the bridge network NETWORK of cluster NAME on a free /24: its name and subnet. The name is NETWORK, or
     NETWORK-2, -3... where a network Docker refused to remove still holds it (`down`)."""
-    taken = 1
-    while docker("network", "inspect", "--format", "{{.Id}}", network if taken == 1 else f"{network}-{taken}",
-                 check=False).returncode == 0:  # fmt: skip
-        taken += 1
-    network = network if taken == 1 else f"{network}-{taken}"
+    names = itertools.chain([network], (f"{network}-{k}" for k in itertools.count(2)))
+    network = next(n for n in names if not _network_exists(n))
     for attempt in range(5):  # another cluster may take the same subnet between our look and our create
         subnet = _free_subnet()
         created = docker(

@@ -70,8 +70,8 @@ def free_port() -> int:
             first.bind(("127.0.0.1", 0))
             port = first.getsockname()[1]
             try:
-                for last in (2, 3, 4):
-                    held.enter_context(socket.socket()).bind((f"127.0.0.{last}", port))
+                for address in set(FOUR.values()) - {"127.0.0.1"}:
+                    held.enter_context(socket.socket()).bind((address, port))
             except OSError:
                 continue
             return port
