@@ -338,7 +338,9 @@ class Probes:
                 if all(m.name in self.ready_after or m.name in self.finished for m in self.members):
                     break
             time.sleep(0.1)
-        self.ctx.reach.each(self.go, self.members, name=lambda m: m.name)
+        with self.lock:  # one map for every node: each probe tries the others' sampled ports
+            samples = json.dumps(self.samples)
+        self.ctx.reach.each(lambda m: self.go(m, samples), self.members, name=lambda m: m.name)
         paced_end = time.monotonic() + self.plan.paced  # every probe has its go file now
         waits.join(30)  # the go file ends every wait still under way
         return paced_end
@@ -355,10 +357,9 @@ class Probes:
                 if sampled:
                     self.samples[m.name] = [int(port) for port in sampled]
 
-    def go(self, m: Member) -> None:
+    def go(self, m: Member, samples: str) -> None:
+        """M's go file written, SAMPLES (every node's sampled ports, as JSON) given to its probe."""
         go = self.files(m)[1]
-        with self.lock:
-            samples = json.dumps(self.samples)
         args = ("go", go, f"{self.plan.window:g}", "--samples", "-")
         nodeprogram.bundled(m.transport, m.facts.python, "netprobe", *args, timeout=30, stdin=samples)
 
@@ -403,20 +404,21 @@ def judge(members: list[Member], ctx: Context, plan: Plan, probes: Probes) -> li
     """The network.* checks from what the probes answered; on one node, network.resolve is not the network's."""
     config = ctx.config
     rules = {m.name: m.facts.firewall.port_rules if m.facts.firewall else () for m in members}
+    cidr = cluster_network(members, plan.paths)
     results = network.evaluate(
         dict(probes.records),
         plan.peers,
         master=members[0].name,
         master_port=config.master_port,
         errors=dict(probes.errors),
-        cidr=cluster_network(members, plan.paths),
+        cidr=cidr,
         not_ready={m.name: plan.wait for m in members if m.name not in probes.ready_after},
         ready_after=dict(probes.ready_after),
         measure=plan.measure,
         rules=rules,
     )
     if plan.sample_seed is not None:
-        results += ports.sample_check(dict(probes.records), rules, cidr=cluster_network(members, plan.paths))
+        results += ports.sample_check(dict(probes.records), rules, cidr=cidr)
     meeting = ""
     if plan.rendezvous:
         master = plan.peers[0]
