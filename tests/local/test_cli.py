@@ -8,21 +8,26 @@ import subprocess
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
+import jsonschema
 import pytest
-from harness import CLUSTERCHECK, run_cli
+from harness import CLUSTERCHECK, promtool_path, run_cli
 
 from clustercheck import selection
+from clustercheck.report import schema_text
 
 
 @pytest.fixture(scope="module")
 def full_run(tmp_path_factory):
-    """One run of every stage on this machine, which the tests below read: (the process, its run directory)."""
+    """One run of every stage on this machine, which the tests below read: (the process, its run directory). Its
+    report goes to a node_exporter textfile directory in Prometheus' format (-o FILE.prom); the JSON report is the
+    run directory's report.json."""
     tmp_path = tmp_path_factory.mktemp("full")
     (tmp_path / "tmpdir").mkdir()  # its TMPDIR, where nothing of the run may be left (test_nothing_is_left_in_tmpdir)
+    (tmp_path / "node-exporter").mkdir()
     proc = subprocess.run(
         [
-            CLUSTERCHECK, "run", "--hosts", "localhost", "--format", "json", "--run-dir", str(tmp_path / "run"),
-            "--master-port", "29611",
+            CLUSTERCHECK, "run", "--hosts", "localhost", "-o", str(tmp_path / "node-exporter" / "clustercheck.prom"),
+            "--run-dir", str(tmp_path / "run"), "--master-port", "29611",
         ],
         env={**os.environ, "TMPDIR": str(tmp_path / "tmpdir")},
         capture_output=True,
@@ -30,6 +35,17 @@ def full_run(tmp_path_factory):
         timeout=300,
     )  # fmt: skip
     return proc, tmp_path
+
+
+def full_report(full_run) -> dict:
+    """The full run's JSON report, checked against the published schema (the module's run directory is no test's
+    tmp_path, which the schema fixture checks)."""
+    proc, tmp_path = full_run
+    assert proc.returncode == 0, proc.stderr
+    document = json.loads((tmp_path / "run" / "report.json").read_text())
+    errors = list(jsonschema.Draft202012Validator(json.loads(schema_text())).iter_errors(document))
+    assert not errors, [e.message for e in errors[:5]]
+    return document
 
 
 def test_nothing_is_left_in_tmpdir(full_run):
@@ -42,8 +58,7 @@ def test_nothing_is_left_in_tmpdir(full_run):
 
 def test_localhost_runs_every_stage_and_proves_ddp_equivalence_on_two_cpu_ranks(full_run):
     proc, tmp_path = full_run
-    assert proc.returncode == 0, proc.stderr
-    report = json.loads(proc.stdout)
+    report = full_report(full_run)
     assert report["schema_version"] == 1
     assert report["status"] in ("PASS", "WARN")
     assert report["hosts"] == ["localhost"]
@@ -99,11 +114,32 @@ def test_localhost_runs_every_stage_and_proves_ddp_equivalence_on_two_cpu_ranks(
     assert not Path(f"/tmp/clustercheck-{report['run_id']}").exists()  # the work directory is cleaned up too
 
 
+def test_a_full_run_writes_prometheus_metrics_promtool_accepts(full_run):
+    """-o FILE.prom: the report in Prometheus' text format for node_exporter's textfile collector, written whole
+    (no temporary file left beside it), every check's status in it, and promtool accepts it."""
+    proc, tmp_path = full_run
+    report = full_report(full_run)
+    assert proc.stdout == ""  # the report went to the file; the table and verdict to stderr
+    textfile_dir = tmp_path / "node-exporter"
+    assert [p.name for p in textfile_dir.iterdir()] == ["clustercheck.prom"]
+    text = (textfile_dir / "clustercheck.prom").read_text()
+    lint = subprocess.run([promtool_path(), "check", "metrics"], input=text, capture_output=True, text=True, timeout=60)
+    assert lint.returncode == 0, lint.stdout + lint.stderr
+    for check in report["checks"]:
+        assert f'clustercheck_check_status{{check="{check["name"]}",host="{check["host"] or ""}",' in text
+    for name in ("allreduce_busbw_bytes_per_second", "ddp_max_abs_param_diff", "ddp_scaling_efficiency_ratio"):
+        assert f"\nclustercheck_{name}" in text
+    duration = next(
+        line for line in text.splitlines() if line.startswith('clustercheck_run_duration_seconds{source="run"} ')
+    )
+    assert 0 < float(duration.split()[1]) < 300
+
+
 def test_every_check_a_run_reports_is_in_the_catalog_under_the_same_name(full_run, tmp_path):
     catalog = json.loads(run_cli("checks", "--format", "json").stdout)["checks"]
     known = {c["name"]: c for c in catalog}
     assert all(c["proves"] and c["stage"] in selection.STAGES for c in catalog)
-    full = {c["name"] for c in json.loads(full_run[0].stdout)["checks"]}
+    full = {c["name"] for c in full_report(full_run)["checks"]}
     assert full <= set(known), full - set(known)
     for args in (["--only", "core"], ["--skip", "ddp", "--skip", "lightning"]):
         proc = run_cli(
