@@ -14,7 +14,7 @@ from test_firewall import answer
 from clustercheck.checks import network, ports, setup_roles
 from clustercheck.facts import firewall
 from clustercheck.model import Status
-from clustercheck.remote import netprobe, portsample
+from clustercheck.remote import mesh, netprobe, portsample
 
 
 def test_one_port_from_each_eighth_of_the_range_drawn_by_the_seed():
@@ -57,8 +57,8 @@ def test_two_probes_connect_to_each_others_sampled_ports(tmp_path):
     samples = {n: json.loads(ready[n].read_text())["sample"] for n in peers}
     # The window is an upper bound: the probes end it as soon as every connection is made both ways. A loaded
     # machine once let 6 s pass before a probe tried any.
-    for n in peers:
-        (tmp_path / f"{n}.go").write_text(json.dumps({"window": 60, "samples": samples}))
+    for n in peers:  # written whole, as `netprobe go` writes it: a probe reading an empty go file gets no window
+        mesh.write_atomic(go[n], json.dumps({"window": 60, "samples": samples}))
     for thread in threads:
         thread.join(120)
     low, high = portsample.local_range()
